@@ -1,0 +1,319 @@
+/* host_backend.c — the host backend: plain C + OpenMP. It is the reference every other
+ * backend is tested against, so it favours obvious correctness over speed, and a backend
+ * users may select ("host") on a machine without an accelerator. Work runs synchronously
+ * on the calling thread (and OpenMP's), so finish has nothing to wait for. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static void host_destroy(void *dev) {
+  (void)dev;
+}
+
+static clpar_status host_alloc(void *dev, size_t bytes, void **buf) {
+  (void)dev;
+  void *p = NULL;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "posix_memalign(%zu bytes) failed", bytes);
+  *buf = p;
+  return CLPAR_OK;
+}
+
+static void host_release(void *dev, void *buf) {
+  (void)dev;
+  free(buf);
+}
+
+static clpar_status host_write(void *dev, void *buf, size_t off, const void *src, size_t bytes) {
+  (void)dev;
+  memcpy((char *)buf + off, src, bytes);
+  return CLPAR_OK;
+}
+
+static clpar_status host_read(void *dev, const void *buf, size_t off, void *dst, size_t bytes) {
+  (void)dev;
+  memcpy(dst, (const char *)buf + off, bytes);
+  return CLPAR_OK;
+}
+
+static clpar_status host_copy(void *dev, void *dst, size_t dst_off, const void *src, size_t src_off,
+                              size_t bytes) {
+  (void)dev;
+  memmove((char *)dst + dst_off, (const char *)src + src_off, bytes);
+  return CLPAR_OK;
+}
+
+static clpar_status host_finish(void *dev) {
+  (void)dev;
+  return CLPAR_OK;
+}
+
+static float *at(clpar_bref r) {
+  return (float *)r.buf + r.off;
+}
+
+static clpar_status host_fill(void *dev, clpar_bref out, size_t n, float value) {
+  (void)dev;
+  float *o = at(out);
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++) o[i] = value;
+  return CLPAR_OK;
+}
+
+static clpar_status host_binary(void *dev, clpar_binary_kind kind, size_t rows, size_t cols,
+                                clpar_bref a, clpar_bref b, size_t b_rows, clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a), *pb = at(b);
+  float *po = at(out);
+#pragma omp parallel for if (rows * cols > 65536) schedule(static)
+  for (size_t r = 0; r < rows; r++) {
+    const float *ar = pa + r * cols, *br = pb + (b_rows == 1 ? 0 : r * cols);
+    float *orow = po + r * cols;
+    for (size_t c = 0; c < cols; c++) {
+      float x = ar[c], y = br[c];
+      orow[c] = kind == CLPAR_BINARY_ADD ? x + y : kind == CLPAR_BINARY_SUB ? x - y : x * y;
+    }
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_scale(void *dev, size_t n, float alpha, clpar_bref a, clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++) po[i] = alpha * pa[i];
+  return CLPAR_OK;
+}
+
+static clpar_status host_sum_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
+                                  clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+#pragma omp parallel for if (rows * cols > 65536) schedule(static)
+  for (size_t c = 0; c < cols; c++) {
+    double acc = 0.0; /* the reference sums in double */
+    for (size_t r = 0; r < rows; r++) acc += pa[r * cols + c];
+    po[c] = (float)acc;
+  }
+  return CLPAR_OK;
+}
+
+/* Row-major C = alpha op(A) op(B) + beta C, one row of C per iteration, summed in double:
+ * the reference favours accuracy. beta == 0 ignores C (NaN in C does not leak). */
+static clpar_status host_gemm(void *dev, int ta, int tb, size_t m, size_t n, size_t k, float alpha,
+                              clpar_bref a, size_t lda, clpar_bref b, size_t ldb, float beta,
+                              clpar_bref c, size_t ldc) {
+  (void)dev;
+  const float *pa = at(a), *pb = at(b);
+  float *pc = at(c);
+#pragma omp parallel for if (m * n * k > 32768) schedule(static)
+  for (size_t i = 0; i < m; i++) {
+    double *acc = calloc(n, sizeof *acc);
+    if (!acc) continue; /* cannot happen in practice; leaves the row as it was */
+    for (size_t p = 0; p < k; p++) {
+      double aip = ta ? pa[p * lda + i] : pa[i * lda + p];
+      if (tb)
+        for (size_t j = 0; j < n; j++) acc[j] += aip * pb[j * ldb + p];
+      else
+        for (size_t j = 0; j < n; j++) acc[j] += aip * pb[p * ldb + j];
+    }
+    float *crow = pc + i * ldc;
+    for (size_t j = 0; j < n; j++)
+      crow[j] = (float)(alpha * acc[j] + (beta == 0.0f ? 0.0 : (double)beta * crow[j]));
+    free(acc);
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
+                                        clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+#pragma omp parallel for if (rows * cols > 65536) schedule(static)
+  for (size_t r = 0; r < rows; r++) memcpy(po + r * cols, pa, cols * sizeof *po);
+  return CLPAR_OK;
+}
+
+static float unary_f(clpar_unary_kind kind, float x) {
+  switch (kind) {
+    case CLPAR_UNARY_RELU:
+      return x > 0.0f ? x : 0.0f;
+    case CLPAR_UNARY_SIGMOID:
+      return 1.0f / (1.0f + expf(-x));
+    case CLPAR_UNARY_TANH:
+      return tanhf(x);
+  }
+  return x;
+}
+
+static clpar_status host_unary(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a,
+                               clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++) po[i] = unary_f(kind, pa[i]);
+  return CLPAR_OK;
+}
+
+static clpar_status host_unary_backward(void *dev, clpar_unary_kind kind, size_t n, clpar_bref g,
+                                        clpar_bref saved, clpar_bref out) {
+  (void)dev;
+  const float *pg = at(g), *ps = at(saved);
+  float *po = at(out);
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float s = ps[i];
+    float d = kind == CLPAR_UNARY_RELU      ? (s > 0.0f ? 1.0f : 0.0f)
+              : kind == CLPAR_UNARY_SIGMOID ? s * (1.0f - s)
+                                            : 1.0f - s * s;
+    po[i] = pg[i] * d;
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t cols, clpar_bref a,
+                                 clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+#pragma omp parallel for if (rows * cols > 65536) schedule(static)
+  for (size_t r = 0; r < rows; r++) {
+    const float *x = pa + r * cols;
+    float *y = po + r * cols;
+    float max = x[0];
+    for (size_t c = 1; c < cols; c++) max = x[c] > max ? x[c] : max;
+    double sum = 0.0;
+    for (size_t c = 0; c < cols; c++) sum += exp((double)x[c] - max);
+    double lse = log(sum);
+    for (size_t c = 0; c < cols; c++)
+      y[c] = take_log ? (float)((double)x[c] - max - lse) : (float)(exp((double)x[c] - max) / sum);
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_softmax_backward(void *dev, int take_log, size_t rows, size_t cols,
+                                          clpar_bref y, clpar_bref g, clpar_bref out) {
+  (void)dev;
+  const float *py = at(y), *pg = at(g);
+  float *po = at(out);
+#pragma omp parallel for if (rows * cols > 65536) schedule(static)
+  for (size_t r = 0; r < rows; r++) {
+    const float *yr = py + r * cols, *gr = pg + r * cols;
+    float *o = po + r * cols;
+    double dot = 0.0;
+    for (size_t c = 0; c < cols; c++) dot += take_log ? (double)gr[c] : (double)gr[c] * yr[c];
+    for (size_t c = 0; c < cols; c++)
+      o[c] = take_log ? (float)(gr[c] - exp((double)yr[c]) * dot) : (float)(yr[c] * (gr[c] - dot));
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
+                             clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a), *pl = at(labels);
+  float *po = at(out);
+  for (size_t r = 0; r < rows; r++) po[r] = -pa[r * cols + (size_t)pl[r]];
+  return CLPAR_OK;
+}
+
+static clpar_status host_nll_backward(void *dev, size_t rows, size_t cols, clpar_bref labels,
+                                      clpar_bref g, clpar_bref out) {
+  (void)dev;
+  const float *pl = at(labels), *pg = at(g);
+  float *po = at(out);
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = 0; c < cols; c++) po[r * cols + c] = c == (size_t)pl[r] ? -pg[r] : 0.0f;
+  return CLPAR_OK;
+}
+
+static clpar_status host_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
+                                  clpar_bref buf, const clpar_sgd_args *o) {
+  (void)dev;
+  float *p = at(param), *b = o->momentum != 0.0f ? at(buf) : NULL;
+  const float *gr = at(grad);
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float g = gr[i] + o->weight_decay * p[i];
+    if (b) {
+      b[i] = o->first ? g : o->momentum * b[i] + (1.0f - o->dampening) * g;
+      g = o->nesterov ? g + o->momentum * b[i] : b[i];
+    }
+    p[i] -= o->lr * g;
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
+                                   clpar_bref m, clpar_bref v, const clpar_adam_args *o) {
+  (void)dev;
+  float *p = at(param), *pm = at(m), *pv = at(v);
+  const float *gr = at(grad);
+  float step = o->lr / o->bias1, root2 = sqrtf(o->bias2);
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float g = gr[i];
+    if (o->decoupled)
+      p[i] *= 1.0f - o->lr * o->weight_decay;
+    else
+      g += o->weight_decay * p[i];
+    pm[i] = o->beta1 * pm[i] + (1.0f - o->beta1) * g;
+    pv[i] = o->beta2 * pv[i] + (1.0f - o->beta2) * g * g;
+    p[i] -= step * pm[i] / (sqrtf(pv[i]) / root2 + o->eps);
+  }
+  return CLPAR_OK;
+}
+
+static const clpar_backend_iface host_iface = {
+    .abi_version = CLPAR_BACKEND_ABI_VERSION,
+    .name = "host",
+    .destroy = host_destroy,
+    .alloc = host_alloc,
+    .release = host_release,
+    .write = host_write,
+    .read = host_read,
+    .copy = host_copy,
+    .finish = host_finish,
+    .fill = host_fill,
+    .binary = host_binary,
+    .scale = host_scale,
+    .sum_rows = host_sum_rows,
+    .gemm = host_gemm,
+    .broadcast_rows = host_broadcast_rows,
+    .unary = host_unary,
+    .unary_backward = host_unary_backward,
+    .softmax = host_softmax,
+    .softmax_backward = host_softmax_backward,
+    .nll = host_nll,
+    .nll_backward = host_nll_backward,
+    .sgd_step = host_sgd_step,
+    .adam_step = host_adam_step,
+};
+
+clpar_status clpar_host_probe(clpar_backend_device **devs, int *count) {
+  clpar_backend_device *d = clpar_backend_device_append(devs, count);
+  if (!d) return CLPAR_ERROR_OUT_OF_MEMORY;
+  d->iface = &host_iface;
+  d->ctx = NULL;
+  clpar_device_info *in = &d->info;
+  snprintf(in->name, sizeof in->name, "host (C + OpenMP reference)");
+  snprintf(in->vendor, sizeof in->vendor, "clpar");
+  snprintf(in->driver_version, sizeof in->driver_version, "%s", CLPAR_VERSION_STRING);
+  in->type = CLPAR_DEVICE_CPU;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  in->global_mem_bytes =
+      pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (uint64_t)1 << 32;
+  in->max_alloc_bytes = in->global_mem_bytes / 2;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  in->compute_units = cpus > 0 ? (int)cpus : 1;
+  return CLPAR_OK;
+}

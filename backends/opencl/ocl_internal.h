@@ -1,0 +1,93 @@
+/* ocl_internal.h — private to the OpenCL backend: the per-device context, the program cache
+ * (ocl_program.c) and error names (ocl_errors.c). Tests include it to reach the program cache
+ * and its counters; nothing here is exported from the shared library. */
+#ifndef CLPAR_OCL_INTERNAL_H
+#define CLPAR_OCL_INTERNAL_H
+
+#include <CL/cl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* Same layout as the file cmake/embed_run.cmake generates. */
+typedef struct {
+  const char *name;
+  const char *source;
+  size_t size;
+} clpar_embedded_source;
+
+/* Terminated by a {NULL, NULL, 0} entry. */
+extern const clpar_embedded_source clpar_opencl_sources[];
+extern const int clpar_opencl_sources_count;
+
+typedef struct clpar_ocl_program clpar_ocl_program; /* one cached program (ocl_program.c) */
+
+/* One OpenCL device. Each device has its own context and in-order queue: PoCL only runs two
+ * devices at once when they live in separate contexts (DESIGN.md). */
+typedef struct clpar_ocl_device {
+  cl_platform_id platform;
+  cl_device_id device;
+  cl_context context;
+  cl_command_queue queue;
+  /* Held around clSetKernelArg + enqueue: a cl_kernel's arguments are shared state. */
+  pthread_mutex_t lock;
+  /* Guards the program cache below; taken after lock when both are needed. */
+  pthread_mutex_t prog_lock;
+  clpar_ocl_program *programs;
+  atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
+  size_t max_wg_size;
+  cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
+  size_t scratch_bytes;
+  /* What the disk cache key is made of, besides the source and the options. */
+  char dev_name[256];
+  char dev_version[128];
+  char driver_version[128];
+  char platform_name[256];
+  char platform_version[256];
+} clpar_ocl_device;
+
+/* ---- ocl_errors.c ---- */
+
+/* "CL_OUT_OF_RESOURCES"; "CL_UNKNOWN_ERROR(-1234)" (thread-local buffer) otherwise. */
+const char *clpar_ocl_error_name(cl_int err);
+/* "CLBlastInsufficientMemoryC"; "CLBlastUnknownStatus(-1234)" otherwise. */
+const char *clpar_ocl_clblast_status_name(int status);
+/* The clpar status for a driver error: allocation failures are CLPAR_ERROR_OUT_OF_MEMORY,
+ * an oversized buffer CLPAR_ERROR_TOO_LARGE, the rest CLPAR_ERROR_BACKEND. */
+clpar_status clpar_ocl_status(cl_int err);
+
+/* ---- ocl_program.c ---- */
+
+/* Options every clpar program is built with. */
+#define CLPAR_OCL_BUILD_OPTIONS "-cl-std=CL1.2"
+
+/* The program of source (size bytes, name for messages and the in-memory cache) built with
+ * options on dev: from memory, else from the disk cache, else compiled (then saved to disk).
+ * A compile error returns CLPAR_ERROR_BUILD with the build log in the message. The program
+ * stays owned by the cache. */
+clpar_status clpar_ocl_program_get(clpar_ocl_device *dev, const char *name, const char *source,
+                                   size_t size, const char *options, cl_program *out);
+/* The kernel kernel_name of the embedded source file (e.g. "elementwise.cl"), created once
+ * and cached with its program. Callers hold dev->lock while they set its arguments. */
+clpar_status clpar_ocl_kernel_get(clpar_ocl_device *dev, const char *file, const char *kernel_name,
+                                  cl_kernel *out);
+/* Drops every program and kernel cached in memory for dev (as a new process would start). */
+void clpar_ocl_program_cache_clear(clpar_ocl_device *dev);
+/* The disk cache file a program would use; CLPAR_ERROR_IO when there is no usable cache
+ * directory. */
+clpar_status clpar_ocl_cache_file(clpar_ocl_device *dev, const char *source, size_t size,
+                                  const char *options, char *path, size_t path_size);
+
+/* Process-wide counters: which path served clpar_ocl_program_get. */
+typedef struct clpar_ocl_program_stats {
+  uint64_t source_builds; /* compiled from source */
+  uint64_t disk_loads;    /* loaded from the disk cache */
+  uint64_t memory_hits;   /* found in the in-memory cache */
+  uint64_t disk_rejects;  /* disk entries found but corrupt, truncated or stale */
+} clpar_ocl_program_stats;
+void clpar_ocl_program_stats_get(clpar_ocl_program_stats *out);
+
+#endif

@@ -1,0 +1,36 @@
+/* autograd.h — gradients. Ops record what backward needs when an input requires a gradient
+ * (and recording is enabled on the thread); clpar_backward on a one-element loss computes the
+ * gradient of every tensor that requires one, on the device where its forward ran, and adds
+ * it into that tensor's grad: gradients accumulate across backward calls until zeroed. */
+#ifndef CLPAR_AUTOGRAD_H
+#define CLPAR_AUTOGRAD_H
+
+#include "export.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks a leaf tensor (one no op produced) as needing a gradient, or not. */
+CLPAR_API clpar_status clpar_tensor_set_requires_grad(clpar_tensor *t, int requires_grad);
+CLPAR_API int clpar_tensor_requires_grad(const clpar_tensor *t);
+/* The accumulated gradient, owned by t (do not free); NULL before the first backward. */
+CLPAR_API clpar_tensor *clpar_tensor_grad(const clpar_tensor *t);
+/* Sets t's gradient to zeros (keeps its memory); nothing to do when it has none. */
+CLPAR_API clpar_status clpar_tensor_zero_grad(clpar_tensor *t);
+
+/* Backpropagates from a tensor of one element. CLPAR_ERROR_NO_GRADIENT when it does not
+ * require a gradient. Enqueues work and returns; the graph can be backpropagated again. */
+CLPAR_API clpar_status clpar_backward(clpar_tensor *loss);
+
+/* Recording on this thread (on by default); off is PyTorch's torch.no_grad(). Returns the
+ * previous setting. */
+CLPAR_API int clpar_set_grad_enabled(int enabled);
+CLPAR_API int clpar_is_grad_enabled(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,17 @@
+/* clpar.h — the whole public API of clpar: neural networks on many devices at once, through
+ * OpenCL (any vendor), CUDA and a host reference backend. */
+#ifndef CLPAR_H
+#define CLPAR_H
+
+#include <clpar/version.h>
+#include "export.h"
+#include "status.h"
+#include "log.h"
+#include "device.h"
+#include "tensor.h"
+#include "ops.h"
+#include "autograd.h"
+#include "nn.h"
+#include "optim.h"
+
+#endif

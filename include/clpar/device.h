@@ -1,0 +1,81 @@
+/* device.h — the library's lifetime and its devices.
+ *
+ * clpar_init() finds the devices: every OpenCL device (and CUDA device when the CUDA module
+ * is built), GPUs first; the host backend joins when CLPAR_DEVICES names it or when there is
+ * no other device. CLPAR_DEVICES="opencl:1,opencl:0" selects and orders them; an entry that
+ * matches no device makes clpar_init fail with a message listing the devices there are.
+ * Devices are then addressed by their index in that list (0 .. clpar_device_count()-1). */
+#ifndef CLPAR_DEVICE_H
+#define CLPAR_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "export.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct clpar_device clpar_device;
+
+typedef enum clpar_device_type {
+  CLPAR_DEVICE_GPU = 0,
+  CLPAR_DEVICE_CPU = 1,
+  CLPAR_DEVICE_ACCELERATOR = 2,
+  CLPAR_DEVICE_OTHER = 3
+} clpar_device_type;
+
+typedef struct clpar_device_info {
+  char id[32];      /* "opencl:0", "cuda:1", "host" */
+  char backend[16]; /* "opencl", "cuda", "host" */
+  char name[256];   /* the driver's device name */
+  char vendor[128];
+  char platform[128]; /* OpenCL platform name; "" elsewhere */
+  char driver_version[64];
+  clpar_device_type type;
+  uint64_t global_mem_bytes;
+  uint64_t max_alloc_bytes; /* the largest single buffer the device allows */
+  int compute_units;
+} clpar_device_info;
+
+/* Safe to call more than once; each successful call needs one clpar_shutdown(). */
+CLPAR_API clpar_status clpar_init(void);
+/* Releases every device and cached buffer. Tensors must be freed before. */
+CLPAR_API void clpar_shutdown(void);
+
+CLPAR_API int clpar_device_count(void);
+/* index in 0 .. count-1; NULL (and an error message) otherwise. */
+CLPAR_API clpar_device *clpar_device_get(int index);
+/* By id ("opencl:1", "host"), among the selected devices. */
+CLPAR_API clpar_status clpar_device_find(const char *id, clpar_device **out);
+CLPAR_API clpar_status clpar_device_get_info(const clpar_device *dev, clpar_device_info *info);
+CLPAR_API const char *clpar_device_id(const clpar_device *dev);
+/* The host backend's device, whether it is in the selected list or not: the reference to
+ * check another device's results against. NULL before clpar_init. */
+CLPAR_API clpar_device *clpar_device_host(void);
+/* Position of the device in the selected list. */
+CLPAR_API int clpar_device_index(const clpar_device *dev);
+/* Waits until every operation enqueued on the device has finished. */
+CLPAR_API clpar_status clpar_device_synchronize(clpar_device *dev);
+
+/* The per-device caching allocator. After the first step of a loop, a steady-state loop
+ * takes every buffer from the cache: driver_allocs stops growing. */
+typedef struct clpar_memory_stats {
+  uint64_t driver_allocs; /* buffers obtained from the driver */
+  uint64_t driver_frees;  /* buffers given back to the driver */
+  uint64_t cache_hits;    /* requests served from the cache */
+  uint64_t bytes_in_use;  /* held by live tensors */
+  uint64_t bytes_cached;  /* free in the cache */
+  uint64_t peak_bytes_in_use;
+} clpar_memory_stats;
+
+CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
+/* Gives every cached (unused) buffer back to the driver. */
+CLPAR_API clpar_status clpar_device_empty_cache(clpar_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,94 @@
+/* nn.h — layers, activations and losses, and modules: Linear, ReLU, Sequential and
+ * user-defined modules (a forward callback with named children and parameters), so that
+ * PyTorch's nn.Module classes can be written in C. Parameters have PyTorch-style names
+ * ("fc.weight", "seq1.0.bias"). Every op here is differentiable. */
+#ifndef CLPAR_NN_H
+#define CLPAR_NN_H
+
+#include <stdint.h>
+
+#include "export.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- functional ops (over the last dimension where it matters) ---- */
+CLPAR_API clpar_status clpar_relu(const clpar_tensor *x, clpar_tensor **out);
+CLPAR_API clpar_status clpar_sigmoid(const clpar_tensor *x, clpar_tensor **out);
+CLPAR_API clpar_status clpar_tanh(const clpar_tensor *x, clpar_tensor **out);
+/* softmax over the last dimension */
+CLPAR_API clpar_status clpar_softmax(const clpar_tensor *x, clpar_tensor **out);
+CLPAR_API clpar_status clpar_log_softmax(const clpar_tensor *x, clpar_tensor **out);
+/* the sum / mean of every element: shape [1] */
+CLPAR_API clpar_status clpar_sum(const clpar_tensor *x, clpar_tensor **out);
+CLPAR_API clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out);
+/* y = x @ weight^T + bias; x [batch, in], weight [out, in], bias [out] or NULL */
+CLPAR_API clpar_status clpar_linear(const clpar_tensor *x, const clpar_tensor *weight,
+                                    const clpar_tensor *bias, clpar_tensor **out);
+
+/* ---- losses ---- */
+typedef enum clpar_reduction { CLPAR_REDUCTION_MEAN = 0, CLPAR_REDUCTION_SUM = 1 } clpar_reduction;
+
+/* mean or sum of (input - target)^2; same shapes */
+CLPAR_API clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *target,
+                                      clpar_reduction reduction, clpar_tensor **out);
+/* Cross-entropy from logits [batch, classes] and one class index per row (host memory,
+ * n_labels == batch, each in 0 .. classes-1). Mean or sum over the batch. */
+CLPAR_API clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labels,
+                                           int64_t n_labels, clpar_reduction reduction,
+                                           clpar_tensor **out);
+
+/* ---- modules ---- */
+typedef struct clpar_module clpar_module;
+
+/* A module's forward: output from input. user is what clpar_module_create was given. */
+typedef clpar_status (*clpar_forward_fn)(clpar_module *self, clpar_tensor *input,
+                                         clpar_tensor **output, void *user);
+
+/* Seeds the generator parameters are initialized from (torch.manual_seed). Initialization is
+ * device independent: the same seed gives the same weights on every backend. */
+CLPAR_API void clpar_manual_seed(uint64_t seed);
+
+/* nn.Linear: weight [out, in] and bias [out] uniform in +-1/sqrt(in), on dev. */
+CLPAR_API clpar_status clpar_linear_create(int64_t in_features, int64_t out_features, int bias,
+                                           clpar_device *dev, clpar_module **out);
+CLPAR_API clpar_status clpar_relu_create(clpar_module **out);
+/* nn.Sequential: children named "0", "1", ...; takes ownership of the children (also on
+ * error). */
+CLPAR_API clpar_status clpar_sequential_create(clpar_module *const *children, int n,
+                                               clpar_module **out);
+/* A user-defined module. free_user (may be NULL) is called on user when the module is freed. */
+CLPAR_API clpar_status clpar_module_create(const char *type_name, clpar_forward_fn forward,
+                                           void *user, void (*free_user)(void *),
+                                           clpar_module **out);
+/* Registers a child under name; the module takes ownership of it (also on error). */
+CLPAR_API clpar_status clpar_module_add_child(clpar_module *m, const char *name,
+                                              clpar_module *child);
+/* Registers a parameter under name; the module takes a reference and marks it as requiring a
+ * gradient. */
+CLPAR_API clpar_status clpar_module_add_parameter(clpar_module *m, const char *name,
+                                                  clpar_tensor *param);
+CLPAR_API clpar_module *clpar_module_child(const clpar_module *m, const char *name);
+/* A direct parameter by name (borrowed), NULL when there is none. */
+CLPAR_API clpar_tensor *clpar_module_parameter(const clpar_module *m, const char *name);
+CLPAR_API const char *clpar_module_type(const clpar_module *m);
+
+CLPAR_API clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input,
+                                            clpar_tensor **output);
+/* Every parameter of m and its children, depth first in registration order. */
+CLPAR_API int clpar_module_parameter_count(const clpar_module *m);
+/* Parameter i of that list with its full name ("seq1.0.weight"); both borrowed. */
+CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char **name,
+                                                 clpar_tensor **param);
+/* Moves every parameter to dev (a differentiable module stays trainable there). */
+CLPAR_API clpar_status clpar_module_to(clpar_module *m, clpar_device *dev);
+CLPAR_API clpar_status clpar_module_zero_grad(clpar_module *m);
+CLPAR_API void clpar_module_free(clpar_module *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,56 @@
+/* optim.h — optimizers with PyTorch's update rules: SGD (momentum, dampening, nesterov,
+ * weight decay), Adam and AdamW. A step enqueues one fused kernel per parameter on the
+ * parameter's device and does not wait. */
+#ifndef CLPAR_OPTIM_H
+#define CLPAR_OPTIM_H
+
+#include "export.h"
+#include "nn.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct clpar_optimizer clpar_optimizer;
+
+typedef struct clpar_sgd_options {
+  float lr;
+  float momentum;
+  float dampening;
+  float weight_decay;
+  int nesterov; /* needs momentum > 0 and dampening == 0, as in PyTorch */
+} clpar_sgd_options;
+
+typedef struct clpar_adam_options {
+  float lr;           /* PyTorch's default 1e-3 */
+  float beta1, beta2; /* 0.9, 0.999 */
+  float eps;          /* 1e-8 */
+  float weight_decay; /* Adam: L2 added to the gradient; AdamW: decoupled decay */
+} clpar_adam_options;
+
+/* The optimizer keeps a reference to each parameter. */
+CLPAR_API clpar_status clpar_sgd_create(clpar_tensor *const *params, int n,
+                                        const clpar_sgd_options *options, clpar_optimizer **out);
+CLPAR_API clpar_status clpar_adam_create(clpar_tensor *const *params, int n,
+                                         const clpar_adam_options *options, clpar_optimizer **out);
+CLPAR_API clpar_status clpar_adamw_create(clpar_tensor *const *params, int n,
+                                          const clpar_adam_options *options, clpar_optimizer **out);
+/* The same for every parameter of a module. */
+CLPAR_API clpar_status clpar_sgd_create_for(clpar_module *m, const clpar_sgd_options *options,
+                                            clpar_optimizer **out);
+CLPAR_API clpar_status clpar_adam_create_for(clpar_module *m, const clpar_adam_options *options,
+                                             clpar_optimizer **out);
+CLPAR_API clpar_status clpar_adamw_create_for(clpar_module *m, const clpar_adam_options *options,
+                                              clpar_optimizer **out);
+
+/* One update of every parameter that has a gradient. */
+CLPAR_API clpar_status clpar_optimizer_step(clpar_optimizer *opt);
+CLPAR_API clpar_status clpar_optimizer_zero_grad(clpar_optimizer *opt);
+CLPAR_API void clpar_optimizer_free(clpar_optimizer *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,77 @@
+/* tensor.h — float32 tensors on any device: row-major and contiguous; a view of a range of
+ * rows shares its parent's memory.
+ *
+ * Ownership: a function that returns a new tensor gives the caller one reference, to be
+ * dropped with clpar_tensor_free (which accepts NULL). While a scope is open on the calling
+ * thread (clpar_scope_begin), new tensors belong to the scope instead and are released
+ * together by clpar_scope_end; call clpar_tensor_retain on one to keep it past the scope. */
+#ifndef CLPAR_TENSOR_H
+#define CLPAR_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "export.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CLPAR_MAX_DIMS 8
+
+typedef struct clpar_tensor clpar_tensor;
+typedef struct clpar_scope clpar_scope;
+
+/* Every dimension must be >= 1. */
+CLPAR_API clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int64_t *shape,
+                                          clpar_tensor **out);
+/* Copies numel floats from data (row-major). */
+CLPAR_API clpar_status clpar_tensor_from_host(clpar_device *dev, int ndim, const int64_t *shape,
+                                              const float *data, clpar_tensor **out);
+/* Uniform in [lo, hi) from a counter-based generator: the same seed gives the same values on
+ * every device and backend. */
+CLPAR_API clpar_status clpar_tensor_rand_uniform(clpar_device *dev, int ndim, const int64_t *shape,
+                                                 uint64_t seed, float lo, float hi,
+                                                 clpar_tensor **out);
+/* Standard normal (Box-Muller over the same generator), times std plus mean. */
+CLPAR_API clpar_status clpar_tensor_rand_normal(clpar_device *dev, int ndim, const int64_t *shape,
+                                                uint64_t seed, float mean, float std,
+                                                clpar_tensor **out);
+
+/* Waits for the tensor's device and copies numel floats into dst; dst_count is the capacity
+ * of dst in floats. */
+CLPAR_API clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_count);
+/* Overwrites the tensor's values from host memory (numel floats). */
+CLPAR_API clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_count);
+/* A new tensor on dev with t's values; works across backends and OpenCL platforms. */
+CLPAR_API clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev,
+                                       clpar_tensor **out);
+/* Rows [start, start+count) of t as a view sharing t's memory. */
+CLPAR_API clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count,
+                                         clpar_tensor **out);
+/* The same memory seen with another shape of the same numel. */
+CLPAR_API clpar_status clpar_tensor_reshape(clpar_tensor *t, int ndim, const int64_t *shape,
+                                            clpar_tensor **out);
+
+CLPAR_API clpar_tensor *clpar_tensor_retain(clpar_tensor *t);
+CLPAR_API void clpar_tensor_free(clpar_tensor *t);
+
+CLPAR_API int clpar_tensor_ndim(const clpar_tensor *t);
+/* Size of dimension i; negative i counts from the end. 0 for an index out of range. */
+CLPAR_API int64_t clpar_tensor_dim(const clpar_tensor *t, int i);
+CLPAR_API int64_t clpar_tensor_numel(const clpar_tensor *t);
+CLPAR_API clpar_device *clpar_tensor_device(const clpar_tensor *t);
+/* "[15, 5]" into buf (always terminated); returns buf. */
+CLPAR_API char *clpar_tensor_shape_str(const clpar_tensor *t, char *buf, size_t size);
+
+/* Scopes: every tensor created on this thread while the scope is the innermost open one
+ * belongs to it; clpar_scope_end releases them. Scopes nest. */
+CLPAR_API clpar_scope *clpar_scope_begin(void);
+CLPAR_API void clpar_scope_end(clpar_scope *scope);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,49 @@
+/* optim.cl — optimizer updates, in place, one work-item per parameter, with PyTorch's rules
+ * (torch.optim.SGD, Adam, AdamW) as backend.h spells them out. Hyper-parameters arrive as
+ * kernel arguments: they change between steps (learning-rate schedules, bias corrections),
+ * so baking them into the source would mean a rebuild per step. */
+
+/* p -= lr * (grad + weight_decay * p) */
+__kernel void sgd_f32(__global float *p, ulong p_off, __global const float *grad, ulong g_off,
+                      ulong n, float lr, float weight_decay) {
+  ulong i = get_global_id(0);
+  if (i >= n) return;
+  float w = p[p_off + i];
+  p[p_off + i] = w - lr * (grad[g_off + i] + weight_decay * w);
+}
+
+/* With a momentum buffer: buf = first ? g : momentum * buf + (1 - dampening) * g, then
+ * g = nesterov ? g + momentum * buf : buf. */
+__kernel void sgd_momentum_f32(__global float *p, ulong p_off, __global const float *grad,
+                               ulong g_off, __global float *buf, ulong b_off, ulong n, float lr,
+                               float momentum, float dampening, float weight_decay, int nesterov,
+                               int first) {
+  ulong i = get_global_id(0);
+  if (i >= n) return;
+  float w = p[p_off + i];
+  float g = grad[g_off + i] + weight_decay * w;
+  float b = first ? g : momentum * buf[b_off + i] + (1.0f - dampening) * g;
+  buf[b_off + i] = b;
+  g = nesterov ? g + momentum * b : b;
+  p[p_off + i] = w - lr * g;
+}
+
+/* Adam (decoupled == 0) or AdamW; bias1 = 1 - beta1^t and bias2 = 1 - beta2^t come from the
+ * host, step = lr / bias1 and root2 = sqrt(bias2) too. */
+__kernel void adam_f32(__global float *p, ulong p_off, __global const float *grad, ulong g_off,
+                       __global float *m, ulong m_off, __global float *v, ulong v_off, ulong n,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float step, float root2, int decoupled) {
+  ulong i = get_global_id(0);
+  if (i >= n) return;
+  float w = p[p_off + i], g = grad[g_off + i];
+  if (decoupled)
+    w *= 1.0f - lr * weight_decay;
+  else
+    g += weight_decay * w;
+  float mi = beta1 * m[m_off + i] + (1.0f - beta1) * g;
+  float vi = beta2 * v[v_off + i] + (1.0f - beta2) * g * g;
+  m[m_off + i] = mi;
+  v[v_off + i] = vi;
+  p[p_off + i] = w - step * mi / (sqrt(vi) / root2 + eps);
+}

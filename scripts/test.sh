@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# test.sh — the README's test command: on a fresh Debian 12 machine, installs what is missing,
+# builds clpar, and runs the whole ctest suite on PoCL with 1 device, on PoCL with 4 devices,
+# on the host backend, and in an AddressSanitizer + UndefinedBehaviorSanitizer build.
+# Stops at the first configuration that fails; the last lines are ctest's own summary.
+set -euo pipefail
+CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$CLPAR_ROOT/scripts/deps.sh"
+clpar_install_deps
+cd "$CLPAR_ROOT"
+unset CLPAR_DEVICES
+export CLPAR_CACHE_DIR=${CLPAR_CACHE_DIR:-$CLPAR_ROOT/build/kernel-cache}
+
+echo "== build (release with debug info)"
+clpar_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+run_ctest() { # run_ctest DIR TITLE [ctest args...]
+  local dir=$1 title=$2
+  shift 2
+  echo
+  echo "== ctest: $title"
+  (cd "$dir" && ctest --output-on-failure "$@")
+}
+
+POCL_DEVICES=pthread run_ctest build "PoCL, 1 device (POCL_DEVICES=pthread)"
+POCL_DEVICES="pthread pthread pthread pthread" run_ctest build "PoCL, 4 devices" -LE install
+CLPAR_DEVICES=host run_ctest build "host backend (CLPAR_DEVICES=host)" -LE install
+
+echo
+echo "== build (ASan + UBSan)"
+clpar_build build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_BUILD_SAMPLES=OFF -DCLPAR_BUILD_BENCH=OFF
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0
+export LSAN_OPTIONS=suppressions=$CLPAR_ROOT/scripts/lsan.supp:print_suppressions=0
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+CLPAR_DEVICES=host run_ctest build-sanitize "sanitizers, host backend"
+POCL_DEVICES="pthread pthread" run_ctest build-sanitize "sanitizers, PoCL, 2 devices"

@@ -1,0 +1,168 @@
+/* functional.c — sum, mean, linear and the losses, composed from differentiable ops so that
+ * their backward comes from the parts; only the negative log-likelihood step of cross-entropy
+ * has a backward of its own. Intermediates are freed here; the graph keeps what it needs. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define SHAPE(t, buf) clpar_tensor_shape_str((t), (buf), sizeof(buf))
+
+clpar_status clpar_sum(const clpar_tensor *x, clpar_tensor **out) {
+  if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_sum: NULL argument");
+  int64_t column[2] = {x->numel, 1};
+  clpar_tensor *v;
+  clpar_status s = clpar_tensor_reshape((clpar_tensor *)x, 2, column, &v);
+  if (s != CLPAR_OK) return s;
+  s = clpar_sum_rows(v, out); /* [numel, 1] summed over rows: [1] */
+  clpar_tensor_free(v);
+  return s;
+}
+
+clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
+  if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mean: NULL argument");
+  clpar_tensor *sum;
+  clpar_status s = clpar_sum(x, &sum);
+  if (s != CLPAR_OK) return s;
+  s = clpar_scale(sum, 1.0f / (float)x->numel, out);
+  clpar_tensor_free(sum);
+  return s;
+}
+
+clpar_status clpar_linear(const clpar_tensor *x, const clpar_tensor *weight,
+                          const clpar_tensor *bias, clpar_tensor **out) {
+  if (!x || !weight || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear: NULL argument");
+  char a[128], b[128];
+  if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
+    return clpar_set_error(
+        CLPAR_ERROR_SHAPE_MISMATCH,
+        "clpar_linear: input is %s and weight is %s; need [batch, in] and [out, in]", SHAPE(x, a),
+        SHAPE(weight, b));
+  if (bias && bias->numel != weight->shape[0])
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_linear: bias is %s for %lld outputs",
+                           SHAPE(bias, a), (long long)weight->shape[0]);
+  if (bias && bias->storage->dev != x->storage->dev)
+    return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH, "clpar_linear: input on %s, bias on %s",
+                           x->storage->dev->bd.info.id, bias->storage->dev->bd.info.id);
+  clpar_tensor *y;
+  clpar_status s = clpar_matmul(x, weight, 0, 1, &y); /* (batch, out) */
+  if (s != CLPAR_OK || !bias) {
+    if (s == CLPAR_OK) *out = y;
+    return s;
+  }
+  s = clpar_add(y, bias, out);
+  clpar_tensor_free(y);
+  return s;
+}
+
+/* The mean or sum of a loss per element or per row. */
+static clpar_status reduce(const clpar_tensor *per, clpar_reduction reduction, clpar_tensor **out) {
+  return reduction == CLPAR_REDUCTION_SUM ? clpar_sum(per, out) : clpar_mean(per, out);
+}
+
+static clpar_status check_reduction(const char *fn, clpar_reduction r) {
+  if (r == CLPAR_REDUCTION_MEAN || r == CLPAR_REDUCTION_SUM) return CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: reduction %d is neither MEAN nor SUM",
+                         fn, (int)r);
+}
+
+clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *target,
+                            clpar_reduction reduction, clpar_tensor **out) {
+  if (!input || !target || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mse_loss: NULL argument");
+  clpar_status s = check_reduction("clpar_mse_loss", reduction);
+  if (s != CLPAR_OK) return s;
+  char a[128], b[128];
+  if (input->numel != target->numel || input->ndim != target->ndim)
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "clpar_mse_loss: input is %s and target is %s", SHAPE(input, a),
+                           SHAPE(target, b));
+  clpar_tensor *diff, *sq = NULL;
+  s = clpar_sub(input, target, &diff);
+  if (s != CLPAR_OK) return s;
+  s = clpar_mul(diff, diff, &sq);
+  if (s == CLPAR_OK) s = reduce(sq, reduction, out);
+  clpar_tensor_free(diff);
+  clpar_tensor_free(sq);
+  return s;
+}
+
+/* d(-logp[r, label]) / dlogp: -g[r] at the label, 0 elsewhere. */
+static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *logp = n->inputs[0], *labels = n->saved[0], *r;
+  clpar_device *dev = n->dev;
+  clpar_status s = clpar_tensor_empty(dev, logp->ndim, logp->shape, &r);
+  if (s != CLPAR_OK) return s;
+  s = dev->bd.iface->nll_backward(dev->bd.ctx, (size_t)logp->shape[0], (size_t)logp->shape[1],
+                                  clpar_tensor_bref(labels), clpar_tensor_bref(g),
+                                  clpar_tensor_bref(r));
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_free(r);
+    return s;
+  }
+  gin[0] = r;
+  return CLPAR_OK;
+}
+
+/* Per-row -logp[r, label[r]]; labels are uploaded as floats (exact class indices). */
+static clpar_status nll(clpar_tensor *logp, const int32_t *labels, clpar_tensor **out) {
+  clpar_device *dev = logp->storage->dev;
+  int64_t rows = logp->shape[0];
+  float *host = malloc((size_t)rows * sizeof *host);
+  if (!host)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_cross_entropy: out of host memory");
+  for (int64_t r = 0; r < rows; r++) host[r] = (float)labels[r];
+  clpar_tensor *lab, *per = NULL;
+  clpar_status s = clpar_tensor_from_host(dev, 1, &rows, host, &lab);
+  free(host);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &rows, &per);
+  if (s == CLPAR_OK)
+    s = dev->bd.iface->nll(dev->bd.ctx, (size_t)rows, (size_t)logp->shape[1],
+                           clpar_tensor_bref(logp), clpar_tensor_bref(lab), clpar_tensor_bref(per));
+  if (s != CLPAR_OK && per) clpar_device_fail(dev, s);
+  clpar_node *node = NULL;
+  if (s == CLPAR_OK)
+    s = clpar_record_op(per, "clpar_cross_entropy", nll_backward, &logp, 1, &node);
+  else
+    clpar_tensor_free(per);
+  if (node) {
+    node->saved[0] = lab;
+    clpar_tensor_unscope(lab);
+  } else {
+    clpar_tensor_free(lab);
+  }
+  if (s == CLPAR_OK) *out = per;
+  return s;
+}
+
+clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labels,
+                                 int64_t n_labels, clpar_reduction reduction, clpar_tensor **out) {
+  if (!logits || !labels || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_cross_entropy: NULL argument");
+  clpar_status s = check_reduction("clpar_cross_entropy", reduction);
+  if (s != CLPAR_OK) return s;
+  char a[128];
+  if (logits->ndim != 2)
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "clpar_cross_entropy: logits are %s; need [batch, classes]",
+                           SHAPE(logits, a));
+  if (n_labels != logits->shape[0])
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "clpar_cross_entropy: %lld labels for logits %s", (long long)n_labels,
+                           SHAPE(logits, a));
+  for (int64_t r = 0; r < n_labels; r++)
+    if (labels[r] < 0 || labels[r] >= logits->shape[1])
+      return clpar_set_error(CLPAR_ERROR_INDEX,
+                             "clpar_cross_entropy: label %d of row %lld is outside 0..%lld",
+                             labels[r], (long long)r, (long long)logits->shape[1] - 1);
+  clpar_tensor *logp, *per = NULL;
+  s = clpar_log_softmax(logits, &logp);
+  if (s != CLPAR_OK) return s;
+  s = nll(logp, labels, &per);
+  if (s == CLPAR_OK) s = reduce(per, reduction, out);
+  clpar_tensor_free(logp);
+  clpar_tensor_free(per);
+  return s;
+}

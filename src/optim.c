@@ -1,0 +1,205 @@
+/* optim.c — SGD, Adam and AdamW with PyTorch's update rules (torch.optim). Each step is one
+ * fused backend kernel per parameter on the parameter's device; the state (momentum buffer,
+ * Adam's moments) lives next to the parameter and is made on the first step. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
+
+typedef struct {
+  clpar_tensor *param;
+  clpar_tensor *state[2]; /* SGD: momentum buffer; Adam: m, v */
+  int64_t steps;
+} param_state;
+
+struct clpar_optimizer {
+  opt_kind kind;
+  clpar_sgd_options sgd;
+  clpar_adam_options adam;
+  param_state *params;
+  int n;
+};
+
+static clpar_status check_sgd(const clpar_sgd_options *o) {
+  if (!(o->lr >= 0.0f) || !(o->momentum >= 0.0f) || !(o->weight_decay >= 0.0f))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "SGD: lr %g, momentum %g and weight_decay %g must be >= 0",
+                           (double)o->lr, (double)o->momentum, (double)o->weight_decay);
+  if (o->nesterov && (o->momentum <= 0.0f || o->dampening != 0.0f))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "SGD: nesterov needs momentum > 0 and dampening 0");
+  return CLPAR_OK;
+}
+
+static clpar_status check_adam(const clpar_adam_options *o) {
+  if (!(o->lr >= 0.0f) || !(o->eps >= 0.0f) || !(o->weight_decay >= 0.0f))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "Adam: lr %g, eps %g and weight_decay %g must be >= 0", (double)o->lr,
+                           (double)o->eps, (double)o->weight_decay);
+  if (!(o->beta1 >= 0.0f && o->beta1 < 1.0f) || !(o->beta2 >= 0.0f && o->beta2 < 1.0f))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "Adam: betas (%g, %g) must be in [0, 1)",
+                           (double)o->beta1, (double)o->beta2);
+  return CLPAR_OK;
+}
+
+static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, const void *options,
+                           clpar_optimizer **out) {
+  if (!params || n < 1 || !options || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "optimizer: need n >= 1 parameters, options and out");
+  clpar_status s = kind == OPT_SGD ? check_sgd(options) : check_adam(options);
+  for (int i = 0; s == CLPAR_OK && i < n; i++)
+    if (!params[i] || params[i]->node)
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                          "optimizer: parameter %d is NULL or not a leaf", i);
+  if (s != CLPAR_OK) return s;
+  clpar_optimizer *o = calloc(1, sizeof *o);
+  param_state *ps = calloc((size_t)n, sizeof *ps);
+  if (!o || !ps) {
+    free(o);
+    free(ps);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  }
+  o->kind = kind;
+  if (kind == OPT_SGD)
+    o->sgd = *(const clpar_sgd_options *)options;
+  else
+    o->adam = *(const clpar_adam_options *)options;
+  for (int i = 0; i < n; i++) ps[i].param = clpar_tensor_retain(params[i]);
+  o->params = ps;
+  o->n = n;
+  *out = o;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_sgd_create(clpar_tensor *const *params, int n, const clpar_sgd_options *options,
+                              clpar_optimizer **out) {
+  return create(OPT_SGD, params, n, options, out);
+}
+
+clpar_status clpar_adam_create(clpar_tensor *const *params, int n,
+                               const clpar_adam_options *options, clpar_optimizer **out) {
+  return create(OPT_ADAM, params, n, options, out);
+}
+
+clpar_status clpar_adamw_create(clpar_tensor *const *params, int n,
+                                const clpar_adam_options *options, clpar_optimizer **out) {
+  return create(OPT_ADAMW, params, n, options, out);
+}
+
+/* The module's parameters as an array, for the *_create_for functions. */
+static clpar_status create_for(opt_kind kind, clpar_module *m, const void *options,
+                               clpar_optimizer **out) {
+  int n = clpar_module_parameter_count(m);
+  if (n < 1)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "optimizer: the module has no parameters");
+  clpar_tensor **params = malloc((size_t)n * sizeof *params);
+  if (!params) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; s == CLPAR_OK && i < n; i++)
+    s = clpar_module_parameter_at(m, i, NULL, &params[i]);
+  if (s == CLPAR_OK) s = create(kind, params, n, options, out);
+  free(params);
+  return s;
+}
+
+clpar_status clpar_sgd_create_for(clpar_module *m, const clpar_sgd_options *o,
+                                  clpar_optimizer **out) {
+  return create_for(OPT_SGD, m, o, out);
+}
+
+clpar_status clpar_adam_create_for(clpar_module *m, const clpar_adam_options *o,
+                                   clpar_optimizer **out) {
+  return create_for(OPT_ADAM, m, o, out);
+}
+
+clpar_status clpar_adamw_create_for(clpar_module *m, const clpar_adam_options *o,
+                                    clpar_optimizer **out) {
+  return create_for(OPT_ADAMW, m, o, out);
+}
+
+/* A state tensor like p, on p's device, outside any scope; zeros when asked. */
+static clpar_status make_state(const clpar_tensor *p, int zero, clpar_tensor **out) {
+  clpar_device *dev = p->storage->dev;
+  clpar_status s = zero ? clpar_tensor_zeros(dev, p->ndim, p->shape, out)
+                        : clpar_tensor_empty(dev, p->ndim, p->shape, out);
+  if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  return s;
+}
+
+static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
+  clpar_tensor *p = ps->param, *g = p->grad;
+  clpar_device *dev = p->storage->dev;
+  clpar_status s = CLPAR_OK;
+  if (g->storage->dev != dev)
+    return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH,
+                           "optimizer: a parameter is on %s and its gradient on %s",
+                           dev->bd.info.id, g->storage->dev->bd.info.id);
+  if (o->kind == OPT_SGD) {
+    int first = ps->state[0] == NULL;
+    if (first && o->sgd.momentum != 0.0f)
+      s = make_state(p, 0, &ps->state[0]); /* buf = g on the first step */
+    if (s != CLPAR_OK) return s;
+    clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
+                        o->sgd.weight_decay, o->sgd.nesterov, first};
+    clpar_bref buf = ps->state[0] ? clpar_tensor_bref(ps->state[0]) : clpar_tensor_bref(p);
+    s = dev->bd.iface->sgd_step(dev->bd.ctx, (size_t)p->numel, clpar_tensor_bref(p),
+                                clpar_tensor_bref(g), buf, &a);
+  } else {
+    if (!ps->state[0]) s = make_state(p, 1, &ps->state[0]);
+    if (s == CLPAR_OK && !ps->state[1]) s = make_state(p, 1, &ps->state[1]);
+    if (s != CLPAR_OK) return s;
+    int64_t t = ps->steps + 1;
+    const clpar_adam_options *ad = &o->adam;
+    clpar_adam_args a = {ad->lr,
+                         ad->beta1,
+                         ad->beta2,
+                         ad->eps,
+                         ad->weight_decay,
+                         (float)(1.0 - pow(ad->beta1, (double)t)),
+                         (float)(1.0 - pow(ad->beta2, (double)t)),
+                         o->kind == OPT_ADAMW};
+    s = dev->bd.iface->adam_step(dev->bd.ctx, (size_t)p->numel, clpar_tensor_bref(p),
+                                 clpar_tensor_bref(g), clpar_tensor_bref(ps->state[0]),
+                                 clpar_tensor_bref(ps->state[1]), &a);
+  }
+  if (s != CLPAR_OK) return clpar_device_fail(dev, s);
+  ps->steps++;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_optimizer_step(clpar_optimizer *o) {
+  if (!o)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_optimizer_step: optimizer is NULL");
+  for (int i = 0; i < o->n; i++) {
+    if (!o->params[i].param->grad) continue; /* as PyTorch: no gradient, no update */
+    clpar_status s = step_one(o, &o->params[i]);
+    if (s != CLPAR_OK) return s;
+  }
+  return CLPAR_OK;
+}
+
+clpar_status clpar_optimizer_zero_grad(clpar_optimizer *o) {
+  if (!o)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_optimizer_zero_grad: optimizer is NULL");
+  for (int i = 0; i < o->n; i++) {
+    clpar_status s = clpar_tensor_zero_grad(o->params[i].param);
+    if (s != CLPAR_OK) return s;
+  }
+  return CLPAR_OK;
+}
+
+void clpar_optimizer_free(clpar_optimizer *o) {
+  if (!o) return;
+  for (int i = 0; i < o->n; i++) {
+    clpar_tensor_free(o->params[i].param);
+    clpar_tensor_free(o->params[i].state[0]);
+    clpar_tensor_free(o->params[i].state[1]);
+  }
+  free(o->params);
+  free(o);
+}

@@ -1,0 +1,69 @@
+/* status.c — names and messages of the status codes, and the thread-local error message
+ * that carries the details of the last failure on a thread. */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CLPAR_ERROR_CAPACITY 8192
+
+static _Thread_local char error_message[CLPAR_ERROR_CAPACITY];
+
+const char *clpar_status_name(clpar_status s) {
+  switch (s) {
+#define CLPAR_STATUS_NAME_(name, value, msg) \
+  case name:                                 \
+    return #name;
+    CLPAR_STATUS_LIST(CLPAR_STATUS_NAME_)
+#undef CLPAR_STATUS_NAME_
+  }
+  return "CLPAR_UNKNOWN_STATUS";
+}
+
+const char *clpar_status_string(clpar_status s) {
+  switch (s) {
+#define CLPAR_STATUS_STRING_(name, value, msg) \
+  case name:                                   \
+    return msg;
+    CLPAR_STATUS_LIST(CLPAR_STATUS_STRING_)
+#undef CLPAR_STATUS_STRING_
+  }
+  return "unknown status";
+}
+
+const char *clpar_last_error(void) {
+  return error_message;
+}
+
+void clpar_clear_error(void) {
+  error_message[0] = '\0';
+}
+
+clpar_status clpar_set_error(clpar_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error_message, sizeof error_message, fmt, ap);
+  va_end(ap);
+  clpar_log(CLPAR_LOG_DEBUG, "%s: %s", clpar_status_name(status), error_message);
+  return status;
+}
+
+void clpar_append_error(const char *fmt, ...) {
+  size_t used = strlen(error_message);
+  if (used + 1 >= sizeof error_message) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error_message + used, sizeof error_message - used, fmt, ap);
+  va_end(ap);
+}
+
+clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s) {
+  /* Shift the message right and write "<id>: " in front of it. */
+  size_t plen = strlen(dev->bd.info.id) + 2, len = strlen(error_message);
+  if (len + plen + 1 > sizeof error_message) len = sizeof error_message - plen - 1;
+  memmove(error_message + plen, error_message, len);
+  error_message[plen + len] = '\0';
+  memcpy(error_message, dev->bd.info.id, plen - 2);
+  memcpy(error_message + plen - 2, ": ", 2);
+  return s;
+}

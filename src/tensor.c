@@ -1,0 +1,404 @@
+/* tensor.c — tensor creation, views, reference counting, transfers between host and devices.
+ * A tensor is a shape over a range of a reference-counted storage (one device buffer); views
+ * of rows share the storage, so chunks along dim 0 cost no copy. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+clpar_status clpar_check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *numel) {
+  if (ndim < 1 || ndim > CLPAR_MAX_DIMS)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: ndim is %d, must be 1..%d", fn, ndim,
+                           CLPAR_MAX_DIMS);
+  if (!shape) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: shape is NULL", fn);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 1)
+      return clpar_set_error(CLPAR_ERROR_EMPTY,
+                             "%s: dimension %d is %lld; every dimension must be >= 1", fn, i,
+                             (long long)shape[i]);
+    if (n > INT64_MAX / 4 / shape[i])
+      return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: the shape has too many elements", fn);
+    n *= shape[i];
+  }
+  *numel = n;
+  return CLPAR_OK;
+}
+
+static clpar_status check_device(const char *fn, const clpar_device *dev) {
+  if (!clpar_is_initialized())
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s: call clpar_init first", fn);
+  if (!dev) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: device is NULL", fn);
+  return CLPAR_OK;
+}
+
+static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, int ndim,
+                                  const int64_t *shape) {
+  clpar_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->refcount = 1;
+  t->storage = st;
+  t->offset = offset;
+  t->ndim = ndim;
+  t->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    t->shape[i] = shape[i];
+    t->numel *= shape[i];
+  }
+  return t;
+}
+
+clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shape,
+                                clpar_tensor **out) {
+  int64_t numel;
+  clpar_status s = clpar_check_shape("tensor", ndim, shape, &numel);
+  if (s != CLPAR_OK) return s;
+  clpar_storage *st = calloc(1, sizeof *st);
+  if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
+  s = clpar_alloc_buffer(dev, (size_t)numel * sizeof(float), &st->buf, &st->capacity);
+  if (s != CLPAR_OK) {
+    free(st);
+    return s;
+  }
+  st->refcount = 1;
+  st->dev = dev;
+  clpar_tensor *t = tensor_alloc(st, 0, ndim, shape);
+  if (!t) {
+    clpar_free_buffer(dev, st->buf, st->capacity);
+    free(st);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
+  }
+  clpar_scope_adopt(t);
+  *out = t;
+  return CLPAR_OK;
+}
+
+static void storage_release(clpar_storage *st) {
+  if (__atomic_sub_fetch(&st->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    clpar_free_buffer(st->dev, st->buf, st->capacity);
+    free(st);
+  }
+}
+
+clpar_tensor *clpar_tensor_retain(clpar_tensor *t) {
+  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+  return t;
+}
+
+void clpar_tensor_free(clpar_tensor *t) {
+  if (!t) return;
+  clpar_scope_forget(t); /* the caller takes over the scope's reference, then drops it */
+  if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    clpar_node_release(t->node);
+    clpar_tensor_free(t->grad);
+    storage_release(t->storage);
+    free(t);
+  }
+}
+
+void clpar_tensor_unscope(clpar_tensor *t) {
+  clpar_scope_forget(t);
+}
+
+/* Uploads host data into a fresh tensor; on failure nothing is left behind. */
+static clpar_status upload_new(clpar_device *dev, int ndim, const int64_t *shape, const float *data,
+                               clpar_tensor **out) {
+  clpar_tensor *t;
+  clpar_status s = clpar_tensor_empty(dev, ndim, shape, &t);
+  if (s != CLPAR_OK) return s;
+  s = dev->bd.iface->write(dev->bd.ctx, t->storage->buf, 0, data, (size_t)t->numel * sizeof(float));
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_free(t);
+    return s;
+  }
+  *out = t;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int64_t *shape,
+                                clpar_tensor **out) {
+  clpar_status s = check_device("clpar_tensor_zeros", dev);
+  if (s != CLPAR_OK) return s;
+  if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_zeros: out is NULL");
+  clpar_tensor *t;
+  s = clpar_tensor_empty(dev, ndim, shape, &t);
+  if (s != CLPAR_OK) return s;
+  s = dev->bd.iface->fill(dev->bd.ctx, clpar_tensor_bref(t), (size_t)t->numel, 0.0f);
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_free(t);
+    return s;
+  }
+  *out = t;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_tensor_from_host(clpar_device *dev, int ndim, const int64_t *shape,
+                                    const float *data, clpar_tensor **out) {
+  clpar_status s = check_device("clpar_tensor_from_host", dev);
+  if (s != CLPAR_OK) return s;
+  if (!data || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_tensor_from_host: NULL data or out");
+  return upload_new(dev, ndim, shape, data, out);
+}
+
+/* Fills a host array from the counter-based generator and uploads it. */
+static clpar_status rand_tensor(const char *fn, clpar_device *dev, int ndim, const int64_t *shape,
+                                uint64_t seed, int normal, float a, float b, clpar_tensor **out) {
+  clpar_status s = check_device(fn, dev);
+  if (s != CLPAR_OK) return s;
+  if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  int64_t numel;
+  s = clpar_check_shape(fn, ndim, shape, &numel);
+  if (s != CLPAR_OK) return s;
+  float *host = malloc((size_t)numel * sizeof *host);
+  if (!host) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  for (int64_t i = 0; i < numel; i++) {
+    if (!normal) {
+      host[i] = a + (b - a) * clpar_rng_uniform01(seed, (uint64_t)i);
+      continue;
+    }
+    /* Box-Muller on two streams of the same counter; 1 - u keeps the log finite. */
+    float u1 = 1.0f - clpar_rng_uniform01(seed, 2 * (uint64_t)i);
+    float u2 = clpar_rng_uniform01(seed, 2 * (uint64_t)i + 1);
+    host[i] = a + b * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795865f * u2);
+  }
+  s = upload_new(dev, ndim, shape, host, out);
+  free(host);
+  return s;
+}
+
+clpar_status clpar_tensor_rand_uniform(clpar_device *dev, int ndim, const int64_t *shape,
+                                       uint64_t seed, float lo, float hi, clpar_tensor **out) {
+  return rand_tensor("clpar_tensor_rand_uniform", dev, ndim, shape, seed, 0, lo, hi, out);
+}
+
+clpar_status clpar_tensor_rand_normal(clpar_device *dev, int ndim, const int64_t *shape,
+                                      uint64_t seed, float mean, float std, clpar_tensor **out) {
+  return rand_tensor("clpar_tensor_rand_normal", dev, ndim, shape, seed, 1, mean, std, out);
+}
+
+clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_count) {
+  if (!t || !dst)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_read: NULL argument");
+  if (dst_count < (size_t)t->numel)
+    return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
+                           "clpar_tensor_read: the tensor has %lld elements, the buffer holds %zu",
+                           (long long)t->numel, dst_count);
+  clpar_device *dev = t->storage->dev;
+  clpar_status s = dev->bd.iface->read(dev->bd.ctx, t->storage->buf, t->offset * sizeof(float), dst,
+                                       (size_t)t->numel * sizeof(float));
+  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+}
+
+clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_count) {
+  if (!t || !src)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_write: NULL argument");
+  if (src_count < (size_t)t->numel)
+    return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
+                           "clpar_tensor_write: the tensor has %lld elements, the buffer holds %zu",
+                           (long long)t->numel, src_count);
+  clpar_device *dev = t->storage->dev;
+  clpar_status s = dev->bd.iface->write(dev->bd.ctx, t->storage->buf, t->offset * sizeof(float),
+                                        src, (size_t)t->numel * sizeof(float));
+  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+}
+
+clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
+  if (!dst || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_copy: NULL tensor");
+  if (dst->numel != src->numel) {
+    char a[128], b[128];
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_copy: dst is %s, src is %s",
+                           clpar_tensor_shape_str(dst, a, sizeof a),
+                           clpar_tensor_shape_str(src, b, sizeof b));
+  }
+  clpar_device *dd = dst->storage->dev, *sd = src->storage->dev;
+  size_t bytes = (size_t)src->numel * sizeof(float);
+  if (dd == sd) {
+    clpar_status s = dd->bd.iface->copy(dd->bd.ctx, dst->storage->buf, dst->offset * sizeof(float),
+                                        src->storage->buf, src->offset * sizeof(float), bytes);
+    return s == CLPAR_OK ? s : clpar_device_fail(dd, s);
+  }
+  /* Different devices (or contexts, platforms, backends): through host memory. */
+  float *staging = malloc(bytes);
+  if (!staging) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_copy: out of host memory");
+  clpar_status s = clpar_tensor_read(src, staging, (size_t)src->numel);
+  if (s == CLPAR_OK) s = clpar_tensor_write(dst, staging, (size_t)src->numel);
+  free(staging);
+  return s;
+}
+
+/* A differentiable copy between devices: the gradient goes back to the source's device. */
+static clpar_status to_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  return clpar_tensor_to(g, n->inputs[0]->storage->dev, &gin[0]);
+}
+
+clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
+  clpar_status s = check_device("clpar_tensor_to", dev);
+  if (s != CLPAR_OK) return s;
+  if (!t || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
+  clpar_tensor *r;
+  s = clpar_tensor_empty(dev, t->ndim, t->shape, &r);
+  if (s != CLPAR_OK) return s;
+  s = clpar_copy(r, t);
+  if (s != CLPAR_OK) {
+    clpar_tensor_free(r);
+    return s;
+  }
+  clpar_node *node;
+  s = clpar_record_op(r, "clpar_tensor_to", to_backward, (clpar_tensor **)&t, 1, &node);
+  if (s == CLPAR_OK) *out = r;
+  return s;
+}
+
+/* A view of t's storage with another offset and shape, registered with the scope. */
+static clpar_status make_view(clpar_tensor *t, size_t offset, int ndim, const int64_t *shape,
+                              clpar_tensor **out) {
+  clpar_tensor *v = tensor_alloc(t->storage, offset, ndim, shape);
+  if (!v) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
+  __atomic_add_fetch(&t->storage->refcount, 1, __ATOMIC_RELAXED);
+  clpar_scope_adopt(v);
+  *out = v;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out) {
+  return make_view((clpar_tensor *)t, t->offset, t->ndim, t->shape, out);
+}
+
+/* The view's rows of the input get g; the others get zeros. */
+static clpar_status rows_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *t = n->inputs[0], *r;
+  clpar_status s = clpar_tensor_zeros(t->storage->dev, t->ndim, t->shape, &r);
+  if (s != CLPAR_OK) return s;
+  clpar_device *dev = t->storage->dev;
+  int64_t row = t->numel / t->shape[0];
+  s = dev->bd.iface->copy(dev->bd.ctx, r->storage->buf,
+                          (size_t)(n->iparam[0] * row) * sizeof(float), g->storage->buf,
+                          g->offset * sizeof(float), (size_t)g->numel * sizeof(float));
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_free(r);
+    return s;
+  }
+  gin[0] = r;
+  return CLPAR_OK;
+}
+
+static clpar_status reshape_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  return clpar_tensor_reshape(g, n->inputs[0]->ndim, n->inputs[0]->shape, &gin[0]);
+}
+
+clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count, clpar_tensor **out) {
+  if (!t || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_rows: NULL argument");
+  if (count < 1)
+    return clpar_set_error(CLPAR_ERROR_EMPTY, "clpar_tensor_rows: count is %lld, must be >= 1",
+                           (long long)count);
+  if (start < 0 || start > t->shape[0] - count)
+    return clpar_set_error(CLPAR_ERROR_INDEX,
+                           "clpar_tensor_rows: rows [%lld, %lld) of a tensor with %lld rows",
+                           (long long)start, (long long)(start + count), (long long)t->shape[0]);
+  int64_t shape[CLPAR_MAX_DIMS];
+  memcpy(shape, t->shape, sizeof shape);
+  shape[0] = count;
+  int64_t row = t->numel / t->shape[0];
+  clpar_tensor *v = NULL;
+  clpar_status s = make_view(t, t->offset + (size_t)(start * row), t->ndim, shape, &v);
+  clpar_node *node = NULL;
+  if (s == CLPAR_OK) s = clpar_record_op(v, "clpar_tensor_rows", rows_backward, &t, 1, &node);
+  if (node) node->iparam[0] = start;
+  if (s == CLPAR_OK) *out = v;
+  return s;
+}
+
+clpar_status clpar_tensor_reshape(clpar_tensor *t, int ndim, const int64_t *shape,
+                                  clpar_tensor **out) {
+  if (!t || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_reshape: NULL argument");
+  int64_t numel;
+  clpar_status s = clpar_check_shape("clpar_tensor_reshape", ndim, shape, &numel);
+  if (s != CLPAR_OK) return s;
+  if (numel != t->numel) {
+    char a[128];
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "clpar_tensor_reshape: %s has %lld elements, the new shape %lld",
+                           clpar_tensor_shape_str(t, a, sizeof a), (long long)t->numel,
+                           (long long)numel);
+  }
+  clpar_tensor *v = NULL;
+  s = make_view(t, t->offset, ndim, shape, &v);
+  clpar_node *node;
+  if (s == CLPAR_OK) s = clpar_record_op(v, "clpar_tensor_reshape", reshape_backward, &t, 1, &node);
+  if (s == CLPAR_OK) *out = v;
+  return s;
+}
+
+clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev) {
+  if (t->node)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "moving a tensor in place: it is the result of %s, not a leaf",
+                           t->node->op);
+  if (t->storage->dev == dev) return CLPAR_OK;
+  int was = clpar_set_grad_enabled(0);
+  clpar_tensor *moved = NULL, *grad = NULL;
+  clpar_status s = clpar_tensor_to(t, dev, &moved);
+  if (s == CLPAR_OK && t->grad) s = clpar_tensor_to(t->grad, dev, &grad);
+  clpar_set_grad_enabled(was);
+  if (s != CLPAR_OK) {
+    clpar_tensor_free(moved);
+    return s;
+  }
+  clpar_tensor_unscope(moved);
+  clpar_tensor_unscope(grad);
+  /* Swap the storages: t takes moved's memory, moved takes t's old one and frees it. */
+  clpar_storage *old = t->storage;
+  t->storage = moved->storage;
+  t->offset = 0;
+  moved->storage = old;
+  clpar_tensor_free(moved);
+  clpar_tensor_free(t->grad);
+  t->grad = grad;
+  return CLPAR_OK;
+}
+
+int clpar_tensor_ndim(const clpar_tensor *t) {
+  return t ? t->ndim : 0;
+}
+
+int64_t clpar_tensor_dim(const clpar_tensor *t, int i) {
+  if (!t) return 0;
+  if (i < 0) i += t->ndim;
+  return (i >= 0 && i < t->ndim) ? t->shape[i] : 0;
+}
+
+int64_t clpar_tensor_numel(const clpar_tensor *t) {
+  return t ? t->numel : 0;
+}
+
+clpar_device *clpar_tensor_device(const clpar_tensor *t) {
+  return t ? t->storage->dev : NULL;
+}
+
+int64_t clpar_tensor_rows_of(const clpar_tensor *t) {
+  return t->ndim >= 1 ? t->shape[0] : 1;
+}
+
+char *clpar_tensor_shape_str(const clpar_tensor *t, char *buf, size_t size) {
+  if (!buf || size == 0) return buf;
+  if (!t) {
+    snprintf(buf, size, "(null)");
+    return buf;
+  }
+  size_t used = (size_t)snprintf(buf, size, "[");
+  for (int i = 0; i < t->ndim && used < size; i++)
+    used +=
+        (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  if (used < size) snprintf(buf + used, size - used, "]");
+  return buf;
+}

@@ -1,0 +1,418 @@
+/* test_cuda.c — the CUDA backend against the host reference: enumeration and device info,
+ * every op (fill, add/sub/mul with and without a broadcast row, scale, sum_rows, GEMM in all
+ * four transpose combinations), copies between a CUDA device and the host, use from another
+ * host thread, and an allocation larger than the device can give.
+ *
+ * Built wherever the CUDA module is; on a machine without a GPU (or without the driver) every
+ * test prints why to stderr and skips, so the suite still passes there. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+#define MAX_CUDA 16
+
+static clpar_device *cuda_devs[MAX_CUDA]; /* the selected CUDA devices */
+static int cuda_count;
+static int runtime_count; /* what cudaGetDeviceCount reports */
+static char skip_reason[512];
+
+static int is_cuda(const clpar_device *d) {
+  return strcmp(d->bd.iface->name, "cuda") == 0;
+}
+
+/* clpar_init, then the CUDA devices among the selected ones, or the reason there are none. */
+static int group_setup(void **state) {
+  int rc = tu_setup(state);
+  if (rc != 0) return rc;
+  cudaError_t e = cudaGetDeviceCount(&runtime_count);
+  if (e != cudaSuccess) {
+    runtime_count = 0;
+    (void)cudaGetLastError();
+    snprintf(skip_reason, sizeof skip_reason, "no CUDA device: %s", cudaGetErrorString(e));
+    return 0;
+  }
+  if (runtime_count == 0) {
+    snprintf(skip_reason, sizeof skip_reason, "no CUDA device: the runtime reports none");
+    return 0;
+  }
+  for (int i = 0; i < clpar_device_count() && cuda_count < MAX_CUDA; i++) {
+    clpar_device *d = clpar_device_get(i);
+    if (is_cuda(d)) cuda_devs[cuda_count++] = d;
+  }
+  if (cuda_count == 0) {
+    const char *spec = getenv("CLPAR_DEVICES");
+    snprintf(skip_reason, sizeof skip_reason,
+             "%d CUDA device(s), but none is selected (CLPAR_DEVICES=%s; "
+             "CLPAR_LOG_LEVEL=info tells why a device was left out)",
+             runtime_count, spec ? spec : "(unset)");
+  }
+  return 0;
+}
+
+#define NEED_CUDA()                                    \
+  do {                                                 \
+    if (cuda_count == 0) {                             \
+      fprintf(stderr, "test_cuda: %s\n", skip_reason); \
+      skip();                                          \
+    }                                                  \
+  } while (0)
+
+/* A tensor of the given shape on dev with the values tu_rand(seed) gives. */
+static clpar_tensor *make(clpar_device *dev, int ndim, const int64_t *shape, uint64_t seed) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  float *h = tu_rand((size_t)n, seed);
+  clpar_tensor *t = NULL;
+  tu_ok(clpar_tensor_from_host(dev, ndim, shape, h, &t));
+  free(h);
+  return t;
+}
+
+/* Asserts that t (on a CUDA device) equals ref (on the host) in shape and values. */
+static void expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol, float atol,
+                         const char *what) {
+  assert_int_equal(clpar_tensor_ndim(t), clpar_tensor_ndim(ref));
+  for (int i = 0; i < clpar_tensor_ndim(t); i++)
+    assert_int_equal(clpar_tensor_dim(t, i), clpar_tensor_dim(ref, i));
+  float *a = tu_read(t), *b = tu_read(ref);
+  tu_assert_close(a, b, (size_t)clpar_tensor_numel(t), rtol, atol, what);
+  free(a);
+  free(b);
+}
+
+static void test_enumeration(void **state) {
+  (void)state;
+  NEED_CUDA();
+  assert_true(cuda_count <= runtime_count);
+  if (!getenv("CLPAR_DEVICES") && cuda_count < runtime_count)
+    fprintf(stderr, "test_cuda: %d of %d CUDA devices listed (see CLPAR_LOG_LEVEL=info)\n",
+            cuda_count, runtime_count);
+  for (int i = 0; i < cuda_count; i++) {
+    clpar_device_info in;
+    tu_ok(clpar_device_get_info(cuda_devs[i], &in));
+    assert_int_equal(cuda_devs[i]->bd.iface->abi_version, CLPAR_BACKEND_ABI_VERSION);
+    assert_string_equal(in.backend, "cuda");
+    assert_int_equal(strncmp(in.id, "cuda:", 5), 0);
+    assert_string_equal(in.vendor, "NVIDIA");
+    assert_int_equal(in.type, CLPAR_DEVICE_GPU);
+    assert_true(in.name[0] != '\0');
+    assert_true(in.driver_version[0] != '\0');
+    assert_true(in.global_mem_bytes > 0);
+    assert_true(in.max_alloc_bytes == in.global_mem_bytes);
+    assert_true(in.compute_units > 0);
+    clpar_device *found = NULL;
+    tu_ok(clpar_device_find(in.id, &found));
+    assert_ptr_equal(found, cuda_devs[i]);
+    fprintf(stderr, "test_cuda: %s: %s, %d SMs, %.1f GiB, driver %s\n", in.id, in.name,
+            in.compute_units, (double)in.global_mem_bytes / (1 << 30), in.driver_version);
+  }
+}
+
+/* Fill on a whole tensor and on a view at an odd offset; +0.0 takes cudaMemsetAsync, other
+ * values (-0.0 and NaN included) the kernel. */
+static void test_fill(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const float values[] = {0.75f, 0.0f, -0.0f, -3.0e38f};
+  int64_t shape[] = {1001, 37};
+  for (int d = 0; d < cuda_count; d++)
+    for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *t = make(cuda_devs[d], 2, shape, 1), *h = make(tu_host(), 2, shape, 1);
+      clpar_tensor *tv, *hv;
+      tu_ok(clpar_tensor_rows(t, 13, 500, &tv));
+      tu_ok(clpar_tensor_rows(h, 13, 500, &hv));
+      tu_ok(clpar_fill(tv, values[v]));
+      tu_ok(clpar_fill(hv, values[v]));
+      expect_equal(t, h, 0, 0, "fill of a view");
+      float *r = tu_read(tv);
+      assert_int_equal(!!signbit(r[0]), !!signbit(values[v]));
+      free(r);
+      tu_ok(clpar_fill(t, NAN));
+      r = tu_read(t);
+      for (size_t i = 0; i < (size_t)(shape[0] * shape[1]); i++) assert_true(isnan(r[i]));
+      free(r);
+      clpar_scope_end(sc);
+    }
+}
+
+typedef clpar_status (*binary_fn)(const clpar_tensor *, const clpar_tensor *, clpar_tensor **);
+
+/* a (rows x cols) against b of a's shape, [cols] and [1, cols]. */
+static void check_binary(clpar_device *dev, binary_fn fn, int64_t rows, int64_t cols,
+                         const char *name) {
+  const int64_t a_shape[] = {rows, cols}, row1[] = {cols}, row2[] = {1, cols};
+  const int64_t *b_shapes[] = {a_shape, row1, row2};
+  const int b_ndims[] = {2, 1, 2};
+  for (int v = 0; v < 3; v++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *a = make(dev, 2, a_shape, 1), *b = make(dev, b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *ha = make(tu_host(), 2, a_shape, 1);
+    clpar_tensor *hb = make(tu_host(), b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *r, *hr;
+    tu_ok(fn(a, b, &r));
+    tu_ok(fn(ha, hb, &hr));
+    expect_equal(r, hr, 1e-6f, 1e-6f, name);
+    clpar_scope_end(sc);
+  }
+}
+
+static void test_binary(void **state) {
+  (void)state;
+  NEED_CUDA();
+  for (int d = 0; d < cuda_count; d++) {
+    check_binary(cuda_devs[d], clpar_add, 37, 53, "add");
+    check_binary(cuda_devs[d], clpar_sub, 37, 53, "sub");
+    check_binary(cuda_devs[d], clpar_mul, 37, 53, "mul");
+    check_binary(cuda_devs[d], clpar_add, 1, 1, "add 1x1");
+    /* More elements than one pass of the capped grid covers: the grid-stride loop and the
+     * broadcast column index (i % cols) over many passes. */
+    check_binary(cuda_devs[d], clpar_mul, 4099, 4097, "mul large");
+  }
+}
+
+/* out aliasing a or b exactly, through the backend entry (the public ops make new tensors). */
+static void test_binary_in_place(void **state) {
+  (void)state;
+  NEED_CUDA();
+  int64_t shape[] = {33, 65}, row[] = {65};
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *a = make(dev, 2, shape, 3), *b = make(dev, 2, shape, 4),
+                 *bias = make(dev, 1, row, 5);
+    clpar_tensor *ha = make(tu_host(), 2, shape, 3), *hb = make(tu_host(), 2, shape, 4);
+    clpar_tensor *hbias = make(tu_host(), 1, row, 5), *h1, *h2;
+    const clpar_backend_iface *f = dev->bd.iface;
+    /* a = a + bias (broadcast, out == a), then b = a - b (out == b) */
+    tu_ok(f->binary(dev->bd.ctx, CLPAR_BINARY_ADD, 33, 65, clpar_tensor_bref(a),
+                    clpar_tensor_bref(bias), 1, clpar_tensor_bref(a)));
+    tu_ok(f->binary(dev->bd.ctx, CLPAR_BINARY_SUB, 33, 65, clpar_tensor_bref(a),
+                    clpar_tensor_bref(b), 33, clpar_tensor_bref(b)));
+    tu_ok(clpar_add(ha, hbias, &h1));
+    tu_ok(clpar_sub(h1, hb, &h2));
+    expect_equal(a, h1, 1e-6f, 1e-6f, "add in place");
+    expect_equal(b, h2, 1e-6f, 1e-6f, "sub in place");
+    clpar_scope_end(sc);
+  }
+}
+
+/* Scale, then a chain of in-place scales with no wait between them: the stream keeps them in
+ * order, and only the read at the end waits. */
+static void test_scale(void **state) {
+  (void)state;
+  NEED_CUDA();
+  int64_t shape[] = {3, 5, 7}, big[] = {1 << 20};
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *a = make(dev, 3, shape, 6), *ha = make(tu_host(), 3, shape, 6), *r, *hr;
+    tu_ok(clpar_scale(a, -2.5f, &r));
+    tu_ok(clpar_scale(ha, -2.5f, &hr));
+    expect_equal(r, hr, 1e-6f, 0, "scale");
+    clpar_tensor *t;
+    tu_ok(clpar_tensor_zeros(dev, 1, big, &t));
+    tu_ok(clpar_fill(t, 1.0f));
+    for (int i = 0; i < 100; i++)
+      tu_ok(dev->bd.iface->scale(dev->bd.ctx, (size_t)big[0], i % 2 ? 0.5f : 4.0f,
+                                 clpar_tensor_bref(t), clpar_tensor_bref(t)));
+    float *v = tu_read(t); /* (4 * 0.5)^50 */
+    for (int i = 0; i < big[0]; i++) assert_float_equal(v[i], 1125899906842624.0f, 0);
+    free(v);
+    clpar_scope_end(sc);
+  }
+}
+
+static void test_sum_rows(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const int64_t shapes[][3] = {{1000, 33, 0}, {1, 17, 0},    {7, 3, 5},
+                                      {4099, 1, 0},  {3, 70001, 0}, {1, 1, 0}};
+  static const int ndims[] = {2, 2, 3, 2, 2, 2};
+  for (int d = 0; d < cuda_count; d++)
+    for (size_t s = 0; s < sizeof ndims / sizeof ndims[0]; s++) {
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *a = make(cuda_devs[d], ndims[s], shapes[s], 30), *r;
+      clpar_tensor *ha = make(tu_host(), ndims[s], shapes[s], 30), *hr;
+      tu_ok(clpar_sum_rows(a, &r));
+      tu_ok(clpar_sum_rows(ha, &hr));
+      /* float sums in another order than the host's double: error grows with the rows */
+      float atol = 1e-6f * (float)shapes[s][0] + 1e-6f;
+      expect_equal(r, hr, 1e-5f, atol, "sum_rows");
+      clpar_scope_end(sc);
+    }
+}
+
+/* matmul, the accumulating gemm, and beta = 0 over a C full of NaN. */
+static void check_gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t as[2] = {ta ? k : m, ta ? m : k}, bs[2] = {tb ? n : k, tb ? k : n}, cs[2] = {m, n};
+  clpar_tensor *a = make(dev, 2, as, 10), *b = make(dev, 2, bs, 11), *r;
+  clpar_tensor *ha = make(tu_host(), 2, as, 10), *hb = make(tu_host(), 2, bs, 11), *hr;
+  char what[96];
+  snprintf(what, sizeof what, "matmul ta=%d tb=%d %lldx%lldx%lld", ta, tb, (long long)m,
+           (long long)n, (long long)k);
+  tu_ok(clpar_matmul(a, b, ta, tb, &r));
+  tu_ok(clpar_matmul(ha, hb, ta, tb, &hr));
+  expect_equal(r, hr, 1e-4f, 1e-4f, what);
+  clpar_tensor *c = make(dev, 2, cs, 12), *hc = make(tu_host(), 2, cs, 12);
+  tu_ok(clpar_gemm(ta, tb, 0.5f, a, b, -2.0f, c));
+  tu_ok(clpar_gemm(ta, tb, 0.5f, ha, hb, -2.0f, hc));
+  expect_equal(c, hc, 1e-4f, 1e-4f, "gemm alpha beta");
+  tu_ok(clpar_fill(c, NAN));
+  tu_ok(clpar_gemm(ta, tb, 1.0f, a, b, 0.0f, c));
+  expect_equal(c, hr, 1e-4f, 1e-4f, "gemm beta 0 over NaN");
+  clpar_scope_end(sc);
+}
+
+static void test_gemm(void **state) {
+  (void)state;
+  NEED_CUDA();
+  for (int d = 0; d < cuda_count; d++)
+    for (int t = 0; t < 4; t++) {
+      check_gemm(cuda_devs[d], t & 1, t >> 1, 37, 53, 29);
+      check_gemm(cuda_devs[d], t & 1, t >> 1, 1, 7, 64);
+      check_gemm(cuda_devs[d], t & 1, t >> 1, 129, 3, 257);
+    }
+}
+
+/* A view starts at an odd element offset into its buffer. */
+static void test_gemm_on_views(void **state) {
+  (void)state;
+  NEED_CUDA();
+  int64_t xs[2] = {30, 5}, ws[2] = {2, 5};
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x = make(cuda_devs[d], 2, xs, 20), *w = make(cuda_devs[d], 2, ws, 21);
+    clpar_tensor *hx = make(tu_host(), 2, xs, 20), *hw = make(tu_host(), 2, ws, 21);
+    clpar_tensor *xv, *hxv, *r, *hr;
+    tu_ok(clpar_tensor_rows(x, 13, 11, &xv));
+    tu_ok(clpar_tensor_rows(hx, 13, 11, &hxv));
+    tu_ok(clpar_matmul(xv, w, 0, 1, &r));
+    tu_ok(clpar_matmul(hxv, hw, 0, 1, &hr));
+    expect_equal(r, hr, 1e-5f, 1e-5f, "matmul of a view");
+    clpar_scope_end(sc);
+  }
+}
+
+/* CUDA to host and host to CUDA (tensor_to and copy), CUDA to CUDA, views included: exact. */
+static void test_copy_host_cuda(void **state) {
+  (void)state;
+  NEED_CUDA();
+  int64_t shape[] = {37, 53}, part[] = {10, 53};
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *h = make(tu_host(), 2, shape, 40), *c, *back, *c2, *hv, *cv;
+    tu_ok(clpar_tensor_to(h, dev, &c));
+    assert_ptr_equal(clpar_tensor_device(c), dev);
+    tu_ok(clpar_tensor_to(c, tu_host(), &back));
+    expect_equal(back, h, 0, 0, "host -> cuda -> host");
+    tu_ok(clpar_tensor_zeros(dev, 2, shape, &c2));
+    tu_ok(clpar_copy(c2, c)); /* device-local */
+    expect_equal(c2, h, 0, 0, "cuda -> cuda");
+    /* rows 20..29 of a new host tensor into rows 5..14 of c2, then back out */
+    clpar_tensor *h2 = make(tu_host(), 2, shape, 41), *hp;
+    tu_ok(clpar_tensor_rows(h2, 20, 10, &hv));
+    tu_ok(clpar_tensor_rows(c2, 5, 10, &cv));
+    tu_ok(clpar_copy(cv, hv));
+    tu_ok(clpar_tensor_zeros(tu_host(), 2, part, &hp));
+    tu_ok(clpar_copy(hp, cv));
+    expect_equal(hp, hv, 0, 0, "host view -> cuda view -> host");
+    clpar_scope_end(sc);
+  }
+}
+
+typedef struct {
+  clpar_device *dev;
+  clpar_status status;
+  char error[256];
+  float values[64];
+} thread_job;
+
+static void *thread_main(void *arg) {
+  thread_job *job = arg;
+  int64_t shape[] = {64, 64};
+  clpar_tensor *a = NULL, *b = NULL, *r = NULL;
+  job->status = clpar_tensor_zeros(job->dev, 2, shape, &a);
+  if (job->status == CLPAR_OK) job->status = clpar_fill(a, 1.5f);
+  if (job->status == CLPAR_OK) job->status = clpar_matmul(a, a, 0, 1, &b);
+  if (job->status == CLPAR_OK) job->status = clpar_sum_rows(b, &r);
+  if (job->status == CLPAR_OK) job->status = clpar_tensor_read(r, job->values, 64);
+  snprintf(job->error, sizeof job->error, "%s", clpar_last_error());
+  clpar_tensor_free(a);
+  clpar_tensor_free(b);
+  clpar_tensor_free(r);
+  return NULL;
+}
+
+/* Entries come from any host thread: a new thread has no current CUDA device of its own. */
+static void test_other_thread(void **state) {
+  (void)state;
+  NEED_CUDA();
+  for (int d = 0; d < cuda_count; d++) {
+    thread_job job = {.dev = cuda_devs[d]};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, thread_main, &job), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    if (job.status != CLPAR_OK) fail_msg("%s: %s", clpar_status_name(job.status), job.error);
+    for (int i = 0; i < 64; i++) /* 64 * 64 * 1.5 * 1.5, exact in float */
+      assert_float_equal(job.values[i], 9216.0f, 0);
+  }
+}
+
+/* Larger than the device: the core refuses it up front; a little under the device's total
+ * memory reaches cudaMalloc and comes back as out of memory. The device works afterwards. */
+static void test_alloc_too_large(void **state) {
+  (void)state;
+  NEED_CUDA();
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    clpar_device_info in;
+    tu_ok(clpar_device_get_info(dev, &in));
+    clpar_tensor *t = NULL;
+    int64_t huge[] = {(int64_t)(in.max_alloc_bytes / sizeof(float)) + 1};
+    assert_int_equal(clpar_tensor_zeros(dev, 1, huge, &t), CLPAR_ERROR_TOO_LARGE);
+    assert_null(t);
+    /* the context and cuBLAS's workspace already hold some of the memory */
+    int64_t nearly[] = {(int64_t)(in.global_mem_bytes / sizeof(float)) - 1024};
+    assert_int_equal(clpar_tensor_zeros(dev, 1, nearly, &t), CLPAR_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(clpar_last_error(), "cudaErrorMemoryAllocation"));
+    assert_non_null(strstr(clpar_last_error(), in.id));
+    void *buf = NULL;
+    assert_int_equal(dev->bd.iface->alloc(dev->bd.ctx, (size_t)in.global_mem_bytes, &buf),
+                     CLPAR_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(clpar_last_error(), "cudaMalloc"));
+    /* The failed cudaMalloc must not be reported by the next kernel launch. */
+    int64_t small[] = {8, 8};
+    clpar_tensor *a = make(dev, 2, small, 50), *r = NULL;
+    tu_ok(clpar_scale(a, 2.0f, &r));
+    tu_ok(clpar_device_synchronize(dev));
+    clpar_tensor_free(a);
+    clpar_tensor_free(r);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_enumeration),
+      cmocka_unit_test(test_fill),
+      cmocka_unit_test(test_binary),
+      cmocka_unit_test(test_binary_in_place),
+      cmocka_unit_test(test_scale),
+      cmocka_unit_test(test_sum_rows),
+      cmocka_unit_test(test_gemm),
+      cmocka_unit_test(test_gemm_on_views),
+      cmocka_unit_test(test_copy_host_cuda),
+      cmocka_unit_test(test_other_thread),
+      cmocka_unit_test(test_alloc_too_large),
+  };
+  return cmocka_run_group_tests(tests, group_setup, tu_teardown);
+}

@@ -1,0 +1,256 @@
+/* test_ops.c — every op on every selected device against the host reference, with odd sizes,
+ * views and broadcasting; and every op's bad input giving a clear error and changing nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+/* A tensor of the given shape on dev with the values tu_rand(seed) gives. */
+static clpar_tensor *make(clpar_device *dev, int ndim, const int64_t *shape, uint64_t seed) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  float *h = tu_rand((size_t)n, seed);
+  clpar_tensor *t = NULL;
+  tu_ok(clpar_tensor_from_host(dev, ndim, shape, h, &t));
+  free(h);
+  return t;
+}
+
+/* Asserts that t on a device equals ref on host elementwise. */
+static void expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol, float atol,
+                         const char *what) {
+  assert_int_equal(clpar_tensor_numel(t), clpar_tensor_numel(ref));
+  assert_int_equal(clpar_tensor_ndim(t), clpar_tensor_ndim(ref));
+  for (int i = 0; i < clpar_tensor_ndim(t); i++)
+    assert_int_equal(clpar_tensor_dim(t, i), clpar_tensor_dim(ref, i));
+  float *a = tu_read(t), *b = tu_read(ref);
+  tu_assert_close(a, b, (size_t)clpar_tensor_numel(t), rtol, atol, what);
+  free(a);
+  free(b);
+}
+
+typedef clpar_status (*binary_fn)(const clpar_tensor *, const clpar_tensor *, clpar_tensor **);
+
+static void check_binary(clpar_device *dev, binary_fn fn, const char *name) {
+  static const int64_t a_shape[] = {37, 53}, row1[] = {53}, row2[] = {1, 53};
+  const int64_t *b_shapes[] = {a_shape, row1, row2};
+  const int b_ndims[] = {2, 1, 2};
+  for (int v = 0; v < 3; v++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *a = make(dev, 2, a_shape, 1), *b = make(dev, b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *ha = make(tu_host(), 2, a_shape, 1),
+                 *hb = make(tu_host(), b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *r, *hr;
+    tu_ok(fn(a, b, &r));
+    tu_ok(fn(ha, hb, &hr));
+    expect_equal(r, hr, 1e-6f, 1e-6f, name);
+    clpar_scope_end(sc);
+  }
+}
+
+static void test_elementwise(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    check_binary(dev, clpar_add, "add");
+    check_binary(dev, clpar_sub, "sub");
+    check_binary(dev, clpar_mul, "mul");
+    clpar_scope *sc = clpar_scope_begin();
+    int64_t shape[] = {3, 5, 7};
+    clpar_tensor *a = make(dev, 3, shape, 3), *ha = make(tu_host(), 3, shape, 3), *r, *hr;
+    tu_ok(clpar_scale(a, -2.5f, &r));
+    tu_ok(clpar_scale(ha, -2.5f, &hr));
+    expect_equal(r, hr, 1e-6f, 0, "scale");
+    tu_ok(clpar_fill(r, 0.75f));
+    float *v = tu_read(r);
+    for (int i = 0; i < 105; i++) assert_float_equal(v[i], 0.75f, 0);
+    free(v);
+    clpar_scope_end(sc);
+  }
+}
+
+static void check_gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t as[2] = {ta ? k : m, ta ? m : k}, bs[2] = {tb ? n : k, tb ? k : n};
+  clpar_tensor *a = make(dev, 2, as, 10), *b = make(dev, 2, bs, 11), *r;
+  clpar_tensor *ha = make(tu_host(), 2, as, 10), *hb = make(tu_host(), 2, bs, 11), *hr;
+  tu_ok(clpar_matmul(a, b, ta, tb, &r));
+  tu_ok(clpar_matmul(ha, hb, ta, tb, &hr));
+  expect_equal(r, hr, 1e-4f, 1e-4f, "matmul");
+  /* Accumulating form: c = 0.5 op(a) op(b) - 2 c */
+  int64_t cs[2] = {m, n};
+  clpar_tensor *c = make(dev, 2, cs, 12), *hc = make(tu_host(), 2, cs, 12);
+  tu_ok(clpar_gemm(ta, tb, 0.5f, a, b, -2.0f, c));
+  tu_ok(clpar_gemm(ta, tb, 0.5f, ha, hb, -2.0f, hc));
+  expect_equal(c, hc, 1e-4f, 1e-4f, "gemm alpha beta");
+  /* beta = 0 must ignore what c held, NaN included */
+  tu_ok(clpar_fill(c, NAN));
+  tu_ok(clpar_gemm(ta, tb, 1.0f, a, b, 0.0f, c));
+  expect_equal(c, hr, 1e-4f, 1e-4f, "gemm beta 0 over NaN");
+  clpar_scope_end(sc);
+}
+
+static void test_gemm(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++)
+    for (int t = 0; t < 4; t++) {
+      check_gemm(clpar_device_get(d), t & 1, t >> 1, 37, 53, 29);
+      check_gemm(clpar_device_get(d), t & 1, t >> 1, 1, 7, 64);
+    }
+}
+
+static void test_gemm_on_views(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    clpar_scope *sc = clpar_scope_begin();
+    int64_t xs[2] = {30, 5}, ws[2] = {2, 5};
+    clpar_tensor *x = make(dev, 2, xs, 20), *w = make(dev, 2, ws, 21);
+    clpar_tensor *hx = make(tu_host(), 2, xs, 20), *hw = make(tu_host(), 2, ws, 21);
+    clpar_tensor *xv, *hxv, *r, *hr;
+    tu_ok(clpar_tensor_rows(x, 13, 11, &xv)); /* an odd offset into the buffer */
+    tu_ok(clpar_tensor_rows(hx, 13, 11, &hxv));
+    tu_ok(clpar_matmul(xv, w, 0, 1, &r));
+    tu_ok(clpar_matmul(hxv, hw, 0, 1, &hr));
+    expect_equal(r, hr, 1e-5f, 1e-5f, "matmul of a view");
+    clpar_scope_end(sc);
+  }
+}
+
+static void test_sum_rows(void **state) {
+  (void)state;
+  static const int64_t shapes[][3] = {{1000, 33, 0}, {1, 17, 0}, {7, 3, 5}};
+  static const int ndims[] = {2, 2, 3};
+  for (int d = 0; d < clpar_device_count(); d++)
+    for (int s = 0; s < 3; s++) {
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *a = make(clpar_device_get(d), ndims[s], shapes[s], 30), *r;
+      clpar_tensor *ha = make(tu_host(), ndims[s], shapes[s], 30), *hr;
+      tu_ok(clpar_sum_rows(a, &r));
+      tu_ok(clpar_sum_rows(ha, &hr));
+      expect_equal(r, hr, 1e-5f, 1e-4f, "sum_rows");
+      assert_int_equal(clpar_tensor_ndim(r), ndims[s] - 1);
+      clpar_scope_end(sc);
+    }
+}
+
+static void test_concat_split(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    clpar_scope *sc = clpar_scope_begin();
+    int64_t s1[] = {3, 4}, s2[] = {5, 4}, s3[] = {1, 4};
+    clpar_tensor *parts[3] = {make(dev, 2, s1, 40), make(dev, 2, s2, 41), make(dev, 2, s3, 42)};
+    clpar_tensor *hparts[3] = {make(tu_host(), 2, s1, 40), make(tu_host(), 2, s2, 41),
+                               make(tu_host(), 2, s3, 42)};
+    clpar_tensor *cat, *hcat;
+    tu_ok(clpar_concat(parts, 3, &cat));
+    tu_ok(clpar_concat(hparts, 3, &hcat));
+    expect_equal(cat, hcat, 0, 0, "concat");
+    assert_int_equal(clpar_tensor_dim(cat, 0), 9);
+    clpar_tensor *back[3];
+    int64_t sizes[] = {3, 5, 1};
+    tu_ok(clpar_split(cat, sizes, 3, back));
+    for (int i = 0; i < 3; i++) expect_equal(back[i], hparts[i], 0, 0, "split");
+    clpar_scope_end(sc);
+  }
+}
+
+static void test_chunk_sizes_match_tutorials(void **state) {
+  (void)state;
+  /* The tables printed in seeds/data_parallel_tutorial.*: batch 30 and the last batch of 10
+   * (100 rows, batch 30) over 2, 3, 4 and 8 GPUs. */
+  static const struct {
+    int64_t rows;
+    int k, n;
+    int64_t sizes[8];
+  } cases[] = {
+      {30, 1, 1, {30}},
+      {10, 1, 1, {10}},
+      {30, 2, 2, {15, 15}},
+      {10, 2, 2, {5, 5}},
+      {30, 3, 3, {10, 10, 10}},
+      {10, 3, 3, {4, 4, 2}},
+      {30, 4, 4, {8, 8, 8, 6}},
+      {10, 4, 4, {3, 3, 3, 1}},
+      {30, 8, 8, {4, 4, 4, 4, 4, 4, 4, 2}},
+      {10, 8, 5, {2, 2, 2, 2, 2}},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int64_t got[8] = {0};
+    int n = clpar_chunk_sizes(cases[c].rows, cases[c].k, got);
+    assert_int_equal(n, cases[c].n);
+    for (int i = 0; i < n; i++) assert_int_equal(got[i], cases[c].sizes[i]);
+  }
+  int64_t sz[4];
+  assert_int_equal(clpar_chunk_sizes(0, 4, sz), CLPAR_ERROR_EMPTY);
+  assert_int_equal(clpar_chunk_sizes(5, 0, sz), CLPAR_ERROR_INVALID_ARGUMENT);
+}
+
+/* Bad input: each op refuses with a clear error, allocates nothing and leaves out alone. */
+static void test_bad_input_changes_nothing(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    int64_t as[] = {4, 3}, bs[] = {3, 4}, cs[] = {2, 3};
+    clpar_tensor *a = make(dev, 2, as, 50), *b = make(dev, 2, bs, 51), *c = make(dev, 2, cs, 52);
+    clpar_memory_stats before, after;
+    tu_ok(clpar_device_memory_stats(dev, &before));
+    clpar_tensor *sentinel = (clpar_tensor *)(uintptr_t)0x1234, *out = sentinel;
+    assert_int_equal(clpar_add(a, b, &out), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_non_null(strstr(clpar_last_error(), "[4, 3]"));
+    assert_non_null(strstr(clpar_last_error(), "[3, 4]"));
+    assert_int_equal(clpar_mul(a, c, &out), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_int_equal(clpar_matmul(a, c, 0, 0, &out), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_non_null(strstr(clpar_last_error(), "inner"));
+    assert_int_equal(clpar_gemm(0, 0, 1, a, b, 0, a), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_int_equal(clpar_concat((clpar_tensor *[]){a, b}, 2, &out), CLPAR_ERROR_SHAPE_MISMATCH);
+    clpar_tensor *outs[2] = {sentinel, sentinel};
+    assert_int_equal(clpar_split(a, (int64_t[]){1, 2}, 2, outs), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_int_equal(clpar_split(a, (int64_t[]){4, 0}, 2, outs), CLPAR_ERROR_EMPTY);
+    assert_ptr_equal(outs[0], sentinel);
+    assert_ptr_equal(outs[1], sentinel);
+    assert_int_equal(clpar_add(NULL, b, &out), CLPAR_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(clpar_copy(a, c), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_ptr_equal(out, sentinel);
+    tu_ok(clpar_device_memory_stats(dev, &after));
+    assert_int_equal(after.bytes_in_use, before.bytes_in_use);
+    assert_int_equal(after.driver_allocs, before.driver_allocs);
+    float va[12];
+    tu_ok(clpar_tensor_read(a, va, 12));
+    float *ref = tu_rand(12, 50);
+    tu_assert_close(va, ref, 12, 0, 0, "a unchanged");
+    free(ref);
+    clpar_tensor_free(a);
+    clpar_tensor_free(b);
+    clpar_tensor_free(c);
+  }
+}
+
+static void test_device_mismatch(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  if (dev == tu_host()) skip();
+  int64_t s[] = {2, 2};
+  clpar_tensor *a = make(dev, 2, s, 60), *h = make(tu_host(), 2, s, 61), *out = NULL;
+  assert_int_equal(clpar_add(a, h, &out), CLPAR_ERROR_DEVICE_MISMATCH);
+  assert_non_null(strstr(clpar_last_error(), clpar_device_id(dev)));
+  assert_null(out);
+  clpar_tensor_free(a);
+  clpar_tensor_free(h);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_elementwise),
+      cmocka_unit_test(test_gemm),
+      cmocka_unit_test(test_gemm_on_views),
+      cmocka_unit_test(test_sum_rows),
+      cmocka_unit_test(test_concat_split),
+      cmocka_unit_test(test_chunk_sizes_match_tutorials),
+      cmocka_unit_test(test_bad_input_changes_nothing),
+      cmocka_unit_test(test_device_mismatch),
+  };
+  return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
+}

@@ -1,0 +1,56 @@
+/* test_util.c — shared helpers of the cmocka tests (see test_util.h). */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+int tu_setup(void **state) {
+  (void)state;
+  clpar_status s = clpar_init();
+  if (s != CLPAR_OK) {
+    fprintf(stderr, "clpar_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+int tu_teardown(void **state) {
+  (void)state;
+  clpar_shutdown();
+  return 0;
+}
+
+clpar_device *tu_host(void) {
+  clpar_device *d = clpar_device_host();
+  assert_non_null(d);
+  return d;
+}
+
+float *tu_rand(size_t n, uint64_t seed) {
+  float *p = malloc(n * sizeof *p);
+  assert_non_null(p);
+  for (size_t i = 0; i < n; i++) p[i] = 2.0f * clpar_rng_uniform01(seed, i) - 1.0f;
+  return p;
+}
+
+void tu_assert_close_(const float *a, const float *b, size_t n, float rtol, float atol,
+                      const char *what, const char *file, int line) {
+  for (size_t i = 0; i < n; i++) {
+    float d = fabsf(a[i] - b[i]);
+    if (!(d <= atol + rtol * fabsf(b[i]))) {
+      fail_msg("%s:%d: %s: element %zu is %.9g, expected %.9g (diff %.3g)", file, line, what, i,
+               (double)a[i], (double)b[i], (double)d);
+    }
+  }
+}
+
+float *tu_read(const clpar_tensor *t) {
+  size_t n = (size_t)clpar_tensor_numel(t);
+  float *p = malloc(n * sizeof *p);
+  assert_non_null(p);
+  tu_ok(clpar_tensor_read(t, p, n));
+  return p;
+}

@@ -1,0 +1,42 @@
+/* test_util.h — what every cmocka test of clpar shares: set-up, the host reference device,
+ * random host data and comparisons with a tolerance that names the first bad element. */
+#ifndef CLPAR_TEST_UTIL_H
+#define CLPAR_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka.h needs the three above first */
+#include <cmocka.h>
+
+#include "clpar/clpar.h"
+
+/* cmocka group set-up/tear-down: clpar_init / clpar_shutdown (fails the group on error). */
+int tu_setup(void **state);
+int tu_teardown(void **state);
+
+/* The host backend device, always available as the reference even when not selected. */
+clpar_device *tu_host(void);
+
+/* n floats uniform in [-1, 1) from seed, malloc'ed (never NULL). */
+float *tu_rand(size_t n, uint64_t seed);
+
+/* Fails the test naming the first element where |a-b| > atol + rtol*|b|. */
+void tu_assert_close_(const float *a, const float *b, size_t n, float rtol, float atol,
+                      const char *what, const char *file, int line);
+#define tu_assert_close(a, b, n, rtol, atol, what) \
+  tu_assert_close_((a), (b), (n), (rtol), (atol), (what), __FILE__, __LINE__)
+
+/* Asserts status == CLPAR_OK, printing clpar_last_error() when it is not. */
+#define tu_ok(expr)                                                                        \
+  do {                                                                                     \
+    clpar_status tu_s_ = (expr);                                                           \
+    if (tu_s_ != CLPAR_OK)                                                                 \
+      fail_msg("%s returned %s: %s", #expr, clpar_status_name(tu_s_), clpar_last_error()); \
+  } while (0)
+
+/* Reads a whole tensor into a new malloc'ed buffer. */
+float *tu_read(const clpar_tensor *t);
+
+#endif
