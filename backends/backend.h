@@ -27,7 +27,9 @@
 #include "clpar/device.h"
 #include "clpar/status.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 2
+#define CLPAR_BACKEND_ABI_VERSION 3
+/* The oldest ABI a backend may declare: every entry up to it is required. */
+#define CLPAR_BACKEND_ABI_REQUIRED 2
 
 /* A buffer and an offset into it, in floats. */
 typedef struct clpar_bref {
@@ -136,6 +138,13 @@ typedef struct clpar_backend_iface {
   /* In place, n elements (see clpar_adam_args). */
   clpar_status (*adam_step)(void *dev, size_t n, clpar_bref param, clpar_bref grad, clpar_bref m,
                             clpar_bref v, const clpar_adam_args *args);
+
+  /* ---- ABI 3: profiling; both may be NULL (the device then cannot be profiled) ---- */
+  /* Turns recording of device time on or off; either way the totals restart from zero. */
+  clpar_status (*profile)(void *dev, int enable);
+  /* Waits for the queue, then gives the device time of the ops enqueued since recording was
+   * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
+  clpar_status (*profile_read)(void *dev, double *seconds, uint64_t *ops);
 } clpar_backend_iface;
 
 /* One device as a backend reports it. info.id is left empty: the core numbers devices

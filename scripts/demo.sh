@@ -15,3 +15,6 @@ if ! clinfo -l 2>/dev/null | grep -qiE 'gpu|nvidia|amd|radeon|intel\(r\) (uhd|ir
 fi
 echo "== samples/devices (POCL_DEVICES=${POCL_DEVICES:-unset}, CLPAR_DEVICES=${CLPAR_DEVICES:-unset})"
 ./build/samples/devices "${1:-512}"
+echo
+echo "== samples/train_mlp (an MLP classifier trained on the first device)"
+./build/samples/train_mlp 200

@@ -24,10 +24,11 @@ clpar_install_deps() {
 clpar_build() {
   local dir=$1
   shift
-  cmake -S "$CLPAR_ROOT" -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
-  grep -E '^-- clpar' "$dir.configure.log" || true
-  cmake --build "$dir" -j "$(nproc)" >"$dir.build.log" 2>&1 || { tail -50 "$dir.build.log"; return 1; }
-  if grep -E 'warning:' "$dir.build.log" >/dev/null; then
-    echo "== compiler warnings in $dir:"; grep -E 'warning:' "$dir.build.log" | sort -u | head -20
+  mkdir -p "$dir"
+  cmake -S "$CLPAR_ROOT" -B "$dir" "$@" >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; return 1; }
+  grep -E '^-- clpar' "$dir/configure.log" || true
+  cmake --build "$dir" -j "$(nproc)" >"$dir/build.log" 2>&1 || { tail -50 "$dir/build.log"; return 1; }
+  if grep -E 'warning:' "$dir/build.log" >/dev/null; then
+    echo "== compiler warnings in $dir:"; grep -E 'warning:' "$dir/build.log" | sort -u | head -20
   fi
 }

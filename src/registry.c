@@ -57,7 +57,7 @@ static void destroy_devices(void) {
 /* A backend must implement this ABI's every entry: a missing one would crash the first op
  * that needs it, so such a device is left out with a warning instead. */
 static int iface_complete(const clpar_backend_iface *f) {
-  if (!f || f->abi_version < CLPAR_BACKEND_ABI_VERSION) return 0;
+  if (!f || f->abi_version < CLPAR_BACKEND_ABI_REQUIRED) return 0;
   const void *entries[] = {
       (const void *)f->destroy,
       (const void *)f->alloc,
@@ -284,6 +284,39 @@ const char *clpar_device_id(const clpar_device *dev) {
 
 int clpar_device_index(const clpar_device *dev) {
   return dev ? dev->index : -1;
+}
+
+static clpar_status profile_check(const char *fn, clpar_device *dev) {
+  if (!dev) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL device", fn);
+  const clpar_backend_iface *f = dev->bd.iface;
+  if (f->abi_version < 3 || !f->profile || !f->profile_read)
+    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
+                           "%s: %s cannot be profiled (the %s backend records no device time)", fn,
+                           dev->bd.info.id, f->name);
+  return CLPAR_OK;
+}
+
+clpar_status clpar_device_profile_start(clpar_device *dev) {
+  clpar_status s = profile_check("clpar_device_profile_start", dev);
+  if (s == CLPAR_OK && (s = dev->bd.iface->profile(dev->bd.ctx, 1)) != CLPAR_OK)
+    clpar_device_fail(dev, s);
+  return s;
+}
+
+clpar_status clpar_device_profile_read(clpar_device *dev, clpar_profile *out) {
+  clpar_status s = profile_check("clpar_device_profile_read", dev);
+  if (s == CLPAR_OK && !out)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_device_profile_read: out is NULL");
+  if (s != CLPAR_OK) return s;
+  s = dev->bd.iface->profile_read(dev->bd.ctx, &out->device_seconds, &out->ops);
+  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+}
+
+clpar_status clpar_device_profile_stop(clpar_device *dev) {
+  clpar_status s = profile_check("clpar_device_profile_stop", dev);
+  if (s == CLPAR_OK && (s = dev->bd.iface->profile(dev->bd.ctx, 0)) != CLPAR_OK)
+    clpar_device_fail(dev, s);
+  return s;
 }
 
 clpar_status clpar_device_synchronize(clpar_device *dev) {

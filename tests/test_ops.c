@@ -241,6 +241,36 @@ static void test_device_mismatch(void **state) {
   clpar_tensor_free(h);
 }
 
+/* Profiling records device time where the backend can (OpenCL), and says so where not. */
+static void test_profiling(void **state) {
+  (void)state;
+  assert_int_equal(clpar_device_profile_start(tu_host()), CLPAR_ERROR_UNSUPPORTED);
+  assert_non_null(strstr(clpar_last_error(), "cannot be profiled"));
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    clpar_device_info info;
+    tu_ok(clpar_device_get_info(dev, &info));
+    if (strcmp(info.backend, "opencl") != 0) continue;
+    int64_t s[] = {64, 64};
+    clpar_tensor *a = make(dev, 2, s, 70), *r = NULL, *q = NULL;
+    tu_ok(clpar_device_profile_start(dev));
+    tu_ok(clpar_matmul(a, a, 0, 0, &r)); /* one GEMM */
+    tu_ok(clpar_add(r, a, &q));          /* one kernel */
+    clpar_profile p;
+    tu_ok(clpar_device_profile_read(dev, &p));
+    assert_int_equal(p.ops, 2);
+    assert_true(p.device_seconds > 0);
+    tu_ok(clpar_device_profile_stop(dev));
+    tu_ok(clpar_device_profile_start(dev)); /* restarts from zero */
+    tu_ok(clpar_device_profile_read(dev, &p));
+    assert_int_equal(p.ops, 0);
+    tu_ok(clpar_device_profile_stop(dev));
+    clpar_tensor_free(a);
+    clpar_tensor_free(r);
+    clpar_tensor_free(q);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_elementwise),
@@ -251,6 +281,7 @@ int main(void) {
       cmocka_unit_test(test_chunk_sizes_match_tutorials),
       cmocka_unit_test(test_bad_input_changes_nothing),
       cmocka_unit_test(test_device_mismatch),
+      cmocka_unit_test(test_profiling),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -57,6 +57,38 @@ typedef struct {
 #define KARG(x) \
   { sizeof(x), &(x) }
 
+/* Where the next enqueue should put its event: NULL unless profiling is on. */
+static cl_event *profile_slot(clpar_ocl_device *d, cl_event *ev) {
+  *ev = NULL;
+  return __atomic_load_n(&d->profiling, __ATOMIC_RELAXED) ? ev : NULL;
+}
+
+/* Keeps a recorded span for the profile (dropped when out of memory). */
+static void profile_keep_span(clpar_ocl_device *d, cl_event after, cl_event last) {
+  pthread_mutex_lock(&d->prof_lock);
+  if (d->n_spans == d->cap_spans) {
+    size_t cap = d->cap_spans ? 2 * d->cap_spans : 256;
+    clpar_ocl_span *grown = realloc(d->spans, cap * sizeof *grown);
+    if (grown) {
+      d->spans = grown;
+      d->cap_spans = cap;
+    }
+  }
+  if (d->n_spans < d->cap_spans) {
+    d->spans[d->n_spans].after = after;
+    d->spans[d->n_spans++].last = last;
+  } else {
+    if (after) clReleaseEvent(after);
+    clReleaseEvent(last);
+  }
+  pthread_mutex_unlock(&d->prof_lock);
+}
+
+/* Keeps an enqueued command's event for the profile. */
+static void profile_keep(clpar_ocl_device *d, cl_event ev) {
+  if (ev) profile_keep_span(d, NULL, ev);
+}
+
 /* Sets the arguments and enqueues; the caller holds d->lock. */
 static clpar_status launch_locked(clpar_ocl_device *d, const char *file, const char *name,
                                   const karg *args, int nargs, cl_uint dims, const size_t *global,
@@ -68,8 +100,11 @@ static clpar_status launch_locked(clpar_ocl_device *d, const char *file, const c
     cl_int err = clSetKernelArg(k, (cl_uint)i, args[i].size, args[i].value);
     if (err != CL_SUCCESS) return cl_fail(err, "clSetKernelArg", name);
   }
-  cl_int err = clEnqueueNDRangeKernel(d->queue, k, dims, NULL, global, local, 0, NULL, NULL);
+  cl_event ev;
+  cl_int err =
+      clEnqueueNDRangeKernel(d->queue, k, dims, NULL, global, local, 0, NULL, profile_slot(d, &ev));
   if (err != CL_SUCCESS) return cl_fail(err, "clEnqueueNDRangeKernel", name);
+  profile_keep(d, ev);
   return CLPAR_OK;
 }
 
@@ -191,8 +226,10 @@ static clpar_status ocl_copy(void *dev, void *dst, size_t dst_off_bytes, const v
     if (hi - lo < bytes)
       return copy_overlapping(d, AS_MEM(dst), dst_off_bytes, src_off_bytes, bytes);
   }
+  cl_event ev;
   cl_int err = clEnqueueCopyBuffer(d->queue, AS_MEM((void *)src), AS_MEM(dst), src_off_bytes,
-                                   dst_off_bytes, bytes, 0, NULL, NULL);
+                                   dst_off_bytes, bytes, 0, NULL, profile_slot(d, &ev));
+  if (err == CL_SUCCESS) profile_keep(d, ev);
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueCopyBuffer", NULL);
 }
 
@@ -290,12 +327,20 @@ static clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size
                              float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb,
                              float beta, clpar_bref c, size_t ldc) {
   clpar_ocl_device *d = dev;
+  cl_event ev, marker = NULL;
+  /* CLBlast's event is its last kernel's: time the GEMM from a marker just before it. */
+  if (profile_slot(d, &ev) && clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
+    marker = NULL;
   int warm = atomic_load(&d->gemm_warm);
   if (!warm) pthread_mutex_lock(&gemm_warmup_lock);
   CLBlastStatusCode st = CLBlastSgemm(
       CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
       trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
-      AS_MEM(b.buf), b.off, ldb, beta, AS_MEM(c.buf), c.off, ldc, &d->queue, NULL);
+      AS_MEM(b.buf), b.off, ldb, beta, AS_MEM(c.buf), c.off, ldc, &d->queue, profile_slot(d, &ev));
+  if (st == CLBlastSuccess && ev)
+    profile_keep_span(d, marker, ev);
+  else if (marker)
+    clReleaseEvent(marker);
   if (!warm) {
     if (st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
     pthread_mutex_unlock(&gemm_warmup_lock);
@@ -414,6 +459,53 @@ static clpar_status ocl_adam_step(void *dev, size_t n, clpar_bref param, clpar_b
   return launch_1d(dev, "optim.cl", "adam_f32", args, 17, n);
 }
 
+/* ---- profiling ---- */
+
+static int event_time(cl_event ev, cl_profiling_info what, cl_ulong *t) {
+  return clGetEventProfilingInfo(ev, what, sizeof *t, t, NULL) == CL_SUCCESS;
+}
+
+/* Sums the device time of the kept spans (waiting for them) and releases their events. */
+static void profile_harvest(clpar_ocl_device *d) {
+  for (size_t i = 0; i < d->n_spans; i++) {
+    clpar_ocl_span *sp = &d->spans[i];
+    cl_ulong start = 0, end = 0;
+    int ok = clWaitForEvents(1, &sp->last) == CL_SUCCESS &&
+             event_time(sp->last, CL_PROFILING_COMMAND_END, &end) &&
+             (sp->after ? event_time(sp->after, CL_PROFILING_COMMAND_END, &start)
+                        : event_time(sp->last, CL_PROFILING_COMMAND_START, &start));
+    if (ok && end >= start) {
+      d->prof_seconds += (double)(end - start) * 1e-9;
+      d->prof_ops++;
+    }
+    if (sp->after) clReleaseEvent(sp->after);
+    clReleaseEvent(sp->last);
+  }
+  d->n_spans = 0;
+}
+
+static clpar_status ocl_profile(void *dev, int enable) {
+  clpar_ocl_device *d = dev;
+  pthread_mutex_lock(&d->prof_lock);
+  profile_harvest(d);
+  d->prof_seconds = 0;
+  d->prof_ops = 0;
+  __atomic_store_n(&d->profiling, enable != 0, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&d->prof_lock);
+  return CLPAR_OK;
+}
+
+static clpar_status ocl_profile_read(void *dev, double *seconds, uint64_t *ops) {
+  clpar_ocl_device *d = dev;
+  clpar_status s = ocl_finish(dev);
+  pthread_mutex_lock(&d->prof_lock);
+  profile_harvest(d);
+  *seconds = d->prof_seconds;
+  *ops = d->prof_ops;
+  pthread_mutex_unlock(&d->prof_lock);
+  return s;
+}
+
 /* ---- the device ---- */
 
 static void ocl_destroy(void *dev) {
@@ -421,6 +513,9 @@ static void ocl_destroy(void *dev) {
   if (!d) return;
   if (d->queue) clFinish(d->queue);
   clpar_ocl_program_cache_clear(d);
+  ocl_profile(d, 0);
+  free(d->spans);
+  pthread_mutex_destroy(&d->prof_lock);
   if (d->scratch) clReleaseMemObject(d->scratch);
   if (d->queue) clReleaseCommandQueue(d->queue);
   if (d->context) clReleaseContext(d->context);
@@ -434,7 +529,7 @@ static void ocl_destroy(void *dev) {
 static const clpar_backend_iface ocl_iface = {
     /* The version whose entries are all filled in below, not CLPAR_BACKEND_ABI_VERSION: a
      * later ABI must not find NULL entries behind a version that claims them. */
-    .abi_version = 2,
+    .abi_version = 3,
     .name = "opencl",
     .destroy = ocl_destroy,
     .alloc = ocl_alloc,
@@ -457,6 +552,8 @@ static const clpar_backend_iface ocl_iface = {
     .nll_backward = ocl_nll_backward,
     .sgd_step = ocl_sgd_step,
     .adam_step = ocl_adam_step,
+    .profile = ocl_profile,
+    .profile_read = ocl_profile_read,
 };
 
 /* ---- probing ---- */
@@ -537,7 +634,9 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
     free(d);
     return NULL;
   }
-  d->queue = clCreateCommandQueue(d->context, device, 0, &err);
+  /* Profiling costs nothing until an event is asked for (clpar_device_profile_start). */
+  d->queue = clCreateCommandQueue(d->context, device, CL_QUEUE_PROFILING_ENABLE, &err);
+  if (err != CL_SUCCESS) d->queue = clCreateCommandQueue(d->context, device, 0, &err);
   if (err != CL_SUCCESS) {
     cl_fail(err, "clCreateCommandQueue", NULL);
     clReleaseContext(d->context);
@@ -546,6 +645,7 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   }
   pthread_mutex_init(&d->lock, NULL);
   pthread_mutex_init(&d->prog_lock, NULL);
+  pthread_mutex_init(&d->prof_lock, NULL);
   atomic_init(&d->gemm_warm, 0);
   if (clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof d->max_wg_size, &d->max_wg_size,
                       NULL) != CL_SUCCESS ||

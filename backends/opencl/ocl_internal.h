@@ -25,6 +25,14 @@ extern const int clpar_opencl_sources_count;
 
 typedef struct clpar_ocl_program clpar_ocl_program; /* one cached program (ocl_program.c) */
 
+/* A span of device time: from the end of `after` (a marker enqueued just before, for GEMMs
+ * that CLBlast runs as several kernels but reports with the last one's event) or from the
+ * start of `last`, to the end of `last`. */
+typedef struct clpar_ocl_span {
+  cl_event after; /* may be NULL */
+  cl_event last;
+} clpar_ocl_span;
+
 /* One OpenCL device. Each device has its own context and in-order queue: PoCL only runs two
  * devices at once when they live in separate contexts (DESIGN.md). */
 typedef struct clpar_ocl_device {
@@ -40,6 +48,14 @@ typedef struct clpar_ocl_device {
   atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
   size_t max_wg_size;
   cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
+  /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
+   * reading the profile sums their device times. Guarded by prof_lock. */
+  pthread_mutex_t prof_lock;
+  int profiling;
+  struct clpar_ocl_span *spans; /* one per command (or per GEMM) recorded */
+  size_t n_spans, cap_spans;
+  double prof_seconds;
+  uint64_t prof_ops;
   size_t scratch_bytes;
   /* What the disk cache key is made of, besides the source and the options. */
   char dev_name[256];

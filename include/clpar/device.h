@@ -60,6 +60,20 @@ CLPAR_API int clpar_device_index(const clpar_device *dev);
 /* Waits until every operation enqueued on the device has finished. */
 CLPAR_API clpar_status clpar_device_synchronize(clpar_device *dev);
 
+/* Device-time profiling: between start and stop, the device records how long its kernels,
+ * GEMMs and device-local copies ran (host transfers are not counted). read waits for the
+ * device and gives the totals since start; comparing them with wall time shows how much of a
+ * step the library spends outside kernels. CLPAR_ERROR_UNSUPPORTED where a backend cannot
+ * (OpenCL can; host and CUDA do not record yet). */
+typedef struct clpar_profile {
+  double device_seconds;
+  uint64_t ops;
+} clpar_profile;
+
+CLPAR_API clpar_status clpar_device_profile_start(clpar_device *dev);
+CLPAR_API clpar_status clpar_device_profile_read(clpar_device *dev, clpar_profile *out);
+CLPAR_API clpar_status clpar_device_profile_stop(clpar_device *dev);
+
 /* The per-device caching allocator. After the first step of a loop, a steady-state loop
  * takes every buffer from the cache: driver_allocs stops growing. */
 typedef struct clpar_memory_stats {
