@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
         check(clpar_backward(loss), "backward") && check(clpar_optimizer_step(opt), "step");
     if (ok && (step == 1 || step % 25 == 0 || step == steps)) {
       float l = 0;
-      ok = check(clpar_tensor_read(loss, &l, 1), "read loss"); /* the only wait of the step */
+      ok = check(clpar_tensor_read(loss, &l, 1), "read loss");    /* the only wait of the step */
       double t = now(), per_step = (t - t0) / (step - last_step); /* since the last line */
       t0 = t;
       last_step = step;

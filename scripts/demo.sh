@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # demo.sh — the README's demo command: on a fresh Debian 12 machine, installs what is missing,
-# builds clpar and runs the main sample over 4 PoCL devices (or over the machine's real GPUs
-# when it has some): it lists the devices and checks a GEMM on each against the host backend.
+# builds clpar, and runs the main samples over 4 PoCL devices (or over the machine's real GPUs
+# when it has some): the devices with a GEMM checked on each, PyTorch's DataParallel tutorial,
+# and an MLP trained with DataParallel whose weights match a one-device run.
 set -euo pipefail
 CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$CLPAR_ROOT/scripts/deps.sh"
 clpar_install_deps
 cd "$CLPAR_ROOT"
 echo "== build"
-clpar_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=OFF
+clpar_build build-demo -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=OFF -DCLPAR_BUILD_SAMPLES=ON
 # Without a GPU, PoCL shows four CPU devices; a machine with GPUs uses them (GPUs come first).
 if ! clinfo -l 2>/dev/null | grep -qiE 'gpu|nvidia|amd|radeon|intel\(r\) (uhd|iris|arc)'; then
   export POCL_DEVICES=${POCL_DEVICES:-"pthread pthread pthread pthread"}
 fi
 echo "== samples/devices (POCL_DEVICES=${POCL_DEVICES:-unset}, CLPAR_DEVICES=${CLPAR_DEVICES:-unset})"
-./build/samples/devices "${1:-512}"
+./build-demo/samples/devices 256
 echo
-echo "== samples/train_mlp (an MLP classifier trained on the first device)"
-./build/samples/train_mlp 200
+echo "== samples/data_parallel (PyTorch's DataParallel tutorial)"
+./build-demo/samples/data_parallel
+echo
+echo "== samples/train_data_parallel (an MLP trained with DataParallel, then on one device)"
+./build-demo/samples/train_data_parallel 3

@@ -12,7 +12,7 @@ unset CLPAR_DEVICES
 export CLPAR_CACHE_DIR=${CLPAR_CACHE_DIR:-$CLPAR_ROOT/build/kernel-cache}
 
 echo "== build (release with debug info)"
-clpar_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+clpar_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=ON
 
 run_ctest() { # run_ctest DIR TITLE [ctest args...]
   local dir=$1 title=$2
@@ -28,7 +28,7 @@ CLPAR_DEVICES=host run_ctest build "host backend (CLPAR_DEVICES=host)" -LE insta
 
 echo
 echo "== build (ASan + UBSan)"
-clpar_build build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_BUILD_SAMPLES=OFF -DCLPAR_BUILD_BENCH=OFF
+clpar_build build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=OFF
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0
 export LSAN_OPTIONS=suppressions=$CLPAR_ROOT/scripts/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

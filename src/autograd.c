@@ -67,7 +67,7 @@ clpar_status clpar_record_op(clpar_tensor *result, const char *op, clpar_backwar
 
 void clpar_node_release(clpar_node *node) {
   if (!node || __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
-  for (int i = 0; i < node->n_inputs; i++) clpar_tensor_free(node->inputs[i]);
+  for (int i = 0; i < node->n_inputs; i++) clpar_tensor_release(node->inputs[i]);
   for (int i = 0; i < CLPAR_NODE_SAVED; i++) clpar_tensor_free(node->saved[i]);
   clpar_tensor_free(node->grad);
   free(node->inputs);

@@ -54,8 +54,12 @@ typedef struct clpar_storage {
   int refcount; /* atomic */
   clpar_device *dev;
   void *buf;
-  size_t capacity; /* bytes */
+  size_t capacity;  /* bytes */
+  uint64_t version; /* bumped by every in-place write: replicas copy only what changed */
 } clpar_storage;
+
+/* Records an in-place change of t's memory. */
+static inline void clpar_tensor_touch(clpar_tensor *t);
 
 struct clpar_tensor {
   int refcount; /* atomic */
@@ -92,6 +96,7 @@ struct clpar_node {
   clpar_tensor *saved[CLPAR_NODE_SAVED]; /* retained: tensors backward needs */
   float fparam[4];
   int64_t iparam[4];
+  void *ctx; /* an op's own context (DataParallel's replicate node: its statistics) */
   /* backward bookkeeping */
   clpar_device *dev;  /* where the output lives: backward runs there */
   clpar_tensor *grad; /* the output's gradient being accumulated */
@@ -118,6 +123,37 @@ clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out);
 clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev);
 /* The tensor created (like every tensor) in the current scope is taken out of it. */
 void clpar_tensor_unscope(clpar_tensor *t);
+
+static inline void clpar_tensor_touch(clpar_tensor *t) {
+  __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- modules (src/nn/module.c), for the parallel wrappers ---- */
+
+typedef struct {
+  char *name;
+  void *item; /* clpar_module * or clpar_tensor * */
+} clpar_named;
+
+struct clpar_module {
+  char *type;
+  clpar_forward_fn forward;
+  void *user;
+  void (*free_user)(void *);
+  clpar_named *children, *params;
+  int n_children, n_params;
+  /* the flattened parameter list of parameter_at, rebuilt when the tree changed */
+  clpar_named *flat;
+  int n_flat;
+  uint64_t flat_generation;
+  /* DataParallel: the wrapper's state, and the hook that frees it */
+  void *parallel;
+};
+
+/* Drops a reference taken with clpar_tensor_retain (by a node, an optimizer, a module),
+ * leaving any scope alone; clpar_tensor_free drops the creation reference, which a scope may
+ * hold. Internal holders must use this one: a scope's reference is not theirs to take. */
+void clpar_tensor_release(clpar_tensor *t);
 
 /* A new contiguous tensor with uninitialized contents, registered with the current scope. */
 clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shape,

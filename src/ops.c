@@ -38,6 +38,7 @@ clpar_status clpar_fill(clpar_tensor *t, float value) {
   if (s != CLPAR_OK) return s;
   clpar_device *dev = t->storage->dev;
   s = dev->bd.iface->fill(dev->bd.ctx, clpar_tensor_bref(t), (size_t)t->numel, value);
+  clpar_tensor_touch(t);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }
 
@@ -223,6 +224,7 @@ clpar_status clpar_gemm(int trans_a, int trans_b, float alpha, const clpar_tenso
   }
   clpar_device *dev = a->storage->dev;
   s = run_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  clpar_tensor_touch(c);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }
 

@@ -166,6 +166,7 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
                                  clpar_tensor_bref(g), clpar_tensor_bref(ps->state[0]),
                                  clpar_tensor_bref(ps->state[1]), &a);
   }
+  clpar_tensor_touch(p);
   if (s != CLPAR_OK) return clpar_device_fail(dev, s);
   ps->steps++;
   return CLPAR_OK;
@@ -196,7 +197,7 @@ clpar_status clpar_optimizer_zero_grad(clpar_optimizer *o) {
 void clpar_optimizer_free(clpar_optimizer *o) {
   if (!o) return;
   for (int i = 0; i < o->n; i++) {
-    clpar_tensor_free(o->params[i].param);
+    clpar_tensor_release(o->params[i].param);
     clpar_tensor_free(o->params[i].state[0]);
     clpar_tensor_free(o->params[i].state[1]);
   }

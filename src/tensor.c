@@ -87,15 +87,19 @@ clpar_tensor *clpar_tensor_retain(clpar_tensor *t) {
   return t;
 }
 
-void clpar_tensor_free(clpar_tensor *t) {
-  if (!t) return;
-  clpar_scope_forget(t); /* the caller takes over the scope's reference, then drops it */
-  if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+void clpar_tensor_release(clpar_tensor *t) {
+  if (t && __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     clpar_node_release(t->node);
     clpar_tensor_free(t->grad);
     storage_release(t->storage);
     free(t);
   }
+}
+
+void clpar_tensor_free(clpar_tensor *t) {
+  if (!t) return;
+  clpar_scope_forget(t); /* the caller takes over the scope's reference, then drops it */
+  clpar_tensor_release(t);
 }
 
 void clpar_tensor_unscope(clpar_tensor *t) {
@@ -203,6 +207,7 @@ clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_co
                            "clpar_tensor_write: the tensor has %lld elements, the buffer holds %zu",
                            (long long)t->numel, src_count);
   clpar_device *dev = t->storage->dev;
+  clpar_tensor_touch(t);
   clpar_status s = dev->bd.iface->write(dev->bd.ctx, t->storage->buf, t->offset * sizeof(float),
                                         src, (size_t)t->numel * sizeof(float));
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
@@ -218,6 +223,7 @@ clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
   }
   clpar_device *dd = dst->storage->dev, *sd = src->storage->dev;
   size_t bytes = (size_t)src->numel * sizeof(float);
+  clpar_tensor_touch(dst);
   if (dd == sd) {
     clpar_status s = dd->bd.iface->copy(dd->bd.ctx, dst->storage->buf, dst->offset * sizeof(float),
                                         src->storage->buf, src->offset * sizeof(float), bytes);
@@ -237,13 +243,12 @@ static clpar_status to_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **g
   return clpar_tensor_to(g, n->inputs[0]->storage->dev, &gin[0]);
 }
 
-clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
-  clpar_status s = check_device("clpar_tensor_to", dev);
-  if (s != CLPAR_OK) return s;
-  if (!t || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
+/* One differentiable copy with at most one side off the host. Its node belongs to that side:
+ * backward runs on the thread of the device it touches (g read from the destination when the
+ * destination is a device, written into the source when the source is). */
+static clpar_status to_one_hop(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
   clpar_tensor *r;
-  s = clpar_tensor_empty(dev, t->ndim, t->shape, &r);
+  clpar_status s = clpar_tensor_empty(dev, t->ndim, t->shape, &r);
   if (s != CLPAR_OK) return s;
   s = clpar_copy(r, t);
   if (s != CLPAR_OK) {
@@ -252,7 +257,25 @@ clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_ten
   }
   clpar_node *node;
   s = clpar_record_op(r, "clpar_tensor_to", to_backward, (clpar_tensor **)&t, 1, &node);
+  if (node && dev == clpar_device_host()) node->dev = t->storage->dev;
   if (s == CLPAR_OK) *out = r;
+  return s;
+}
+
+clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
+  clpar_status s = check_device("clpar_tensor_to", dev);
+  if (s != CLPAR_OK) return s;
+  if (!t || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
+  clpar_device *host = clpar_device_host(), *from = t->storage->dev;
+  if (from == dev || from == host || dev == host) return to_one_hop(t, dev, out);
+  /* Between two devices: through host memory in two hops, so that each hop's backward
+   * touches one device only (every device's queue is driven by one thread at a time). */
+  clpar_tensor *staged;
+  s = to_one_hop(t, host, &staged);
+  if (s != CLPAR_OK) return s;
+  s = to_one_hop(staged, dev, out);
+  clpar_tensor_free(staged);
   return s;
 }
 

@@ -1,7 +1,9 @@
 /* test_cuda.c — the CUDA backend against the host reference: enumeration and device info,
  * every op (fill, add/sub/mul with and without a broadcast row, scale, sum_rows, GEMM in all
  * four transpose combinations), copies between a CUDA device and the host, use from another
- * host thread, and an allocation larger than the device can give.
+ * host thread, and an allocation larger than the device can give; then the training entries
+ * of backend ABI 2 through the public API, forward and backward (activations, softmax and
+ * log-softmax, cross-entropy, sum_rows's backward) and optimizer steps (SGD, Adam, AdamW).
  *
  * Built wherever the CUDA module is; on a machine without a GPU (or without the driver) every
  * test prints why to stderr and skips, so the suite still passes there. */
@@ -97,7 +99,10 @@ static void test_enumeration(void **state) {
   for (int i = 0; i < cuda_count; i++) {
     clpar_device_info in;
     tu_ok(clpar_device_get_info(cuda_devs[i], &in));
-    assert_int_equal(cuda_devs[i]->bd.iface->abi_version, CLPAR_BACKEND_ABI_VERSION);
+    /* The backend declares the ABI whose entries it all fills in (2); the core takes any
+     * from CLPAR_BACKEND_ABI_REQUIRED up. */
+    int abi = cuda_devs[i]->bd.iface->abi_version;
+    assert_true(abi >= CLPAR_BACKEND_ABI_REQUIRED && abi <= CLPAR_BACKEND_ABI_VERSION);
     assert_string_equal(in.backend, "cuda");
     assert_int_equal(strncmp(in.id, "cuda:", 5), 0);
     assert_string_equal(in.vendor, "NVIDIA");
@@ -400,6 +405,243 @@ static void test_alloc_too_large(void **state) {
   }
 }
 
+/* ---- training ops (backend ABI 2) ---- */
+
+typedef clpar_status (*unary_fn)(const clpar_tensor *, clpar_tensor **);
+
+typedef struct {
+  float rtol, atol;
+} tol;
+
+/* y = f(scale * x) and the gradient of sum(y * R) with respect to x, on dev and on the host
+ * from the same x and R: both must agree. view (NULL or {start, count}) takes those rows of
+ * x first, so that the op sees an offset into its buffer. */
+static void check_fn(clpar_device *dev, unary_fn f, int ndim, const int64_t *shape, float scale,
+                     const int64_t *view, tol fwd, tol bwd, const char *what) {
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_device *devs[2] = {dev, tu_host()};
+  clpar_tensor *x[2], *y[2];
+  for (int i = 0; i < 2; i++) {
+    clpar_tensor *in, *xs, *r, *prod, *loss;
+    x[i] = make(devs[i], ndim, shape, 70);
+    tu_ok(clpar_tensor_set_requires_grad(x[i], 1));
+    in = x[i];
+    if (view) tu_ok(clpar_tensor_rows(x[i], view[0], view[1], &in));
+    tu_ok(clpar_scale(in, scale, &xs));
+    tu_ok(f(xs, &y[i]));
+    int64_t ys[CLPAR_MAX_DIMS];
+    for (int k = 0; k < clpar_tensor_ndim(y[i]); k++) ys[k] = clpar_tensor_dim(y[i], k);
+    r = make(devs[i], clpar_tensor_ndim(y[i]), ys, 71);
+    tu_ok(clpar_mul(y[i], r, &prod));
+    tu_ok(clpar_sum(prod, &loss));
+    tu_ok(clpar_backward(loss));
+  }
+  char msg[160];
+  snprintf(msg, sizeof msg, "%s: forward", what);
+  expect_equal(y[0], y[1], fwd.rtol, fwd.atol, msg);
+  snprintf(msg, sizeof msg, "%s: gradient", what);
+  assert_non_null(clpar_tensor_grad(x[0]));
+  expect_equal(clpar_tensor_grad(x[0]), clpar_tensor_grad(x[1]), bwd.rtol, bwd.atol, msg);
+  clpar_scope_end(sc);
+}
+
+/* relu, sigmoid and tanh over [-6, 6) (saturating sigmoid and tanh), a single element, a view
+ * at an odd offset, and more elements than one pass of the capped grid. Near saturation the
+ * derivatives y (1 - y) and 1 - y^2 cancel, so their tolerance is absolute. */
+static void test_unary(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const unary_fn fns[] = {clpar_relu, clpar_sigmoid, clpar_tanh};
+  static const char *names[] = {"relu", "sigmoid", "tanh"};
+  const int64_t small[] = {37, 53}, one[] = {1}, tall[] = {1001, 37}, view[] = {13, 500};
+  const int64_t big[] = {4099, 4097};
+  const tol fwd = {2e-6f, 1e-7f}, bwd = {1e-5f, 5e-6f}, exact = {0, 0};
+  for (int d = 0; d < cuda_count; d++) {
+    for (int k = 0; k < 3; k++) {
+      check_fn(cuda_devs[d], fns[k], 2, small, 6.0f, NULL, k ? fwd : exact, bwd, names[k]);
+      check_fn(cuda_devs[d], fns[k], 1, one, 6.0f, NULL, k ? fwd : exact, bwd, names[k]);
+      check_fn(cuda_devs[d], fns[k], 2, tall, 6.0f, view, k ? fwd : exact, bwd, names[k]);
+    }
+    check_fn(cuda_devs[d], clpar_relu, 2, big, 1.0f, NULL, exact, exact, "relu large");
+  }
+}
+
+/* out aliasing the input (forward) and g (backward), through the backend entries. */
+static void test_unary_in_place(void **state) {
+  (void)state;
+  NEED_CUDA();
+  int64_t shape[] = {33, 65};
+  const clpar_backend_iface *hf = tu_host()->bd.iface;
+  for (int d = 0; d < cuda_count; d++)
+    for (int k = CLPAR_UNARY_RELU; k <= CLPAR_UNARY_TANH; k++) {
+      clpar_device *dev = cuda_devs[d];
+      const clpar_backend_iface *f = dev->bd.iface;
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *a = make(dev, 2, shape, 80), *g = make(dev, 2, shape, 81);
+      clpar_tensor *ha = make(tu_host(), 2, shape, 80), *hg = make(tu_host(), 2, shape, 81);
+      clpar_unary_kind kind = (clpar_unary_kind)k;
+      size_t n = 33 * 65;
+      tu_ok(f->unary(dev->bd.ctx, kind, n, clpar_tensor_bref(a), clpar_tensor_bref(a)));
+      tu_ok(hf->unary(tu_host()->bd.ctx, kind, n, clpar_tensor_bref(ha), clpar_tensor_bref(ha)));
+      expect_equal(a, ha, 2e-6f, 1e-7f, "unary in place");
+      tu_ok(f->unary_backward(dev->bd.ctx, kind, n, clpar_tensor_bref(g), clpar_tensor_bref(a),
+                              clpar_tensor_bref(g)));
+      tu_ok(hf->unary_backward(tu_host()->bd.ctx, kind, n, clpar_tensor_bref(hg),
+                               clpar_tensor_bref(ha), clpar_tensor_bref(hg)));
+      expect_equal(g, hg, 1e-5f, 1e-6f, "unary_backward in place");
+      clpar_scope_end(sc);
+    }
+}
+
+/* Rows of one warp (up to 1024 columns) and of a whole block (1025 and more), a single
+ * column, three dimensions, a view, and logits of +-1000 that overflow exp unless the row's
+ * maximum is subtracted first. There the gradient is 1000 times larger, and y (g - sum(g y))
+ * cancels where y is about 1: its tolerance grows with it. */
+static void test_softmax(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const int64_t shapes[][3] = {{5, 10, 0},   {1, 1, 0},     {37, 1000, 0}, {4, 1024, 0},
+                                      {4, 1025, 0}, {3, 70001, 0}, {2, 3, 7}};
+  static const int ndims[] = {2, 2, 2, 2, 2, 2, 3};
+  const int64_t tall[] = {1001, 37}, view[] = {13, 500}, wide[] = {2, 3000}, narrow[] = {8, 50};
+  const unary_fn fns[] = {clpar_softmax, clpar_log_softmax};
+  const char *names[] = {"softmax", "log_softmax"};
+  const tol fwd[] = {{2e-5f, 1e-7f}, {2e-5f, 1e-5f}}, bwd = {1e-4f, 1e-6f}, big = {1e-4f, 2e-3f};
+  for (int d = 0; d < cuda_count; d++)
+    for (int lg = 0; lg < 2; lg++) {
+      clpar_device *dev = cuda_devs[d];
+      char what[64];
+      for (size_t s = 0; s < sizeof ndims / sizeof ndims[0]; s++) {
+        snprintf(what, sizeof what, "%s %lldx%lld", names[lg], (long long)shapes[s][0],
+                 (long long)shapes[s][1]);
+        check_fn(dev, fns[lg], ndims[s], shapes[s], 1.0f, NULL, fwd[lg], bwd, what);
+      }
+      check_fn(dev, fns[lg], 2, tall, 1.0f, view, fwd[lg], bwd, names[lg]);
+      check_fn(dev, fns[lg], 2, narrow, 1000.0f, NULL, fwd[lg], big, "softmax of +-1000, warp");
+      check_fn(dev, fns[lg], 2, wide, 1000.0f, NULL, fwd[lg], big, "softmax of +-1000, block");
+    }
+}
+
+/* log_softmax + nll + mean or sum, forward and backward, in warp and block-sized rows. */
+static void test_cross_entropy(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const int64_t shapes[][2] = {{64, 10}, {5, 4}, {1, 1}, {3, 2000}};
+  int32_t labels[64];
+  for (int d = 0; d < cuda_count; d++)
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      for (int red = 0; red < 2; red++) {
+        clpar_scope *sc = clpar_scope_begin();
+        clpar_device *devs[2] = {cuda_devs[d], tu_host()};
+        clpar_tensor *logits[2], *loss[2];
+        for (int64_t r = 0; r < shapes[s][0]; r++)
+          labels[r] = (int32_t)((r * 7 + 3) % shapes[s][1]);
+        for (int i = 0; i < 2; i++) {
+          logits[i] = make(devs[i], 2, shapes[s], 90);
+          tu_ok(clpar_tensor_set_requires_grad(logits[i], 1));
+          tu_ok(
+              clpar_cross_entropy(logits[i], labels, shapes[s][0], (clpar_reduction)red, &loss[i]));
+          tu_ok(clpar_backward(loss[i]));
+        }
+        expect_equal(loss[0], loss[1], 1e-5f, 1e-6f, "cross_entropy");
+        expect_equal(clpar_tensor_grad(logits[0]), clpar_tensor_grad(logits[1]), 1e-4f, 1e-6f,
+                     "cross_entropy gradient");
+        clpar_scope_end(sc);
+      }
+}
+
+static clpar_status sum_all(const clpar_tensor *x, clpar_tensor **out) {
+  return clpar_sum(x, out);
+}
+
+/* The backward of sum_rows is broadcast_rows: exact copies. clpar_sum sums a [numel, 1]
+ * column, so its backward broadcasts a scalar; the large cases take more than one pass of
+ * the capped grid. Forward tolerances as in test_sum_rows (float sums in another order). */
+static void test_sum_rows_backward(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const int64_t shapes[][3] = {
+      {1000, 33, 0}, {1, 17, 0}, {7, 3, 5}, {4099, 1, 0}, {4099, 4097, 0}};
+  static const int ndims[] = {2, 2, 3, 2, 2};
+  const tol exact = {0, 0};
+  for (int d = 0; d < cuda_count; d++)
+    for (size_t s = 0; s < sizeof ndims / sizeof ndims[0]; s++) {
+      tol fwd = {1e-5f, 1e-6f * (float)shapes[s][0] + 1e-6f};
+      check_fn(cuda_devs[d], clpar_sum_rows, ndims[s], shapes[s], 1.0f, NULL, fwd, exact,
+               "sum_rows backward");
+      tol whole = {1e-4f, 1e-4f * sqrtf((float)(shapes[s][0] * shapes[s][1])) + 1e-6f};
+      check_fn(cuda_devs[d], sum_all, ndims[s], shapes[s], 1.0f, NULL, whole, exact,
+               "sum backward");
+    }
+}
+
+enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
+
+/* A [7, 13] parameter on dev after steps of the optimizer: each step's gradient comes from
+ * backward of sum(p * p * R), so it changes with p and the state carries across steps. p and
+ * R live outside the steps' scopes, as a model's parameters do. */
+static float *train(clpar_device *dev, int kind, const void *options, int steps) {
+  int64_t shape[] = {7, 13};
+  clpar_tensor *p = make(dev, 2, shape, 60), *r = make(dev, 2, shape, 61);
+  tu_ok(clpar_tensor_set_requires_grad(p, 1));
+  clpar_optimizer *opt = NULL;
+  if (kind == OPT_SGD) tu_ok(clpar_sgd_create(&p, 1, options, &opt));
+  if (kind == OPT_ADAM) tu_ok(clpar_adam_create(&p, 1, options, &opt));
+  if (kind == OPT_ADAMW) tu_ok(clpar_adamw_create(&p, 1, options, &opt));
+  for (int s = 0; s < steps; s++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *sq, *prod, *loss;
+    tu_ok(clpar_optimizer_zero_grad(opt));
+    tu_ok(clpar_mul(p, p, &sq));
+    tu_ok(clpar_mul(sq, r, &prod));
+    tu_ok(clpar_sum(prod, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_optimizer_step(opt));
+    clpar_scope_end(sc);
+  }
+  float *v = tu_read(p);
+  clpar_optimizer_free(opt);
+  clpar_tensor_free(p);
+  clpar_tensor_free(r);
+  return v;
+}
+
+static void check_train(int kind, const void *options, const char *what) {
+  float *want = train(tu_host(), kind, options, 3);
+  for (int d = 0; d < cuda_count; d++) {
+    float *got = train(cuda_devs[d], kind, options, 3);
+    tu_assert_close(got, want, 7 * 13, 1e-5f, 1e-6f, what);
+    free(got);
+  }
+  free(want);
+}
+
+/* Plain SGD (no momentum buffer), momentum with dampening and weight decay, Nesterov: three
+ * steps each, so that the momentum buffer's first step and later ones both count. */
+static void test_sgd_step(void **state) {
+  (void)state;
+  NEED_CUDA();
+  const clpar_sgd_options plain = {.lr = 0.1f};
+  const clpar_sgd_options momentum = {
+      .lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 0.01f};
+  const clpar_sgd_options nesterov = {
+      .lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = 1};
+  check_train(OPT_SGD, &plain, "sgd");
+  check_train(OPT_SGD, &momentum, "sgd momentum dampening weight_decay");
+  check_train(OPT_SGD, &nesterov, "sgd nesterov");
+}
+
+static void test_adam_step(void **state) {
+  (void)state;
+  NEED_CUDA();
+  const clpar_adam_options adam = {
+      .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+  const clpar_adam_options adamw = {
+      .lr = 0.01f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.1f};
+  check_train(OPT_ADAM, &adam, "adam");
+  check_train(OPT_ADAMW, &adamw, "adamw");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_enumeration),
@@ -413,6 +655,13 @@ int main(void) {
       cmocka_unit_test(test_copy_host_cuda),
       cmocka_unit_test(test_other_thread),
       cmocka_unit_test(test_alloc_too_large),
+      cmocka_unit_test(test_unary),
+      cmocka_unit_test(test_unary_in_place),
+      cmocka_unit_test(test_softmax),
+      cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_sum_rows_backward),
+      cmocka_unit_test(test_sgd_step),
+      cmocka_unit_test(test_adam_step),
   };
   return cmocka_run_group_tests(tests, group_setup, tu_teardown);
 }

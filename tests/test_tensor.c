@@ -169,6 +169,31 @@ static void test_scope_releases_temporaries(void **state) {
   clpar_tensor_free(NULL);
 }
 
+/* Internal holders (a graph node, an optimizer) take references of their own: dropping them
+ * must not take the scope's reference away (a leak, found by the CUDA tests' author). */
+static void test_scope_and_internal_references(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_memory_stats base, end;
+  tu_ok(clpar_device_memory_stats(dev, &base));
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *p, *y, *loss;
+  tu_ok(clpar_tensor_rand_uniform(dev, 1, (int64_t[]){8}, 1, -1, 1, &p));
+  tu_ok(clpar_tensor_set_requires_grad(p, 1));
+  clpar_optimizer *opt;
+  clpar_sgd_options o = {.lr = 0.1f, .momentum = 0.9f};
+  tu_ok(clpar_sgd_create(&p, 1, &o, &opt));
+  tu_ok(clpar_mul(p, p, &y));
+  tu_ok(clpar_sum(y, &loss));
+  tu_ok(clpar_backward(loss));
+  tu_ok(clpar_optimizer_step(opt));
+  clpar_tensor_free(loss); /* by hand, inside the scope */
+  clpar_optimizer_free(opt);
+  clpar_scope_end(sc);
+  tu_ok(clpar_device_memory_stats(dev, &end));
+  assert_int_equal(end.bytes_in_use, base.bytes_in_use);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   clpar_device *dev = clpar_device_get(0);
@@ -217,6 +242,7 @@ int main(void) {
       cmocka_unit_test(test_rows_view_shares_memory),
       cmocka_unit_test(test_random_is_device_independent),
       cmocka_unit_test(test_scope_releases_temporaries),
+      cmocka_unit_test(test_scope_and_internal_references),
       cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);

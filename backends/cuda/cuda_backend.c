@@ -1,5 +1,6 @@
 /* cuda_backend.c — clpar's CUDA backend: the CUDA runtime for memory and streams, cuBLAS for
- * GEMM, and clpar's own kernels (kernels/cuda/) for the elementwise ops.
+ * GEMM, and clpar's own kernels (kernels/cuda/) for the element-wise ops, the row-wise ones
+ * (softmax, the loss) and the optimizer updates.
  *
  * Each device gets one non-blocking stream (it must not wait on the legacy default stream
  * that other code in the process may use) and one cuBLAS handle bound to it, so every op of
@@ -250,8 +251,99 @@ static clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, siz
   return blas_check(st, "cublasSgemm");
 }
 
+/* ---- training ops (ABI 2) ---- */
+
+static clpar_status cuda_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
+                                        clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_broadcast_rows(d->stream, rows, cols, at(a), at(out)),
+                    "broadcast_rows kernel launch");
+}
+
+static clpar_status cuda_unary(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a,
+                               clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_unary(d->stream, kind, n, at(a), at(out)), "unary kernel launch");
+}
+
+static clpar_status cuda_unary_backward(void *dev, clpar_unary_kind kind, size_t n, clpar_bref g,
+                                        clpar_bref saved, clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_unary_backward(d->stream, kind, n, at(g), at(saved), at(out)),
+                    "unary_backward kernel launch");
+}
+
+static clpar_status cuda_softmax(void *dev, int log, size_t rows, size_t cols, clpar_bref a,
+                                 clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_softmax(d->stream, log, rows, cols, at(a), at(out)),
+                    log ? "log_softmax kernel launch" : "softmax kernel launch");
+}
+
+static clpar_status cuda_softmax_backward(void *dev, int log, size_t rows, size_t cols,
+                                          clpar_bref y, clpar_bref g, clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_softmax_backward(d->stream, log, rows, cols, at(y), at(g), at(out)),
+                    log ? "log_softmax_backward kernel launch" : "softmax_backward kernel launch");
+}
+
+static clpar_status cuda_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
+                             clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at(labels), at(out)),
+                    "nll kernel launch");
+}
+
+/* All zeros but one element per row: a memset at full bandwidth, then one thread per row
+ * writes -g[r] at its label (in stream order, after the memset). */
+static clpar_status cuda_nll_backward(void *dev, size_t rows, size_t cols, clpar_bref labels,
+                                      clpar_bref g, clpar_bref out) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s == CLPAR_OK)
+    s = cuda_check(cudaMemsetAsync(at(out), 0, rows * cols * sizeof(float), d->stream),
+                   "cudaMemsetAsync(nll_backward)");
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at(labels), at(g), at(out)),
+                    "nll_backward kernel launch");
+}
+
+/* Without momentum the core passes param as buf; the kernel then never touches buf. */
+static clpar_status cuda_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
+                                  clpar_bref buf, const clpar_sgd_args *args) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  float *b = args->momentum != 0.0f ? at(buf) : NULL;
+  return cuda_check(clpar_cuda_sgd_step(d->stream, n, at(param), at(grad), b, args),
+                    "sgd_step kernel launch");
+}
+
+static clpar_status cuda_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
+                                   clpar_bref m, clpar_bref v, const clpar_adam_args *args) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(clpar_cuda_adam_step(d->stream, n, at(param), at(grad), at(m), at(v), args),
+                    "adam_step kernel launch");
+}
+
 static const clpar_backend_iface cuda_iface = {
-    .abi_version = CLPAR_BACKEND_ABI_VERSION,
+    /* The version whose entries are all filled in below, not CLPAR_BACKEND_ABI_VERSION: a
+     * later ABI must not find NULL entries behind a version that claims them. */
+    .abi_version = 2,
     .name = "cuda",
     .destroy = cuda_destroy,
     .alloc = cuda_alloc,
@@ -265,6 +357,15 @@ static const clpar_backend_iface cuda_iface = {
     .scale = cuda_scale,
     .sum_rows = cuda_sum_rows,
     .gemm = cuda_gemm,
+    .broadcast_rows = cuda_broadcast_rows,
+    .unary = cuda_unary,
+    .unary_backward = cuda_unary_backward,
+    .softmax = cuda_softmax,
+    .softmax_backward = cuda_softmax_backward,
+    .nll = cuda_nll,
+    .nll_backward = cuda_nll_backward,
+    .sgd_step = cuda_sgd_step,
+    .adam_step = cuda_adam_step,
 };
 
 /* ---- probe ---- */

@@ -5,13 +5,16 @@
  * Every launcher enqueues on stream and returns without waiting; the cudaError_t it returns
  * reports a bad launch (configuration, no kernel image for this GPU), not the kernel's
  * outcome, which surfaces at the next synchronizing call. Pointers already include the
- * element offsets. */
+ * element offsets. The formulas are backend.h's, whose types (clpar_unary_kind, the
+ * optimizer arguments) the launchers take as they are. */
 #ifndef CLPAR_CUDA_KERNELS_H
 #define CLPAR_CUDA_KERNELS_H
 
 #include <stddef.h>
 
 #include <cuda_runtime_api.h>
+
+#include "backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,6 +39,40 @@ cudaError_t clpar_cuda_scale(cudaStream_t stream, size_t n, float alpha, const f
 /* out[c] = sum over r < rows of a[r, c] (kernels/cuda/sum_rows.cu) */
 cudaError_t clpar_cuda_sum_rows(cudaStream_t stream, size_t rows, size_t cols, const float *a,
                                 float *out);
+
+/* ---- ABI 2: training ---- */
+
+/* out[r, c] = a[c], r < rows, c < cols (kernels/cuda/broadcast_rows.cu) */
+cudaError_t clpar_cuda_broadcast_rows(cudaStream_t stream, size_t rows, size_t cols, const float *a,
+                                      float *out);
+
+/* out[i] = f(a[i]) and out[i] = g[i] * f'(saved[i]) (kernels/cuda/activation.cu); out may
+ * alias a (forward) or g (backward). An unknown kind returns cudaErrorInvalidValue. */
+cudaError_t clpar_cuda_unary(cudaStream_t stream, clpar_unary_kind kind, size_t n, const float *a,
+                             float *out);
+cudaError_t clpar_cuda_unary_backward(cudaStream_t stream, clpar_unary_kind kind, size_t n,
+                                      const float *g, const float *saved, float *out);
+
+/* Row-wise softmax (log == 0) or log-softmax and its gradient from the output y
+ * (kernels/cuda/softmax.cu); out may alias the input. */
+cudaError_t clpar_cuda_softmax(cudaStream_t stream, int log, size_t rows, size_t cols,
+                               const float *a, float *out);
+cudaError_t clpar_cuda_softmax_backward(cudaStream_t stream, int log, size_t rows, size_t cols,
+                                        const float *y, const float *g, float *out);
+
+/* out[r] = -a[r, labels[r]] (kernels/cuda/softmax.cu) */
+cudaError_t clpar_cuda_nll(cudaStream_t stream, size_t rows, size_t cols, const float *a,
+                           const float *labels, float *out);
+/* out[r, labels[r]] = -g[r] and nothing else: the caller zeroes out first
+ * (kernels/cuda/softmax.cu). */
+cudaError_t clpar_cuda_nll_backward(cudaStream_t stream, size_t rows, size_t cols,
+                                    const float *labels, const float *g, float *out);
+
+/* In place, n elements; buf is not touched when args->momentum == 0 (kernels/cuda/optim.cu). */
+cudaError_t clpar_cuda_sgd_step(cudaStream_t stream, size_t n, float *param, const float *grad,
+                                float *buf, const clpar_sgd_args *args);
+cudaError_t clpar_cuda_adam_step(cudaStream_t stream, size_t n, float *param, const float *grad,
+                                 float *m, float *v, const clpar_adam_args *args);
 
 #ifdef __cplusplus
 }

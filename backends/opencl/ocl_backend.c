@@ -166,8 +166,8 @@ static void CL_CALLBACK free_staging(cl_event ev, cl_int status, void *copy) {
 
 /* The caller may reuse src at once, so the data is copied to a staging buffer that the
  * driver frees when the transfer has completed; nothing waits for the queue. */
-static clpar_status ocl_write(void *dev, void *buf, size_t off_bytes, const void *src,
-                              size_t bytes) {
+static clpar_status ocl_write_locked(void *dev, void *buf, size_t off_bytes, const void *src,
+                                     size_t bytes) {
   clpar_ocl_device *d = dev;
   void *copy = bytes <= WRITE_STAGE_MAX ? malloc(bytes) : NULL;
   cl_int err;
@@ -194,13 +194,31 @@ static clpar_status ocl_write(void *dev, void *buf, size_t off_bytes, const void
   return CLPAR_OK;
 }
 
+static clpar_status ocl_write(void *dev, void *buf, size_t off_bytes, const void *src,
+                              size_t bytes) {
+  clpar_ocl_device *d_ = dev;
+  pthread_mutex_lock(&d_->lock);
+  clpar_status s_ = ocl_write_locked(dev, buf, off_bytes, src, bytes);
+  pthread_mutex_unlock(&d_->lock);
+  return s_;
+}
+
 /* Blocking: the queue is in-order, so every op enqueued before has finished too. */
-static clpar_status ocl_read(void *dev, const void *buf, size_t off_bytes, void *dst,
-                             size_t bytes) {
+static clpar_status ocl_read_locked(void *dev, const void *buf, size_t off_bytes, void *dst,
+                                    size_t bytes) {
   clpar_ocl_device *d = dev;
   cl_int err = clEnqueueReadBuffer(d->queue, AS_MEM((void *)buf), CL_TRUE, off_bytes, bytes, dst, 0,
                                    NULL, NULL);
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueReadBuffer", NULL);
+}
+
+static clpar_status ocl_read(void *dev, const void *buf, size_t off_bytes, void *dst,
+                             size_t bytes) {
+  clpar_ocl_device *d_ = dev;
+  pthread_mutex_lock(&d_->lock);
+  clpar_status s_ = ocl_read_locked(dev, buf, off_bytes, dst, bytes);
+  pthread_mutex_unlock(&d_->lock);
+  return s_;
 }
 
 /* OpenCL refuses overlapping copies within one buffer: those go through a temporary. */
@@ -216,8 +234,8 @@ static clpar_status copy_overlapping(clpar_ocl_device *d, cl_mem m, size_t dst_o
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueCopyBuffer", NULL);
 }
 
-static clpar_status ocl_copy(void *dev, void *dst, size_t dst_off_bytes, const void *src,
-                             size_t src_off_bytes, size_t bytes) {
+static clpar_status ocl_copy_locked(void *dev, void *dst, size_t dst_off_bytes, const void *src,
+                                    size_t src_off_bytes, size_t bytes) {
   clpar_ocl_device *d = dev;
   if (dst == src) {
     if (dst_off_bytes == src_off_bytes) return CLPAR_OK;
@@ -233,10 +251,27 @@ static clpar_status ocl_copy(void *dev, void *dst, size_t dst_off_bytes, const v
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueCopyBuffer", NULL);
 }
 
-static clpar_status ocl_finish(void *dev) {
+static clpar_status ocl_copy(void *dev, void *dst, size_t dst_off_bytes, const void *src,
+                             size_t src_off_bytes, size_t bytes) {
+  clpar_ocl_device *d_ = dev;
+  pthread_mutex_lock(&d_->lock);
+  clpar_status s_ = ocl_copy_locked(dev, dst, dst_off_bytes, src, src_off_bytes, bytes);
+  pthread_mutex_unlock(&d_->lock);
+  return s_;
+}
+
+static clpar_status ocl_finish_locked(void *dev) {
   clpar_ocl_device *d = dev;
   cl_int err = clFinish(d->queue);
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clFinish", NULL);
+}
+
+static clpar_status ocl_finish(void *dev) {
+  clpar_ocl_device *d_ = dev;
+  pthread_mutex_lock(&d_->lock);
+  clpar_status s_ = ocl_finish_locked(dev);
+  pthread_mutex_unlock(&d_->lock);
+  return s_;
 }
 
 /* ---- ops ---- */
@@ -323,9 +358,9 @@ static clpar_status ocl_sum_rows(void *dev, size_t rows, size_t cols, clpar_bref
 
 /* CLBlast honours beta == 0 as BLAS does: its kernels never read C then, so NaN in C does not
  * leak (checked for the direct and the indirect kernels, and by test_opencl_program). */
-static clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                             float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb,
-                             float beta, clpar_bref c, size_t ldc) {
+static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t m, size_t n,
+                                    size_t k, float alpha, clpar_bref a, size_t lda, clpar_bref b,
+                                    size_t ldb, float beta, clpar_bref c, size_t ldc) {
   clpar_ocl_device *d = dev;
   cl_event ev, marker = NULL;
   /* CLBlast's event is its last kernel's: time the GEMM from a marker just before it. */
@@ -348,6 +383,17 @@ static clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemm(%zux%zux%zu): %s", m, n, k,
                          clpar_ocl_clblast_status_name(st));
+}
+
+static clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                             float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb,
+                             float beta, clpar_bref c, size_t ldc) {
+  clpar_ocl_device *d_ = dev;
+  pthread_mutex_lock(&d_->lock);
+  clpar_status s_ =
+      ocl_gemm_locked(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  pthread_mutex_unlock(&d_->lock);
+  return s_;
 }
 
 /* ---- training ops (ABI 2) ---- */

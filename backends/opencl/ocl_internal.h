@@ -40,7 +40,8 @@ typedef struct clpar_ocl_device {
   cl_device_id device;
   cl_context context;
   cl_command_queue queue;
-  /* Held around clSetKernelArg + enqueue: a cl_kernel's arguments are shared state. */
+  /* Held around every command on the queue (kernel arguments are shared state, and PoCL's
+   * basic devices deadlocked when two threads drove one queue at once: DataParallel). */
   pthread_mutex_t lock;
   /* Guards the program cache below; taken after lock when both are needed. */
   pthread_mutex_t prog_lock;

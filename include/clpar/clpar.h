@@ -13,5 +13,6 @@
 #include "autograd.h"
 #include "nn.h"
 #include "optim.h"
+#include "parallel.h"
 
 #endif

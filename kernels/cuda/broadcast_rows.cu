@@ -29,8 +29,7 @@ template <typename Index>
 __global__ void broadcast_scalar_kernel(Index n, const float *a, float *out) {
   Index stride = (Index)gridDim.x * blockDim.x;
   float value = a[0];
-  for (Index i = (Index)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = value;
+  for (Index i = (Index)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = value;
 }
 
 template <typename Index>

@@ -9,24 +9,6 @@
 
 #include "internal.h"
 
-typedef struct {
-  char *name;
-  void *item; /* clpar_module * or clpar_tensor * */
-} named;
-
-struct clpar_module {
-  char *type;
-  clpar_forward_fn forward;
-  void *user;
-  void (*free_user)(void *);
-  named *children, *params;
-  int n_children, n_params;
-  /* the flattened parameter list of parameter_at, rebuilt when the tree changed */
-  named *flat;
-  int n_flat;
-  uint64_t flat_generation;
-};
-
 static uint64_t tree_generation = 1; /* bumped by every change to any module tree */
 static uint64_t seed_base = 0x5EED;
 static uint64_t seed_counter;
@@ -67,7 +49,7 @@ void clpar_module_free(clpar_module *m) {
     free(m->children[i].name);
   }
   for (int i = 0; i < m->n_params; i++) {
-    clpar_tensor_free(m->params[i].item);
+    clpar_tensor_release(m->params[i].item);
     free(m->params[i].name);
   }
   for (int i = 0; i < m->n_flat; i++) free(m->flat[i].name);
@@ -80,7 +62,7 @@ void clpar_module_free(clpar_module *m) {
 }
 
 /* Appends (name, item) to a list; the name must be new in it. */
-static clpar_status add_named(const char *fn, named **list, int *count, const char *name,
+static clpar_status add_named(const char *fn, clpar_named **list, int *count, const char *name,
                               void *item) {
   if (!name || !*name || strchr(name, '.'))
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -90,7 +72,7 @@ static clpar_status add_named(const char *fn, named **list, int *count, const ch
     if (strcmp((*list)[i].name, name) == 0)
       return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: \"%s\" is already registered", fn,
                              name);
-  named *grown = realloc(*list, (size_t)(*count + 1) * sizeof *grown);
+  clpar_named *grown = realloc(*list, (size_t)(*count + 1) * sizeof *grown);
   char *copy = strdup(name);
   if (grown) *list = grown;
   if (!grown || !copy) {
@@ -130,7 +112,7 @@ clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar
   return CLPAR_OK;
 }
 
-static void *find_named(const named *list, int count, const char *name) {
+static void *find_named(const clpar_named *list, int count, const char *name) {
   for (int i = 0; name && i < count; i++)
     if (strcmp(list[i].name, name) == 0) return list[i].item;
   return NULL;
@@ -155,10 +137,11 @@ clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_te
 }
 
 /* Appends m's parameters, then its children's, with prefix + name, to the flat list. */
-static int flatten(const clpar_module *m, const char *prefix, named **list, int *count, int *cap) {
+static int flatten(const clpar_module *m, const char *prefix, clpar_named **list, int *count,
+                   int *cap) {
   for (int pass = 0; pass < 2; pass++) {
     int n = pass == 0 ? m->n_params : m->n_children;
-    const named *items = pass == 0 ? m->params : m->children;
+    const clpar_named *items = pass == 0 ? m->params : m->children;
     for (int i = 0; i < n; i++) {
       size_t len = strlen(prefix) + strlen(items[i].name) + 2;
       char *full = malloc(len);
@@ -172,7 +155,7 @@ static int flatten(const clpar_module *m, const char *prefix, named **list, int 
       }
       if (*count == *cap) {
         int c = *cap ? 2 * *cap : 16;
-        named *grown = realloc(*list, (size_t)c * sizeof *grown);
+        clpar_named *grown = realloc(*list, (size_t)c * sizeof *grown);
         if (!grown) {
           free(full);
           return 0;

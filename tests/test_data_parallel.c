@@ -1,0 +1,302 @@
+/* test_data_parallel.c — DataParallel against the same computation on one device: forward
+ * outputs, and parameters after several SGD steps (a batch the device count does not divide,
+ * the device order permuted, uneven weights); the split sizes; replicas that copy only what
+ * changed; and an error inside one replica reported with its device, with nothing changed.
+ * The devices are the selected ones, plus the host backend when fewer than two are selected
+ * (DataParallel over a mix of backends). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+/* Up to four devices for DataParallel: the selected ones, else one of them and host. */
+static int pick_devices(clpar_device **devs) {
+  int n = 0;
+  for (int i = 0; i < clpar_device_count() && n < 4; i++) devs[n++] = clpar_device_get(i);
+  if (n < 2 && devs[0] != tu_host()) devs[n++] = tu_host();
+  return n;
+}
+
+/* An MLP 5-16-3 with fixed weights (seeded), its parameters on dev. */
+static clpar_module *make_mlp(clpar_device *dev) {
+  clpar_module *layers[3], *mlp;
+  clpar_manual_seed(11);
+  tu_ok(clpar_linear_create(5, 16, 1, dev, &layers[0]));
+  tu_ok(clpar_relu_create(&layers[1]));
+  tu_ok(clpar_linear_create(16, 3, 1, dev, &layers[2]));
+  tu_ok(clpar_sequential_create(layers, 3, &mlp));
+  return mlp;
+}
+
+/* Trains m for steps SGD steps on batches of rows rows; params (flattened) into out. */
+static void train(clpar_module *m, clpar_device *data_dev, int rows, int steps, float *out,
+                  int n_out) {
+  clpar_optimizer *opt;
+  clpar_sgd_options o = {.lr = 0.1f, .momentum = 0.9f};
+  tu_ok(clpar_sgd_create_for(m, &o, &opt));
+  for (int step = 0; step < steps; step++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x, *y, *target, *loss;
+    tu_ok(clpar_tensor_rand_normal(data_dev, 2, (int64_t[]){rows, 5}, 300 + (uint64_t)step, 0, 1,
+                                   &x));
+    tu_ok(clpar_tensor_rand_normal(data_dev, 2, (int64_t[]){rows, 3}, 400 + (uint64_t)step, 0, 1,
+                                   &target));
+    tu_ok(clpar_optimizer_zero_grad(opt));
+    tu_ok(clpar_module_forward(m, x, &y));
+    clpar_tensor *t = target;
+    if (clpar_tensor_device(y) != data_dev)
+      tu_ok(clpar_tensor_to(target, clpar_tensor_device(y), &t));
+    tu_ok(clpar_mse_loss(y, t, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_optimizer_step(opt));
+    clpar_scope_end(sc);
+  }
+  int at = 0;
+  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    tu_ok(clpar_tensor_read(p, out + at, (size_t)(n_out - at)));
+    at += (int)clpar_tensor_numel(p);
+  }
+  assert_int_equal(at, n_out);
+  clpar_optimizer_free(opt);
+}
+
+enum { N_PARAMS = 5 * 16 + 16 + 16 * 3 + 3 };
+
+static void compare_training(clpar_device **devs, int n, const float *weights, int rows,
+                             const char *what) {
+  float ref[N_PARAMS], got[N_PARAMS];
+  clpar_module *single = make_mlp(devs[0]);
+  train(single, devs[0], rows, 4, ref, N_PARAMS);
+  clpar_module_free(single);
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n, .weights = weights};
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  const char *name;
+  tu_ok(clpar_module_parameter_at(dp, 0, &name, NULL));
+  assert_string_equal(name, "module.0.weight"); /* PyTorch's names under DataParallel */
+  train(dp, devs[0], rows, 4, got, N_PARAMS);
+  tu_assert_close(got, ref, N_PARAMS, 1e-5f, 1e-6f, what);
+  clpar_module_free(dp);
+}
+
+static void test_training_equals_one_device(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) skip();
+  compare_training(devs, n, NULL, 30, "DataParallel, batch 30");
+  compare_training(devs, n, NULL, 31, "DataParallel, batch 31 (not divisible)");
+  compare_training(devs, n, NULL, 3, "DataParallel, batch 3 (fewer chunks than devices)");
+  clpar_device *rev[4];
+  for (int i = 0; i < n; i++) rev[i] = devs[n - 1 - i];
+  compare_training(rev, n, NULL, 31, "DataParallel, devices permuted");
+  float w[4] = {3, 1, 2, 1};
+  compare_training(devs, n, w, 29, "DataParallel, uneven weights");
+}
+
+static void test_forward_equals_one_device(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  clpar_module *single = make_mlp(devs[0]), *dp;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n, .output_device = devs[n - 1]};
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x, *ys, *yd;
+  tu_ok(
+      clpar_tensor_rand_normal(tu_host(), 2, (int64_t[]){30, 5}, 9, 0, 1, &x)); /* input on host */
+  clpar_tensor *xd;
+  tu_ok(clpar_tensor_to(x, devs[0], &xd));
+  tu_ok(clpar_module_forward(single, xd, &ys));
+  tu_ok(clpar_module_forward(dp, x, &yd));
+  assert_ptr_equal(clpar_tensor_device(yd), devs[n - 1]); /* gathered on the output device */
+  assert_int_equal(clpar_tensor_dim(yd, 0), 30);
+  float *a = tu_read(yd), *b = tu_read(ys);
+  tu_assert_close(a, b, 90, 1e-5f, 1e-6f, "DataParallel forward");
+  free(a);
+  free(b);
+  clpar_scope_end(sc);
+  clpar_module_free(single);
+  clpar_module_free(dp);
+}
+
+static void test_split_sizes(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) skip();
+  clpar_module *dp;
+  float w[2] = {3, 1};
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = 2, .weights = w};
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  int64_t sizes[2];
+  assert_int_equal(clpar_data_parallel_split(dp, 100, sizes), 2);
+  assert_int_equal(sizes[0], 75); /* weights 3, 1: 75% and 25% of the rows */
+  assert_int_equal(sizes[1], 25);
+  assert_int_equal(clpar_data_parallel_split(dp, 30, sizes), 2);
+  assert_int_equal(sizes[0] + sizes[1], 30);
+  assert_int_equal(sizes[0], 23); /* 22.5 and 7.5: the tie goes to the first */
+  assert_int_equal(clpar_data_parallel_split(dp, 0, sizes), CLPAR_ERROR_EMPTY);
+  clpar_module_free(dp);
+  /* torch.chunk sizes without weights, zero for devices left without rows */
+  o.weights = NULL;
+  o.n_devices = n;
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  int64_t s4[4];
+  assert_int_equal(clpar_data_parallel_split(dp, 2, s4), n);
+  assert_int_equal(s4[0], 1);
+  assert_int_equal(s4[1], 1);
+  for (int i = 2; i < n; i++) assert_int_equal(s4[i], 0);
+  clpar_module_free(dp);
+}
+
+/* Replicas persist: a forward copies each changed parameter once, an unchanged one never. */
+static void test_replicas_copy_only_what_changed(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) skip();
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  clpar_data_parallel_stats st;
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x, *y, *loss;
+  tu_ok(clpar_tensor_rand_normal(devs[0], 2, (int64_t[]){40, 5}, 1, 0, 1, &x));
+  tu_ok(clpar_module_forward(dp, x, &y)); /* first forward: every replica gets all 4 */
+  tu_ok(clpar_data_parallel_stats_get(dp, &st));
+  assert_int_equal(st.parameters_copied, 4 * (n - 1));
+  tu_ok(clpar_module_forward(dp, x, &y)); /* nothing changed: nothing copied */
+  tu_ok(clpar_data_parallel_stats_get(dp, &st));
+  assert_int_equal(st.parameters_copied, 4 * (n - 1));
+  assert_int_equal(st.forwards, 2);
+  /* an optimizer step on one parameter only: one copy per replica */
+  tu_ok(clpar_sum(y, &loss));
+  tu_ok(clpar_backward(loss));
+  clpar_tensor *bias =
+      clpar_module_parameter(clpar_module_child(clpar_module_child(dp, "module"), "2"), "bias");
+  clpar_optimizer *opt;
+  clpar_sgd_options so = {.lr = 0.1f};
+  tu_ok(clpar_sgd_create(&bias, 1, &so, &opt));
+  tu_ok(clpar_optimizer_step(opt));
+  tu_ok(clpar_module_forward(dp, x, &y));
+  tu_ok(clpar_data_parallel_stats_get(dp, &st));
+  assert_int_equal(st.parameters_copied, 5 * (n - 1));
+  assert_true(st.reduce_seconds > 0);
+  tu_ok(clpar_data_parallel_stats_reset(dp));
+  tu_ok(clpar_data_parallel_stats_get(dp, &st));
+  assert_int_equal(st.forwards, 0);
+  clpar_optimizer_free(opt);
+  clpar_scope_end(sc);
+  clpar_module_free(dp);
+}
+
+/* A user module whose forward fails on one device (a shape error of its own making). */
+static clpar_device *failing_device;
+
+static clpar_status picky_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                  void *user) {
+  (void)user;
+  clpar_tensor *w = clpar_module_parameter(self, "w");
+  if (clpar_tensor_device(x) == failing_device) {
+    clpar_tensor *bad;
+    clpar_status s = clpar_tensor_rows(x, 0, 1, &bad);
+    if (s != CLPAR_OK) return s;
+    s = clpar_matmul(bad, bad, 0, 0, y); /* [1, 4] @ [1, 4]: the inner sizes differ */
+    clpar_tensor_free(bad);
+    return s;
+  }
+  return clpar_matmul(x, w, 0, 0, y);
+}
+
+static void test_replica_error_is_reported(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) skip();
+  clpar_module *m, *dp;
+  clpar_tensor *w;
+  tu_ok(clpar_tensor_rand_uniform(devs[0], 2, (int64_t[]){4, 2}, 5, -1, 1, &w));
+  tu_ok(clpar_module_create("Picky", picky_forward, NULL, NULL, &m));
+  tu_ok(clpar_module_add_parameter(m, "w", w));
+  float before[8], after[8];
+  tu_ok(clpar_tensor_read(w, before, 8));
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
+  tu_ok(clpar_data_parallel_create(m, &o, &dp));
+  failing_device = devs[n - 1];
+  clpar_tensor *x, *y = (clpar_tensor *)(uintptr_t)0x5;
+  tu_ok(clpar_tensor_rand_uniform(devs[0], 2, (int64_t[]){20, 4}, 6, -1, 1, &x));
+  clpar_memory_stats m0, m1;
+  tu_ok(clpar_device_memory_stats(devs[0], &m0));
+  assert_int_equal(clpar_module_forward(dp, x, &y), CLPAR_ERROR_SHAPE_MISMATCH);
+  const char *msg = clpar_last_error();
+  assert_non_null(strstr(msg, "DataParallel replica on"));
+  assert_non_null(strstr(msg, clpar_device_id(failing_device)));
+  assert_ptr_equal(y, (clpar_tensor *)(uintptr_t)0x5);
+  tu_ok(clpar_device_memory_stats(devs[0], &m1));
+  assert_int_equal(m1.bytes_in_use, m0.bytes_in_use); /* nothing left behind */
+  tu_ok(clpar_tensor_read(w, after, 8));
+  assert_memory_equal(before, after, sizeof before);
+  failing_device = NULL; /* and the same wrapper works again */
+  tu_ok(clpar_module_forward(dp, x, &y));
+  clpar_tensor_free(y);
+  clpar_tensor_free(x);
+  clpar_tensor_free(w);
+  clpar_module_free(dp);
+}
+
+static void test_bad_options(void **state) {
+  (void)state;
+  clpar_device *devs[2] = {clpar_device_get(0), clpar_device_get(0)};
+  clpar_module *dp = (clpar_module *)(uintptr_t)0x9;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = 2};
+  assert_int_equal(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "listed twice"));
+  float w[1] = {0};
+  clpar_data_parallel_options o2 = {.devices = devs, .n_devices = 1, .weights = w};
+  assert_int_equal(clpar_data_parallel_create(make_mlp(devs[0]), &o2, &dp),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_data_parallel_create(NULL, NULL, &dp), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_ptr_equal(dp, (clpar_module *)(uintptr_t)0x9);
+  assert_int_equal(clpar_data_parallel_split(NULL, 3, NULL), CLPAR_ERROR_INVALID_ARGUMENT);
+}
+
+/* One device: the wrapper runs the module as it is, no copy. */
+static void test_one_device_makes_no_copies(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = &dev, .n_devices = 1};
+  tu_ok(clpar_data_parallel_create(make_mlp(dev), &o, &dp));
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x, *y;
+  tu_ok(clpar_tensor_rand_normal(dev, 2, (int64_t[]){30, 5}, 2, 0, 1, &x));
+  clpar_memory_stats a, b;
+  tu_ok(clpar_device_memory_stats(dev, &a));
+  tu_ok(clpar_module_forward(dp, x, &y));
+  tu_ok(clpar_device_memory_stats(dev, &b));
+  clpar_data_parallel_stats st;
+  tu_ok(clpar_data_parallel_stats_get(dp, &st));
+  assert_int_equal(st.parameters_copied, 0);
+  /* the MLP's own two hidden results and the output: no copy of the input, no gather copy */
+  assert_true(b.bytes_in_use - a.bytes_in_use <= 3 * 4096);
+  clpar_scope_end(sc);
+  clpar_module_free(dp);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_forward_equals_one_device),
+      cmocka_unit_test(test_training_equals_one_device),
+      cmocka_unit_test(test_split_sizes),
+      cmocka_unit_test(test_replicas_copy_only_what_changed),
+      cmocka_unit_test(test_replica_error_is_reported),
+      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_one_device_makes_no_copies),
+  };
+  return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
+}
