@@ -23,6 +23,16 @@ run_ctest() { # run_ctest DIR TITLE [ctest args...]
 }
 
 POCL_DEVICES=pthread run_ctest build "PoCL, 1 device (POCL_DEVICES=pthread)"
+if [ -x build/tests/test_cuda ]; then
+  echo
+  echo "== CUDA module: built; test_cuda on this machine says:"
+  cuda_out=$(./build/tests/test_cuda 2>&1 || true)
+  echo "$cuda_out" | grep -m1 'no CUDA device' || true
+  echo "$cuda_out" | grep -E '^\[  (SKIPPED|FAILED) *\] [0-9]+ test' || true
+else
+  echo
+  echo "== CUDA module: not built here (see the configure line above)"
+fi
 POCL_DEVICES="pthread pthread pthread pthread" run_ctest build "PoCL, 4 devices" -LE install
 CLPAR_DEVICES=host run_ctest build "host backend (CLPAR_DEVICES=host)" -LE install
 

@@ -7,6 +7,7 @@
  * thread per device (PoCL's basic devices, and any in-order queue, only overlap that way);
  * nodes of one device run in order on its thread. Gradients reach leaves by accumulation into
  * their grad, which persists across steps until zeroed. */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,19 +199,15 @@ static clpar_status run_node(clpar_node *n, node_list *ready) {
   clpar_tensor_free(g);
   for (int i = 0; i < n->n_inputs; i++) {
     clpar_tensor *in = n->inputs[i];
-    if (!in || !in->node) {
-      if (s == CLPAR_OK && grad_in[i] && in && in->requires_grad)
-        s = deliver(in, grad_in[i]);
-      else
-        clpar_tensor_free(grad_in[i]);
-      continue;
-    }
-    pthread_mutex_lock(&deliver_lock); /* the input's node may be fed from several devices */
-    if (s == CLPAR_OK && grad_in[i])
+    /* A gradient lives on the running node's device or on the host (copies between devices
+     * hop through the host), so this thread may add it up; the lock orders the several
+     * workers that feed one input. */
+    pthread_mutex_lock(&deliver_lock);
+    if (s == CLPAR_OK && grad_in[i] && in && (in->node || in->requires_grad))
       s = deliver(in, grad_in[i]);
     else
       clpar_tensor_free(grad_in[i]);
-    if (--in->node->pending == 0 && !list_push(ready, in->node))
+    if (in && in->node && --in->node->pending == 0 && !list_push(ready, in->node))
       s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
     pthread_mutex_unlock(&deliver_lock);
   }
@@ -218,75 +215,92 @@ static clpar_status run_node(clpar_node *n, node_list *ready) {
   return s;
 }
 
-/* Runs the nodes of one device: those given, then whatever becomes ready on the same device;
- * ready nodes of other devices go to others (under the lock). */
-static clpar_status run_device(clpar_device *dev, node_list *mine, node_list *others,
-                               pthread_mutex_t *lock) {
-  int was = clpar_set_grad_enabled(0);
-  clpar_status s = CLPAR_OK;
-  node_list newly = {0};
-  size_t next = 0;
-  while (s == CLPAR_OK && next < mine->count) {
-    s = run_node(mine->items[next++], &newly);
-    for (size_t i = 0; s == CLPAR_OK && i < newly.count; i++) {
-      clpar_node *n = newly.items[i];
-      int ok;
-      if (n->dev == dev) {
-        ok = list_push(mine, n);
-      } else {
-        pthread_mutex_lock(lock);
-        ok = list_push(others, n);
-        pthread_mutex_unlock(lock);
-      }
-      if (!ok) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-    }
-    newly.count = 0;
-  }
-  free(newly.items);
-  clpar_set_grad_enabled(was);
-  return s;
-}
+/* ---- running the graph: one worker per device ----
+ *
+ * A node runs on the worker of its device, as soon as its gradient is complete; what it makes
+ * ready goes to the queue of that node's device and wakes its worker. So the replicas of a
+ * DataParallel step run their backward at the same time, and each device's queue is driven
+ * by one thread (PyTorch's engine works the same way). */
 
-/* Splits ready into per-device groups and runs them, in parallel when there are several
- * (one thread each). Errors on a worker thread carry their message back to this one. */
-#define CLPAR_MAX_GROUPS 64
 typedef struct {
-  clpar_device *dev;
-  node_list nodes;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  int n_devices;
+  clpar_device *devices[64];
+  node_list queues[64];
+  size_t remaining; /* nodes not yet run */
   clpar_status status;
   char message[1024];
-} device_group;
+} engine;
 
-static clpar_status run_wave(node_list *ready, node_list *next) {
-  device_group *groups = calloc(CLPAR_MAX_GROUPS, sizeof *groups);
-  if (!groups) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-  int ngroups = 0;
-  clpar_status s = CLPAR_OK;
-  for (size_t i = 0; i < ready->count && s == CLPAR_OK; i++) {
-    clpar_node *n = ready->items[i];
-    int g = 0;
-    while (g < ngroups && groups[g].dev != n->dev) g++;
-    if (g == ngroups && ngroups < CLPAR_MAX_GROUPS) groups[ngroups++].dev = n->dev;
-    if (g == CLPAR_MAX_GROUPS) g = 0; /* more devices than groups: the first takes the rest */
-    if (!list_push(&groups[g].nodes, n))
-      s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-  }
-  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-  if (s == CLPAR_OK) {
-#pragma omp parallel for num_threads(ngroups) schedule(static, 1) if (ngroups > 1)
-    for (int g = 0; g < ngroups; g++) {
-      device_group *grp = &groups[g];
-      grp->status = run_device(grp->dev, &grp->nodes, next, &lock);
-      if (grp->status != CLPAR_OK)
-        snprintf(grp->message, sizeof grp->message, "%s", clpar_last_error());
+static int device_slot(engine *e, clpar_device *dev) {
+  for (int i = 0; i < e->n_devices; i++)
+    if (e->devices[i] == dev) return i;
+  if (e->n_devices == 64) return 0; /* more devices than workers: the first takes the rest */
+  e->devices[e->n_devices] = dev;
+  return e->n_devices++;
+}
+
+/* The first non-empty queue among the worker's slots (first, first + stride, ...), or NULL. */
+static node_list *ready_queue(engine *e, int first, int stride) {
+  for (int slot = first; slot < e->n_devices; slot += stride)
+    if (e->queues[slot].count) return &e->queues[slot];
+  return NULL;
+}
+
+/* A worker: runs the ready nodes of its devices until every node has run or one failed. With
+ * as many workers as devices (the usual case), each serves exactly one device. */
+static void engine_worker(engine *e, int first, int stride) {
+  int was = clpar_set_grad_enabled(0);
+  node_list newly = {0}, *q;
+  pthread_mutex_lock(&e->lock);
+  for (;;) {
+    while (!(q = ready_queue(e, first, stride)) && e->remaining > 0 && e->status == CLPAR_OK)
+      pthread_cond_wait(&e->wake, &e->lock);
+    if (e->remaining == 0 || e->status != CLPAR_OK) break;
+    clpar_node *n = q->items[--q->count];
+    pthread_mutex_unlock(&e->lock);
+    clpar_status s = run_node(n, &newly);
+    pthread_mutex_lock(&e->lock);
+    e->remaining--;
+    for (size_t i = 0; s == CLPAR_OK && i < newly.count; i++) {
+      if (!list_push(&e->queues[device_slot(e, newly.items[i]->dev)], newly.items[i]))
+        s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
     }
-    for (int g = 0; g < ngroups && s == CLPAR_OK; g++)
-      if (groups[g].status != CLPAR_OK)
-        s = clpar_set_error(groups[g].status, "%s", groups[g].message);
+    newly.count = 0;
+    if (s != CLPAR_OK && e->status == CLPAR_OK) {
+      e->status = s;
+      snprintf(e->message, sizeof e->message, "%s", clpar_last_error());
+    }
+    pthread_cond_broadcast(&e->wake);
   }
-  for (int g = 0; g < CLPAR_MAX_GROUPS; g++) free(groups[g].nodes.items);
-  free(groups);
-  pthread_mutex_destroy(&lock);
+  pthread_mutex_unlock(&e->lock);
+  free(newly.items);
+  clpar_set_grad_enabled(was);
+}
+
+/* Runs every node of all, starting from root, one worker thread per device involved. */
+static clpar_status run_graph(node_list *all, clpar_node *root) {
+  engine *e = calloc(1, sizeof *e);
+  if (!e) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_cond_init(&e->wake, NULL);
+  for (size_t i = 0; i < all->count; i++) device_slot(e, all->items[i]->dev);
+  e->remaining = all->count;
+  clpar_status s = list_push(&e->queues[device_slot(e, root->dev)], root)
+                       ? CLPAR_OK
+                       : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
+  if (s == CLPAR_OK) {
+    int workers = e->n_devices;
+#pragma omp parallel num_threads(workers) if (workers > 1)
+    engine_worker(e, omp_get_thread_num(), omp_get_num_threads());
+    s = e->status;
+    if (s != CLPAR_OK) clpar_set_error(s, "%s", e->message);
+  }
+  for (int i = 0; i < 64; i++) free(e->queues[i].items);
+  pthread_cond_destroy(&e->wake);
+  pthread_mutex_destroy(&e->lock);
+  free(e);
   return s;
 }
 
@@ -326,23 +340,13 @@ clpar_status clpar_backward(clpar_tensor *loss) {
     clpar_set_grad_enabled(was);
     return s;
   }
-  node_list all = {0}, ready = {0}, next = {0};
+  node_list all = {0};
   s = collect(loss->node, &all);
   clpar_node *root = loss->node;
   root->grad = seed;
-  if (s == CLPAR_OK && !list_push(&ready, root))
-    s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-  while (s == CLPAR_OK && ready.count) {
-    s = run_wave(&ready, &next);
-    node_list t = ready;
-    ready = next;
-    next = t;
-    next.count = 0;
-  }
+  if (s == CLPAR_OK) s = run_graph(&all, root);
   if (s != CLPAR_OK) drop_node_grads(&all);
   free(all.items);
-  free(ready.items);
-  free(next.items);
   clpar_set_grad_enabled(was);
   return s;
 }
