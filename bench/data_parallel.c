@@ -8,33 +8,23 @@
  * context and driven by its own host thread (DESIGN.md):
  *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_data_parallel [steps] */
 #include <clpar/clpar.h>
+
+#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 enum { BATCH = 512, IN = 1024, HIDDEN = 1024, OUT = 16 };
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int ok(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
-  return s == CLPAR_OK;
-}
-
 static clpar_module *make_model(clpar_device *dev) {
   clpar_module *l[5], *m = NULL;
   clpar_manual_seed(3);
-  if (ok(clpar_linear_create(IN, HIDDEN, 1, dev, &l[0]), "Linear") &&
-      ok(clpar_relu_create(&l[1]), "ReLU") &&
-      ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &l[2]), "Linear") &&
-      ok(clpar_relu_create(&l[3]), "ReLU") &&
-      ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &l[4]), "Linear"))
-    ok(clpar_sequential_create(l, 5, &m), "Sequential");
+  if (bench_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &l[0]), "Linear") &&
+      bench_ok(clpar_relu_create(&l[1]), "ReLU") &&
+      bench_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &l[2]), "Linear") &&
+      bench_ok(clpar_relu_create(&l[3]), "ReLU") &&
+      bench_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &l[4]), "Linear"))
+    bench_ok(clpar_sequential_create(l, 5, &m), "Sequential");
   return m;
 }
 
@@ -42,11 +32,12 @@ static int step(clpar_module *dp, clpar_optimizer *opt, clpar_device *dev, const
                 const int32_t *y) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *xt, *logits, *loss;
-  int good = ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH, IN}, x, &xt), "upload") &&
-             ok(clpar_optimizer_zero_grad(opt), "zero_grad") &&
-             ok(clpar_module_forward(dp, xt, &logits), "forward") &&
-             ok(clpar_cross_entropy(logits, y, BATCH, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
-             ok(clpar_backward(loss), "backward") && ok(clpar_optimizer_step(opt), "step");
+  int good = bench_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH, IN}, x, &xt), "upload") &&
+             bench_ok(clpar_optimizer_zero_grad(opt), "zero_grad") &&
+             bench_ok(clpar_module_forward(dp, xt, &logits), "forward") &&
+             bench_ok(clpar_cross_entropy(logits, y, BATCH, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
+             bench_ok(clpar_backward(loss), "backward") &&
+             bench_ok(clpar_optimizer_step(opt), "step");
   clpar_scope_end(scope);
   return good;
 }
@@ -67,21 +58,21 @@ static int setup(config *c, int n, const float *x, const int32_t *y) {
   c->n = n;
   c->best = 1e30;
   /* two warm-up steps: kernels compile, the allocators' caches fill */
-  return model && ok(clpar_data_parallel_create(model, &o, &c->dp), "DataParallel") &&
-         ok(clpar_sgd_create_for(c->dp, &sgd, &c->opt), "SGD") &&
+  return model && bench_ok(clpar_data_parallel_create(model, &o, &c->dp), "DataParallel") &&
+         bench_ok(clpar_sgd_create_for(c->dp, &sgd, &c->opt), "SGD") &&
          step(c->dp, c->opt, devs[0], x, y) && step(c->dp, c->opt, devs[0], x, y) &&
-         ok(clpar_device_synchronize(devs[0]), "sync");
+         bench_ok(clpar_device_synchronize(devs[0]), "sync");
 }
 
 /* One round of steps steps; keeps it if it is the best so far. */
 static int round_of(config *c, int steps, const float *x, const int32_t *y) {
   clpar_device *dev = clpar_device_get(0);
   clpar_data_parallel_stats_reset(c->dp);
-  double t0 = now();
+  double t0 = bench_now();
   int good = 1;
   for (int i = 0; good && i < steps; i++) good = step(c->dp, c->opt, dev, x, y);
-  good = good && ok(clpar_device_synchronize(dev), "sync");
-  double per = (now() - t0) / steps;
+  good = good && bench_ok(clpar_device_synchronize(dev), "sync");
+  double per = (bench_now() - t0) / steps;
   if (good && per < c->best) {
     c->best = per;
     clpar_data_parallel_stats_get(c->dp, &c->st);
@@ -109,7 +100,7 @@ static void report(const config *c, int steps, int rounds, double baseline) {
 
 int main(int argc, char **argv) {
   int steps = argc > 1 ? atoi(argv[1]) : 5;
-  if (!ok(clpar_init(), "clpar_init")) return 1;
+  if (!bench_ok(clpar_init(), "clpar_init")) return 1;
   if (clpar_device_count() < 2) {
     fprintf(stderr, "bench_data_parallel needs two devices, e.g. POCL_DEVICES=\"basic basic\"\n");
     clpar_shutdown();

@@ -9,16 +9,12 @@
 #include <CL/cl.h>
 #include <clblast_c.h>
 #include <clpar/clpar.h>
+
+#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The cl_device_id behind "opencl:N": the backend numbers devices across platforms in
  * enumeration order, as we do here. */
@@ -63,19 +59,19 @@ static void raw_free(raw_gemm *r) {
 }
 
 static double time_raw(raw_gemm *r, size_t n, int reps) {
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < reps; i++)
     CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, n, n, n, 1.0f, r->a,
                  0, n, r->b, 0, n, 0.0f, r->c, 0, n, &r->q, NULL);
   clFinish(r->q);
-  return (now() - t0) / reps;
+  return (bench_now() - t0) / reps;
 }
 
 static double time_clpar(clpar_tensor *a, clpar_tensor *b, clpar_tensor *c, int reps) {
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < reps; i++) clpar_gemm(0, 0, 1.0f, a, b, 0.0f, c);
   clpar_device_synchronize(clpar_tensor_device(c));
-  return (now() - t0) / reps;
+  return (bench_now() - t0) / reps;
 }
 
 static int bench_n(clpar_device *dev, cl_device_id cldev, int64_t n) {

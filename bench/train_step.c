@@ -6,33 +6,24 @@
  *
  *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps] */
 #include <clpar/clpar.h>
+
+#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 enum { BATCH = 256, IN = 784, HIDDEN = 1024, OUT = 10 };
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int ok(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
-  return s == CLPAR_OK;
-}
-
 static int step(clpar_module *mlp, clpar_optimizer *opt, clpar_device *dev, const float *x,
                 const int32_t *y) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *xt, *logits, *loss;
-  int good = ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH, IN}, x, &xt), "upload") &&
-             ok(clpar_optimizer_zero_grad(opt), "zero_grad") &&
-             ok(clpar_module_forward(mlp, xt, &logits), "forward") &&
-             ok(clpar_cross_entropy(logits, y, BATCH, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
-             ok(clpar_backward(loss), "backward") && ok(clpar_optimizer_step(opt), "step");
+  int good = bench_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH, IN}, x, &xt), "upload") &&
+             bench_ok(clpar_optimizer_zero_grad(opt), "zero_grad") &&
+             bench_ok(clpar_module_forward(mlp, xt, &logits), "forward") &&
+             bench_ok(clpar_cross_entropy(logits, y, BATCH, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
+             bench_ok(clpar_backward(loss), "backward") &&
+             bench_ok(clpar_optimizer_step(opt), "step");
   clpar_scope_end(scope);
   return good;
 }
@@ -40,16 +31,16 @@ static int step(clpar_module *mlp, clpar_optimizer *opt, clpar_device *dev, cons
 /* Wall seconds per step over steps steps, the device waited for at the end. */
 static double timed(clpar_module *mlp, clpar_optimizer *opt, clpar_device *dev, const float *x,
                     const int32_t *y, int steps) {
-  double t0 = now();
+  double t0 = bench_now();
   for (int i = 0; i < steps; i++)
     if (!step(mlp, opt, dev, x, y)) return -1;
-  if (!ok(clpar_device_synchronize(dev), "synchronize")) return -1;
-  return (now() - t0) / steps;
+  if (!bench_ok(clpar_device_synchronize(dev), "synchronize")) return -1;
+  return (bench_now() - t0) / steps;
 }
 
 int main(int argc, char **argv) {
   int index = argc > 1 ? atoi(argv[1]) : 0, steps = argc > 2 ? atoi(argv[2]) : 10;
-  if (!ok(clpar_init(), "clpar_init")) return 1;
+  if (!bench_ok(clpar_init(), "clpar_init")) return 1;
   clpar_device *dev = clpar_device_get(index);
   if (!dev) {
     fprintf(stderr, "%s\n", clpar_last_error());
@@ -63,13 +54,13 @@ int main(int argc, char **argv) {
   clpar_module *layers[5], *mlp = NULL;
   clpar_optimizer *opt = NULL;
   clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-  int good = ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]), "Linear") &&
-             ok(clpar_relu_create(&layers[1]), "ReLU") &&
-             ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]), "Linear") &&
-             ok(clpar_relu_create(&layers[3]), "ReLU") &&
-             ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[4]), "Linear") &&
-             ok(clpar_sequential_create(layers, 5, &mlp), "Sequential") &&
-             ok(clpar_adam_create_for(mlp, &adam, &opt), "Adam");
+  int good = bench_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]), "Linear") &&
+             bench_ok(clpar_relu_create(&layers[1]), "ReLU") &&
+             bench_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]), "Linear") &&
+             bench_ok(clpar_relu_create(&layers[3]), "ReLU") &&
+             bench_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[4]), "Linear") &&
+             bench_ok(clpar_sequential_create(layers, 5, &mlp), "Sequential") &&
+             bench_ok(clpar_adam_create_for(mlp, &adam, &opt), "Adam");
   /* Two warm-up steps: kernels compile and the allocator's cache fills. */
   good = good && timed(mlp, opt, dev, x, y, 2) > 0;
   clpar_memory_stats m0, m1;
@@ -78,9 +69,9 @@ int main(int argc, char **argv) {
   clpar_device_memory_stats(dev, &m1);
   clpar_profile prof = {0};
   double profiled = -1;
-  if (good && plain > 0 && ok(clpar_device_profile_start(dev), "profile")) {
+  if (good && plain > 0 && bench_ok(clpar_device_profile_start(dev), "profile")) {
     profiled = timed(mlp, opt, dev, x, y, steps);
-    good = profiled > 0 && ok(clpar_device_profile_read(dev, &prof), "profile read");
+    good = profiled > 0 && bench_ok(clpar_device_profile_read(dev, &prof), "profile read");
     clpar_device_profile_stop(dev);
   }
   if (good && plain > 0) {

@@ -66,29 +66,6 @@ static int group_setup(void **state) {
     }                                                  \
   } while (0)
 
-/* A tensor of the given shape on dev with the values tu_rand(seed) gives. */
-static clpar_tensor *make(clpar_device *dev, int ndim, const int64_t *shape, uint64_t seed) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  float *h = tu_rand((size_t)n, seed);
-  clpar_tensor *t = NULL;
-  tu_ok(clpar_tensor_from_host(dev, ndim, shape, h, &t));
-  free(h);
-  return t;
-}
-
-/* Asserts that t (on a CUDA device) equals ref (on the host) in shape and values. */
-static void expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol, float atol,
-                         const char *what) {
-  assert_int_equal(clpar_tensor_ndim(t), clpar_tensor_ndim(ref));
-  for (int i = 0; i < clpar_tensor_ndim(t); i++)
-    assert_int_equal(clpar_tensor_dim(t, i), clpar_tensor_dim(ref, i));
-  float *a = tu_read(t), *b = tu_read(ref);
-  tu_assert_close(a, b, (size_t)clpar_tensor_numel(t), rtol, atol, what);
-  free(a);
-  free(b);
-}
-
 static void test_enumeration(void **state) {
   (void)state;
   NEED_CUDA();
@@ -130,13 +107,13 @@ static void test_fill(void **state) {
   for (int d = 0; d < cuda_count; d++)
     for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
       clpar_scope *sc = clpar_scope_begin();
-      clpar_tensor *t = make(cuda_devs[d], 2, shape, 1), *h = make(tu_host(), 2, shape, 1);
+      clpar_tensor *t = tu_make(cuda_devs[d], 2, shape, 1), *h = tu_make(tu_host(), 2, shape, 1);
       clpar_tensor *tv, *hv;
       tu_ok(clpar_tensor_rows(t, 13, 500, &tv));
       tu_ok(clpar_tensor_rows(h, 13, 500, &hv));
       tu_ok(clpar_fill(tv, values[v]));
       tu_ok(clpar_fill(hv, values[v]));
-      expect_equal(t, h, 0, 0, "fill of a view");
+      tu_expect_equal(t, h, 0, 0, "fill of a view");
       float *r = tu_read(tv);
       assert_int_equal(!!signbit(r[0]), !!signbit(values[v]));
       free(r);
@@ -158,13 +135,13 @@ static void check_binary(clpar_device *dev, binary_fn fn, int64_t rows, int64_t 
   const int b_ndims[] = {2, 1, 2};
   for (int v = 0; v < 3; v++) {
     clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *a = make(dev, 2, a_shape, 1), *b = make(dev, b_ndims[v], b_shapes[v], 2);
-    clpar_tensor *ha = make(tu_host(), 2, a_shape, 1);
-    clpar_tensor *hb = make(tu_host(), b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *a = tu_make(dev, 2, a_shape, 1), *b = tu_make(dev, b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *ha = tu_make(tu_host(), 2, a_shape, 1);
+    clpar_tensor *hb = tu_make(tu_host(), b_ndims[v], b_shapes[v], 2);
     clpar_tensor *r, *hr;
     tu_ok(fn(a, b, &r));
     tu_ok(fn(ha, hb, &hr));
-    expect_equal(r, hr, 1e-6f, 1e-6f, name);
+    tu_expect_equal(r, hr, 1e-6f, 1e-6f, name);
     clpar_scope_end(sc);
   }
 }
@@ -191,10 +168,10 @@ static void test_binary_in_place(void **state) {
   for (int d = 0; d < cuda_count; d++) {
     clpar_device *dev = cuda_devs[d];
     clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *a = make(dev, 2, shape, 3), *b = make(dev, 2, shape, 4),
-                 *bias = make(dev, 1, row, 5);
-    clpar_tensor *ha = make(tu_host(), 2, shape, 3), *hb = make(tu_host(), 2, shape, 4);
-    clpar_tensor *hbias = make(tu_host(), 1, row, 5), *h1, *h2;
+    clpar_tensor *a = tu_make(dev, 2, shape, 3), *b = tu_make(dev, 2, shape, 4),
+                 *bias = tu_make(dev, 1, row, 5);
+    clpar_tensor *ha = tu_make(tu_host(), 2, shape, 3), *hb = tu_make(tu_host(), 2, shape, 4);
+    clpar_tensor *hbias = tu_make(tu_host(), 1, row, 5), *h1, *h2;
     const clpar_backend_iface *f = dev->bd.iface;
     /* a = a + bias (broadcast, out == a), then b = a - b (out == b) */
     tu_ok(f->binary(dev->bd.ctx, CLPAR_BINARY_ADD, 33, 65, clpar_tensor_bref(a),
@@ -203,8 +180,8 @@ static void test_binary_in_place(void **state) {
                     clpar_tensor_bref(b), 33, clpar_tensor_bref(b)));
     tu_ok(clpar_add(ha, hbias, &h1));
     tu_ok(clpar_sub(h1, hb, &h2));
-    expect_equal(a, h1, 1e-6f, 1e-6f, "add in place");
-    expect_equal(b, h2, 1e-6f, 1e-6f, "sub in place");
+    tu_expect_equal(a, h1, 1e-6f, 1e-6f, "add in place");
+    tu_expect_equal(b, h2, 1e-6f, 1e-6f, "sub in place");
     clpar_scope_end(sc);
   }
 }
@@ -218,10 +195,10 @@ static void test_scale(void **state) {
   for (int d = 0; d < cuda_count; d++) {
     clpar_device *dev = cuda_devs[d];
     clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *a = make(dev, 3, shape, 6), *ha = make(tu_host(), 3, shape, 6), *r, *hr;
+    clpar_tensor *a = tu_make(dev, 3, shape, 6), *ha = tu_make(tu_host(), 3, shape, 6), *r, *hr;
     tu_ok(clpar_scale(a, -2.5f, &r));
     tu_ok(clpar_scale(ha, -2.5f, &hr));
-    expect_equal(r, hr, 1e-6f, 0, "scale");
+    tu_expect_equal(r, hr, 1e-6f, 0, "scale");
     clpar_tensor *t;
     tu_ok(clpar_tensor_zeros(dev, 1, big, &t));
     tu_ok(clpar_fill(t, 1.0f));
@@ -244,13 +221,13 @@ static void test_sum_rows(void **state) {
   for (int d = 0; d < cuda_count; d++)
     for (size_t s = 0; s < sizeof ndims / sizeof ndims[0]; s++) {
       clpar_scope *sc = clpar_scope_begin();
-      clpar_tensor *a = make(cuda_devs[d], ndims[s], shapes[s], 30), *r;
-      clpar_tensor *ha = make(tu_host(), ndims[s], shapes[s], 30), *hr;
+      clpar_tensor *a = tu_make(cuda_devs[d], ndims[s], shapes[s], 30), *r;
+      clpar_tensor *ha = tu_make(tu_host(), ndims[s], shapes[s], 30), *hr;
       tu_ok(clpar_sum_rows(a, &r));
       tu_ok(clpar_sum_rows(ha, &hr));
       /* float sums in another order than the host's double: error grows with the rows */
       float atol = 1e-6f * (float)shapes[s][0] + 1e-6f;
-      expect_equal(r, hr, 1e-5f, atol, "sum_rows");
+      tu_expect_equal(r, hr, 1e-5f, atol, "sum_rows");
       clpar_scope_end(sc);
     }
 }
@@ -259,21 +236,21 @@ static void test_sum_rows(void **state) {
 static void check_gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k) {
   clpar_scope *sc = clpar_scope_begin();
   int64_t as[2] = {ta ? k : m, ta ? m : k}, bs[2] = {tb ? n : k, tb ? k : n}, cs[2] = {m, n};
-  clpar_tensor *a = make(dev, 2, as, 10), *b = make(dev, 2, bs, 11), *r;
-  clpar_tensor *ha = make(tu_host(), 2, as, 10), *hb = make(tu_host(), 2, bs, 11), *hr;
+  clpar_tensor *a = tu_make(dev, 2, as, 10), *b = tu_make(dev, 2, bs, 11), *r;
+  clpar_tensor *ha = tu_make(tu_host(), 2, as, 10), *hb = tu_make(tu_host(), 2, bs, 11), *hr;
   char what[96];
   snprintf(what, sizeof what, "matmul ta=%d tb=%d %lldx%lldx%lld", ta, tb, (long long)m,
            (long long)n, (long long)k);
   tu_ok(clpar_matmul(a, b, ta, tb, &r));
   tu_ok(clpar_matmul(ha, hb, ta, tb, &hr));
-  expect_equal(r, hr, 1e-4f, 1e-4f, what);
-  clpar_tensor *c = make(dev, 2, cs, 12), *hc = make(tu_host(), 2, cs, 12);
+  tu_expect_equal(r, hr, 1e-4f, 1e-4f, what);
+  clpar_tensor *c = tu_make(dev, 2, cs, 12), *hc = tu_make(tu_host(), 2, cs, 12);
   tu_ok(clpar_gemm(ta, tb, 0.5f, a, b, -2.0f, c));
   tu_ok(clpar_gemm(ta, tb, 0.5f, ha, hb, -2.0f, hc));
-  expect_equal(c, hc, 1e-4f, 1e-4f, "gemm alpha beta");
+  tu_expect_equal(c, hc, 1e-4f, 1e-4f, "gemm alpha beta");
   tu_ok(clpar_fill(c, NAN));
   tu_ok(clpar_gemm(ta, tb, 1.0f, a, b, 0.0f, c));
-  expect_equal(c, hr, 1e-4f, 1e-4f, "gemm beta 0 over NaN");
+  tu_expect_equal(c, hr, 1e-4f, 1e-4f, "gemm beta 0 over NaN");
   clpar_scope_end(sc);
 }
 
@@ -295,14 +272,14 @@ static void test_gemm_on_views(void **state) {
   int64_t xs[2] = {30, 5}, ws[2] = {2, 5};
   for (int d = 0; d < cuda_count; d++) {
     clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *x = make(cuda_devs[d], 2, xs, 20), *w = make(cuda_devs[d], 2, ws, 21);
-    clpar_tensor *hx = make(tu_host(), 2, xs, 20), *hw = make(tu_host(), 2, ws, 21);
+    clpar_tensor *x = tu_make(cuda_devs[d], 2, xs, 20), *w = tu_make(cuda_devs[d], 2, ws, 21);
+    clpar_tensor *hx = tu_make(tu_host(), 2, xs, 20), *hw = tu_make(tu_host(), 2, ws, 21);
     clpar_tensor *xv, *hxv, *r, *hr;
     tu_ok(clpar_tensor_rows(x, 13, 11, &xv));
     tu_ok(clpar_tensor_rows(hx, 13, 11, &hxv));
     tu_ok(clpar_matmul(xv, w, 0, 1, &r));
     tu_ok(clpar_matmul(hxv, hw, 0, 1, &hr));
-    expect_equal(r, hr, 1e-5f, 1e-5f, "matmul of a view");
+    tu_expect_equal(r, hr, 1e-5f, 1e-5f, "matmul of a view");
     clpar_scope_end(sc);
   }
 }
@@ -315,22 +292,22 @@ static void test_copy_host_cuda(void **state) {
   for (int d = 0; d < cuda_count; d++) {
     clpar_device *dev = cuda_devs[d];
     clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *h = make(tu_host(), 2, shape, 40), *c, *back, *c2, *hv, *cv;
+    clpar_tensor *h = tu_make(tu_host(), 2, shape, 40), *c, *back, *c2, *hv, *cv;
     tu_ok(clpar_tensor_to(h, dev, &c));
     assert_ptr_equal(clpar_tensor_device(c), dev);
     tu_ok(clpar_tensor_to(c, tu_host(), &back));
-    expect_equal(back, h, 0, 0, "host -> cuda -> host");
+    tu_expect_equal(back, h, 0, 0, "host -> cuda -> host");
     tu_ok(clpar_tensor_zeros(dev, 2, shape, &c2));
     tu_ok(clpar_copy(c2, c)); /* device-local */
-    expect_equal(c2, h, 0, 0, "cuda -> cuda");
+    tu_expect_equal(c2, h, 0, 0, "cuda -> cuda");
     /* rows 20..29 of a new host tensor into rows 5..14 of c2, then back out */
-    clpar_tensor *h2 = make(tu_host(), 2, shape, 41), *hp;
+    clpar_tensor *h2 = tu_make(tu_host(), 2, shape, 41), *hp;
     tu_ok(clpar_tensor_rows(h2, 20, 10, &hv));
     tu_ok(clpar_tensor_rows(c2, 5, 10, &cv));
     tu_ok(clpar_copy(cv, hv));
     tu_ok(clpar_tensor_zeros(tu_host(), 2, part, &hp));
     tu_ok(clpar_copy(hp, cv));
-    expect_equal(hp, hv, 0, 0, "host view -> cuda view -> host");
+    tu_expect_equal(hp, hv, 0, 0, "host view -> cuda view -> host");
     clpar_scope_end(sc);
   }
 }
@@ -397,7 +374,7 @@ static void test_alloc_too_large(void **state) {
     assert_non_null(strstr(clpar_last_error(), "cudaMalloc"));
     /* The failed cudaMalloc must not be reported by the next kernel launch. */
     int64_t small[] = {8, 8};
-    clpar_tensor *a = make(dev, 2, small, 50), *r = NULL;
+    clpar_tensor *a = tu_make(dev, 2, small, 50), *r = NULL;
     tu_ok(clpar_scale(a, 2.0f, &r));
     tu_ok(clpar_device_synchronize(dev));
     clpar_tensor_free(a);
@@ -423,7 +400,7 @@ static void check_fn(clpar_device *dev, unary_fn f, int ndim, const int64_t *sha
   clpar_tensor *x[2], *y[2];
   for (int i = 0; i < 2; i++) {
     clpar_tensor *in, *xs, *r, *prod, *loss;
-    x[i] = make(devs[i], ndim, shape, 70);
+    x[i] = tu_make(devs[i], ndim, shape, 70);
     tu_ok(clpar_tensor_set_requires_grad(x[i], 1));
     in = x[i];
     if (view) tu_ok(clpar_tensor_rows(x[i], view[0], view[1], &in));
@@ -431,17 +408,17 @@ static void check_fn(clpar_device *dev, unary_fn f, int ndim, const int64_t *sha
     tu_ok(f(xs, &y[i]));
     int64_t ys[CLPAR_MAX_DIMS];
     for (int k = 0; k < clpar_tensor_ndim(y[i]); k++) ys[k] = clpar_tensor_dim(y[i], k);
-    r = make(devs[i], clpar_tensor_ndim(y[i]), ys, 71);
+    r = tu_make(devs[i], clpar_tensor_ndim(y[i]), ys, 71);
     tu_ok(clpar_mul(y[i], r, &prod));
     tu_ok(clpar_sum(prod, &loss));
     tu_ok(clpar_backward(loss));
   }
   char msg[160];
   snprintf(msg, sizeof msg, "%s: forward", what);
-  expect_equal(y[0], y[1], fwd.rtol, fwd.atol, msg);
+  tu_expect_equal(y[0], y[1], fwd.rtol, fwd.atol, msg);
   snprintf(msg, sizeof msg, "%s: gradient", what);
   assert_non_null(clpar_tensor_grad(x[0]));
-  expect_equal(clpar_tensor_grad(x[0]), clpar_tensor_grad(x[1]), bwd.rtol, bwd.atol, msg);
+  tu_expect_equal(clpar_tensor_grad(x[0]), clpar_tensor_grad(x[1]), bwd.rtol, bwd.atol, msg);
   clpar_scope_end(sc);
 }
 
@@ -477,18 +454,18 @@ static void test_unary_in_place(void **state) {
       clpar_device *dev = cuda_devs[d];
       const clpar_backend_iface *f = dev->bd.iface;
       clpar_scope *sc = clpar_scope_begin();
-      clpar_tensor *a = make(dev, 2, shape, 80), *g = make(dev, 2, shape, 81);
-      clpar_tensor *ha = make(tu_host(), 2, shape, 80), *hg = make(tu_host(), 2, shape, 81);
+      clpar_tensor *a = tu_make(dev, 2, shape, 80), *g = tu_make(dev, 2, shape, 81);
+      clpar_tensor *ha = tu_make(tu_host(), 2, shape, 80), *hg = tu_make(tu_host(), 2, shape, 81);
       clpar_unary_kind kind = (clpar_unary_kind)k;
       size_t n = 33 * 65;
       tu_ok(f->unary(dev->bd.ctx, kind, n, clpar_tensor_bref(a), clpar_tensor_bref(a)));
       tu_ok(hf->unary(tu_host()->bd.ctx, kind, n, clpar_tensor_bref(ha), clpar_tensor_bref(ha)));
-      expect_equal(a, ha, 2e-6f, 1e-7f, "unary in place");
+      tu_expect_equal(a, ha, 2e-6f, 1e-7f, "unary in place");
       tu_ok(f->unary_backward(dev->bd.ctx, kind, n, clpar_tensor_bref(g), clpar_tensor_bref(a),
                               clpar_tensor_bref(g)));
       tu_ok(hf->unary_backward(tu_host()->bd.ctx, kind, n, clpar_tensor_bref(hg),
                                clpar_tensor_bref(ha), clpar_tensor_bref(hg)));
-      expect_equal(g, hg, 1e-5f, 1e-6f, "unary_backward in place");
+      tu_expect_equal(g, hg, 1e-5f, 1e-6f, "unary_backward in place");
       clpar_scope_end(sc);
     }
 }
@@ -537,15 +514,15 @@ static void test_cross_entropy(void **state) {
         for (int64_t r = 0; r < shapes[s][0]; r++)
           labels[r] = (int32_t)((r * 7 + 3) % shapes[s][1]);
         for (int i = 0; i < 2; i++) {
-          logits[i] = make(devs[i], 2, shapes[s], 90);
+          logits[i] = tu_make(devs[i], 2, shapes[s], 90);
           tu_ok(clpar_tensor_set_requires_grad(logits[i], 1));
           tu_ok(
               clpar_cross_entropy(logits[i], labels, shapes[s][0], (clpar_reduction)red, &loss[i]));
           tu_ok(clpar_backward(loss[i]));
         }
-        expect_equal(loss[0], loss[1], 1e-5f, 1e-6f, "cross_entropy");
-        expect_equal(clpar_tensor_grad(logits[0]), clpar_tensor_grad(logits[1]), 1e-4f, 1e-6f,
-                     "cross_entropy gradient");
+        tu_expect_equal(loss[0], loss[1], 1e-5f, 1e-6f, "cross_entropy");
+        tu_expect_equal(clpar_tensor_grad(logits[0]), clpar_tensor_grad(logits[1]), 1e-4f, 1e-6f,
+                        "cross_entropy gradient");
         clpar_scope_end(sc);
       }
 }
@@ -582,7 +559,7 @@ enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
  * R live outside the steps' scopes, as a model's parameters do. */
 static float *train(clpar_device *dev, int kind, const void *options, int steps) {
   int64_t shape[] = {7, 13};
-  clpar_tensor *p = make(dev, 2, shape, 60), *r = make(dev, 2, shape, 61);
+  clpar_tensor *p = tu_make(dev, 2, shape, 60), *r = tu_make(dev, 2, shape, 61);
   tu_ok(clpar_tensor_set_requires_grad(p, 1));
   clpar_optimizer *opt = NULL;
   if (kind == OPT_SGD) tu_ok(clpar_sgd_create(&p, 1, options, &opt));

@@ -6,30 +6,6 @@
 
 #include "test_util.h"
 
-/* A tensor of the given shape on dev with the values tu_rand(seed) gives. */
-static clpar_tensor *make(clpar_device *dev, int ndim, const int64_t *shape, uint64_t seed) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  float *h = tu_rand((size_t)n, seed);
-  clpar_tensor *t = NULL;
-  tu_ok(clpar_tensor_from_host(dev, ndim, shape, h, &t));
-  free(h);
-  return t;
-}
-
-/* Asserts that t on a device equals ref on host elementwise. */
-static void expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol, float atol,
-                         const char *what) {
-  assert_int_equal(clpar_tensor_numel(t), clpar_tensor_numel(ref));
-  assert_int_equal(clpar_tensor_ndim(t), clpar_tensor_ndim(ref));
-  for (int i = 0; i < clpar_tensor_ndim(t); i++)
-    assert_int_equal(clpar_tensor_dim(t, i), clpar_tensor_dim(ref, i));
-  float *a = tu_read(t), *b = tu_read(ref);
-  tu_assert_close(a, b, (size_t)clpar_tensor_numel(t), rtol, atol, what);
-  free(a);
-  free(b);
-}
-
 typedef clpar_status (*binary_fn)(const clpar_tensor *, const clpar_tensor *, clpar_tensor **);
 
 static void check_binary(clpar_device *dev, binary_fn fn, const char *name) {
@@ -38,13 +14,13 @@ static void check_binary(clpar_device *dev, binary_fn fn, const char *name) {
   const int b_ndims[] = {2, 1, 2};
   for (int v = 0; v < 3; v++) {
     clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *a = make(dev, 2, a_shape, 1), *b = make(dev, b_ndims[v], b_shapes[v], 2);
-    clpar_tensor *ha = make(tu_host(), 2, a_shape, 1),
-                 *hb = make(tu_host(), b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *a = tu_make(dev, 2, a_shape, 1), *b = tu_make(dev, b_ndims[v], b_shapes[v], 2);
+    clpar_tensor *ha = tu_make(tu_host(), 2, a_shape, 1),
+                 *hb = tu_make(tu_host(), b_ndims[v], b_shapes[v], 2);
     clpar_tensor *r, *hr;
     tu_ok(fn(a, b, &r));
     tu_ok(fn(ha, hb, &hr));
-    expect_equal(r, hr, 1e-6f, 1e-6f, name);
+    tu_expect_equal(r, hr, 1e-6f, 1e-6f, name);
     clpar_scope_end(sc);
   }
 }
@@ -58,10 +34,10 @@ static void test_elementwise(void **state) {
     check_binary(dev, clpar_mul, "mul");
     clpar_scope *sc = clpar_scope_begin();
     int64_t shape[] = {3, 5, 7};
-    clpar_tensor *a = make(dev, 3, shape, 3), *ha = make(tu_host(), 3, shape, 3), *r, *hr;
+    clpar_tensor *a = tu_make(dev, 3, shape, 3), *ha = tu_make(tu_host(), 3, shape, 3), *r, *hr;
     tu_ok(clpar_scale(a, -2.5f, &r));
     tu_ok(clpar_scale(ha, -2.5f, &hr));
-    expect_equal(r, hr, 1e-6f, 0, "scale");
+    tu_expect_equal(r, hr, 1e-6f, 0, "scale");
     tu_ok(clpar_fill(r, 0.75f));
     float *v = tu_read(r);
     for (int i = 0; i < 105; i++) assert_float_equal(v[i], 0.75f, 0);
@@ -73,21 +49,21 @@ static void test_elementwise(void **state) {
 static void check_gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k) {
   clpar_scope *sc = clpar_scope_begin();
   int64_t as[2] = {ta ? k : m, ta ? m : k}, bs[2] = {tb ? n : k, tb ? k : n};
-  clpar_tensor *a = make(dev, 2, as, 10), *b = make(dev, 2, bs, 11), *r;
-  clpar_tensor *ha = make(tu_host(), 2, as, 10), *hb = make(tu_host(), 2, bs, 11), *hr;
+  clpar_tensor *a = tu_make(dev, 2, as, 10), *b = tu_make(dev, 2, bs, 11), *r;
+  clpar_tensor *ha = tu_make(tu_host(), 2, as, 10), *hb = tu_make(tu_host(), 2, bs, 11), *hr;
   tu_ok(clpar_matmul(a, b, ta, tb, &r));
   tu_ok(clpar_matmul(ha, hb, ta, tb, &hr));
-  expect_equal(r, hr, 1e-4f, 1e-4f, "matmul");
+  tu_expect_equal(r, hr, 1e-4f, 1e-4f, "matmul");
   /* Accumulating form: c = 0.5 op(a) op(b) - 2 c */
   int64_t cs[2] = {m, n};
-  clpar_tensor *c = make(dev, 2, cs, 12), *hc = make(tu_host(), 2, cs, 12);
+  clpar_tensor *c = tu_make(dev, 2, cs, 12), *hc = tu_make(tu_host(), 2, cs, 12);
   tu_ok(clpar_gemm(ta, tb, 0.5f, a, b, -2.0f, c));
   tu_ok(clpar_gemm(ta, tb, 0.5f, ha, hb, -2.0f, hc));
-  expect_equal(c, hc, 1e-4f, 1e-4f, "gemm alpha beta");
+  tu_expect_equal(c, hc, 1e-4f, 1e-4f, "gemm alpha beta");
   /* beta = 0 must ignore what c held, NaN included */
   tu_ok(clpar_fill(c, NAN));
   tu_ok(clpar_gemm(ta, tb, 1.0f, a, b, 0.0f, c));
-  expect_equal(c, hr, 1e-4f, 1e-4f, "gemm beta 0 over NaN");
+  tu_expect_equal(c, hr, 1e-4f, 1e-4f, "gemm beta 0 over NaN");
   clpar_scope_end(sc);
 }
 
@@ -106,14 +82,14 @@ static void test_gemm_on_views(void **state) {
     clpar_device *dev = clpar_device_get(d);
     clpar_scope *sc = clpar_scope_begin();
     int64_t xs[2] = {30, 5}, ws[2] = {2, 5};
-    clpar_tensor *x = make(dev, 2, xs, 20), *w = make(dev, 2, ws, 21);
-    clpar_tensor *hx = make(tu_host(), 2, xs, 20), *hw = make(tu_host(), 2, ws, 21);
+    clpar_tensor *x = tu_make(dev, 2, xs, 20), *w = tu_make(dev, 2, ws, 21);
+    clpar_tensor *hx = tu_make(tu_host(), 2, xs, 20), *hw = tu_make(tu_host(), 2, ws, 21);
     clpar_tensor *xv, *hxv, *r, *hr;
     tu_ok(clpar_tensor_rows(x, 13, 11, &xv)); /* an odd offset into the buffer */
     tu_ok(clpar_tensor_rows(hx, 13, 11, &hxv));
     tu_ok(clpar_matmul(xv, w, 0, 1, &r));
     tu_ok(clpar_matmul(hxv, hw, 0, 1, &hr));
-    expect_equal(r, hr, 1e-5f, 1e-5f, "matmul of a view");
+    tu_expect_equal(r, hr, 1e-5f, 1e-5f, "matmul of a view");
     clpar_scope_end(sc);
   }
 }
@@ -125,11 +101,11 @@ static void test_sum_rows(void **state) {
   for (int d = 0; d < clpar_device_count(); d++)
     for (int s = 0; s < 3; s++) {
       clpar_scope *sc = clpar_scope_begin();
-      clpar_tensor *a = make(clpar_device_get(d), ndims[s], shapes[s], 30), *r;
-      clpar_tensor *ha = make(tu_host(), ndims[s], shapes[s], 30), *hr;
+      clpar_tensor *a = tu_make(clpar_device_get(d), ndims[s], shapes[s], 30), *r;
+      clpar_tensor *ha = tu_make(tu_host(), ndims[s], shapes[s], 30), *hr;
       tu_ok(clpar_sum_rows(a, &r));
       tu_ok(clpar_sum_rows(ha, &hr));
-      expect_equal(r, hr, 1e-5f, 1e-4f, "sum_rows");
+      tu_expect_equal(r, hr, 1e-5f, 1e-4f, "sum_rows");
       assert_int_equal(clpar_tensor_ndim(r), ndims[s] - 1);
       clpar_scope_end(sc);
     }
@@ -141,18 +117,19 @@ static void test_concat_split(void **state) {
     clpar_device *dev = clpar_device_get(d);
     clpar_scope *sc = clpar_scope_begin();
     int64_t s1[] = {3, 4}, s2[] = {5, 4}, s3[] = {1, 4};
-    clpar_tensor *parts[3] = {make(dev, 2, s1, 40), make(dev, 2, s2, 41), make(dev, 2, s3, 42)};
-    clpar_tensor *hparts[3] = {make(tu_host(), 2, s1, 40), make(tu_host(), 2, s2, 41),
-                               make(tu_host(), 2, s3, 42)};
+    clpar_tensor *parts[3] = {tu_make(dev, 2, s1, 40), tu_make(dev, 2, s2, 41),
+                              tu_make(dev, 2, s3, 42)};
+    clpar_tensor *hparts[3] = {tu_make(tu_host(), 2, s1, 40), tu_make(tu_host(), 2, s2, 41),
+                               tu_make(tu_host(), 2, s3, 42)};
     clpar_tensor *cat, *hcat;
     tu_ok(clpar_concat(parts, 3, &cat));
     tu_ok(clpar_concat(hparts, 3, &hcat));
-    expect_equal(cat, hcat, 0, 0, "concat");
+    tu_expect_equal(cat, hcat, 0, 0, "concat");
     assert_int_equal(clpar_tensor_dim(cat, 0), 9);
     clpar_tensor *back[3];
     int64_t sizes[] = {3, 5, 1};
     tu_ok(clpar_split(cat, sizes, 3, back));
-    for (int i = 0; i < 3; i++) expect_equal(back[i], hparts[i], 0, 0, "split");
+    for (int i = 0; i < 3; i++) tu_expect_equal(back[i], hparts[i], 0, 0, "split");
     clpar_scope_end(sc);
   }
 }
@@ -194,7 +171,8 @@ static void test_bad_input_changes_nothing(void **state) {
   for (int d = 0; d < clpar_device_count(); d++) {
     clpar_device *dev = clpar_device_get(d);
     int64_t as[] = {4, 3}, bs[] = {3, 4}, cs[] = {2, 3};
-    clpar_tensor *a = make(dev, 2, as, 50), *b = make(dev, 2, bs, 51), *c = make(dev, 2, cs, 52);
+    clpar_tensor *a = tu_make(dev, 2, as, 50), *b = tu_make(dev, 2, bs, 51),
+                 *c = tu_make(dev, 2, cs, 52);
     clpar_memory_stats before, after;
     tu_ok(clpar_device_memory_stats(dev, &before));
     clpar_tensor *sentinel = (clpar_tensor *)(uintptr_t)0x1234, *out = sentinel;
@@ -233,7 +211,7 @@ static void test_device_mismatch(void **state) {
   clpar_device *dev = clpar_device_get(0);
   if (dev == tu_host()) skip();
   int64_t s[] = {2, 2};
-  clpar_tensor *a = make(dev, 2, s, 60), *h = make(tu_host(), 2, s, 61), *out = NULL;
+  clpar_tensor *a = tu_make(dev, 2, s, 60), *h = tu_make(tu_host(), 2, s, 61), *out = NULL;
   assert_int_equal(clpar_add(a, h, &out), CLPAR_ERROR_DEVICE_MISMATCH);
   assert_non_null(strstr(clpar_last_error(), clpar_device_id(dev)));
   assert_null(out);
@@ -252,7 +230,7 @@ static void test_profiling(void **state) {
     tu_ok(clpar_device_get_info(dev, &info));
     if (strcmp(info.backend, "opencl") != 0) continue;
     int64_t s[] = {64, 64};
-    clpar_tensor *a = make(dev, 2, s, 70), *r = NULL, *q = NULL;
+    clpar_tensor *a = tu_make(dev, 2, s, 70), *r = NULL, *q = NULL;
     tu_ok(clpar_device_profile_start(dev));
     tu_ok(clpar_matmul(a, a, 0, 0, &r)); /* one GEMM */
     tu_ok(clpar_add(r, a, &q));          /* one kernel */

@@ -54,3 +54,24 @@ float *tu_read(const clpar_tensor *t) {
   tu_ok(clpar_tensor_read(t, p, n));
   return p;
 }
+
+clpar_tensor *tu_make(clpar_device *dev, int ndim, const int64_t *shape, uint64_t seed) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  float *h = tu_rand((size_t)n, seed);
+  clpar_tensor *t = NULL;
+  tu_ok(clpar_tensor_from_host(dev, ndim, shape, h, &t));
+  free(h);
+  return t;
+}
+
+void tu_expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol, float atol,
+                     const char *what) {
+  assert_int_equal(clpar_tensor_ndim(t), clpar_tensor_ndim(ref));
+  for (int i = 0; i < clpar_tensor_ndim(t); i++)
+    assert_int_equal(clpar_tensor_dim(t, i), clpar_tensor_dim(ref, i));
+  float *a = tu_read(t), *b = tu_read(ref);
+  tu_assert_close(a, b, (size_t)clpar_tensor_numel(t), rtol, atol, what);
+  free(a);
+  free(b);
+}

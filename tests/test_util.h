@@ -36,6 +36,13 @@ void tu_assert_close_(const float *a, const float *b, size_t n, float rtol, floa
       fail_msg("%s returned %s: %s", #expr, clpar_status_name(tu_s_), clpar_last_error()); \
   } while (0)
 
+/* A tensor of the given shape on dev holding tu_rand(numel, seed). */
+clpar_tensor *tu_make(clpar_device *dev, int ndim, const int64_t *shape, uint64_t seed);
+
+/* Asserts that t equals ref in shape and, within the tolerance, in values. */
+void tu_expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol, float atol,
+                     const char *what);
+
 /* Reads a whole tensor into a new malloc'ed buffer. */
 float *tu_read(const clpar_tensor *t);
 

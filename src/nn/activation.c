@@ -15,6 +15,17 @@ static clpar_status failed(clpar_device *dev, clpar_status s, clpar_tensor *r) {
   return s;
 }
 
+/* Keeps an alias of the op's output r in its node (for a backward computed from the output);
+ * on failure frees r, which takes the node with it. */
+static clpar_status save_output(clpar_node *node, clpar_tensor *r) {
+  clpar_status s = clpar_tensor_alias(r, &node->saved[0]);
+  if (s == CLPAR_OK)
+    clpar_tensor_unscope(node->saved[0]);
+  else
+    clpar_tensor_free(r);
+  return s;
+}
+
 static clpar_status unary_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   clpar_unary_kind kind = (clpar_unary_kind)n->iparam[0];
   clpar_tensor *saved = kind == CLPAR_UNARY_RELU ? n->inputs[0] : n->saved[0], *r;
@@ -43,11 +54,7 @@ static clpar_status unary(const char *fn, clpar_unary_kind kind, const clpar_ten
   s = clpar_record_op(r, fn, unary_backward, (clpar_tensor **)&x, 1, &node);
   if (s == CLPAR_OK && node) {
     node->iparam[0] = kind;
-    if (kind != CLPAR_UNARY_RELU) s = clpar_tensor_alias(r, &node->saved[0]);
-    if (s == CLPAR_OK)
-      clpar_tensor_unscope(node->saved[0]);
-    else
-      clpar_tensor_free(r);
+    if (kind != CLPAR_UNARY_RELU) s = save_output(node, r);
   }
   if (s == CLPAR_OK) *out = r;
   return s;
@@ -94,11 +101,7 @@ static clpar_status softmax(const char *fn, int log, const clpar_tensor *x, clpa
   s = clpar_record_op(r, fn, softmax_backward, (clpar_tensor **)&x, 1, &node);
   if (s == CLPAR_OK && node) {
     node->iparam[0] = log;
-    s = clpar_tensor_alias(r, &node->saved[0]);
-    if (s == CLPAR_OK)
-      clpar_tensor_unscope(node->saved[0]);
-    else
-      clpar_tensor_free(r);
+    s = save_output(node, r);
   }
   if (s == CLPAR_OK) *out = r;
   return s;
