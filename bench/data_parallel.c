@@ -28,18 +28,9 @@ static clpar_module *make_model(clpar_device *dev) {
   return m;
 }
 
-static int step(clpar_module *dp, clpar_optimizer *opt, clpar_device *dev, const float *x,
+static int step(clpar_module *m, clpar_optimizer *opt, clpar_device *dev, const float *x,
                 const int32_t *y) {
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *xt, *logits, *loss;
-  int good = bench_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH, IN}, x, &xt), "upload") &&
-             bench_ok(clpar_optimizer_zero_grad(opt), "zero_grad") &&
-             bench_ok(clpar_module_forward(dp, xt, &logits), "forward") &&
-             bench_ok(clpar_cross_entropy(logits, y, BATCH, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
-             bench_ok(clpar_backward(loss), "backward") &&
-             bench_ok(clpar_optimizer_step(opt), "step");
-  clpar_scope_end(scope);
-  return good;
+  return bench_train_step(m, opt, dev, x, y, BATCH, IN);
 }
 
 typedef struct {

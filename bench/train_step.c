@@ -14,18 +14,9 @@
 
 enum { BATCH = 256, IN = 784, HIDDEN = 1024, OUT = 10 };
 
-static int step(clpar_module *mlp, clpar_optimizer *opt, clpar_device *dev, const float *x,
+static int step(clpar_module *m, clpar_optimizer *opt, clpar_device *dev, const float *x,
                 const int32_t *y) {
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *xt, *logits, *loss;
-  int good = bench_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH, IN}, x, &xt), "upload") &&
-             bench_ok(clpar_optimizer_zero_grad(opt), "zero_grad") &&
-             bench_ok(clpar_module_forward(mlp, xt, &logits), "forward") &&
-             bench_ok(clpar_cross_entropy(logits, y, BATCH, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
-             bench_ok(clpar_backward(loss), "backward") &&
-             bench_ok(clpar_optimizer_step(opt), "step");
-  clpar_scope_end(scope);
-  return good;
+  return bench_train_step(m, opt, dev, x, y, BATCH, IN);
 }
 
 /* Wall seconds per step over steps steps, the device waited for at the end. */

@@ -95,6 +95,8 @@ static void test_training_equals_one_device(void **state) {
   compare_training(rev, n, NULL, 31, "DataParallel, devices permuted");
   float w[4] = {3, 1, 2, 1};
   compare_training(devs, n, w, 29, "DataParallel, uneven weights");
+  float tiny_first[4] = {0.001f, 1, 1, 1}; /* the first device gets no rows at all */
+  compare_training(devs, n, tiny_first, 5, "DataParallel, no rows on the parameters' device");
 }
 
 static void test_forward_equals_one_device(void **state) {
