@@ -36,6 +36,7 @@ struct clpar_device {
   pthread_mutex_t alloc_lock;
   clpar_block *free_blocks; /* sorted by size, ascending */
   clpar_memory_stats stats;
+  uint64_t host_waits; /* atomic: reads back and synchronizations */
 };
 
 /* Gets a buffer of at least bytes from the device's cache or driver. */

@@ -282,6 +282,10 @@ const char *clpar_device_id(const clpar_device *dev) {
   return dev ? dev->bd.info.id : "(null)";
 }
 
+uint64_t clpar_device_host_waits(const clpar_device *dev) {
+  return dev ? __atomic_load_n(&dev->host_waits, __ATOMIC_RELAXED) : 0;
+}
+
 int clpar_device_index(const clpar_device *dev) {
   return dev ? dev->index : -1;
 }
@@ -322,6 +326,7 @@ clpar_status clpar_device_profile_stop(clpar_device *dev) {
 clpar_status clpar_device_synchronize(clpar_device *dev) {
   if (!dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_device_synchronize: NULL device");
+  __atomic_add_fetch(&dev->host_waits, 1, __ATOMIC_RELAXED);
   clpar_status s = dev->bd.iface->finish(dev->bd.ctx);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }

@@ -194,6 +194,7 @@ clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_cou
                            "clpar_tensor_read: the tensor has %lld elements, the buffer holds %zu",
                            (long long)t->numel, dst_count);
   clpar_device *dev = t->storage->dev;
+  __atomic_add_fetch(&dev->host_waits, 1, __ATOMIC_RELAXED);
   clpar_status s = dev->bd.iface->read(dev->bd.ctx, t->storage->buf, t->offset * sizeof(float), dst,
                                        (size_t)t->numel * sizeof(float));
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);

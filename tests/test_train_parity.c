@@ -278,6 +278,47 @@ static void test_module_to_and_errors(void **state) {
   clpar_optimizer_free(NULL);
 }
 
+/* A training step enqueues and returns: the host waits for the device only when it reads a
+ * value back. */
+static void test_training_step_does_not_wait(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    clpar_module *mlp = make_mlp(dev);
+    clpar_optimizer *sgd, *adam;
+    clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+    clpar_adam_options ao = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    tu_ok(clpar_sgd_create_for(mlp, &so, &sgd));
+    tu_ok(clpar_adam_create_for(mlp, &ao, &adam));
+    clpar_tensor *x;
+    tu_ok(clpar_tensor_rand_normal(dev, 2, (int64_t[]){5, 4}, 1, 0, 1, &x));
+    uint64_t before = clpar_device_host_waits(dev);
+    clpar_tensor *loss = NULL;
+    for (int step = 0; step < 3; step++) {
+      clpar_optimizer *opt = step == 1 ? adam : sgd;
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *out, *l;
+      tu_ok(clpar_optimizer_zero_grad(opt));
+      tu_ok(clpar_module_forward(mlp, x, &out));
+      tu_ok(clpar_cross_entropy(out, labels, 5, CLPAR_REDUCTION_MEAN, &l));
+      tu_ok(clpar_backward(l));
+      tu_ok(clpar_optimizer_step(opt));
+      clpar_tensor_free(loss);
+      loss = clpar_tensor_retain(l);
+      clpar_scope_end(sc);
+    }
+    assert_int_equal(clpar_device_host_waits(dev), before);
+    float v;
+    tu_ok(clpar_tensor_read(loss, &v, 1)); /* the one wait */
+    assert_int_equal(clpar_device_host_waits(dev), before + 1);
+    clpar_tensor_free(loss);
+    clpar_tensor_free(x);
+    clpar_optimizer_free(sgd);
+    clpar_optimizer_free(adam);
+    clpar_module_free(mlp);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_momentum),
@@ -287,6 +328,7 @@ int main(void) {
       cmocka_unit_test(test_adamw),
       cmocka_unit_test(test_model_parallel_matches_one_device),
       cmocka_unit_test(test_module_to_and_errors),
+      cmocka_unit_test(test_training_step_does_not_wait),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -86,6 +86,11 @@ typedef struct clpar_memory_stats {
 } clpar_memory_stats;
 
 CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
+
+/* How often the host has waited for the device: every read of a tensor back to the host
+ * (clpar_tensor_read, a copy out of the device) and every clpar_device_synchronize. A
+ * training step (forward, loss, backward, optimizer step) on one device adds none. */
+CLPAR_API uint64_t clpar_device_host_waits(const clpar_device *dev);
 /* Gives every cached (unused) buffer back to the driver. */
 CLPAR_API clpar_status clpar_device_empty_cache(clpar_device *dev);
 
