@@ -1,20 +1,36 @@
-/* gemm.c — clpar's GEMM against a raw CLBlastSgemm call on the same OpenCL device.
+/* gemm.c — clpar's GEMM against the raw library call on the same device: CLBlastSgemm on an
+ * OpenCL device, cublasSgemm on a CUDA device (when the CUDA module is built).
  *
  * For each n in 256, 512, 1024, 2048: C = A @ B through clpar_gemm (in place, beta 0) and
- * through CLBlastSgemm on a context and queue of our own on the same cl_device_id, timed in
- * interleaved rounds (best round of each counts, both warmed up first). Prints one JSON object
- * per n with both GFLOP/s figures and their ratio (clpar / raw).
+ * through the library on a context/stream of our own on the same device, timed in interleaved
+ * rounds (both warmed up first; the best round of each counts). Prints one JSON object per n
+ * with both GFLOP/s figures and their ratio (clpar / raw).
  *
- *   POCL_DEVICES=pthread ./bench_gemm [device-index] [n ...] */
+ *   POCL_DEVICES=pthread ./bench_gemm [device-index] [n ...]
+ *   CLPAR_DEVICES=cuda:0 ./bench_gemm */
 #include <CL/cl.h>
 #include <clblast_c.h>
 #include <clpar/clpar.h>
-
-#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "bench_util.h"
+#ifdef BENCH_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
+
+/* The raw side: set up on device `ordinal` with A and B (n x n, row-major), time reps
+ * products (seconds each), free. */
+typedef struct {
+  const char *name;
+  void *(*setup)(int ordinal, size_t n, const float *a, const float *b);
+  double (*time)(void *raw, size_t n, int reps);
+  void (*release)(void *raw);
+} raw_impl;
+
+/* ---- CLBlast ---- */
 
 /* The cl_device_id behind "opencl:N": the backend numbers devices across platforms in
  * enumeration order, as we do here. */
@@ -36,29 +52,42 @@ typedef struct {
   cl_context ctx;
   cl_command_queue q;
   cl_mem a, b, c;
-} raw_gemm;
+} cl_raw;
 
-static int raw_setup(raw_gemm *r, cl_device_id dev, size_t n, const float *ha, const float *hb) {
-  cl_int err;
-  r->ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-  if (err != CL_SUCCESS) return 0;
-  r->q = clCreateCommandQueue(r->ctx, dev, 0, &err);
+static void cl_release(void *p) {
+  cl_raw *r = p;
+  if (!r) return;
+  if (r->a) clReleaseMemObject(r->a);
+  if (r->b) clReleaseMemObject(r->b);
+  if (r->c) clReleaseMemObject(r->c);
+  if (r->q) clReleaseCommandQueue(r->q);
+  if (r->ctx) clReleaseContext(r->ctx);
+  free(r);
+}
+
+static void *cl_setup(int ordinal, size_t n, const float *ha, const float *hb) {
+  cl_device_id dev = find_cl_device(ordinal);
+  cl_raw *r = calloc(1, sizeof *r);
+  cl_int err = dev && r ? CL_SUCCESS : CL_INVALID_DEVICE;
   size_t bytes = n * n * sizeof(float);
-  r->a = clCreateBuffer(r->ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes, (void *)ha, &err);
-  r->b = clCreateBuffer(r->ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes, (void *)hb, &err);
-  r->c = clCreateBuffer(r->ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
-  return err == CL_SUCCESS;
+  if (err == CL_SUCCESS) r->ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+  if (err == CL_SUCCESS) r->q = clCreateCommandQueue(r->ctx, dev, 0, &err);
+  if (err == CL_SUCCESS)
+    r->a =
+        clCreateBuffer(r->ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes, (void *)ha, &err);
+  if (err == CL_SUCCESS)
+    r->b =
+        clCreateBuffer(r->ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes, (void *)hb, &err);
+  if (err == CL_SUCCESS) r->c = clCreateBuffer(r->ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  if (err != CL_SUCCESS) {
+    cl_release(r);
+    return NULL;
+  }
+  return r;
 }
 
-static void raw_free(raw_gemm *r) {
-  clReleaseMemObject(r->a);
-  clReleaseMemObject(r->b);
-  clReleaseMemObject(r->c);
-  clReleaseCommandQueue(r->q);
-  clReleaseContext(r->ctx);
-}
-
-static double time_raw(raw_gemm *r, size_t n, int reps) {
+static double cl_time(void *p, size_t n, int reps) {
+  cl_raw *r = p;
   double t0 = bench_now();
   for (int i = 0; i < reps; i++)
     CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, n, n, n, 1.0f, r->a,
@@ -67,6 +96,65 @@ static double time_raw(raw_gemm *r, size_t n, int reps) {
   return (bench_now() - t0) / reps;
 }
 
+static const raw_impl clblast_impl = {"clblast", cl_setup, cl_time, cl_release};
+
+/* ---- cuBLAS ---- */
+
+#ifdef BENCH_HAVE_CUDA
+typedef struct {
+  int ordinal;
+  cublasHandle_t handle;
+  float *a, *b, *c;
+} cuda_raw;
+
+static void cu_release(void *p) {
+  cuda_raw *r = p;
+  if (!r) return;
+  cudaSetDevice(r->ordinal);
+  cudaFree(r->a);
+  cudaFree(r->b);
+  cudaFree(r->c);
+  if (r->handle) cublasDestroy(r->handle);
+  free(r);
+}
+
+static void *cu_setup(int ordinal, size_t n, const float *ha, const float *hb) {
+  cuda_raw *r = calloc(1, sizeof *r);
+  size_t bytes = n * n * sizeof(float);
+  int ok = r && cudaSetDevice(ordinal) == cudaSuccess;
+  if (r) r->ordinal = ordinal;
+  ok = ok && cudaMalloc((void **)&r->a, bytes) == cudaSuccess &&
+       cudaMalloc((void **)&r->b, bytes) == cudaSuccess &&
+       cudaMalloc((void **)&r->c, bytes) == cudaSuccess &&
+       cudaMemcpy(r->a, ha, bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(r->b, hb, bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cublasCreate(&r->handle) == CUBLAS_STATUS_SUCCESS;
+  if (!ok) {
+    cu_release(r);
+    return NULL;
+  }
+  return r;
+}
+
+/* Row-major C = A B is column-major C^T = B^T A^T: swap the operands, as clpar does. */
+static double cu_time(void *p, size_t n, int reps) {
+  cuda_raw *r = p;
+  const float one = 1.0f, zero = 0.0f;
+  int in = (int)n;
+  cudaSetDevice(r->ordinal);
+  double t0 = bench_now();
+  for (int i = 0; i < reps; i++)
+    cublasSgemm(r->handle, CUBLAS_OP_N, CUBLAS_OP_N, in, in, in, &one, r->b, in, r->a, in, &zero,
+                r->c, in);
+  cudaDeviceSynchronize();
+  return (bench_now() - t0) / reps;
+}
+
+static const raw_impl cublas_impl = {"cublas", cu_setup, cu_time, cu_release};
+#endif
+
+/* ---- the comparison ---- */
+
 static double time_clpar(clpar_tensor *a, clpar_tensor *b, clpar_tensor *c, int reps) {
   double t0 = bench_now();
   for (int i = 0; i < reps; i++) clpar_gemm(0, 0, 1.0f, a, b, 0.0f, c);
@@ -74,7 +162,7 @@ static double time_clpar(clpar_tensor *a, clpar_tensor *b, clpar_tensor *c, int 
   return (bench_now() - t0) / reps;
 }
 
-static int bench_n(clpar_device *dev, cl_device_id cldev, int64_t n) {
+static int bench_n(clpar_device *dev, const raw_impl *impl, int ordinal, int64_t n) {
   size_t count = (size_t)(n * n);
   float *ha = malloc(count * sizeof *ha), *hb = malloc(count * sizeof *hb);
   for (size_t i = 0; i < count; i++) {
@@ -83,67 +171,73 @@ static int bench_n(clpar_device *dev, cl_device_id cldev, int64_t n) {
   }
   int64_t shape[] = {n, n};
   clpar_tensor *a = NULL, *b = NULL, *c = NULL;
-  raw_gemm raw;
-  int ok = clpar_tensor_from_host(dev, 2, shape, ha, &a) == CLPAR_OK &&
-           clpar_tensor_from_host(dev, 2, shape, hb, &b) == CLPAR_OK &&
-           clpar_tensor_zeros(dev, 2, shape, &c) == CLPAR_OK &&
-           raw_setup(&raw, cldev, (size_t)n, ha, hb);
-  if (!ok) {
-    fprintf(stderr, "n=%lld: set-up failed: %s\n", (long long)n, clpar_last_error());
-    return 0;
+  void *raw = NULL;
+  int ok = bench_ok(clpar_tensor_from_host(dev, 2, shape, ha, &a), "A") &&
+           bench_ok(clpar_tensor_from_host(dev, 2, shape, hb, &b), "B") &&
+           bench_ok(clpar_tensor_zeros(dev, 2, shape, &c), "C") &&
+           (raw = impl->setup(ordinal, (size_t)n, ha, hb));
+  if (ok) {
+    /* Warm up both (kernel compilation), then size the repetitions to ~0.3 s a round. */
+    time_clpar(a, b, c, 1);
+    impl->time(raw, (size_t)n, 1);
+    double one = time_clpar(a, b, c, 1);
+    int reps = one > 0.3 ? 1 : (int)(0.3 / one) + 1;
+    double best_clpar = 1e30, best_raw = 1e30;
+    for (int round = 0; round < 5; round++) {
+      double t = time_clpar(a, b, c, reps);
+      if (t < best_clpar) best_clpar = t;
+      t = impl->time(raw, (size_t)n, reps);
+      if (t < best_raw) best_raw = t;
+    }
+    double flop = 2.0 * (double)n * (double)n * (double)n;
+    printf(
+        "{\"bench\": \"gemm\", \"device\": \"%s\", \"n\": %lld, \"reps\": %d, \"rounds\": 5, "
+        "\"clpar_gflops\": %.2f, \"%s_gflops\": %.2f, \"ratio\": %.4f}\n",
+        clpar_device_id(dev), (long long)n, reps, flop / best_clpar / 1e9, impl->name,
+        flop / best_raw / 1e9, best_raw / best_clpar);
+    fflush(stdout);
+  } else {
+    fprintf(stderr, "n=%lld: set-up failed\n", (long long)n);
   }
-  /* Warm up both (kernel compilation), then size the repetitions to ~0.3 s a round. */
-  double one = time_clpar(a, b, c, 1);
-  time_raw(&raw, (size_t)n, 1);
-  one = time_clpar(a, b, c, 1);
-  int reps = one > 0.3 ? 1 : (int)(0.3 / one) + 1;
-  double best_clpar = 1e30, best_raw = 1e30;
-  for (int round = 0; round < 5; round++) {
-    double t = time_clpar(a, b, c, reps);
-    if (t < best_clpar) best_clpar = t;
-    t = time_raw(&raw, (size_t)n, reps);
-    if (t < best_raw) best_raw = t;
-  }
-  double flop = 2.0 * (double)n * (double)n * (double)n;
-  printf(
-      "{\"bench\": \"gemm\", \"device\": \"%s\", \"n\": %lld, \"reps\": %d, \"rounds\": 5, "
-      "\"clpar_gflops\": %.2f, \"clblast_gflops\": %.2f, \"ratio\": %.4f}\n",
-      clpar_device_id(dev), (long long)n, reps, flop / best_clpar / 1e9, flop / best_raw / 1e9,
-      best_raw / best_clpar);
-  fflush(stdout);
-  raw_free(&raw);
+  if (raw) impl->release(raw);
   clpar_tensor_free(a);
   clpar_tensor_free(b);
   clpar_tensor_free(c);
   free(ha);
   free(hb);
-  return 1;
+  return ok;
 }
 
 int main(int argc, char **argv) {
-  if (clpar_init() != CLPAR_OK) {
-    fprintf(stderr, "clpar_init: %s\n", clpar_last_error());
-    return 1;
-  }
+  if (!bench_ok(clpar_init(), "clpar_init")) return 1;
   int index = argc > 1 ? atoi(argv[1]) : 0;
   clpar_device *dev = clpar_device_get(index);
   clpar_device_info info;
-  if (!dev || clpar_device_get_info(dev, &info) != CLPAR_OK ||
-      strcmp(info.backend, "opencl") != 0) {
-    fprintf(stderr, "device %d is not an OpenCL device (set CLPAR_DEVICES)\n", index);
+  const raw_impl *impl = NULL;
+  if (dev && clpar_device_get_info(dev, &info) == CLPAR_OK) {
+    if (strcmp(info.backend, "opencl") == 0) impl = &clblast_impl;
+#ifdef BENCH_HAVE_CUDA
+    if (strcmp(info.backend, "cuda") == 0) impl = &cublas_impl;
+#endif
+  }
+  if (!impl) {
+    fprintf(stderr,
+            "device %d is neither an OpenCL nor (with the CUDA module) a CUDA device; set "
+            "CLPAR_DEVICES\n",
+            index);
     clpar_shutdown();
     return 1;
   }
-  cl_device_id cldev = find_cl_device(atoi(strchr(info.id, ':') + 1));
   int64_t sizes[16] = {256, 512, 1024, 2048};
   int ns = 4;
   if (argc > 2) {
     ns = 0;
     for (int i = 2; i < argc && ns < 16; i++) sizes[ns++] = atoll(argv[i]);
   }
-  fprintf(stderr, "bench_gemm on %s (%s)\n", info.id, info.name);
+  fprintf(stderr, "bench_gemm on %s (%s) against %s\n", info.id, info.name, impl->name);
+  int ordinal = atoi(strchr(info.id, ':') + 1);
   int ok = 1;
-  for (int i = 0; i < ns && ok; i++) ok = bench_n(dev, cldev, sizes[i]);
+  for (int i = 0; i < ns && ok; i++) ok = bench_n(dev, impl, ordinal, sizes[i]);
   clpar_shutdown();
   return ok ? 0 : 1;
 }
