@@ -53,6 +53,7 @@ typedef struct {
   float *weights; /* NULL: torch.chunk */
   replica *replicas;
   staging stage;
+  pthread_mutex_t forward_lock; /* the replicas and the staging serve one forward at a time */
   pthread_mutex_t stats_lock;
   clpar_data_parallel_stats stats;
 } dp_state;
@@ -387,12 +388,7 @@ static clpar_status gather(dp_state *st, replica_run *runs, int used, clpar_tens
   return s;
 }
 
-static clpar_status dp_forward(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
-                               void *user) {
-  dp_state *st = user;
-  (void)self;
-  if (input->ndim < 1 || input->shape[0] < 1)
-    return clpar_set_error(CLPAR_ERROR_EMPTY, "DataParallel: the input has no rows to split");
+static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_tensor **output) {
   replica_run *runs = calloc((size_t)st->n, sizeof *runs);
   if (!runs) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DataParallel: out of host memory");
   int used = 0, grad = clpar_is_grad_enabled(), staged = 0;
@@ -424,6 +420,18 @@ static clpar_status dp_forward(clpar_module *self, clpar_tensor *input, clpar_te
   return s;
 }
 
+static clpar_status dp_forward(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
+                               void *user) {
+  dp_state *st = user;
+  (void)self;
+  if (input->ndim < 1 || input->shape[0] < 1)
+    return clpar_set_error(CLPAR_ERROR_EMPTY, "DataParallel: the input has no rows to split");
+  pthread_mutex_lock(&st->forward_lock);
+  clpar_status s = dp_forward_locked(st, input, output);
+  pthread_mutex_unlock(&st->forward_lock);
+  return s;
+}
+
 /* ---- the wrapper ---- */
 
 static void dp_free(void *user) {
@@ -435,6 +443,7 @@ static void dp_free(void *user) {
   free(st->devices);
   free(st->weights);
   pthread_mutex_destroy(&st->stats_lock);
+  pthread_mutex_destroy(&st->forward_lock);
   free(st);
 }
 
@@ -451,6 +460,7 @@ static clpar_status make_state(const clpar_data_parallel_options *o, dp_state **
   dp_state *st = calloc(1, sizeof *st);
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DataParallel: out of host memory");
   pthread_mutex_init(&st->stats_lock, NULL);
+  pthread_mutex_init(&st->forward_lock, NULL);
   st->n = n;
   st->devices = calloc((size_t)n, sizeof *st->devices);
   st->replicas = calloc((size_t)n, sizeof *st->replicas);
