@@ -329,8 +329,7 @@ static double max_of(const replica_run *runs, int n, size_t offset) {
   return m;
 }
 
-static void add_stats(dp_state *st, const replica_run *runs, int used, const double main_thread[3],
-                      int staged) {
+static void add_stats(dp_state *st, const replica_run *runs, int used, const double main_thread[3]) {
   pthread_mutex_lock(&st->stats_lock);
   st->stats.forwards++;
   st->stats.scatter_seconds +=
@@ -339,7 +338,6 @@ static void add_stats(dp_state *st, const replica_run *runs, int used, const dou
       main_thread[1] + max_of(runs, used, offsetof(replica_run, t_replicate));
   st->stats.apply_seconds += max_of(runs, used, offsetof(replica_run, t_apply));
   st->stats.gather_seconds += main_thread[2] + max_of(runs, used, offsetof(replica_run, t_gather));
-  (void)staged;
   for (int i = 0; i < used; i++)
     st->stats.parameters_copied += (uint64_t)(runs[i].copied > 0 ? runs[i].copied : 0);
   pthread_mutex_unlock(&st->stats_lock);
@@ -391,13 +389,13 @@ static clpar_status gather(dp_state *st, replica_run *runs, int used, clpar_tens
 static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_tensor **output) {
   replica_run *runs = calloc((size_t)st->n, sizeof *runs);
   if (!runs) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DataParallel: out of host memory");
-  int used = 0, grad = clpar_is_grad_enabled(), staged = 0;
+  int used = 0, grad = clpar_is_grad_enabled();
   double main_thread[3], t0 = now();
   clpar_status s = plan_runs(st, input, runs, &used);
   double t1 = now();
   int replicas_run = 0;
   for (int i = 0; i < used; i++) replicas_run |= runs[i].k > 0;
-  if (s == CLPAR_OK && replicas_run && (staged = stage_parameters(st)) < 0) s = CLPAR_ERROR_BACKEND;
+  if (s == CLPAR_OK && replicas_run && stage_parameters(st) < 0) s = CLPAR_ERROR_BACKEND;
   main_thread[0] = t1 - t0;
   main_thread[1] = now() - t1;
   if (s == CLPAR_OK) {
@@ -415,7 +413,7 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
     clpar_tensor_release(runs[i].out); /* retained by its worker */
     clpar_tensor_free(runs[i].chunk);
   }
-  if (s == CLPAR_OK) add_stats(st, runs, used, main_thread, staged);
+  if (s == CLPAR_OK) add_stats(st, runs, used, main_thread);
   free(runs);
   return s;
 }
