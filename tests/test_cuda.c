@@ -3,7 +3,8 @@
  * four transpose combinations), copies between a CUDA device and the host, use from another
  * host thread, and an allocation larger than the device can give; then the training entries
  * of backend ABI 2 through the public API, forward and backward (activations, softmax and
- * log-softmax, cross-entropy, sum_rows's backward) and optimizer steps (SGD, Adam, AdamW).
+ * log-softmax, cross-entropy, sum_rows's backward) and optimizer steps (SGD, Adam, AdamW);
+ * then device-time profiling (ABI 3) and sum_rows's two-pass path for tall, narrow matrices.
  *
  * Built wherever the CUDA module is; on a machine without a GPU (or without the driver) every
  * test prints why to stderr and skips, so the suite still passes there. */
@@ -76,7 +77,7 @@ static void test_enumeration(void **state) {
   for (int i = 0; i < cuda_count; i++) {
     clpar_device_info in;
     tu_ok(clpar_device_get_info(cuda_devs[i], &in));
-    /* The backend declares the ABI whose entries it all fills in (2); the core takes any
+    /* The backend declares the ABI whose entries it all fills in (3); the core takes any
      * from CLPAR_BACKEND_ABI_REQUIRED up. */
     int abi = cuda_devs[i]->bd.iface->abi_version;
     assert_true(abi >= CLPAR_BACKEND_ABI_REQUIRED && abi <= CLPAR_BACKEND_ABI_VERSION);
@@ -619,6 +620,108 @@ static void test_adam_step(void **state) {
   check_train(OPT_ADAMW, &adamw, "adamw");
 }
 
+/* ---- profiling (backend ABI 3) ---- */
+
+static clpar_profile profile_now(clpar_device *dev) {
+  clpar_profile p = {-1.0, 99};
+  tu_ok(clpar_device_profile_read(dev, &p));
+  return p;
+}
+
+/* A matmul and an add are two ops with device time; a restart, and a stop, give zero. */
+static void test_profiling(void **state) {
+  (void)state;
+  NEED_CUDA();
+  int64_t s[] = {64, 64};
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *a = tu_make(dev, 2, s, 70), *r, *q;
+    tu_ok(clpar_device_profile_start(dev));
+    tu_ok(clpar_matmul(a, a, 0, 0, &r)); /* one GEMM */
+    tu_ok(clpar_add(r, a, &q));          /* one kernel */
+    clpar_profile p = profile_now(dev);
+    assert_int_equal(p.ops, 2);
+    assert_true(p.device_seconds > 0);
+    /* read does not restart: the totals only grow */
+    tu_ok(clpar_add(q, a, &r));
+    clpar_profile p2 = profile_now(dev);
+    assert_int_equal(p2.ops, 3);
+    assert_true(p2.device_seconds >= p.device_seconds);
+    tu_ok(clpar_device_profile_start(dev)); /* restarts from zero */
+    p = profile_now(dev);
+    assert_int_equal(p.ops, 0);
+    assert_true(p.device_seconds == 0);
+    tu_ok(clpar_device_profile_stop(dev));
+    tu_ok(clpar_add(q, a, &r)); /* not recorded */
+    p = profile_now(dev);
+    assert_int_equal(p.ops, 0);
+    assert_true(p.device_seconds == 0);
+    clpar_scope_end(sc);
+  }
+}
+
+/* Through the backend entries: a device-local copy and a two-pass sum_rows count once each,
+ * host transfers not at all; and more ops than the first list of event pairs holds (256). */
+static void test_profiling_entries(void **state) {
+  (void)state;
+  NEED_CUDA();
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    const clpar_backend_iface *f = dev->bd.iface;
+    void *ctx = dev->bd.ctx, *buf = NULL;
+    size_t n = 1 << 20;
+    float *h = tu_rand(n, 5);
+    tu_ok(f->alloc(ctx, 2 * n * sizeof(float) + 64, &buf));
+    clpar_bref a = {buf, 0}, b = {buf, n}, out = {buf, 2 * n};
+    tu_ok(clpar_device_profile_start(dev));
+    tu_ok(f->write(ctx, buf, 0, h, n * sizeof(float)));
+    tu_ok(f->copy(ctx, buf, n * sizeof(float), buf, 0, n * sizeof(float)));
+    tu_ok(f->sum_rows(ctx, n, 1, b, out));
+    tu_ok(f->read(ctx, buf, 0, h, sizeof(float)));
+    clpar_profile p = profile_now(dev);
+    assert_int_equal(p.ops, 2);
+    assert_true(p.device_seconds > 0);
+    for (int i = 0; i < 600; i++) tu_ok(f->scale(ctx, 1000, 0.5f, a, a));
+    p = profile_now(dev);
+    assert_int_equal(p.ops, 602);
+    tu_ok(clpar_device_profile_stop(dev));
+    f->release(ctx, buf);
+    free(h);
+  }
+}
+
+/* ---- sum_rows on tall, narrow matrices ---- */
+
+/* The two-pass path (fewer than 32 columns and more rows than one chunk), its one-pass case,
+ * the most chunks there are (9e6 x 1, 270001 x 31) and the wide path beside them; each twice,
+ * which must give the same bits. */
+static void test_sum_rows_narrow(void **state) {
+  (void)state;
+  NEED_CUDA();
+  static const int64_t shapes[][2] = {{1 << 20, 1}, {100003, 3}, {37, 1}, {5, 1000},   {9000001, 1},
+                                      {270001, 31}, {8193, 2},   {1, 1},  {100000, 32}};
+  for (int d = 0; d < cuda_count; d++)
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *a = tu_make(cuda_devs[d], 2, shapes[s], 31), *r, *r2;
+      clpar_tensor *ha = tu_make(tu_host(), 2, shapes[s], 31), *hr;
+      char what[64];
+      snprintf(what, sizeof what, "sum_rows %lldx%lld", (long long)shapes[s][0],
+               (long long)shapes[s][1]);
+      tu_ok(clpar_sum_rows(a, &r));
+      tu_ok(clpar_sum_rows(ha, &hr));
+      float atol = 1e-6f * (float)shapes[s][0] + 1e-6f;
+      tu_expect_equal(r, hr, 1e-5f, atol, what);
+      tu_ok(clpar_sum_rows(a, &r2));
+      float *v = tu_read(r), *v2 = tu_read(r2);
+      assert_memory_equal(v, v2, (size_t)shapes[s][1] * sizeof(float));
+      free(v);
+      free(v2);
+      clpar_scope_end(sc);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_enumeration),
@@ -639,6 +742,9 @@ int main(void) {
       cmocka_unit_test(test_sum_rows_backward),
       cmocka_unit_test(test_sgd_step),
       cmocka_unit_test(test_adam_step),
+      cmocka_unit_test(test_profiling),
+      cmocka_unit_test(test_profiling_entries),
+      cmocka_unit_test(test_sum_rows_narrow),
   };
   return cmocka_run_group_tests(tests, group_setup, tu_teardown);
 }

@@ -8,10 +8,18 @@
  * any host thread: each one makes its device current first, and GEMMs take a per-device lock
  * because a cuBLAS handle is not meant to be used by two threads at once.
  *
+ * Profiling (backend ABI 3) brackets each op with a pair of CUDA events recorded on the
+ * stream, so the time between them is the device's time for that op. Events are made only
+ * while profiling is on: otherwise an op pays one atomic load and nothing else. On a stream
+ * with nothing enqueued the start event happens at once, so the pair then also counts the
+ * host's few microseconds between the two records (the launch itself); on a busy stream it
+ * happens when the work before it ends.
+ *
  * A machine without a GPU or without the driver probes to no device, which is not an error:
  * the module is compiled and linked everywhere and runs where a GPU is. */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +31,30 @@
 #include "cuda/cuda_kernels.h"
 #include "internal.h"
 
+/* The events around one profiled op, recorded on the device's stream before and after it. */
+typedef struct prof_pair {
+  cudaEvent_t start, stop;
+} prof_pair;
+
 typedef struct cuda_dev {
   int ordinal; /* the CUDA runtime's device number */
   cudaStream_t stream;
   cublasHandle_t blas;
   pthread_mutex_t blas_lock;
+  /* sum_rows's partial sums (see kernels/cuda/sum_rows.cu), grown on demand; the lock is
+   * held from sizing it to enqueueing both passes, so that no thread frees it under another. */
+  pthread_mutex_t scratch_lock;
+  float *scratch;
+  size_t scratch_floats;
+  /* Profiling: while profiling is set, ops keep their event pairs in pairs[0 .. n_pairs);
+   * their times are folded into prof_seconds and prof_ops as they are read. prof_lock guards
+   * everything here but the flag. */
+  atomic_int profiling;
+  pthread_mutex_t prof_lock;
+  prof_pair *pairs;
+  size_t n_pairs, cap_pairs;
+  double prof_seconds;
+  uint64_t prof_ops;
 } cuda_dev;
 
 /* ---- errors ---- */
@@ -89,6 +116,93 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* ---- profiling (ABI 3) ---- */
+
+static void pair_destroy(prof_pair *p) {
+  if (p->start) (void)cudaEventDestroy(p->start);
+  if (p->stop) (void)cudaEventDestroy(p->stop);
+  p->start = p->stop = NULL;
+}
+
+/* Folds the kept pairs into the totals and destroys them, oldest first: with wait, all of
+ * them (waiting for each); without, those up to the first that has not finished yet (so
+ * that a long profiled run does not hold an event pair per op). prof_lock held. */
+static void prof_fold(cuda_dev *d, int wait) {
+  size_t i = 0;
+  for (; i < d->n_pairs; i++) {
+    prof_pair *p = &d->pairs[i];
+    cudaError_t e = wait ? cudaEventSynchronize(p->stop) : cudaEventQuery(p->stop);
+    if (e == cudaErrorNotReady) break;
+    float ms = 0.0f;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, p->start, p->stop);
+    if (e == cudaSuccess) {
+      d->prof_seconds += (double)ms * 1e-3;
+      d->prof_ops++;
+    }
+    pair_destroy(p);
+  }
+  (void)cudaGetLastError(); /* cudaErrorNotReady, or a pair that could not be timed */
+  memmove(d->pairs, d->pairs + i, (d->n_pairs - i) * sizeof *d->pairs);
+  d->n_pairs -= i;
+}
+
+/* Destroys the kept pairs without timing them; an event whose work is still enqueued is
+ * released by the runtime once it has happened. prof_lock held. */
+static void prof_discard(cuda_dev *d) {
+  for (size_t i = 0; i < d->n_pairs; i++) pair_destroy(&d->pairs[i]);
+  d->n_pairs = 0;
+}
+
+/* Begins an op on the calling thread: makes the device current and, while profiling is on,
+ * records the op's start event. Profiling never fails an op: a pair that cannot be made is
+ * dropped (with a warning), and the runtime error it left is cleared (see cuda_fail). */
+static clpar_status op_begin(cuda_dev *d, prof_pair *prof) {
+  prof->start = prof->stop = NULL;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK || !atomic_load_explicit(&d->profiling, memory_order_relaxed)) return s;
+  cudaError_t e = cudaEventCreate(&prof->start);
+  if (e == cudaSuccess) e = cudaEventCreate(&prof->stop);
+  if (e == cudaSuccess) e = cudaEventRecord(prof->start, d->stream);
+  if (e != cudaSuccess) {
+    clpar_log(CLPAR_LOG_WARN, "cuda device %d: an op goes unprofiled: %s", d->ordinal,
+              cudaGetErrorName(e));
+    pair_destroy(prof);
+    (void)cudaGetLastError();
+  }
+  return CLPAR_OK;
+}
+
+/* Ends an op begun with op_begin, whose status is s: when it was enqueued and is profiled,
+ * records its stop event after it and keeps the pair. Returns s. */
+static clpar_status op_end(cuda_dev *d, prof_pair *prof, clpar_status s) {
+  if (!prof->start) return s;
+  cudaError_t e = s == CLPAR_OK ? cudaEventRecord(prof->stop, d->stream) : cudaSuccess;
+  if (s != CLPAR_OK || e != cudaSuccess) {
+    if (e != cudaSuccess)
+      clpar_log(CLPAR_LOG_WARN, "cuda device %d: an op goes unprofiled: %s", d->ordinal,
+                cudaGetErrorName(e));
+    pair_destroy(prof);
+    (void)cudaGetLastError();
+    return s;
+  }
+  pthread_mutex_lock(&d->prof_lock);
+  if (d->n_pairs == d->cap_pairs) prof_fold(d, 0);
+  if (d->n_pairs == d->cap_pairs) {
+    size_t cap = d->cap_pairs ? 2 * d->cap_pairs : 256;
+    prof_pair *grown = realloc(d->pairs, cap * sizeof *grown);
+    if (grown) {
+      d->pairs = grown;
+      d->cap_pairs = cap;
+    }
+  }
+  if (d->n_pairs < d->cap_pairs)
+    d->pairs[d->n_pairs++] = *prof;
+  else
+    pair_destroy(prof); /* out of host memory: the op goes uncounted */
+  pthread_mutex_unlock(&d->prof_lock);
+  return s;
+}
+
 /* ---- lifetime and memory ---- */
 
 static void cuda_destroy(void *dev) {
@@ -96,9 +210,14 @@ static void cuda_destroy(void *dev) {
   if (!d) return;
   /* Errors are ignored: at process exit the runtime may already be unloading. */
   if (cudaSetDevice(d->ordinal) == cudaSuccess && d->stream) (void)cudaStreamSynchronize(d->stream);
+  prof_discard(d);
+  free(d->pairs);
+  if (d->scratch) (void)cudaFree(d->scratch);
   if (d->blas) (void)cublasDestroy(d->blas);
   if (d->stream) (void)cudaStreamDestroy(d->stream);
   (void)cudaGetLastError();
+  pthread_mutex_destroy(&d->prof_lock);
+  pthread_mutex_destroy(&d->scratch_lock);
   pthread_mutex_destroy(&d->blas_lock);
   free(d);
 }
@@ -164,11 +283,13 @@ static clpar_status cuda_read(void *dev, const void *buf, size_t off_bytes, void
 static clpar_status cuda_copy(void *dev, void *dst, size_t dst_off_bytes, const void *src,
                               size_t src_off_bytes, size_t bytes) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(cudaMemcpyAsync((char *)dst + dst_off_bytes, (const char *)src + src_off_bytes,
-                                    bytes, cudaMemcpyDeviceToDevice, d->stream),
-                    "cudaMemcpyAsync(device to device)");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(cudaMemcpyAsync((char *)dst + dst_off_bytes, (const char *)src + src_off_bytes,
+                                   bytes, cudaMemcpyDeviceToDevice, d->stream),
+                   "cudaMemcpyAsync(device to device)");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_finish(void *dev) {
@@ -182,41 +303,86 @@ static clpar_status cuda_finish(void *dev) {
 
 static clpar_status cuda_fill(void *dev, clpar_bref out, size_t n, float value) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
   if (s != CLPAR_OK) return s;
   uint32_t bits;
   memcpy(&bits, &value, sizeof bits);
   /* +0.0f is all zero bits: a memset needs no kernel of ours. -0.0f is not, and goes on. */
   if (bits == 0)
-    return cuda_check(cudaMemsetAsync(at(out), 0, n * sizeof(float), d->stream),
-                      "cudaMemsetAsync(fill)");
-  return cuda_check(clpar_cuda_fill(d->stream, at(out), n, value), "fill kernel launch");
+    s = cuda_check(cudaMemsetAsync(at(out), 0, n * sizeof(float), d->stream),
+                   "cudaMemsetAsync(fill)");
+  else
+    s = cuda_check(clpar_cuda_fill(d->stream, at(out), n, value), "fill kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_binary(void *dev, clpar_binary_kind kind, size_t rows, size_t cols,
                                 clpar_bref a, clpar_bref b, size_t b_rows, clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(
-      clpar_cuda_binary(d->stream, (int)kind, rows, cols, at(a), at(b), b_rows, at(out)),
-      "binary kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(
+        clpar_cuda_binary(d->stream, (int)kind, rows, cols, at(a), at(b), b_rows, at(out)),
+        "binary kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_scale(void *dev, size_t n, float alpha, clpar_bref a, clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_scale(d->stream, n, alpha, at(a), at(out)), "scale kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_scale(d->stream, n, alpha, at(a), at(out)), "scale kernel launch");
+  return op_end(d, &prof, s);
 }
 
+/* Makes d->scratch hold at least floats floats; scratch_lock held. The old buffer may still
+ * be in use by enqueued work, so the stream is drained before it is freed (once per size the
+ * scratch grows to: it never needs more than 1024 x 31 floats). */
+static clpar_status scratch_reserve(cuda_dev *d, size_t floats) {
+  if (d->scratch_floats >= floats) return CLPAR_OK;
+  clpar_status s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(scratch)");
+  if (s == CLPAR_OK && d->scratch) {
+    s = cuda_check(cudaFree(d->scratch), "cudaFree(sum_rows scratch)");
+    d->scratch = NULL;
+    d->scratch_floats = 0;
+  }
+  void *p = NULL;
+  if (s == CLPAR_OK)
+    s = cuda_check(cudaMalloc(&p, floats * sizeof(float)), "cudaMalloc(sum_rows scratch)");
+  if (s == CLPAR_OK) {
+    d->scratch = p;
+    d->scratch_floats = floats;
+  }
+  return s;
+}
+
+/* Tall, narrow matrices take two passes through the device's scratch; the lock keeps another
+ * thread from growing it between this op's sizing and its enqueueing. The scratch is sized
+ * before the op's start event, so that a profile does not count the host's cudaMalloc. */
 static clpar_status cuda_sum_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
                                   clpar_bref out) {
   cuda_dev *d = dev;
+  size_t need = clpar_cuda_sum_rows_scratch(rows, cols);
   clpar_status s = use_device(d);
   if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_sum_rows(d->stream, rows, cols, at(a), at(out)),
-                    "sum_rows kernel launch");
+  if (need) {
+    pthread_mutex_lock(&d->scratch_lock);
+    if ((s = scratch_reserve(d, need)) != CLPAR_OK) {
+      pthread_mutex_unlock(&d->scratch_lock);
+      return s;
+    }
+  }
+  prof_pair prof;
+  s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(
+        clpar_cuda_sum_rows(d->stream, rows, cols, at(a), at(out), need ? d->scratch : NULL),
+        "sum_rows kernel launch");
+  if (need) pthread_mutex_unlock(&d->scratch_lock);
+  return op_end(d, &prof, s);
 }
 
 /* cuBLAS is column-major, and a row-major matrix read as column-major is its transpose. So
@@ -228,7 +394,8 @@ static clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, siz
                               float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb,
                               float beta, clpar_bref c, size_t ldc) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
   if (s != CLPAR_OK) return s;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -248,7 +415,7 @@ static clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, siz
 #endif
   }
   pthread_mutex_unlock(&d->blas_lock);
-  return blas_check(st, "cublasSgemm");
+  return op_end(d, &prof, blas_check(st, "cublasSgemm"));
 }
 
 /* ---- training ops (ABI 2) ---- */
@@ -256,54 +423,66 @@ static clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, siz
 static clpar_status cuda_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
                                         clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_broadcast_rows(d->stream, rows, cols, at(a), at(out)),
-                    "broadcast_rows kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_broadcast_rows(d->stream, rows, cols, at(a), at(out)),
+                   "broadcast_rows kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_unary(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a,
                                clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_unary(d->stream, kind, n, at(a), at(out)), "unary kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_unary(d->stream, kind, n, at(a), at(out)), "unary kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_unary_backward(void *dev, clpar_unary_kind kind, size_t n, clpar_bref g,
                                         clpar_bref saved, clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_unary_backward(d->stream, kind, n, at(g), at(saved), at(out)),
-                    "unary_backward kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_unary_backward(d->stream, kind, n, at(g), at(saved), at(out)),
+                   "unary_backward kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_softmax(void *dev, int log, size_t rows, size_t cols, clpar_bref a,
                                  clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_softmax(d->stream, log, rows, cols, at(a), at(out)),
-                    log ? "log_softmax kernel launch" : "softmax kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_softmax(d->stream, log, rows, cols, at(a), at(out)),
+                   log ? "log_softmax kernel launch" : "softmax kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_softmax_backward(void *dev, int log, size_t rows, size_t cols,
                                           clpar_bref y, clpar_bref g, clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_softmax_backward(d->stream, log, rows, cols, at(y), at(g), at(out)),
-                    log ? "log_softmax_backward kernel launch" : "softmax_backward kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_softmax_backward(d->stream, log, rows, cols, at(y), at(g), at(out)),
+                   log ? "log_softmax_backward kernel launch" : "softmax_backward kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                              clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at(labels), at(out)),
-                    "nll kernel launch");
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at(labels), at(out)),
+                   "nll kernel launch");
+  return op_end(d, &prof, s);
 }
 
 /* All zeros but one element per row: a memset at full bandwidth, then one thread per row
@@ -311,39 +490,72 @@ static clpar_status cuda_nll(void *dev, size_t rows, size_t cols, clpar_bref a, 
 static clpar_status cuda_nll_backward(void *dev, size_t rows, size_t cols, clpar_bref labels,
                                       clpar_bref g, clpar_bref out) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
   if (s == CLPAR_OK)
     s = cuda_check(cudaMemsetAsync(at(out), 0, rows * cols * sizeof(float), d->stream),
                    "cudaMemsetAsync(nll_backward)");
-  if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at(labels), at(g), at(out)),
-                    "nll_backward kernel launch");
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at(labels), at(g), at(out)),
+                   "nll_backward kernel launch");
+  return op_end(d, &prof, s);
 }
 
 /* Without momentum the core passes param as buf; the kernel then never touches buf. */
 static clpar_status cuda_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
                                   clpar_bref buf, const clpar_sgd_args *args) {
   cuda_dev *d = dev;
-  clpar_status s = use_device(d);
-  if (s != CLPAR_OK) return s;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
   float *b = args->momentum != 0.0f ? at(buf) : NULL;
-  return cuda_check(clpar_cuda_sgd_step(d->stream, n, at(param), at(grad), b, args),
-                    "sgd_step kernel launch");
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_sgd_step(d->stream, n, at(param), at(grad), b, args),
+                   "sgd_step kernel launch");
+  return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
                                    clpar_bref m, clpar_bref v, const clpar_adam_args *args) {
   cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_adam_step(d->stream, n, at(param), at(grad), at(m), at(v), args),
+                   "adam_step kernel launch");
+  return op_end(d, &prof, s);
+}
+
+/* ---- profiling entries (ABI 3) ---- */
+
+/* Either way the totals restart from zero, and pairs kept so far are dropped. */
+static clpar_status cuda_profile(void *dev, int enable) {
+  cuda_dev *d = dev;
   clpar_status s = use_device(d);
   if (s != CLPAR_OK) return s;
-  return cuda_check(clpar_cuda_adam_step(d->stream, n, at(param), at(grad), at(m), at(v), args),
-                    "adam_step kernel launch");
+  pthread_mutex_lock(&d->prof_lock);
+  prof_discard(d);
+  d->prof_seconds = 0.0;
+  d->prof_ops = 0;
+  atomic_store_explicit(&d->profiling, enable != 0, memory_order_relaxed);
+  pthread_mutex_unlock(&d->prof_lock);
+  return CLPAR_OK;
+}
+
+static clpar_status cuda_profile_read(void *dev, double *seconds, uint64_t *ops) {
+  cuda_dev *d = dev;
+  clpar_status s = cuda_finish(dev);
+  pthread_mutex_lock(&d->prof_lock);
+  prof_fold(d, 1);
+  *seconds = d->prof_seconds;
+  *ops = d->prof_ops;
+  pthread_mutex_unlock(&d->prof_lock);
+  return s;
 }
 
 static const clpar_backend_iface cuda_iface = {
     /* The version whose entries are all filled in below, not CLPAR_BACKEND_ABI_VERSION: a
      * later ABI must not find NULL entries behind a version that claims them. */
-    .abi_version = 2,
+    .abi_version = 3,
     .name = "cuda",
     .destroy = cuda_destroy,
     .alloc = cuda_alloc,
@@ -366,6 +578,8 @@ static const clpar_backend_iface cuda_iface = {
     .nll_backward = cuda_nll_backward,
     .sgd_step = cuda_sgd_step,
     .adam_step = cuda_adam_step,
+    .profile = cuda_profile,
+    .profile_read = cuda_profile_read,
 };
 
 /* ---- probe ---- */
@@ -381,6 +595,9 @@ static clpar_status cuda_dev_create(int ordinal, cuda_dev **out) {
   if (!d) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   d->ordinal = ordinal;
   pthread_mutex_init(&d->blas_lock, NULL);
+  pthread_mutex_init(&d->scratch_lock, NULL);
+  pthread_mutex_init(&d->prof_lock, NULL);
+  atomic_init(&d->profiling, 0);
   clpar_status s = use_device(d);
   if (s == CLPAR_OK)
     s = cuda_check(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking),

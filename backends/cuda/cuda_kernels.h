@@ -36,9 +36,14 @@ cudaError_t clpar_cuda_binary(cudaStream_t stream, int kind, size_t rows, size_t
 cudaError_t clpar_cuda_scale(cudaStream_t stream, size_t n, float alpha, const float *a,
                              float *out);
 
-/* out[c] = sum over r < rows of a[r, c] (kernels/cuda/sum_rows.cu) */
+/* out[c] = sum over r < rows of a[r, c] (kernels/cuda/sum_rows.cu). A tall matrix with few
+ * columns is summed in two passes through scratch, a device buffer of at least
+ * clpar_cuda_sum_rows_scratch(rows, cols) floats that no other work on the stream may use
+ * until both passes have run (stream order gives that to the next op); scratch may be NULL
+ * when that count is 0, and a NULL scratch where one is needed is cudaErrorInvalidValue. */
+size_t clpar_cuda_sum_rows_scratch(size_t rows, size_t cols);
 cudaError_t clpar_cuda_sum_rows(cudaStream_t stream, size_t rows, size_t cols, const float *a,
-                                float *out);
+                                float *out, float *scratch);
 
 /* ---- ABI 2: training ---- */
 

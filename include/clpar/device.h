@@ -64,7 +64,7 @@ CLPAR_API clpar_status clpar_device_synchronize(clpar_device *dev);
  * GEMMs and device-local copies ran (host transfers are not counted). read waits for the
  * device and gives the totals since start; comparing them with wall time shows how much of a
  * step the library spends outside kernels. CLPAR_ERROR_UNSUPPORTED where a backend cannot
- * (OpenCL can; host and CUDA do not record yet). */
+ * (OpenCL and CUDA record; the host backend does not). */
 typedef struct clpar_profile {
   double device_seconds;
   uint64_t ops;
