@@ -3,8 +3,8 @@
  *
  * For each n in 256, 512, 1024, 2048: C = A @ B through clpar_gemm (in place, beta 0) and
  * through the library on a context/stream of our own on the same device, timed in interleaved
- * rounds (both warmed up first; the best round of each counts). Prints one JSON object per n
- * with both GFLOP/s figures and their ratio (clpar / raw).
+ * rounds (both warmed up first; ABBA order; the best round of each counts). Prints one JSON object
+ * per n with both GFLOP/s figures and their ratio (clpar / raw).
  *
  *   POCL_DEVICES=pthread ./bench_gemm [device-index] [n ...]
  *   CLPAR_DEVICES=cuda:0 ./bench_gemm */
@@ -172,28 +172,38 @@ static int bench_n(clpar_device *dev, const raw_impl *impl, int ordinal, int64_t
   int64_t shape[] = {n, n};
   clpar_tensor *a = NULL, *b = NULL, *c = NULL;
   void *raw = NULL;
+  int rounds = 0;
   int ok = bench_ok(clpar_tensor_from_host(dev, 2, shape, ha, &a), "A") &&
            bench_ok(clpar_tensor_from_host(dev, 2, shape, hb, &b), "B") &&
            bench_ok(clpar_tensor_zeros(dev, 2, shape, &c), "C") &&
            (raw = impl->setup(ordinal, (size_t)n, ha, hb));
   if (ok) {
-    /* Warm up both (kernel compilation), then size the repetitions to ~0.3 s a round. */
+    /* Warm up both (kernel compilation), then size a round to ~0.1 s and run as many rounds
+     * as fit in ~10 s (5 to 31), in ABBA order so that a drift in the machine's speed falls
+     * on both sides; the best round of each counts. */
     time_clpar(a, b, c, 1);
     impl->time(raw, (size_t)n, 1);
     double one = time_clpar(a, b, c, 1);
-    int reps = one > 0.3 ? 1 : (int)(0.3 / one) + 1;
+    int reps = one > 0.1 ? 1 : (int)(0.1 / one) + 1;
+    rounds = (int)(10.0 / (2.0 * one * reps));
+    rounds = rounds < 5 ? 5 : rounds > 31 ? 31 : rounds;
     double best_clpar = 1e30, best_raw = 1e30;
-    for (int round = 0; round < 5; round++) {
-      double t = time_clpar(a, b, c, reps);
-      if (t < best_clpar) best_clpar = t;
-      t = impl->time(raw, (size_t)n, reps);
-      if (t < best_raw) best_raw = t;
+    for (int round = 0; round < rounds; round++) {
+      for (int side = 0; side < 2; side++) {
+        if ((side == 0) == (round % 2 == 0)) {
+          double t = time_clpar(a, b, c, reps);
+          if (t < best_clpar) best_clpar = t;
+        } else {
+          double t = impl->time(raw, (size_t)n, reps);
+          if (t < best_raw) best_raw = t;
+        }
+      }
     }
     double flop = 2.0 * (double)n * (double)n * (double)n;
     printf(
-        "{\"bench\": \"gemm\", \"device\": \"%s\", \"n\": %lld, \"reps\": %d, \"rounds\": 5, "
+        "{\"bench\": \"gemm\", \"device\": \"%s\", \"n\": %lld, \"reps\": %d, \"rounds\": %d, "
         "\"clpar_gflops\": %.2f, \"%s_gflops\": %.2f, \"ratio\": %.4f}\n",
-        clpar_device_id(dev), (long long)n, reps, flop / best_clpar / 1e9, impl->name,
+        clpar_device_id(dev), (long long)n, reps, rounds, flop / best_clpar / 1e9, impl->name,
         flop / best_raw / 1e9, best_raw / best_clpar);
     fflush(stdout);
   } else {
