@@ -19,6 +19,26 @@ static inline int bench_ok(clpar_status s, const char *what) {
   return s == CLPAR_OK;
 }
 
+/* Linear(in, hidden) -> ReLU -> Linear(hidden, hidden) -> ReLU -> Linear(hidden, out) on dev,
+ * from a fixed seed; NULL (the reason on stderr) on failure. */
+static inline clpar_module *bench_mlp(int64_t in, int64_t hidden, int64_t out, clpar_device *dev) {
+  clpar_module *l[5], *m = NULL;
+  clpar_manual_seed(3);
+  if (bench_ok(clpar_linear_create(in, hidden, 1, dev, &l[0]), "Linear") &&
+      bench_ok(clpar_relu_create(&l[1]), "ReLU") &&
+      bench_ok(clpar_linear_create(hidden, hidden, 1, dev, &l[2]), "Linear") &&
+      bench_ok(clpar_relu_create(&l[3]), "ReLU") &&
+      bench_ok(clpar_linear_create(hidden, out, 1, dev, &l[4]), "Linear"))
+    bench_ok(clpar_sequential_create(l, 5, &m), "Sequential");
+  return m;
+}
+
+/* A fixed batch: x [batch, in] in [-0.5, 0.5), labels cycling through the classes. */
+static inline void bench_batch(float *x, int32_t *y, int64_t batch, int64_t in, int32_t classes) {
+  for (int64_t i = 0; i < batch * in; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  for (int64_t i = 0; i < batch; i++) y[i] = (int32_t)(i % classes);
+}
+
 /* One training step of a classifier: upload the batch [batch, in] to dev, zero the
  * gradients, forward, cross-entropy, backward, optimizer step; nothing waits for the device.
  * Every temporary is released by a scope. Returns 1 on success. */

@@ -16,18 +16,6 @@
 
 enum { BATCH = 512, IN = 1024, HIDDEN = 1024, OUT = 16 };
 
-static clpar_module *make_model(clpar_device *dev) {
-  clpar_module *l[5], *m = NULL;
-  clpar_manual_seed(3);
-  if (bench_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &l[0]), "Linear") &&
-      bench_ok(clpar_relu_create(&l[1]), "ReLU") &&
-      bench_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &l[2]), "Linear") &&
-      bench_ok(clpar_relu_create(&l[3]), "ReLU") &&
-      bench_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &l[4]), "Linear"))
-    bench_ok(clpar_sequential_create(l, 5, &m), "Sequential");
-  return m;
-}
-
 static int step(clpar_module *m, clpar_optimizer *opt, clpar_device *dev, const float *x,
                 const int32_t *y) {
   return bench_train_step(m, opt, dev, x, y, BATCH, IN);
@@ -45,7 +33,7 @@ static int setup(config *c, int n, const float *x, const int32_t *y) {
   clpar_device *devs[2] = {clpar_device_get(0), clpar_device_get(1)};
   clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
-  clpar_module *model = make_model(devs[0]);
+  clpar_module *model = bench_mlp(IN, HIDDEN, OUT, devs[0]);
   c->n = n;
   c->best = 1e30;
   /* two warm-up steps: kernels compile, the allocators' caches fill */
@@ -99,8 +87,7 @@ int main(int argc, char **argv) {
   }
   float *x = malloc(sizeof(float) * BATCH * IN);
   int32_t y[BATCH];
-  for (int i = 0; i < BATCH * IN; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
-  for (int i = 0; i < BATCH; i++) y[i] = i % OUT;
+  bench_batch(x, y, BATCH, IN, OUT);
   /* Rounds alternate between one and two devices, so that the machine's other load falls on
    * both; the best round of each counts. */
   config one = {0}, two = {0};

@@ -40,18 +40,11 @@ int main(int argc, char **argv) {
   }
   float *x = malloc(sizeof(float) * BATCH * IN);
   int32_t y[BATCH];
-  for (int i = 0; i < BATCH * IN; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
-  for (int i = 0; i < BATCH; i++) y[i] = i % OUT;
-  clpar_module *layers[5], *mlp = NULL;
+  bench_batch(x, y, BATCH, IN, OUT);
+  clpar_module *mlp = bench_mlp(IN, HIDDEN, OUT, dev);
   clpar_optimizer *opt = NULL;
   clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-  int good = bench_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]), "Linear") &&
-             bench_ok(clpar_relu_create(&layers[1]), "ReLU") &&
-             bench_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]), "Linear") &&
-             bench_ok(clpar_relu_create(&layers[3]), "ReLU") &&
-             bench_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[4]), "Linear") &&
-             bench_ok(clpar_sequential_create(layers, 5, &mlp), "Sequential") &&
-             bench_ok(clpar_adam_create_for(mlp, &adam, &opt), "Adam");
+  int good = mlp && bench_ok(clpar_adam_create_for(mlp, &adam, &opt), "Adam");
   /* Two warm-up steps: kernels compile and the allocator's cache fills. */
   good = good && timed(mlp, opt, dev, x, y, 2) > 0;
   clpar_memory_stats m0, m1;

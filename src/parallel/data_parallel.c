@@ -329,7 +329,8 @@ static double max_of(const replica_run *runs, int n, size_t offset) {
   return m;
 }
 
-static void add_stats(dp_state *st, const replica_run *runs, int used, const double main_thread[3]) {
+static void add_stats(dp_state *st, const replica_run *runs, int used,
+                      const double main_thread[3]) {
   pthread_mutex_lock(&st->stats_lock);
   st->stats.forwards++;
   st->stats.scatter_seconds +=
