@@ -1,23 +1,37 @@
-/* backend.h — the private interface between clpar's core and a backend (opencl, cuda, host).
+/* backend.h — the private interface between clpar's core and a backend (opencl, cuda, host),
+ * and the only clpar header a backend includes: errors, logging and device registration are
+ * declared here, so a backend never sees the core's tensors, nodes or devices.
  *
- * A backend's probe function reports its devices; each device is a table of function
- * pointers (clpar_backend_iface, shared by every device of that backend) plus the backend's
- * own context pointer. The core never sees cl_mem, CUdeviceptr or a platform id: buffers are
- * opaque void* handles made by alloc, and every op receives buffer + element offset pairs.
+ * A backend's probe function reports its devices; each device is a table of entries
+ * (clpar_backend_iface, shared by every device of that backend) plus the backend's own context
+ * pointer. The core never sees cl_mem, CUdeviceptr or a platform id: buffers, host staging
+ * blocks and events are opaque void* handles, and ops receive buffer + element offset pairs.
+ *
+ * The entries come from one X-macro list, CLPAR_BACKEND_ENTRIES: the table's members, the
+ * backends' tables (CLPAR_BACKEND_TABLE), the core's completeness check and its dispatch
+ * functions (src/dispatch.c) are all generated from it, so an entry is added in one place.
+ *
+ * Two kinds of entry:
+ * - DIRECT entries (alloc, release, events' query/then/free, supports_op) may be called from
+ *   any host thread at any time; the backend makes them thread-safe.
+ * - QUEUE entries enqueue work on the device's one in-order queue (stream). The core calls
+ *   them only from the device's worker thread (src/worker.c), one at a time and in order, so
+ *   a backend needs no lock around them, and PoCL's devices, whose `basic` driver runs a
+ *   kernel in the thread that enqueues it, each get a thread of their own. They return
+ *   without waiting for the device; `read`, `write` and `host_alloc` may complete later
+ *   (the core keeps their host memory alive until an event recorded after them completes).
  *
  * Rules every backend follows:
- * - Ops enqueue work on the device's one in-order queue (stream) and return without waiting.
- *   read waits for all earlier work; write may return before the copy is done only if it has
- *   copied src first (the caller may reuse src at once).
  * - Every entry returns a clpar_status and, on error, sets the thread-local message with
- *   clpar_set_error (src/internal.h) naming what failed and the driver's error name
+ *   clpar_set_error naming what failed and the driver's error name
  *   ("clEnqueueNDRangeKernel(binary): CL_OUT_OF_RESOURCES"); the core prefixes the device id.
  * - Offsets and counts are in float elements unless the name says bytes.
- * - An entry may be called from any host thread; a backend serializes what its driver needs
- *   serialized (OpenCL kernel arguments, for example) with its own per-device lock.
  * - The core validates shapes before calling: a backend may assume counts >= 1 and buffers
  *   large enough.
- */
+ * - Entries marked optional (required = 0) may be NULL: the core composes the fused ops
+ *   (nll, softmax backward, optimizer steps) from primitives then (src/compose.c), and a
+ *   device without profiling cannot be profiled. supports_op lets a backend refuse a fused op
+ *   for some devices only. */
 #ifndef CLPAR_BACKEND_H
 #define CLPAR_BACKEND_H
 
@@ -25,11 +39,27 @@
 #include <stdint.h>
 
 #include "clpar/device.h"
+#include "clpar/log.h"
 #include "clpar/status.h"
+#include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 3
-/* The oldest ABI a backend may declare: every entry up to it is required. */
-#define CLPAR_BACKEND_ABI_REQUIRED 2
+#define CLPAR_BACKEND_ABI_VERSION 4
+
+#if defined(__GNUC__)
+#define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define CLPAR_PRINTF(f, a)
+#endif
+
+/* ---- what the core gives a backend ---- */
+
+/* Sets the thread-local error message and returns status, so that a failure path reads
+ * `return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "add: a is [%s], b is [%s]", ...)`. */
+clpar_status clpar_set_error(clpar_status status, const char *fmt, ...) CLPAR_PRINTF(2, 3);
+/* Appends text to the current error message (a build log, say). */
+void clpar_append_error(const char *fmt, ...) CLPAR_PRINTF(1, 2);
+/* Logs to stderr or the user's callback, by level (never to stdout). */
+void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
 
 /* A buffer and an offset into it, in floats. */
 typedef struct clpar_bref {
@@ -40,13 +70,17 @@ typedef struct clpar_bref {
 typedef enum clpar_binary_kind {
   CLPAR_BINARY_ADD = 0,
   CLPAR_BINARY_SUB = 1,
-  CLPAR_BINARY_MUL = 2
+  CLPAR_BINARY_MUL = 2,
+  CLPAR_BINARY_DIV = 3
 } clpar_binary_kind;
 
 typedef enum clpar_unary_kind {
   CLPAR_UNARY_RELU = 0,
   CLPAR_UNARY_SIGMOID = 1,
-  CLPAR_UNARY_TANH = 2
+  CLPAR_UNARY_TANH = 2,
+  CLPAR_UNARY_EXP = 3,  /* forward only */
+  CLPAR_UNARY_SQRT = 4, /* forward only */
+  CLPAR_UNARY_NEG = 5   /* forward only */
 } clpar_unary_kind;
 
 /* One SGD update with PyTorch's rule (torch.optim.SGD), per element:
@@ -70,82 +104,166 @@ typedef struct clpar_adam_args {
   int decoupled;
 } clpar_adam_args;
 
+/* Called once an event has completed, from any thread (a driver's, or the one that asked).
+ * It must not call into clpar or the driver; it may take a lock and signal. */
+typedef void (*clpar_event_fn)(void *user, clpar_status status);
+
+/* ---- the entries ----
+ *
+ * CLPAR_BACKEND_ENTRIES(X) calls X(name, kind, required) once per entry, in table order;
+ * CLPAR_BE_ARGS_<name>(F) calls F(type, field) once per argument after `void *dev`. Every
+ * entry returns clpar_status. */
+#define CLPAR_BACKEND_ENTRIES(X) \
+  X(destroy, DIRECT, 1)          \
+  X(alloc, DIRECT, 1)            \
+  X(release, DIRECT, 1)          \
+  X(event_query, DIRECT, 1)      \
+  X(event_then, DIRECT, 1)       \
+  X(event_free, DIRECT, 1)       \
+  X(supports_op, DIRECT, 0)      \
+  X(host_alloc, QUEUE, 1)        \
+  X(host_free, QUEUE, 1)         \
+  X(write, QUEUE, 1)             \
+  X(read, QUEUE, 1)              \
+  X(copy, QUEUE, 1)              \
+  X(finish, QUEUE, 1)            \
+  X(event_record, QUEUE, 1)      \
+  X(fill, QUEUE, 1)              \
+  X(binary, QUEUE, 1)            \
+  X(scale, QUEUE, 1)             \
+  X(sum_rows, QUEUE, 1)          \
+  X(gemm, QUEUE, 1)              \
+  X(broadcast_rows, QUEUE, 1)    \
+  X(unary, QUEUE, 1)             \
+  X(unary_backward, QUEUE, 1)    \
+  X(softmax, QUEUE, 1)           \
+  X(softmax_backward, QUEUE, 0)  \
+  X(nll, QUEUE, 0)               \
+  X(nll_backward, QUEUE, 0)      \
+  X(sgd_step, QUEUE, 0)          \
+  X(adam_step, QUEUE, 0)         \
+  X(profile, QUEUE, 0)           \
+  X(profile_read, QUEUE, 0)
+
+/* Releases the device context and everything it owns; its queue is idle and its buffers and
+ * staging blocks are all released first. */
+#define CLPAR_BE_ARGS_destroy(F)
+/* Memory. alloc must not return a buffer smaller than bytes. An allocation the driver
+ * refuses for lack of memory returns CLPAR_ERROR_OUT_OF_MEMORY (the core then empties its
+ * cache and tries once more). release may be called while queued work still uses the buffer
+ * only if the driver defers the free (OpenCL, CUDA do); the core drains the host device's
+ * queue before it frees a cached host buffer. */
+#define CLPAR_BE_ARGS_alloc(F) F(size_t, bytes) F(void **, buf)
+#define CLPAR_BE_ARGS_release(F) F(void *, buf)
+/* Events: an event marks the completion of every command enqueued before event_record.
+ * record may give NULL for "already complete" (a synchronous backend). query sets *done;
+ * then calls fn(user, status) once the event completed (at once if it has, possibly on
+ * this thread); free releases the handle (the wait, if any, is not cancelled). */
+#define CLPAR_BE_ARGS_event_query(F) F(void *, ev) F(int *, done)
+#define CLPAR_BE_ARGS_event_then(F) F(void *, ev) F(clpar_event_fn, fn) F(void *, user)
+#define CLPAR_BE_ARGS_event_free(F) F(void *, ev)
+#define CLPAR_BE_ARGS_event_record(F) F(void **, ev)
+/* *yes = 1 when the device runs the optional entry named op ("nll", ...) itself. */
+#define CLPAR_BE_ARGS_supports_op(F) F(const char *, op) F(int *, yes)
+/* Host memory the device transfers from and to at full speed (pinned: OpenCL
+ * CL_MEM_ALLOC_HOST_PTR mapped, CUDA cudaMallocHost; plain memory on the host backend).
+ * *handle is what host_free takes, *ptr the memory. */
+#define CLPAR_BE_ARGS_host_alloc(F) F(size_t, bytes) F(void **, handle) F(void **, ptr)
+#define CLPAR_BE_ARGS_host_free(F) F(void *, handle)
+/* Transfers between host memory and a buffer. Both may return before the copy is done: the
+ * host memory stays valid, and untouched by the core, until a later event completes. */
+#define CLPAR_BE_ARGS_write(F) \
+  F(void *, buf) F(size_t, off_bytes) F(const void *, src) F(size_t, bytes)
+#define CLPAR_BE_ARGS_read(F) \
+  F(const void *, buf) F(size_t, off_bytes) F(void *, dst) F(size_t, bytes)
+/* Device-local copy; the ranges may overlap. */
+#define CLPAR_BE_ARGS_copy(F) \
+  F(void *, dst)              \
+  F(size_t, dst_off_bytes) F(const void *, src) F(size_t, src_off_bytes) F(size_t, bytes)
+/* Waits until every enqueued operation has finished (the worker's own wait). */
+#define CLPAR_BE_ARGS_finish(F)
+/* out[i] = value, i < n */
+#define CLPAR_BE_ARGS_fill(F) F(clpar_bref, out) F(size_t, n) F(float, value)
+/* out[r,c] = a[r,c] (op) b[b_rows == 1 ? 0 : r, c], r < rows, c < cols; b_rows is 1 or
+ * rows. out may alias a or b exactly. */
+#define CLPAR_BE_ARGS_binary(F)                                                       \
+  F(clpar_binary_kind, kind)                                                          \
+  F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, b) F(size_t, b_rows) \
+      F(clpar_bref, out)
+/* out[i] = alpha * a[i], i < n; out may alias a. */
+#define CLPAR_BE_ARGS_scale(F) F(size_t, n) F(float, alpha) F(clpar_bref, a) F(clpar_bref, out)
+/* out[c] = sum over r < rows of a[r, c], c < cols (a row-major, rows x cols). */
+#define CLPAR_BE_ARGS_sum_rows(F) \
+  F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* Row-major SGEMM: C = alpha * op(A) @ op(B) + beta * C, op(A) m x k, op(B) k x n,
+ * leading dimensions in elements (row-major: the row stride of the matrix as stored).
+ * beta == 0 means C's old contents are ignored (NaN in C must not leak through). */
+#define CLPAR_BE_ARGS_gemm(F)                                                             \
+  F(int, trans_a)                                                                         \
+  F(int, trans_b) F(size_t, m) F(size_t, n) F(size_t, k) F(float, alpha) F(clpar_bref, a) \
+      F(size_t, lda) F(clpar_bref, b) F(size_t, ldb) F(float, beta) F(clpar_bref, c)      \
+          F(size_t, ldc)
+/* out[r, c] = a[c], r < rows, c < cols: one row repeated (cols == 1: a scalar). */
+#define CLPAR_BE_ARGS_broadcast_rows(F) \
+  F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* out[i] = f(a[i]), i < n: relu max(x, 0), sigmoid 1/(1+exp(-x)), tanh, exp, sqrt, -x.
+ * out may alias a. */
+#define CLPAR_BE_ARGS_unary(F) \
+  F(clpar_unary_kind, kind) F(size_t, n) F(clpar_bref, a) F(clpar_bref, out)
+/* out[i] = g[i] * f'(.), from saved = the input x for relu (1 where x > 0, else 0) and
+ * saved = the output y for sigmoid (y (1 - y)) and tanh (1 - y^2). out may alias g. */
+#define CLPAR_BE_ARGS_unary_backward(F) \
+  F(clpar_unary_kind, kind) F(size_t, n) F(clpar_bref, g) F(clpar_bref, saved) F(clpar_bref, out)
+/* Row-wise softmax over cols (log == 0) or log-softmax (log == 1), subtracting the row's
+ * maximum first so that large inputs do not overflow. */
+#define CLPAR_BE_ARGS_softmax(F) \
+  F(int, log) F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* Its gradient from the forward's output y and g, per row:
+ *   softmax:     out = y * (g - sum_c(g * y))
+ *   log-softmax: out = g - exp(y) * sum_c(g) */
+#define CLPAR_BE_ARGS_softmax_backward(F) \
+  F(int, log) F(size_t, rows) F(size_t, cols) F(clpar_bref, y) F(clpar_bref, g) F(clpar_bref, out)
+/* out[r] = -a[r, labels[r]]; labels holds one class index per row as a float (exact below
+ * 2^24), already checked to be in 0 .. cols-1. */
+#define CLPAR_BE_ARGS_nll(F) \
+  F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, labels) F(clpar_bref, out)
+/* out[r, c] = c == labels[r] ? -g[r] : 0 */
+#define CLPAR_BE_ARGS_nll_backward(F) \
+  F(size_t, rows) F(size_t, cols) F(clpar_bref, labels) F(clpar_bref, g) F(clpar_bref, out)
+/* In place, n elements (see clpar_sgd_args); buf is ignored when momentum == 0. The args
+ * are copied when the op is queued. */
+#define CLPAR_BE_ARGS_sgd_step(F) \
+  F(size_t, n) F(clpar_bref, param) F(clpar_bref, grad) F(clpar_bref, buf) F(clpar_sgd_args, args)
+/* In place, n elements (see clpar_adam_args). */
+#define CLPAR_BE_ARGS_adam_step(F)                                           \
+  F(size_t, n)                                                               \
+  F(clpar_bref, param) F(clpar_bref, grad) F(clpar_bref, m) F(clpar_bref, v) \
+      F(clpar_adam_args, args)
+/* Turns recording of device time on or off; either way the totals restart from zero. */
+#define CLPAR_BE_ARGS_profile(F) F(int, enable)
+/* Waits for the queue, then gives the device time of the ops enqueued since recording was
+ * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
+#define CLPAR_BE_ARGS_profile_read(F) F(double *, seconds) F(uint64_t *, ops)
+
+#define CLPAR_BE_PARAM_(type, field) , type field
+
 typedef struct clpar_backend_iface {
   int abi_version;  /* CLPAR_BACKEND_ABI_VERSION */
   const char *name; /* "opencl", "cuda", "host" */
-
-  /* Releases the device context and everything it owns. Buffers are all released first. */
-  void (*destroy)(void *dev);
-
-  /* Memory. alloc must not return a buffer smaller than bytes. An allocation the driver
-   * refuses for lack of memory returns CLPAR_ERROR_OUT_OF_MEMORY (the core then empties its
-   * cache and tries once more). */
-  clpar_status (*alloc)(void *dev, size_t bytes, void **buf);
-  void (*release)(void *dev, void *buf);
-  clpar_status (*write)(void *dev, void *buf, size_t off_bytes, const void *src, size_t bytes);
-  clpar_status (*read)(void *dev, const void *buf, size_t off_bytes, void *dst, size_t bytes);
-  /* Device-local copy, enqueued. */
-  clpar_status (*copy)(void *dev, void *dst, size_t dst_off_bytes, const void *src,
-                       size_t src_off_bytes, size_t bytes);
-  /* Waits until every enqueued operation has finished. */
-  clpar_status (*finish)(void *dev);
-
-  /* out[i] = value, i < n */
-  clpar_status (*fill)(void *dev, clpar_bref out, size_t n, float value);
-  /* out[r,c] = a[r,c] (op) b[b_rows == 1 ? 0 : r, c], r < rows, c < cols; b_rows is 1 or
-   * rows. out may alias a or b exactly. */
-  clpar_status (*binary)(void *dev, clpar_binary_kind kind, size_t rows, size_t cols, clpar_bref a,
-                         clpar_bref b, size_t b_rows, clpar_bref out);
-  /* out[i] = alpha * a[i], i < n; out may alias a. */
-  clpar_status (*scale)(void *dev, size_t n, float alpha, clpar_bref a, clpar_bref out);
-  /* out[c] = sum over r < rows of a[r, c], c < cols (a row-major, rows x cols). */
-  clpar_status (*sum_rows)(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref out);
-  /* Row-major SGEMM: C = alpha * op(A) @ op(B) + beta * C, op(A) m x k, op(B) k x n,
-   * leading dimensions in elements (row-major: the row stride of the matrix as stored).
-   * beta == 0 means C's old contents are ignored (NaN in C must not leak through). */
-  clpar_status (*gemm)(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                       float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb, float beta,
-                       clpar_bref c, size_t ldc);
-
-  /* ---- ABI 2: training ---- */
-  /* out[r, c] = a[c], r < rows, c < cols: one row repeated (cols == 1: a scalar). */
-  clpar_status (*broadcast_rows)(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref out);
-  /* out[i] = f(a[i]), i < n: relu max(x, 0), sigmoid 1/(1+exp(-x)), tanh. out may alias a. */
-  clpar_status (*unary)(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a, clpar_bref out);
-  /* out[i] = g[i] * f'(.), from saved = the input x for relu (1 where x > 0, else 0) and
-   * saved = the output y for sigmoid (y (1 - y)) and tanh (1 - y^2). out may alias g. */
-  clpar_status (*unary_backward)(void *dev, clpar_unary_kind kind, size_t n, clpar_bref g,
-                                 clpar_bref saved, clpar_bref out);
-  /* Row-wise softmax over cols (log == 0) or log-softmax (log == 1), subtracting the row's
-   * maximum first so that large inputs do not overflow. */
-  clpar_status (*softmax)(void *dev, int log, size_t rows, size_t cols, clpar_bref a,
-                          clpar_bref out);
-  /* Its gradient from the forward's output y and g, per row:
-   *   softmax:     out = y * (g - sum_c(g * y))
-   *   log-softmax: out = g - exp(y) * sum_c(g) */
-  clpar_status (*softmax_backward)(void *dev, int log, size_t rows, size_t cols, clpar_bref y,
-                                   clpar_bref g, clpar_bref out);
-  /* out[r] = -a[r, labels[r]]; labels holds one class index per row as a float (exact below
-   * 2^24), already checked to be in 0 .. cols-1. */
-  clpar_status (*nll)(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
-                      clpar_bref out);
-  /* out[r, c] = c == labels[r] ? -g[r] : 0 */
-  clpar_status (*nll_backward)(void *dev, size_t rows, size_t cols, clpar_bref labels, clpar_bref g,
-                               clpar_bref out);
-  /* In place, n elements (see clpar_sgd_args); buf is ignored when momentum == 0. */
-  clpar_status (*sgd_step)(void *dev, size_t n, clpar_bref param, clpar_bref grad, clpar_bref buf,
-                           const clpar_sgd_args *args);
-  /* In place, n elements (see clpar_adam_args). */
-  clpar_status (*adam_step)(void *dev, size_t n, clpar_bref param, clpar_bref grad, clpar_bref m,
-                            clpar_bref v, const clpar_adam_args *args);
-
-  /* ---- ABI 3: profiling; both may be NULL (the device then cannot be profiled) ---- */
-  /* Turns recording of device time on or off; either way the totals restart from zero. */
-  clpar_status (*profile)(void *dev, int enable);
-  /* Waits for the queue, then gives the device time of the ops enqueued since recording was
-   * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
-  clpar_status (*profile_read)(void *dev, double *seconds, uint64_t *ops);
+#define CLPAR_BE_MEMBER_(name, kind, required) \
+  clpar_status (*name)(void *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+  CLPAR_BACKEND_ENTRIES(CLPAR_BE_MEMBER_)
+#undef CLPAR_BE_MEMBER_
 } clpar_backend_iface;
+
+/* A backend's table: CLPAR_BACKEND_TABLE(ocl, "opencl") expands to the initializer
+ * {4, "opencl", ocl_destroy, ocl_alloc, ...}; prefix_<entry> must exist for every entry,
+ * or be defined as NULL (`#define ocl_supports_op NULL`) for an optional one. */
+#define CLPAR_BE_INIT_(name, kind, required) , CLPAR_BE_CAT_(CLPAR_BE_PREFIX_, _##name)
+#define CLPAR_BE_CAT_(a, b) CLPAR_BE_CAT2_(a, b)
+#define CLPAR_BE_CAT2_(a, b) a##b
+#define CLPAR_BACKEND_TABLE(name_string) \
+  { CLPAR_BACKEND_ABI_VERSION, name_string CLPAR_BACKEND_ENTRIES(CLPAR_BE_INIT_) }
 
 /* One device as a backend reports it. info.id is left empty: the core numbers devices
  * ("opencl:0", ...) in the order a backend reports them. */

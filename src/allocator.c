@@ -3,9 +3,11 @@
  * driver (driver allocations cost far more than an op, and some drivers synchronize on them).
  *
  * Requests are rounded up (512 bytes below 1 MiB, 64 KiB above) and served best-fit from the
- * cache within 25% of waste. Reuse is safe without events because each device runs its ops
- * in order on one queue: work enqueued after a buffer's reuse runs after the work that used it
- * before. */
+ * cache within 25% of waste. Reuse needs no event for the device's own work, which runs in
+ * order on its one queue: work posted after a buffer's reuse runs after the work that used it
+ * before. Work of another device's queue on the buffer (a transfer reading or writing it) is
+ * another matter: such a buffer comes back with the events of that work (clpar_busy) and is
+ * not handed out again before they completed. */
 #include <stdlib.h>
 
 #include "internal.h"
@@ -13,8 +15,16 @@
 struct clpar_block {
   void *buf;
   size_t size;
+  clpar_busy *busy; /* other devices' work still on it, or NULL */
   clpar_block *next;
 };
+
+static void busy_free(clpar_busy *b) {
+  if (!b) return;
+  clpar_busy_clear(b);
+  pthread_mutex_destroy(&b->lock);
+  free(b);
+}
 
 static size_t round_size(size_t bytes) {
   size_t quantum = bytes < ((size_t)1 << 20) ? 512 : ((size_t)64 << 10);
@@ -28,17 +38,29 @@ static clpar_block *take_cached(clpar_device *dev, size_t size) {
     clpar_block *b = *p;
     if (b->size < size) continue;
     if (b->size > size + size / 4) return NULL; /* sorted: nothing closer follows */
+    if (b->busy) {
+      if (!clpar_busy_idle(b->busy)) continue; /* another queue still works on it */
+      busy_free(b->busy);
+      b->busy = NULL;
+    }
     *p = b->next;
     return b;
   }
   return NULL;
 }
 
+/* The device's queue is drained first: the host backend frees at once, and cached blocks may
+ * still be used by work posted before they were freed. */
 static void release_all_locked(clpar_device *dev) {
   clpar_block *b = dev->free_blocks;
+  if (b && dev->worker) clpar_worker_drain(dev);
   while (b) {
     clpar_block *next = b->next;
-    dev->bd.iface->release(dev->bd.ctx, b->buf);
+    if (b->busy) { /* drained: every transfer that touched it completed too */
+      for (int i = 0; i < b->busy->count; i++) clpar_event_sync(b->busy->events[i]);
+      busy_free(b->busy);
+    }
+    clpar_dev_release(dev, b->buf);
     dev->stats.driver_frees++;
     dev->stats.bytes_cached -= b->size;
     free(b);
@@ -89,11 +111,19 @@ clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, siz
   return s;
 }
 
-void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity) {
+void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy *busy) {
+  if (busy && clpar_busy_idle(busy)) {
+    busy_free(busy);
+    busy = NULL;
+  }
   clpar_block *b = malloc(sizeof *b);
   pthread_mutex_lock(&dev->alloc_lock);
   dev->stats.bytes_in_use -= capacity;
-  if (!b) { /* cannot cache it: give it straight back */
+  if (!b) { /* cannot cache it: give it straight back once nothing uses it */
+    if (dev->worker) clpar_worker_drain(dev);
+    if (busy)
+      for (int i = 0; i < busy->count; i++) clpar_event_sync(busy->events[i]);
+    busy_free(busy);
     dev->bd.iface->release(dev->bd.ctx, buf);
     dev->stats.driver_frees++;
     pthread_mutex_unlock(&dev->alloc_lock);
@@ -101,6 +131,7 @@ void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity) {
   }
   b->buf = buf;
   b->size = capacity;
+  b->busy = busy;
   clpar_block **p = &dev->free_blocks;
   while (*p && (*p)->size < capacity) p = &(*p)->next;
   b->next = *p;

@@ -3,11 +3,9 @@
  * An op whose input requires a gradient attaches a node to its result: the inputs (retained),
  * what backward needs, and a backward function. clpar_backward orders the nodes reachable from
  * the loss, counts each node's consumers, and runs a node once every consumer has delivered
- * its gradient. Nodes on different devices that are ready together run in parallel, one host
- * thread per device (PoCL's basic devices, and any in-order queue, only overlap that way);
- * nodes of one device run in order on its thread. Gradients reach leaves by accumulation into
- * their grad, which persists across steps until zeroed. */
-#include <omp.h>
+ * its gradient. The engine only walks the graph and posts work (the devices' workers do it),
+ * so it runs on the calling thread. Gradients reach leaves by accumulation into their grad,
+ * which persists across steps until zeroed; a leaf's hooks run when its last share arrived. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +46,7 @@ clpar_node *clpar_record(clpar_tensor *result, const char *op, clpar_backward_fn
   node->backward = backward;
   node->n_inputs = n;
   node->inputs = in;
+  node->partial_offset = -1;
   node->dev = result->storage->dev;
   for (int i = 0; i < n; i++) in[i] = clpar_tensor_retain(inputs[i]);
   result->node = node;
@@ -66,13 +65,45 @@ clpar_status clpar_record_op(clpar_tensor *result, const char *op, clpar_backwar
   return CLPAR_OK;
 }
 
-void clpar_node_release(clpar_node *node) {
-  if (!node || __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+/* Releasing a node releases its inputs, whose nodes may go too: a graph of 400,000 ops would
+ * recurse that deep. The first release on a thread runs a loop instead, and the releases it
+ * sets off queue their nodes for it. */
+static _Thread_local clpar_node **release_queue;
+static _Thread_local size_t release_count, release_capacity;
+static _Thread_local int releasing;
+
+static void node_destroy(clpar_node *node) {
   for (int i = 0; i < node->n_inputs; i++) clpar_tensor_release(node->inputs[i]);
   for (int i = 0; i < CLPAR_NODE_SAVED; i++) clpar_tensor_free(node->saved[i]);
   clpar_tensor_free(node->grad);
+  if (node->ctx_free) node->ctx_free(node->ctx);
   free(node->inputs);
   free(node);
+}
+
+void clpar_node_release(clpar_node *node) {
+  if (!node || __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (releasing) {
+    if (release_count == release_capacity) {
+      size_t cap = release_capacity ? 2 * release_capacity : 256;
+      clpar_node **grown = realloc(release_queue, cap * sizeof *grown);
+      if (!grown) { /* no room to defer: recurse (deep graphs only) */
+        node_destroy(node);
+        return;
+      }
+      release_queue = grown;
+      release_capacity = cap;
+    }
+    release_queue[release_count++] = node;
+    return;
+  }
+  releasing = 1;
+  node_destroy(node);
+  while (release_count) node_destroy(release_queue[--release_count]);
+  free(release_queue);
+  release_queue = NULL;
+  release_capacity = 0;
+  releasing = 0;
 }
 
 clpar_status clpar_tensor_set_requires_grad(clpar_tensor *t, int requires_grad) {
@@ -92,8 +123,12 @@ int clpar_tensor_requires_grad(const clpar_tensor *t) {
   return t ? t->requires_grad : 0;
 }
 
+int clpar_tensor_has_grad(const clpar_tensor *t) {
+  return t && t->grad && (t->grad_defined || (t->flat && t->flat->grad_defined));
+}
+
 clpar_tensor *clpar_tensor_grad(const clpar_tensor *t) {
-  return t ? t->grad : NULL;
+  return clpar_tensor_has_grad(t) ? t->grad : NULL;
 }
 
 clpar_status clpar_tensor_zero_grad(clpar_tensor *t) {
@@ -101,57 +136,171 @@ clpar_status clpar_tensor_zero_grad(clpar_tensor *t) {
   return t->grad ? clpar_fill(t->grad, 0.0f) : CLPAR_OK;
 }
 
-/* ---- the engine ---- */
+clpar_status clpar_tensor_add_grad_hook(clpar_tensor *t, clpar_grad_hook_fn fn, void *user) {
+  if (!t || !fn)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_tensor_add_grad_hook: NULL argument");
+  if (t->node || !t->requires_grad)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_tensor_add_grad_hook: the tensor must be a leaf that requires a "
+                           "gradient");
+  clpar_grad_hook *h = malloc(sizeof *h);
+  if (!h)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY,
+                           "clpar_tensor_add_grad_hook: out of host memory");
+  h->fn = fn;
+  h->user = user;
+  h->next = NULL;
+  clpar_grad_hook **tail = &t->hooks;
+  while (*tail) tail = &(*tail)->next;
+  *tail = h;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_tensor_remove_grad_hook(clpar_tensor *t, clpar_grad_hook_fn fn, void *user) {
+  for (clpar_grad_hook **p = t ? &t->hooks : NULL; p && *p; p = &(*p)->next)
+    if ((*p)->fn == fn && (*p)->user == user) {
+      clpar_grad_hook *h = *p;
+      *p = h->next;
+      free(h);
+      return CLPAR_OK;
+    }
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                         "clpar_tensor_remove_grad_hook: no such hook on the tensor");
+}
+
+/* ---- the engine ----
+ *
+ * Backward runs on the calling thread: each node's backward checks shapes, takes memory and
+ * posts its ops to the workers of the devices involved, so walking the graph costs host time
+ * only, and every device computes its part as soon as its queue gets it — the replicas of a
+ * DataParallel step run their backward at once. Nodes that compute are posted before nodes
+ * that copy between devices: a copy makes the destination's worker wait for the source, and
+ * whatever the destination has queued before that wait is not held up by it. */
 
 typedef struct {
-  clpar_node **items;
+  void **items;
   size_t count, capacity;
-} node_list;
+} list;
 
-static int list_push(node_list *l, clpar_node *n) {
+static int list_push(list *l, void *p) {
   if (l->count == l->capacity) {
     size_t cap = l->capacity ? 2 * l->capacity : 64;
-    clpar_node **grown = realloc(l->items, cap * sizeof *grown);
+    void **grown = realloc(l->items, cap * sizeof *grown);
     if (!grown) return 0;
     l->items = grown;
     l->capacity = cap;
   }
-  l->items[l->count++] = n;
+  l->items[l->count++] = p;
   return 1;
 }
 
-/* Every node reachable from root, each once, with pending = its number of consumers. */
-static clpar_status collect(clpar_node *root, node_list *all) {
-  static uint64_t generation;
-  uint64_t visit = __atomic_add_fetch(&generation, 1, __ATOMIC_RELAXED);
-  node_list stack = {0};
-  int ok = list_push(&stack, root);
-  root->visit = visit;
+static clpar_status oom(void) {
+  return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
+}
+
+typedef struct {
+  list nodes;  /* every node reachable from the root, claimed */
+  list leaves; /* every leaf that requires a gradient, claimed */
+} graph;
+
+/* A backward marks what it uses with its token: a node or leaf that carries another token
+ * belongs to a backward running on another thread. */
+static int next_token(void) {
+  static int counter;
+  int t;
+  do t = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+  while (t == 0);
+  return t;
+}
+
+/* 1: newly ours; 0: ours already; -1: another backward's. */
+static int claim(int *flag, int token) {
+  int expected = 0;
+  if (__atomic_compare_exchange_n(flag, &expected, token, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return 1;
+  return expected == token ? 0 : -1;
+}
+
+static void unclaim_all(graph *g) {
+  for (size_t i = 0; i < g->nodes.count; i++)
+    __atomic_store_n(&((clpar_node *)g->nodes.items[i])->claimed, 0, __ATOMIC_RELEASE);
+  for (size_t i = 0; i < g->leaves.count; i++)
+    __atomic_store_n(&((clpar_tensor *)g->leaves.items[i])->claimed, 0, __ATOMIC_RELEASE);
+}
+
+static clpar_status busy(const char *what) {
+  return clpar_set_error(CLPAR_ERROR_BUSY,
+                         "clpar_backward: another thread is running backward through this graph "
+                         "(at %s); one backward at a time may use a graph and its leaves",
+                         what);
+}
+
+/* Claims every node reachable from root and counts each node's consumers (pending) and each
+ * leaf's gradients to come (grad_pending). */
+static clpar_status collect(clpar_node *root, graph *g) {
+  int token = next_token();
+  if (claim(&root->claimed, token) != 1) return busy(root->op);
   root->pending = 0;
-  while (ok && stack.count) {
+  list stack = {0};
+  clpar_status s = list_push(&g->nodes, root) && list_push(&stack, root) ? CLPAR_OK : oom();
+  while (s == CLPAR_OK && stack.count) {
     clpar_node *n = stack.items[--stack.count];
-    ok = list_push(all, n);
-    for (int i = 0; ok && i < n->n_inputs; i++) {
-      clpar_node *in = n->inputs[i] ? n->inputs[i]->node : NULL;
-      if (!in) continue;
-      if (in->visit != visit) {
-        in->visit = visit;
-        in->pending = 0;
-        ok = list_push(&stack, in);
+    for (int i = 0; s == CLPAR_OK && i < n->n_inputs; i++) {
+      clpar_tensor *t = n->inputs[i];
+      if (!t) continue;
+      if (t->node) {
+        int c = claim(&t->node->claimed, token);
+        if (c < 0) {
+          s = busy(t->node->op);
+        } else if (c == 1) {
+          t->node->pending = 0;
+          if (!list_push(&g->nodes, t->node) || !list_push(&stack, t->node)) s = oom();
+        }
+        if (s == CLPAR_OK) t->node->pending++;
+      } else if (t->requires_grad) {
+        int c = claim(&t->claimed, token);
+        if (c < 0) {
+          s = busy("a leaf");
+        } else if (c == 1) {
+          t->grad_pending = 0;
+          if (!list_push(&g->leaves, t)) s = oom();
+        }
+        if (s == CLPAR_OK) t->grad_pending++;
       }
-      in->pending++;
     }
   }
   free(stack.items);
-  return ok ? CLPAR_OK : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
+  return s;
+}
+
+/* Adds g into [offset, offset + g->numel) of acc in place (acc and g on one device). */
+static clpar_status add_into(clpar_tensor *acc, int64_t offset, clpar_tensor *g) {
+  clpar_device *dev = acc->storage->dev;
+  clpar_bref slice = clpar_tensor_bref(acc);
+  slice.off += (size_t)offset;
+  return clpar_dev_binary(dev, CLPAR_BINARY_ADD, 1, (size_t)g->numel, slice, clpar_tensor_bref(g),
+                          1, slice);
+}
+
+/* Zeros like t, on t's device, outside any scope. */
+static clpar_status zeros_like(const clpar_tensor *t, clpar_tensor **out) {
+  clpar_status s = clpar_tensor_zeros(t->storage->dev, t->ndim, t->shape, out);
+  if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  return s;
 }
 
 /* Adds g (a reference the caller gives up) into what t accumulates: its node's gradient, or,
- * for a leaf, its grad (its own memory, kept across steps). */
-static clpar_status deliver(clpar_tensor *t, clpar_tensor *g) {
+ * for a leaf, its grad (its own memory, kept across steps). offset >= 0: g is the gradient of
+ * the slice of t starting at that element. */
+static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   clpar_node *n = t->node;
+  clpar_tensor **acc = n ? &n->grad : &t->grad;
   clpar_status s = CLPAR_OK;
-  if (n) {
+  if (offset >= 0) {
+    if (!*acc) s = zeros_like(t, acc);
+    if (s == CLPAR_OK) s = add_into(*acc, offset, g);
+  } else if (n) {
     if (!n->grad) {
       n->grad = g;
       return CLPAR_OK;
@@ -175,142 +324,54 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g) {
         clpar_tensor_free(own);
     }
   } else {
-    clpar_device *dev = t->storage->dev;
-    s = dev->bd.iface->binary(dev->bd.ctx, CLPAR_BINARY_ADD, 1, (size_t)t->numel,
-                              clpar_tensor_bref(t->grad), clpar_tensor_bref(g), 1,
-                              clpar_tensor_bref(t->grad));
-    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+    /* Memory set aside by clpar_module_flatten holds zeros until a backward fills it. */
+    s = add_into(t->grad, 0, g);
   }
+  if (s == CLPAR_OK && !n) t->grad_defined = 1;
   clpar_tensor_free(g);
   return s;
 }
 
-static pthread_mutex_t deliver_lock = PTHREAD_MUTEX_INITIALIZER;
+static void run_hooks(clpar_tensor *leaf) {
+  for (clpar_grad_hook *h = leaf->hooks; h; h = h->next) h->fn(leaf, h->user);
+}
 
-/* Runs one node's backward and hands each input its gradient; inputs whose node then has all
- * its gradients are appended to ready. */
-static clpar_status run_node(clpar_node *n, node_list *ready) {
+/* Runs one node's backward and hands each input its gradient; input nodes that then have all
+ * their gradients go to ready (computing) or ready_copy (copying between devices). */
+static clpar_status run_node(clpar_node *n, list *ready, list *ready_copy) {
   clpar_tensor *grad_in_small[4] = {0}, **grad_in = grad_in_small;
-  if (n->n_inputs > 4 && !(grad_in = calloc((size_t)n->n_inputs, sizeof *grad_in)))
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
+  if (n->n_inputs > 4 && !(grad_in = calloc((size_t)n->n_inputs, sizeof *grad_in))) return oom();
   clpar_tensor *g = n->grad;
   n->grad = NULL;
   clpar_status s = g ? n->backward(n, g, grad_in) : CLPAR_OK;
   clpar_tensor_free(g);
   for (int i = 0; i < n->n_inputs; i++) {
     clpar_tensor *in = n->inputs[i];
-    /* A gradient lives on the running node's device or on the host (copies between devices
-     * hop through the host), so this thread may add it up; the lock orders the several
-     * workers that feed one input. */
-    pthread_mutex_lock(&deliver_lock);
     if (s == CLPAR_OK && grad_in[i] && in && (in->node || in->requires_grad))
-      s = deliver(in, grad_in[i]);
+      s = deliver(in, grad_in[i], n->partial_offset);
     else
       clpar_tensor_free(grad_in[i]);
-    if (in && in->node && --in->node->pending == 0 && !list_push(ready, in->node))
-      s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-    pthread_mutex_unlock(&deliver_lock);
+    if (!in) continue;
+    if (in->node && --in->node->pending == 0) {
+      if (!list_push(in->node->transfer ? ready_copy : ready, in->node)) s = oom();
+    } else if (!in->node && in->requires_grad && --in->grad_pending == 0 && s == CLPAR_OK) {
+      run_hooks(in);
+    }
   }
   if (grad_in != grad_in_small) free(grad_in);
   return s;
 }
 
-/* ---- running the graph: one worker per device ----
- *
- * A node runs on the worker of its device, as soon as its gradient is complete; what it makes
- * ready goes to the queue of that node's device and wakes its worker. So the replicas of a
- * DataParallel step run their backward at the same time, and each device's queue is driven
- * by one thread (PyTorch's engine works the same way). */
-
-typedef struct {
-  pthread_mutex_t lock;
-  pthread_cond_t wake;
-  int n_devices;
-  clpar_device *devices[64];
-  node_list queues[64];
-  size_t remaining; /* nodes not yet run */
-  clpar_status status;
-  char message[1024];
-} engine;
-
-static int device_slot(engine *e, clpar_device *dev) {
-  for (int i = 0; i < e->n_devices; i++)
-    if (e->devices[i] == dev) return i;
-  if (e->n_devices == 64) return 0; /* more devices than workers: the first takes the rest */
-  e->devices[e->n_devices] = dev;
-  return e->n_devices++;
-}
-
-/* The first non-empty queue among the worker's slots (first, first + stride, ...), or NULL. */
-static node_list *ready_queue(engine *e, int first, int stride) {
-  for (int slot = first; slot < e->n_devices; slot += stride)
-    if (e->queues[slot].count) return &e->queues[slot];
-  return NULL;
-}
-
-/* A worker: runs the ready nodes of its devices until every node has run or one failed. With
- * as many workers as devices (the usual case), each serves exactly one device. */
-static void engine_worker(engine *e, int first, int stride) {
-  int was = clpar_set_grad_enabled(0);
-  node_list newly = {0}, *q;
-  pthread_mutex_lock(&e->lock);
-  for (;;) {
-    while (!(q = ready_queue(e, first, stride)) && e->remaining > 0 && e->status == CLPAR_OK)
-      pthread_cond_wait(&e->wake, &e->lock);
-    if (e->remaining == 0 || e->status != CLPAR_OK) break;
-    clpar_node *n = q->items[--q->count];
-    pthread_mutex_unlock(&e->lock);
-    clpar_status s = run_node(n, &newly);
-    pthread_mutex_lock(&e->lock);
-    e->remaining--;
-    for (size_t i = 0; s == CLPAR_OK && i < newly.count; i++) {
-      if (!list_push(&e->queues[device_slot(e, newly.items[i]->dev)], newly.items[i]))
-        s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-    }
-    newly.count = 0;
-    if (s != CLPAR_OK && e->status == CLPAR_OK) {
-      e->status = s;
-      snprintf(e->message, sizeof e->message, "%s", clpar_last_error());
-    }
-    pthread_cond_broadcast(&e->wake);
+static clpar_status run_graph(clpar_node *root) {
+  list ready = {0}, ready_copy = {0};
+  clpar_status s = list_push(&ready, root) ? CLPAR_OK : oom();
+  while (s == CLPAR_OK && (ready.count || ready_copy.count)) {
+    clpar_node *n = ready.count ? ready.items[--ready.count] : ready_copy.items[--ready_copy.count];
+    s = run_node(n, &ready, &ready_copy);
   }
-  pthread_mutex_unlock(&e->lock);
-  free(newly.items);
-  clpar_set_grad_enabled(was);
-}
-
-/* Runs every node of all, starting from root, one worker thread per device involved. */
-static clpar_status run_graph(node_list *all, clpar_node *root) {
-  engine *e = calloc(1, sizeof *e);
-  if (!e) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-  pthread_mutex_init(&e->lock, NULL);
-  pthread_cond_init(&e->wake, NULL);
-  for (size_t i = 0; i < all->count; i++) device_slot(e, all->items[i]->dev);
-  e->remaining = all->count;
-  clpar_status s = list_push(&e->queues[device_slot(e, root->dev)], root)
-                       ? CLPAR_OK
-                       : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "backward: out of host memory");
-  if (s == CLPAR_OK) {
-    int workers = e->n_devices;
-#pragma omp parallel num_threads(workers) if (workers > 1)
-    engine_worker(e, omp_get_thread_num(), omp_get_num_threads());
-    s = e->status;
-    if (s != CLPAR_OK) clpar_set_error(s, "%s", e->message);
-  }
-  for (int i = 0; i < 64; i++) free(e->queues[i].items);
-  pthread_cond_destroy(&e->wake);
-  pthread_mutex_destroy(&e->lock);
-  free(e);
+  free(ready.items);
+  free(ready_copy.items);
   return s;
-}
-
-/* After a failure, the gradients half-accumulated in the graph's nodes are dropped so that a
- * later backward starts clean. */
-static void drop_node_grads(node_list *all) {
-  for (size_t i = 0; i < all->count; i++) {
-    clpar_tensor_free(all->items[i]->grad);
-    all->items[i]->grad = NULL;
-  }
 }
 
 clpar_status clpar_backward(clpar_tensor *loss) {
@@ -327,26 +388,34 @@ clpar_status clpar_backward(clpar_tensor *loss) {
         "clpar_backward: the loss is %s; backward starts from a tensor of one element",
         clpar_tensor_shape_str(loss, b, sizeof b));
   }
-  clpar_tensor *seed;
+  graph g = {{0}, {0}};
+  clpar_status s = loss->node ? collect(loss->node, &g) : CLPAR_OK;
+  clpar_tensor *seed = NULL;
   int was = clpar_set_grad_enabled(0);
-  clpar_status s = clpar_tensor_empty(loss->storage->dev, loss->ndim, loss->shape, &seed);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(loss->storage->dev, loss->ndim, loss->shape, &seed);
   if (s == CLPAR_OK) {
     clpar_tensor_unscope(seed);
     s = clpar_fill(seed, 1.0f);
-    if (s != CLPAR_OK) clpar_tensor_free(seed);
   }
-  if (s != CLPAR_OK || !loss->node) {
-    if (s == CLPAR_OK) s = deliver(loss, seed); /* a leaf loss: its gradient is 1 */
-    clpar_set_grad_enabled(was);
-    return s;
+  if (s == CLPAR_OK && !loss->node) { /* a leaf loss: its gradient is 1 */
+    s = deliver(loss, seed, -1);
+    seed = NULL;
+    if (s == CLPAR_OK) run_hooks(loss);
+  } else if (s == CLPAR_OK) {
+    loss->node->grad = seed;
+    seed = NULL;
+    s = run_graph(loss->node);
   }
-  node_list all = {0};
-  s = collect(loss->node, &all);
-  clpar_node *root = loss->node;
-  root->grad = seed;
-  if (s == CLPAR_OK) s = run_graph(&all, root);
-  if (s != CLPAR_OK) drop_node_grads(&all);
-  free(all.items);
+  clpar_tensor_free(seed);
+  if (s != CLPAR_OK) /* a later backward starts clean */
+    for (size_t i = 0; i < g.nodes.count; i++) {
+      clpar_node *n = g.nodes.items[i];
+      clpar_tensor_free(n->grad);
+      n->grad = NULL;
+    }
+  unclaim_all(&g);
+  free(g.nodes.items);
+  free(g.leaves.items);
   clpar_set_grad_enabled(was);
   return s;
 }

@@ -11,24 +11,17 @@
 #include "backend.h"
 #include "clpar/clpar.h"
 
-#if defined(__GNUC__)
-#define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
-#else
-#define CLPAR_PRINTF(f, a)
-#endif
-
-/* Sets the thread-local error message and returns status, so that a failure path reads
- * `return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "add: a is [%s], b is [%s]", ...)`. */
-clpar_status clpar_set_error(clpar_status status, const char *fmt, ...) CLPAR_PRINTF(2, 3);
-/* Appends text to the current error message (a build log, say). */
-void clpar_append_error(const char *fmt, ...) CLPAR_PRINTF(1, 2);
-
-void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
+/* clpar_set_error, clpar_append_error and clpar_log are declared in backend.h. */
+struct clpar_busy;
+struct clpar_storage;
 void clpar_log_init_from_env(void);
 
 /* ---- devices and the caching allocator (src/registry.c, src/allocator.c) ---- */
 
-typedef struct clpar_block clpar_block; /* a cached buffer */
+typedef struct clpar_block clpar_block;                 /* a cached buffer */
+typedef struct clpar_event clpar_event;                 /* src/event.c */
+typedef struct clpar_worker clpar_worker;               /* src/worker.c */
+typedef struct clpar_staging_block clpar_staging_block; /* src/transfer.c */
 
 struct clpar_device {
   clpar_backend_device bd; /* iface, ctx, info (with id) */
@@ -36,13 +29,88 @@ struct clpar_device {
   pthread_mutex_t alloc_lock;
   clpar_block *free_blocks; /* sorted by size, ascending */
   clpar_memory_stats stats;
-  uint64_t host_waits; /* atomic: reads back and synchronizations */
+  clpar_worker *worker; /* the one thread that drives the device's queue */
+  /* pinned host memory for transfers, by size; guarded by staging_lock */
+  pthread_mutex_t staging_lock;
+  clpar_staging_block *staging_free;
+  /* atomic counters (clpar_device_counters) */
+  uint64_t host_waits;  /* a thread other than the worker blocked on the device */
+  uint64_t queue_waits; /* the worker waited for another device's event */
+  uint64_t transfers_in, transfers_out, bytes_in, bytes_out;
 };
 
-/* Gets a buffer of at least bytes from the device's cache or driver. */
+/* ---- the device's worker and the dispatch (src/worker.c, src/dispatch.c) ----
+ *
+ * Every QUEUE entry of the backend runs on the device's worker thread, in the order posted;
+ * clpar_dev_<entry>(dev, args...) posts one and returns (the error of an earlier command
+ * that failed asynchronously comes back first); clpar_dev_<entry>_sync posts it and waits
+ * until it has run, counting a host wait. DIRECT entries are called at once. */
+#define CLPAR_DISPATCH_DECL_(name, kind, required) CLPAR_DISPATCH_DECL_##kind(name)
+#define CLPAR_DISPATCH_DECL_DIRECT(name) \
+  clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+#define CLPAR_DISPATCH_DECL_QUEUE(name)                                                   \
+  clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)); \
+  clpar_status clpar_dev_##name##_sync(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+CLPAR_BACKEND_ENTRIES(CLPAR_DISPATCH_DECL_)
+/* 1 when the device runs the optional entry itself (else the core composes it). */
+int clpar_dev_has(clpar_device *dev, const char *entry);
+
+clpar_status clpar_worker_start(clpar_device *dev);
+/* Runs everything posted, then ends the thread (at shutdown). */
+void clpar_worker_stop(clpar_device *dev);
+/* The first error of a command that failed on the worker, taken (cleared); CLPAR_OK if none. */
+clpar_status clpar_worker_take_error(clpar_device *dev);
+/* Posts fn(user) to run on the worker after everything posted before it. */
+clpar_status clpar_worker_call(clpar_device *dev, void (*fn)(void *user), void *user);
+/* Waits until every command posted to the device so far has run and completed on the device. */
+clpar_status clpar_worker_drain(clpar_device *dev);
+int clpar_worker_is_current(const clpar_device *dev);
+
+/* ---- events (src/event.c): the completion of the work posted to a device before it ---- */
+
+/* Posts the recording of an event on dev: it completes when the work posted before it has. */
+clpar_status clpar_event_record(clpar_device *dev, clpar_event **out);
+/* Makes dev's queue wait for ev (posted: the worker waits, the caller does not). */
+clpar_status clpar_event_wait(clpar_device *dev, clpar_event *ev);
+int clpar_event_done(const clpar_event *ev);
+/* Blocks the calling thread until ev completed (a host wait on dev); its status. */
+clpar_status clpar_event_sync(clpar_event *ev);
+/* Calls fn(user) once ev completed (at once if it has). */
+clpar_status clpar_event_then(clpar_event *ev, void (*fn)(void *user), void *user);
+clpar_event *clpar_event_retain(clpar_event *ev);
+void clpar_event_release(clpar_event *ev);
+/* The worker side: a new, pending event; completing it runs its callbacks and wakes waiters. */
+clpar_event *clpar_event_new(clpar_device *dev);
+void clpar_event_complete(clpar_event *ev, clpar_status status);
+/* Waits (worker side) for ev; counts a queue wait on dev when it had to. */
+void clpar_event_block(clpar_event *ev, clpar_device *dev);
+
+/* ---- transfers (src/transfer.c) ---- */
+
+/* Copies bytes from (src_dev, src buffer) to (dst_dev, dst buffer), both at byte offsets,
+ * without blocking the caller: on one device a device copy; else through pinned host memory
+ * in double-buffered chunks, or straight from or to the host device's memory. Storages
+ * read or written by another device's queue are marked busy until that work completes. */
+clpar_status clpar_transfer(clpar_device *dst_dev, struct clpar_storage *dst_st, size_t dst_off,
+                            clpar_device *src_dev, struct clpar_storage *src_st, size_t src_off,
+                            size_t bytes);
+/* Uploads host memory the caller may reuse at once (copied into staging first). */
+clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
+                          size_t bytes);
+/* Reads into host memory and waits (one host wait). */
+clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
+                            size_t bytes);
+void clpar_staging_destroy(clpar_device *dev);
+/* Allocates blocks of the smallest staging size up front (at clpar_init), so that small
+ * uploads (labels, a batch) never wait for the worker to allocate pinned memory. */
+clpar_status clpar_staging_reserve(clpar_device *dev, int blocks);
+
+/* Gets a buffer of at least bytes from the device's cache or driver; never one that queued
+ * work of another device still uses. */
 clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, size_t *capacity);
-/* Returns a buffer to the device's cache. */
-void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity);
+/* Returns a buffer to the device's cache; busy (may be NULL): events of other devices' work on
+ * it, taken over, after which the buffer may be handed out again. */
+void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, struct clpar_busy *busy);
 void clpar_allocator_destroy(clpar_device *dev);
 
 int clpar_is_initialized(void);
@@ -51,12 +119,25 @@ clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s);
 
 /* ---- tensors (src/tensor.c) ---- */
 
+/* Events of other devices' queued work on a buffer (a transfer reading or writing it). */
+typedef struct clpar_busy {
+  pthread_mutex_t lock;
+  clpar_event **events;
+  int count, capacity;
+} clpar_busy;
+/* Adds ev (retained) to busy, dropping the events that completed. */
+clpar_status clpar_busy_add(clpar_busy *busy, clpar_event *ev);
+/* 1 when every event completed. */
+int clpar_busy_idle(clpar_busy *busy);
+void clpar_busy_clear(clpar_busy *busy);
+
 typedef struct clpar_storage {
   int refcount; /* atomic */
   clpar_device *dev;
   void *buf;
   size_t capacity;  /* bytes */
   uint64_t version; /* bumped by every in-place write: replicas copy only what changed */
+  clpar_busy *busy; /* NULL until another device's queue touches the buffer */
 } clpar_storage;
 
 /* Records an in-place change of t's memory. */
@@ -74,7 +155,14 @@ struct clpar_tensor {
   /* autograd (src/autograd.c) */
   int requires_grad;
   clpar_tensor *grad;      /* leaves only: the accumulated gradient, owned */
+  int grad_defined;        /* 0 while grad is memory set aside (zeros) that no backward filled */
+  clpar_tensor *flat;      /* a flattened parameter: the group's flat leaf (clpar_module_flatten) */
   struct clpar_node *node; /* the op that produced this tensor, or NULL for a leaf */
+  /* leaves: gradients still to come in the running backward, the hooks to run when none is
+   * left, and the backward that holds the leaf */
+  int grad_pending;
+  int claimed; /* atomic */
+  struct clpar_grad_hook *hooks;
 };
 
 /* ---- autograd (src/autograd.c) ---- */
@@ -97,13 +185,27 @@ struct clpar_node {
   clpar_tensor *saved[CLPAR_NODE_SAVED]; /* retained: tensors backward needs */
   float fparam[4];
   int64_t iparam[4];
-  void *ctx; /* an op's own context (DataParallel's replicate node: its statistics) */
+  void *ctx; /* an op's own context, released with ctx_free (may be NULL) */
+  void (*ctx_free)(void *ctx);
+  /* >= 0: the node's output is a slice of its one input starting at this element, and its
+   * backward's gradient is added into that slice of the input's gradient (views, scatter) */
+  int64_t partial_offset;
+  int transfer; /* backward copies between devices: run after the nodes that compute */
   /* backward bookkeeping */
-  clpar_device *dev;  /* where the output lives: backward runs there */
+  clpar_device *dev;  /* where the output lives */
   clpar_tensor *grad; /* the output's gradient being accumulated */
   int pending;        /* consumers that have not delivered their gradient yet */
-  uint64_t visit;
+  int claimed;        /* atomic: a backward is running through the node */
 };
+
+/* Runs when a leaf's gradient is final in a backward (src/autograd.c). */
+typedef struct clpar_grad_hook {
+  clpar_grad_hook_fn fn;
+  void *user;
+  struct clpar_grad_hook *next;
+} clpar_grad_hook;
+/* 1 when the leaf has a gradient a backward delivered (directly, or to its flat group). */
+int clpar_tensor_has_grad(const clpar_tensor *t);
 
 void clpar_node_release(clpar_node *node);
 /* True when a result of an op with these inputs must record a node. */

@@ -37,7 +37,7 @@ clpar_status clpar_fill(clpar_tensor *t, float value) {
   clpar_status s = check_tensor("clpar_fill", "t", t);
   if (s != CLPAR_OK) return s;
   clpar_device *dev = t->storage->dev;
-  s = dev->bd.iface->fill(dev->bd.ctx, clpar_tensor_bref(t), (size_t)t->numel, value);
+  s = clpar_dev_fill(dev, clpar_tensor_bref(t), (size_t)t->numel, value);
   clpar_tensor_touch(t);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }
@@ -97,8 +97,8 @@ static clpar_status binary(const char *fn, clpar_binary_kind kind, const clpar_t
   clpar_tensor *r;
   s = clpar_tensor_empty(dev, a->ndim, a->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->binary(dev->bd.ctx, kind, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
-                            clpar_tensor_bref(b), row ? 1 : (size_t)rows, clpar_tensor_bref(r));
+  s = clpar_dev_binary(dev, kind, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
+                       clpar_tensor_bref(b), row ? 1 : (size_t)rows, clpar_tensor_bref(r));
   if (s != CLPAR_OK) return finish_op(dev, s, r, out);
   clpar_node *node;
   clpar_tensor *in[2] = {(clpar_tensor *)a, (clpar_tensor *)b};
@@ -132,8 +132,7 @@ clpar_status clpar_scale(const clpar_tensor *a, float alpha, clpar_tensor **out)
   clpar_tensor *r;
   s = clpar_tensor_empty(dev, a->ndim, a->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->scale(dev->bd.ctx, (size_t)a->numel, alpha, clpar_tensor_bref(a),
-                           clpar_tensor_bref(r));
+  s = clpar_dev_scale(dev, (size_t)a->numel, alpha, clpar_tensor_bref(a), clpar_tensor_bref(r));
   if (s != CLPAR_OK) return finish_op(dev, s, r, out);
   clpar_node *node;
   s = clpar_record_op(r, "clpar_scale", scale_backward, (clpar_tensor **)&a, 1, &node);
@@ -168,9 +167,9 @@ static clpar_status gemm_dims(const char *fn, const clpar_tensor *a, const clpar
 static clpar_status run_gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                              float alpha, const clpar_tensor *a, const clpar_tensor *b, float beta,
                              clpar_tensor *c) {
-  return dev->bd.iface->gemm(dev->bd.ctx, ta != 0, tb != 0, (size_t)m, (size_t)n, (size_t)k, alpha,
-                             clpar_tensor_bref(a), (size_t)a->shape[1], clpar_tensor_bref(b),
-                             (size_t)b->shape[1], beta, clpar_tensor_bref(c), (size_t)n);
+  return clpar_dev_gemm(dev, ta != 0, tb != 0, (size_t)m, (size_t)n, (size_t)k, alpha,
+                        clpar_tensor_bref(a), (size_t)a->shape[1], clpar_tensor_bref(b),
+                        (size_t)b->shape[1], beta, clpar_tensor_bref(c), (size_t)n);
 }
 
 /* C = op(A) op(B): dA = g op(B)^T (laid out as A is), dB = op(A)^T g (laid out as B is). */
@@ -234,9 +233,8 @@ static clpar_status sum_rows_backward(clpar_node *n, clpar_tensor *g, clpar_tens
   clpar_status s = clpar_tensor_empty(a->storage->dev, a->ndim, a->shape, &r);
   if (s != CLPAR_OK) return s;
   clpar_device *dev = a->storage->dev;
-  s = dev->bd.iface->broadcast_rows(dev->bd.ctx, (size_t)a->shape[0],
-                                    (size_t)(a->numel / a->shape[0]), clpar_tensor_bref(g),
-                                    clpar_tensor_bref(r));
+  s = clpar_dev_broadcast_rows(dev, (size_t)a->shape[0], (size_t)(a->numel / a->shape[0]),
+                               clpar_tensor_bref(g), clpar_tensor_bref(r));
   return finish_op(dev, s, r, &gin[0]);
 }
 
@@ -253,8 +251,8 @@ clpar_status clpar_sum_rows(const clpar_tensor *a, clpar_tensor **out) {
   clpar_tensor *r;
   s = clpar_tensor_empty(dev, ndim, shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->sum_rows(dev->bd.ctx, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
-                              clpar_tensor_bref(r));
+  s = clpar_dev_sum_rows(dev, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
+                         clpar_tensor_bref(r));
   if (s != CLPAR_OK) return finish_op(dev, s, r, out);
   clpar_node *node;
   s = clpar_record_op(r, "clpar_sum_rows", sum_rows_backward, (clpar_tensor **)&a, 1, &node);
@@ -304,8 +302,8 @@ clpar_status clpar_concat(clpar_tensor *const *parts, int n, clpar_tensor **out)
   size_t at = 0;
   for (int i = 0; s == CLPAR_OK && i < n; i++) {
     size_t bytes = (size_t)parts[i]->numel * sizeof(float);
-    s = dev->bd.iface->copy(dev->bd.ctx, r->storage->buf, at, parts[i]->storage->buf,
-                            parts[i]->offset * sizeof(float), bytes);
+    s = clpar_dev_copy(dev, r->storage->buf, at, parts[i]->storage->buf,
+                       parts[i]->offset * sizeof(float), bytes);
     at += bytes;
     if (s != CLPAR_OK) return finish_op(dev, s, r, NULL);
   }

@@ -146,8 +146,8 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
     clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
                         o->sgd.weight_decay, o->sgd.nesterov, first};
     clpar_bref buf = ps->state[0] ? clpar_tensor_bref(ps->state[0]) : clpar_tensor_bref(p);
-    s = dev->bd.iface->sgd_step(dev->bd.ctx, (size_t)p->numel, clpar_tensor_bref(p),
-                                clpar_tensor_bref(g), buf, &a);
+    s = clpar_dev_sgd_step(dev, (size_t)p->numel, clpar_tensor_bref(p), clpar_tensor_bref(g), buf,
+                           a);
   } else {
     if (!ps->state[0]) s = make_state(p, 1, &ps->state[0]);
     if (s == CLPAR_OK && !ps->state[1]) s = make_state(p, 1, &ps->state[1]);
@@ -162,9 +162,8 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
                          (float)(1.0 - pow(ad->beta1, (double)t)),
                          (float)(1.0 - pow(ad->beta2, (double)t)),
                          o->kind == OPT_ADAMW};
-    s = dev->bd.iface->adam_step(dev->bd.ctx, (size_t)p->numel, clpar_tensor_bref(p),
-                                 clpar_tensor_bref(g), clpar_tensor_bref(ps->state[0]),
-                                 clpar_tensor_bref(ps->state[1]), &a);
+    s = clpar_dev_adam_step(dev, (size_t)p->numel, clpar_tensor_bref(p), clpar_tensor_bref(g),
+                            clpar_tensor_bref(ps->state[0]), clpar_tensor_bref(ps->state[1]), a);
   }
   clpar_tensor_touch(p);
   if (s != CLPAR_OK) return clpar_device_fail(dev, s);
@@ -176,7 +175,8 @@ clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_optimizer_step: optimizer is NULL");
   for (int i = 0; i < o->n; i++) {
-    if (!o->params[i].param->grad) continue; /* as PyTorch: no gradient, no update */
+    if (!clpar_tensor_has_grad(o->params[i].param))
+      continue; /* as PyTorch: no gradient, no update */
     clpar_status s = step_one(o, &o->params[i]);
     if (s != CLPAR_OK) return s;
   }

@@ -40,10 +40,15 @@ clpar_backend_device *clpar_backend_device_append(clpar_backend_device **devs, i
 }
 
 static void destroy_devices(void) {
+  for (int i = 0; i < all_count; i++) /* every queue idle before any device goes */
+    if (all_devices[i]->worker) clpar_worker_drain(all_devices[i]);
   for (int i = 0; i < all_count; i++) {
     clpar_device *d = all_devices[i];
     clpar_allocator_destroy(d);
+    clpar_staging_destroy(d);
+    clpar_worker_stop(d);
     d->bd.iface->destroy(d->bd.ctx);
+    pthread_mutex_destroy(&d->staging_lock);
     pthread_mutex_destroy(&d->alloc_lock);
     free(d);
   }
@@ -57,33 +62,13 @@ static void destroy_devices(void) {
 /* A backend must implement this ABI's every entry: a missing one would crash the first op
  * that needs it, so such a device is left out with a warning instead. */
 static int iface_complete(const clpar_backend_iface *f) {
-  if (!f || f->abi_version < CLPAR_BACKEND_ABI_REQUIRED) return 0;
-  const void *entries[] = {
-      (const void *)f->destroy,
-      (const void *)f->alloc,
-      (const void *)f->release,
-      (const void *)f->write,
-      (const void *)f->read,
-      (const void *)f->copy,
-      (const void *)f->finish,
-      (const void *)f->fill,
-      (const void *)f->binary,
-      (const void *)f->scale,
-      (const void *)f->sum_rows,
-      (const void *)f->gemm,
-      (const void *)f->broadcast_rows,
-      (const void *)f->unary,
-      (const void *)f->unary_backward,
-      (const void *)f->softmax,
-      (const void *)f->softmax_backward,
-      (const void *)f->nll,
-      (const void *)f->nll_backward,
-      (const void *)f->sgd_step,
-      (const void *)f->adam_step,
-  };
-  for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-    if (!entries[i]) return 0;
-  return 1;
+  if (!f || f->abi_version != CLPAR_BACKEND_ABI_VERSION) return 0;
+  int complete = 1;
+#define REQUIRED_(name, kind, required) \
+  if (required && !f->name) complete = 0;
+  CLPAR_BACKEND_ENTRIES(REQUIRED_)
+#undef REQUIRED_
+  return complete;
 }
 
 /* Runs one backend's probe and wraps what it found, numbering ids per backend. */
@@ -112,6 +97,7 @@ static void probe_backend(const char *name, clpar_backend_probe_fn probe) {
     all_devices = grown;
     d->bd = found[i];
     pthread_mutex_init(&d->alloc_lock, NULL);
+    pthread_mutex_init(&d->staging_lock, NULL);
     snprintf(d->bd.info.backend, sizeof d->bd.info.backend, "%s", d->bd.iface->name);
     if (strcmp(name, "host") == 0)
       snprintf(d->bd.info.id, sizeof d->bd.info.id, "host");
@@ -211,6 +197,8 @@ static clpar_status init_locked(void) {
     select_default();
   for (int i = 0; i < all_count; i++) all_devices[i]->index = -1;
   for (int i = 0; i < selected_count; i++) selected[i]->index = i;
+  for (int i = 0; s == CLPAR_OK && i < all_count; i++) s = clpar_worker_start(all_devices[i]);
+  for (int i = 0; s == CLPAR_OK && i < selected_count; i++) s = clpar_staging_reserve(selected[i], 2);
   return s;
 }
 
@@ -293,7 +281,7 @@ int clpar_device_index(const clpar_device *dev) {
 static clpar_status profile_check(const char *fn, clpar_device *dev) {
   if (!dev) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL device", fn);
   const clpar_backend_iface *f = dev->bd.iface;
-  if (f->abi_version < 3 || !f->profile || !f->profile_read)
+  if (!f->profile || !f->profile_read)
     return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                            "%s: %s cannot be profiled (the %s backend records no device time)", fn,
                            dev->bd.info.id, f->name);
@@ -302,31 +290,36 @@ static clpar_status profile_check(const char *fn, clpar_device *dev) {
 
 clpar_status clpar_device_profile_start(clpar_device *dev) {
   clpar_status s = profile_check("clpar_device_profile_start", dev);
-  if (s == CLPAR_OK && (s = dev->bd.iface->profile(dev->bd.ctx, 1)) != CLPAR_OK)
-    clpar_device_fail(dev, s);
-  return s;
+  return s == CLPAR_OK ? clpar_dev_profile(dev, 1) : s;
 }
 
 clpar_status clpar_device_profile_read(clpar_device *dev, clpar_profile *out) {
   clpar_status s = profile_check("clpar_device_profile_read", dev);
   if (s == CLPAR_OK && !out)
     s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_device_profile_read: out is NULL");
-  if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->profile_read(dev->bd.ctx, &out->device_seconds, &out->ops);
-  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+  return s == CLPAR_OK ? clpar_dev_profile_read_sync(dev, &out->device_seconds, &out->ops) : s;
 }
 
 clpar_status clpar_device_profile_stop(clpar_device *dev) {
   clpar_status s = profile_check("clpar_device_profile_stop", dev);
-  if (s == CLPAR_OK && (s = dev->bd.iface->profile(dev->bd.ctx, 0)) != CLPAR_OK)
-    clpar_device_fail(dev, s);
-  return s;
+  return s == CLPAR_OK ? clpar_dev_profile_sync(dev, 0) : s;
 }
 
 clpar_status clpar_device_synchronize(clpar_device *dev) {
   if (!dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_device_synchronize: NULL device");
-  __atomic_add_fetch(&dev->host_waits, 1, __ATOMIC_RELAXED);
-  clpar_status s = dev->bd.iface->finish(dev->bd.ctx);
-  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+  return clpar_worker_drain(dev);
+}
+
+clpar_status clpar_device_counters_get(const clpar_device *dev, clpar_device_counters *out) {
+  if (!dev || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_device_counters_get: NULL argument");
+  out->host_waits = __atomic_load_n(&dev->host_waits, __ATOMIC_RELAXED);
+  out->queue_waits = __atomic_load_n(&dev->queue_waits, __ATOMIC_RELAXED);
+  out->transfers_in = __atomic_load_n(&dev->transfers_in, __ATOMIC_RELAXED);
+  out->transfers_out = __atomic_load_n(&dev->transfers_out, __ATOMIC_RELAXED);
+  out->bytes_in = __atomic_load_n(&dev->bytes_in, __ATOMIC_RELAXED);
+  out->bytes_out = __atomic_load_n(&dev->bytes_out, __ATOMIC_RELAXED);
+  return CLPAR_OK;
 }

@@ -58,8 +58,10 @@ void clpar_append_error(const char *fmt, ...) {
 }
 
 clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s) {
-  /* Shift the message right and write "<id>: " in front of it. */
+  /* Shift the message right and write "<id>: " in front of it, once. */
   size_t plen = strlen(dev->bd.info.id) + 2, len = strlen(error_message);
+  if (strncmp(error_message, dev->bd.info.id, plen - 2) == 0 && error_message[plen - 2] == ':')
+    return s;
   if (len + plen + 1 > sizeof error_message) len = sizeof error_message - plen - 1;
   memmove(error_message + plen, error_message, len);
   error_message[plen + len] = '\0';

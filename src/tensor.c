@@ -66,7 +66,7 @@ clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shap
   st->dev = dev;
   clpar_tensor *t = tensor_alloc(st, 0, ndim, shape);
   if (!t) {
-    clpar_free_buffer(dev, st->buf, st->capacity);
+    clpar_free_buffer(dev, st->buf, st->capacity, NULL);
     free(st);
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
@@ -77,7 +77,7 @@ clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shap
 
 static void storage_release(clpar_storage *st) {
   if (__atomic_sub_fetch(&st->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    clpar_free_buffer(st->dev, st->buf, st->capacity);
+    clpar_free_buffer(st->dev, st->buf, st->capacity, st->busy); /* takes busy over */
     free(st);
   }
 }
@@ -112,9 +112,8 @@ static clpar_status upload_new(clpar_device *dev, int ndim, const int64_t *shape
   clpar_tensor *t;
   clpar_status s = clpar_tensor_empty(dev, ndim, shape, &t);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->write(dev->bd.ctx, t->storage->buf, 0, data, (size_t)t->numel * sizeof(float));
+  s = clpar_upload(dev, t->storage->buf, 0, data, (size_t)t->numel * sizeof(float));
   if (s != CLPAR_OK) {
-    clpar_device_fail(dev, s);
     clpar_tensor_free(t);
     return s;
   }
@@ -130,9 +129,8 @@ clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int64_t *shap
   clpar_tensor *t;
   s = clpar_tensor_empty(dev, ndim, shape, &t);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->fill(dev->bd.ctx, clpar_tensor_bref(t), (size_t)t->numel, 0.0f);
+  s = clpar_dev_fill(dev, clpar_tensor_bref(t), (size_t)t->numel, 0.0f);
   if (s != CLPAR_OK) {
-    clpar_device_fail(dev, s);
     clpar_tensor_free(t);
     return s;
   }
@@ -193,11 +191,8 @@ clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_cou
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "clpar_tensor_read: the tensor has %lld elements, the buffer holds %zu",
                            (long long)t->numel, dst_count);
-  clpar_device *dev = t->storage->dev;
-  __atomic_add_fetch(&dev->host_waits, 1, __ATOMIC_RELAXED);
-  clpar_status s = dev->bd.iface->read(dev->bd.ctx, t->storage->buf, t->offset * sizeof(float), dst,
-                                       (size_t)t->numel * sizeof(float));
-  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+  return clpar_download(t->storage->dev, t->storage->buf, t->offset * sizeof(float), dst,
+                        (size_t)t->numel * sizeof(float));
 }
 
 clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_count) {
@@ -207,11 +202,9 @@ clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_co
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "clpar_tensor_write: the tensor has %lld elements, the buffer holds %zu",
                            (long long)t->numel, src_count);
-  clpar_device *dev = t->storage->dev;
   clpar_tensor_touch(t);
-  clpar_status s = dev->bd.iface->write(dev->bd.ctx, t->storage->buf, t->offset * sizeof(float),
-                                        src, (size_t)t->numel * sizeof(float));
-  return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
+  return clpar_upload(t->storage->dev, t->storage->buf, t->offset * sizeof(float), src,
+                      (size_t)t->numel * sizeof(float));
 }
 
 clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
@@ -222,21 +215,10 @@ clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
                            clpar_tensor_shape_str(dst, a, sizeof a),
                            clpar_tensor_shape_str(src, b, sizeof b));
   }
-  clpar_device *dd = dst->storage->dev, *sd = src->storage->dev;
-  size_t bytes = (size_t)src->numel * sizeof(float);
   clpar_tensor_touch(dst);
-  if (dd == sd) {
-    clpar_status s = dd->bd.iface->copy(dd->bd.ctx, dst->storage->buf, dst->offset * sizeof(float),
-                                        src->storage->buf, src->offset * sizeof(float), bytes);
-    return s == CLPAR_OK ? s : clpar_device_fail(dd, s);
-  }
-  /* Different devices (or contexts, platforms, backends): through host memory. */
-  float *staging = malloc(bytes);
-  if (!staging) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_copy: out of host memory");
-  clpar_status s = clpar_tensor_read(src, staging, (size_t)src->numel);
-  if (s == CLPAR_OK) s = clpar_tensor_write(dst, staging, (size_t)src->numel);
-  free(staging);
-  return s;
+  return clpar_transfer(dst->storage->dev, dst->storage, dst->offset * sizeof(float),
+                        src->storage->dev, src->storage, src->offset * sizeof(float),
+                        (size_t)src->numel * sizeof(float));
 }
 
 /* A differentiable copy between devices: the gradient goes back to the source's device. */
@@ -244,12 +226,15 @@ static clpar_status to_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **g
   return clpar_tensor_to(g, n->inputs[0]->storage->dev, &gin[0]);
 }
 
-/* One differentiable copy with at most one side off the host. Its node belongs to that side:
- * backward runs on the thread of the device it touches (g read from the destination when the
- * destination is a device, written into the source when the source is). */
-static clpar_status to_one_hop(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
+/* One copy and one node, whatever the two devices: the transfer is posted to their workers
+ * and nothing waits (src/transfer.c). */
+clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
+  clpar_status s = check_device("clpar_tensor_to", dev);
+  if (s != CLPAR_OK) return s;
+  if (!t || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
   clpar_tensor *r;
-  clpar_status s = clpar_tensor_empty(dev, t->ndim, t->shape, &r);
+  s = clpar_tensor_empty(dev, t->ndim, t->shape, &r);
   if (s != CLPAR_OK) return s;
   s = clpar_copy(r, t);
   if (s != CLPAR_OK) {
@@ -258,25 +243,8 @@ static clpar_status to_one_hop(const clpar_tensor *t, clpar_device *dev, clpar_t
   }
   clpar_node *node;
   s = clpar_record_op(r, "clpar_tensor_to", to_backward, (clpar_tensor **)&t, 1, &node);
-  if (node && dev == clpar_device_host()) node->dev = t->storage->dev;
+  if (node) node->transfer = t->storage->dev != dev;
   if (s == CLPAR_OK) *out = r;
-  return s;
-}
-
-clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
-  clpar_status s = check_device("clpar_tensor_to", dev);
-  if (s != CLPAR_OK) return s;
-  if (!t || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
-  clpar_device *host = clpar_device_host(), *from = t->storage->dev;
-  if (from == dev || from == host || dev == host) return to_one_hop(t, dev, out);
-  /* Between two devices: through host memory in two hops, so that each hop's backward
-   * touches one device only (every device's queue is driven by one thread at a time). */
-  clpar_tensor *staged;
-  s = to_one_hop(t, host, &staged);
-  if (s != CLPAR_OK) return s;
-  s = to_one_hop(staged, dev, out);
-  clpar_tensor_free(staged);
   return s;
 }
 
@@ -295,23 +263,11 @@ clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out) {
   return make_view((clpar_tensor *)t, t->offset, t->ndim, t->shape, out);
 }
 
-/* The view's rows of the input get g; the others get zeros. */
+/* The view's rows of the input get g, added in place into the input's gradient at the rows'
+ * offset (a partial node: the engine does the placing, the others rows keep zeros). */
 static clpar_status rows_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
-  clpar_tensor *t = n->inputs[0], *r;
-  clpar_status s = clpar_tensor_zeros(t->storage->dev, t->ndim, t->shape, &r);
-  if (s != CLPAR_OK) return s;
-  clpar_device *dev = t->storage->dev;
-  int64_t row = t->numel / t->shape[0];
-  s = dev->bd.iface->copy(dev->bd.ctx, r->storage->buf,
-                          (size_t)(n->iparam[0] * row) * sizeof(float), g->storage->buf,
-                          g->offset * sizeof(float), (size_t)g->numel * sizeof(float));
-  if (s != CLPAR_OK) {
-    clpar_device_fail(dev, s);
-    clpar_tensor_free(r);
-    return s;
-  }
-  gin[0] = r;
-  return CLPAR_OK;
+  (void)n;
+  return clpar_tensor_alias(g, &gin[0]);
 }
 
 static clpar_status reshape_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
@@ -336,7 +292,7 @@ clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count, cl
   clpar_status s = make_view(t, t->offset + (size_t)(start * row), t->ndim, shape, &v);
   clpar_node *node = NULL;
   if (s == CLPAR_OK) s = clpar_record_op(v, "clpar_tensor_rows", rows_backward, &t, 1, &node);
-  if (node) node->iparam[0] = start;
+  if (node) node->partial_offset = (int64_t)(start * row);
   if (s == CLPAR_OK) *out = v;
   return s;
 }

@@ -281,9 +281,10 @@ static void test_device_info_and_oversized_alloc(void **state) {
 
 /* ---- the backend's ops at odd offsets, against plain C ---- */
 
+/* Entries run through the device's worker (clpar_dev_<entry>_sync), as the core runs them. */
 typedef struct {
-  const clpar_backend_iface *ifc;
-  void *ctx;
+  const clpar_backend_iface *ifc; /* non-NULL when there is a device */
+  clpar_device *ctx;
 } backend;
 
 static backend need_backend(void) {
@@ -291,7 +292,7 @@ static backend need_backend(void) {
   backend b = {NULL, NULL};
   if (dev) {
     b.ifc = dev->bd.iface;
-    b.ctx = dev->bd.ctx;
+    b.ctx = dev;
   }
   return b;
 }
@@ -306,15 +307,15 @@ static backend need_backend(void) {
 /* A buffer of n floats (plus a guard) holding host. */
 static void *upload(backend b, const float *host, size_t n) {
   void *buf = NULL;
-  tu_ok(b.ifc->alloc(b.ctx, (n + 8) * sizeof(float), &buf));
-  tu_ok(b.ifc->write(b.ctx, buf, 0, host, n * sizeof(float)));
+  tu_ok(clpar_dev_alloc(b.ctx, (n + 8) * sizeof(float), &buf));
+  tu_ok(clpar_upload(b.ctx, buf, 0, host, n * sizeof(float)));
   return buf;
 }
 
 static float *download(backend b, void *buf, size_t n) {
   float *h = malloc(n * sizeof *h);
   assert_non_null(h);
-  tu_ok(b.ifc->read(b.ctx, buf, 0, h, n * sizeof(float)));
+  tu_ok(clpar_download(b.ctx, buf, 0, h, n * sizeof(float)));
   return h;
 }
 
@@ -324,8 +325,8 @@ static void test_fill_scale_copy(void **state) {
   enum { N = 1000, OFF = 3 };
   float *h = tu_rand(N + OFF, 1);
   void *buf = upload(b, h, N + OFF);
-  tu_ok(b.ifc->fill(b.ctx, (clpar_bref){buf, OFF}, N - 10, 0.5f));
-  tu_ok(b.ifc->scale(b.ctx, OFF, -3.0f, (clpar_bref){buf, 0}, (clpar_bref){buf, 0}));
+  tu_ok(clpar_dev_fill_sync(b.ctx, (clpar_bref){buf, OFF}, N - 10, 0.5f));
+  tu_ok(clpar_dev_scale_sync(b.ctx, OFF, -3.0f, (clpar_bref){buf, 0}, (clpar_bref){buf, 0}));
   float *r = download(b, buf, N + OFF);
   for (size_t i = 0; i < N + OFF; i++) {
     float want = i < OFF ? -3.0f * h[i] : i < N - 10 + OFF ? 0.5f : h[i];
@@ -333,15 +334,16 @@ static void test_fill_scale_copy(void **state) {
   }
   free(r);
   /* overlapping copies within one buffer, both directions */
-  tu_ok(b.ifc->write(b.ctx, buf, 0, h, (N + OFF) * sizeof(float)));
-  tu_ok(b.ifc->copy(b.ctx, buf, 40 * sizeof(float), buf, 10 * sizeof(float), 100 * sizeof(float)));
-  tu_ok(
-      b.ifc->copy(b.ctx, buf, 500 * sizeof(float), buf, 520 * sizeof(float), 100 * sizeof(float)));
+  tu_ok(clpar_upload(b.ctx, buf, 0, h, (N + OFF) * sizeof(float)));
+  tu_ok(clpar_dev_copy_sync(b.ctx, buf, 40 * sizeof(float), buf, 10 * sizeof(float),
+                            100 * sizeof(float)));
+  tu_ok(clpar_dev_copy_sync(b.ctx, buf, 500 * sizeof(float), buf, 520 * sizeof(float),
+                            100 * sizeof(float)));
   r = download(b, buf, N + OFF);
   for (size_t i = 40; i < 140; i++) assert_float_equal(r[i], h[i - 30], 0);
   for (size_t i = 500; i < 600; i++) assert_float_equal(r[i], h[i + 20], 0);
   free(r);
-  b.ifc->release(b.ctx, buf);
+  clpar_dev_release(b.ctx, buf);
   free(h);
 }
 
@@ -351,9 +353,9 @@ static void check_binary(backend b, clpar_binary_kind kind, size_t rows, size_t 
   float *ha = tu_rand(n + aoff, 2), *hb = tu_rand(b_rows * cols + boff, 3);
   void *a = upload(b, ha, n + aoff), *bb = upload(b, hb, b_rows * cols + boff);
   void *out = a;
-  if (!in_place) tu_ok(b.ifc->alloc(b.ctx, (n + ooff) * sizeof(float), &out));
-  tu_ok(b.ifc->binary(b.ctx, kind, rows, cols, (clpar_bref){a, aoff}, (clpar_bref){bb, boff},
-                      b_rows, (clpar_bref){out, ooff}));
+  if (!in_place) tu_ok(clpar_dev_alloc(b.ctx, (n + ooff) * sizeof(float), &out));
+  tu_ok(clpar_dev_binary_sync(b.ctx, kind, rows, cols, (clpar_bref){a, aoff},
+                              (clpar_bref){bb, boff}, b_rows, (clpar_bref){out, ooff}));
   float *r = download(b, out, n + ooff);
   for (size_t i = 0; i < n; i++) {
     float x = ha[aoff + i], y = hb[boff + (b_rows == 1 ? i % cols : i)];
@@ -361,9 +363,9 @@ static void check_binary(backend b, clpar_binary_kind kind, size_t rows, size_t 
     assert_float_equal(r[ooff + i], want, 0);
   }
   free(r);
-  if (!in_place) b.ifc->release(b.ctx, out);
-  b.ifc->release(b.ctx, a);
-  b.ifc->release(b.ctx, bb);
+  if (!in_place) clpar_dev_release(b.ctx, out);
+  clpar_dev_release(b.ctx, a);
+  clpar_dev_release(b.ctx, bb);
   free(ha);
   free(hb);
 }
@@ -389,8 +391,8 @@ static void test_sum_rows(void **state) {
     size_t rows = shapes[s][0], cols = shapes[s][1], off = 3;
     float *h = tu_rand(rows * cols + off, 4 + s);
     void *a = upload(b, h, rows * cols + off), *out = NULL;
-    tu_ok(b.ifc->alloc(b.ctx, (cols + 1) * sizeof(float), &out));
-    tu_ok(b.ifc->sum_rows(b.ctx, rows, cols, (clpar_bref){a, off}, (clpar_bref){out, 1}));
+    tu_ok(clpar_dev_alloc(b.ctx, (cols + 1) * sizeof(float), &out));
+    tu_ok(clpar_dev_sum_rows_sync(b.ctx, rows, cols, (clpar_bref){a, off}, (clpar_bref){out, 1}));
     float *r = download(b, out, cols + 1), *want = malloc(cols * sizeof *want);
     for (size_t c = 0; c < cols; c++) {
       double acc = 0;
@@ -400,8 +402,8 @@ static void test_sum_rows(void **state) {
     tu_assert_close(r + 1, want, cols, 1e-5f, 1e-5f, "sum_rows");
     free(want);
     free(r);
-    b.ifc->release(b.ctx, a);
-    b.ifc->release(b.ctx, out);
+    clpar_dev_release(b.ctx, a);
+    clpar_dev_release(b.ctx, out);
     free(h);
   }
 }
@@ -424,14 +426,14 @@ static void check_gemm(backend b, int ta, int tb, size_t m, size_t n, size_t k, 
     }
   void *a = upload(b, ha, m * k + off), *bb = upload(b, hb, k * n + off);
   void *c = upload(b, hc, m * n + off);
-  tu_ok(b.ifc->gemm(b.ctx, ta, tb, m, n, k, 1.5f, (clpar_bref){a, off}, lda, (clpar_bref){bb, off},
-                    ldb, beta, (clpar_bref){c, off}, n));
+  tu_ok(clpar_dev_gemm_sync(b.ctx, ta, tb, m, n, k, 1.5f, (clpar_bref){a, off}, lda,
+                            (clpar_bref){bb, off}, ldb, beta, (clpar_bref){c, off}, n));
   float *r = download(b, c, m * n + off);
   tu_assert_close(r + off, want, m * n, 1e-4f, 1e-4f, beta == 0.0f ? "gemm beta=0" : "gemm");
   free(r);
-  b.ifc->release(b.ctx, a);
-  b.ifc->release(b.ctx, bb);
-  b.ifc->release(b.ctx, c);
+  clpar_dev_release(b.ctx, a);
+  clpar_dev_release(b.ctx, bb);
+  clpar_dev_release(b.ctx, c);
   free(ha);
   free(hb);
   free(hc);
@@ -481,30 +483,28 @@ static void pair_check_free(both *b, pair p, float rtol, float atol, const char 
   tu_assert_close(ro, rh, p.n, rtol, atol, what);
   free(ro);
   free(rh);
-  b->o.ifc->release(b->o.ctx, p.o);
-  b->h.ifc->release(b->h.ctx, p.h);
+  clpar_dev_release(b->o.ctx, p.o);
+  clpar_dev_release(b->h.ctx, p.h);
 }
 
 static void pair_free(both *b, pair p) {
-  b->o.ifc->release(b->o.ctx, p.o);
-  b->h.ifc->release(b->h.ctx, p.h);
+  clpar_dev_release(b->o.ctx, p.o);
+  clpar_dev_release(b->h.ctx, p.h);
 }
 
 #define O(p, off) ((clpar_bref){(p).o, (off)})
 #define H(p, off) ((clpar_bref){(p).h, (off)})
-/* Runs one entry on both backends: CALL(ifc, ctx, side) with side O or H. */
-#define BOTH(b, call)                           \
-  do {                                          \
-    const clpar_backend_iface *ifc = (b).o.ifc; \
-    void *ctx = (b).o.ctx;                      \
-    tu_ok(call(O));                             \
-    ifc = (b).h.ifc;                            \
-    ctx = (b).h.ctx;                            \
-    tu_ok(call(H));                             \
+/* Runs one entry on both devices: CALL(side) with side O or H, on device ctx. */
+#define BOTH(b, call)              \
+  do {                             \
+    clpar_device *ctx = (b).o.ctx; \
+    tu_ok(call(O));                \
+    ctx = (b).h.ctx;               \
+    tu_ok(call(H));                \
   } while (0)
 
 static both need_both(void) {
-  both b = {need_backend(), {tu_host()->bd.iface, tu_host()->bd.ctx}};
+  both b = {need_backend(), {tu_host()->bd.iface, tu_host()}};
   return b;
 }
 
@@ -516,11 +516,12 @@ static void test_activations(void **state) {
   for (int k = CLPAR_UNARY_RELU; k <= CLPAR_UNARY_TANH; k++) {
     pair a = pair_rand(&b, N + OFF, 20 + k, -6.0f, 6.0f), g = pair_rand(&b, N + OFF, 30, -1, 1);
     pair y = pair_rand(&b, N + OFF, 40, 0, 1), dx = pair_rand(&b, N + OFF, 41, 0, 1);
-#define UNARY(S) ifc->unary(ctx, (clpar_unary_kind)k, N, S(a, OFF), S(y, 1))
+#define UNARY(S) clpar_dev_unary_sync(ctx, (clpar_unary_kind)k, N, S(a, OFF), S(y, 1))
     BOTH(b, UNARY);
-#define UNARY_BW(S) ifc->unary_backward(ctx, (clpar_unary_kind)k, N, S(g, OFF), S(y, 1), S(dx, 2))
+#define UNARY_BW(S) \
+  clpar_dev_unary_backward_sync(ctx, (clpar_unary_kind)k, N, S(g, OFF), S(y, 1), S(dx, 2))
     BOTH(b, UNARY_BW);
-#define UNARY_INPLACE(S) ifc->unary(ctx, (clpar_unary_kind)k, N, S(a, OFF), S(a, OFF))
+#define UNARY_INPLACE(S) clpar_dev_unary_sync(ctx, (clpar_unary_kind)k, N, S(a, OFF), S(a, OFF))
     BOTH(b, UNARY_INPLACE);
     pair_check_free(&b, y, 1e-5f, 1e-6f, "unary");
     pair_check_free(&b, dx, 1e-5f, 1e-6f, "unary_backward");
@@ -539,9 +540,10 @@ static void test_softmax_and_nll(void **state) {
     for (int lg = 0; lg < 2; lg++) {
       pair a = pair_rand(&b, n + 2, 50 + s, -30.0f, 30.0f), y = pair_rand(&b, n + 1, 51, 0, 1);
       pair g = pair_rand(&b, n + 3, 52, -1, 1), dx = pair_rand(&b, n, 53, 0, 1);
-#define SOFTMAX(S) ifc->softmax(ctx, lg, rows, cols, S(a, 2), S(y, 1))
+#define SOFTMAX(S) clpar_dev_softmax_sync(ctx, lg, rows, cols, S(a, 2), S(y, 1))
       BOTH(b, SOFTMAX);
-#define SOFTMAX_BW(S) ifc->softmax_backward(ctx, lg, rows, cols, S(y, 1), S(g, 3), S(dx, 0))
+#define SOFTMAX_BW(S) \
+  clpar_dev_softmax_backward_sync(ctx, lg, rows, cols, S(y, 1), S(g, 3), S(dx, 0))
       BOTH(b, SOFTMAX_BW);
       pair_check_free(&b, y, 1e-5f, 1e-6f, lg ? "log_softmax" : "softmax");
       pair_check_free(&b, dx, 1e-4f, 1e-5f, lg ? "log_softmax backward" : "softmax backward");
@@ -553,9 +555,9 @@ static void test_softmax_and_nll(void **state) {
     pair labels = pair_new(&b, lab, rows), a = pair_rand(&b, n + 1, 60, -3, 3);
     pair loss = pair_rand(&b, rows, 61, 0, 1), g = pair_rand(&b, rows, 62, -1, 1);
     pair dx = pair_rand(&b, n + 4, 63, 0, 1);
-#define NLL(S) ifc->nll(ctx, rows, cols, S(a, 1), S(labels, 0), S(loss, 0))
+#define NLL(S) clpar_dev_nll_sync(ctx, rows, cols, S(a, 1), S(labels, 0), S(loss, 0))
     BOTH(b, NLL);
-#define NLL_BW(S) ifc->nll_backward(ctx, rows, cols, S(labels, 0), S(g, 0), S(dx, 4))
+#define NLL_BW(S) clpar_dev_nll_backward_sync(ctx, rows, cols, S(labels, 0), S(g, 0), S(dx, 4))
     BOTH(b, NLL_BW);
     pair_check_free(&b, loss, 0, 0, "nll");
     pair_check_free(&b, dx, 0, 0, "nll backward");
@@ -574,7 +576,7 @@ static void test_broadcast_rows(void **state) {
   for (size_t s = 0; s < 3; s++) {
     size_t rows = shapes[s][0], cols = shapes[s][1];
     pair a = pair_rand(&b, cols + 5, 70, -1, 1), out = pair_rand(&b, rows * cols + 2, 71, -1, 1);
-#define BCAST(S) ifc->broadcast_rows(ctx, rows, cols, S(a, 5), S(out, 2))
+#define BCAST(S) clpar_dev_broadcast_rows_sync(ctx, rows, cols, S(a, 5), S(out, 2))
     BOTH(b, BCAST);
     pair_check_free(&b, out, 0, 0, "broadcast_rows");
     pair_free(&b, a);
@@ -594,7 +596,7 @@ static void test_optimizers(void **state) {
     pair buf = pair_rand(&b, N + 3, 82, -1, 1);
     clpar_sgd_args a = sgds[v];
     for (int step = 0; step < 3; step++, a.first = 0) {
-#define SGD(S) ifc->sgd_step(ctx, N, S(p, 1), S(g, 2), S(buf, 3), &a)
+#define SGD(S) clpar_dev_sgd_step_sync(ctx, N, S(p, 1), S(g, 2), S(buf, 3), a)
       BOTH(b, SGD);
     }
     pair_check_free(&b, p, 1e-5f, 1e-6f, "sgd param");
@@ -609,7 +611,7 @@ static void test_optimizers(void **state) {
       clpar_adam_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 0, decoupled};
       a.bias1 = 1.0f - powf(a.beta1, (float)t);
       a.bias2 = 1.0f - powf(a.beta2, (float)t);
-#define ADAM(S) ifc->adam_step(ctx, N, S(p, 1), S(g, 2), S(m, 3), S(v, 4), &a)
+#define ADAM(S) clpar_dev_adam_step_sync(ctx, N, S(p, 1), S(g, 2), S(m, 3), S(v, 4), a)
       BOTH(b, ADAM);
     }
     pair_check_free(&b, p, 1e-5f, 1e-6f, "adam param");

@@ -1,19 +1,28 @@
-/* cuda_backend.c — clpar's CUDA backend: the CUDA runtime for memory and streams, cuBLAS for
- * GEMM, and clpar's own kernels (kernels/cuda/) for the element-wise ops, the row-wise ones
- * (softmax, the loss) and the optimizer updates.
+/* cuda_backend.c — clpar's CUDA backend (backend ABI 4): the CUDA runtime for memory, streams
+ * and events, cuBLAS for GEMM, and clpar's own kernels (kernels/cuda/) for the element-wise
+ * ops, the row-wise ones (softmax, the loss) and the optimizer updates.
  *
  * Each device gets one non-blocking stream (it must not wait on the legacy default stream
  * that other code in the process may use) and one cuBLAS handle bound to it, so every op of
- * a device runs in the order it was enqueued, as backend.h requires. Entries may come from
- * any host thread: each one makes its device current first, and GEMMs take a per-device lock
- * because a cuBLAS handle is not meant to be used by two threads at once.
+ * a device runs in the order it was enqueued, as backend.h requires. The core calls the
+ * QUEUE entries from the device's worker thread and the DIRECT ones from any thread; the
+ * runtime's current device is per host thread, so every entry makes its device current
+ * first. GEMMs still take a per-device lock (a cuBLAS handle is not meant to be used by two
+ * threads at once), which costs nothing when only the worker enqueues.
  *
- * Profiling (backend ABI 3) brackets each op with a pair of CUDA events recorded on the
- * stream, so the time between them is the device's time for that op. Events are made only
- * while profiling is on: otherwise an op pays one atomic load and nothing else. On a stream
- * with nothing enqueued the start event happens at once, so the pair then also counts the
- * host's few microseconds between the two records (the launch itself); on a busy stream it
- * happens when the work before it ends.
+ * No entry waits for the device but finish, profile_read, destroy and the two that free
+ * device memory other work may still use (release, and sum_rows when its scratch grows):
+ * write and read are cudaMemcpyAsync on the stream, and the core keeps their host memory
+ * alive until an event recorded after them has completed. Events are CUDA events without
+ * timing, recorded on the stream; event_then waits for one on a second stream of the device
+ * (then_stream) and calls back from the runtime's callback thread.
+ *
+ * Profiling brackets each op with a pair of CUDA events recorded on the stream, so the time
+ * between them is the device's time for that op. Events are made only while profiling is
+ * on: otherwise an op pays one atomic load and nothing else. On a stream with nothing
+ * enqueued the start event happens at once, so the pair then also counts the host's few
+ * microseconds between the two records (the launch itself); on a busy stream it happens
+ * when the work before it ends.
  *
  * A machine without a GPU or without the driver probes to no device, which is not an error:
  * the module is compiled and linked everywhere and runs where a GPU is. */
@@ -28,8 +37,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "backend.h"
 #include "cuda/cuda_kernels.h"
-#include "internal.h"
 
 /* The events around one profiled op, recorded on the device's stream before and after it. */
 typedef struct prof_pair {
@@ -39,6 +48,10 @@ typedef struct prof_pair {
 typedef struct cuda_dev {
   int ordinal; /* the CUDA runtime's device number */
   cudaStream_t stream;
+  /* event_then's waits and callbacks; then_lock keeps each wait next to its callback when
+   * two threads ask at once (DIRECT entries come from any thread). */
+  cudaStream_t then_stream;
+  pthread_mutex_t then_lock;
   cublasHandle_t blas;
   pthread_mutex_t blas_lock;
   /* sum_rows's partial sums (see kernels/cuda/sum_rows.cu), grown on demand; the lock is
@@ -116,7 +129,7 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
-/* ---- profiling (ABI 3) ---- */
+/* ---- profiling ---- */
 
 static void pair_destroy(prof_pair *p) {
   if (p->start) (void)cudaEventDestroy(p->start);
@@ -205,21 +218,29 @@ static clpar_status op_end(cuda_dev *d, prof_pair *prof, clpar_status s) {
 
 /* ---- lifetime and memory ---- */
 
-static void cuda_destroy(void *dev) {
+/* The core calls it with the queue idle, but a callback of event_then may still be pending
+ * on then_stream: both streams are drained before they go. Errors are ignored: at process
+ * exit the runtime may already be unloading. */
+static clpar_status cuda_destroy(void *dev) {
   cuda_dev *d = dev;
-  if (!d) return;
-  /* Errors are ignored: at process exit the runtime may already be unloading. */
-  if (cudaSetDevice(d->ordinal) == cudaSuccess && d->stream) (void)cudaStreamSynchronize(d->stream);
+  if (!d) return CLPAR_OK;
+  if (cudaSetDevice(d->ordinal) == cudaSuccess) {
+    if (d->stream) (void)cudaStreamSynchronize(d->stream);
+    if (d->then_stream) (void)cudaStreamSynchronize(d->then_stream);
+  }
   prof_discard(d);
   free(d->pairs);
   if (d->scratch) (void)cudaFree(d->scratch);
   if (d->blas) (void)cublasDestroy(d->blas);
+  if (d->then_stream) (void)cudaStreamDestroy(d->then_stream);
   if (d->stream) (void)cudaStreamDestroy(d->stream);
   (void)cudaGetLastError();
+  pthread_mutex_destroy(&d->then_lock);
   pthread_mutex_destroy(&d->prof_lock);
   pthread_mutex_destroy(&d->scratch_lock);
   pthread_mutex_destroy(&d->blas_lock);
   free(d);
+  return CLPAR_OK;
 }
 
 static clpar_status cuda_alloc(void *dev, size_t bytes, void **buf) {
@@ -237,47 +258,180 @@ static clpar_status cuda_alloc(void *dev, size_t bytes, void **buf) {
   return CLPAR_OK;
 }
 
-static void cuda_release(void *dev, void *buf) {
+/* DIRECT: any thread, while the worker may still have work on the buffer enqueued (backend.h
+ * lets the core release such a buffer). cudaFree only "may perform implicit synchronization"
+ * for cudaMalloc'd memory (CUDA 13's cudaFree documentation), so the stream is drained
+ * first. Releases are rare (the core caches buffers), so the wait is cheap. */
+static clpar_status cuda_release(void *dev, void *buf) {
   cuda_dev *d = dev;
-  if (!buf || use_device(d) != CLPAR_OK) return;
-  /* Work still enqueued may use the buffer; cudaFree alone does not promise to wait for a
-   * non-blocking stream. Releases are rare (the core caches buffers), so waiting is cheap. */
-  cudaError_t e = cudaStreamSynchronize(d->stream);
-  if (e == cudaSuccess) e = cudaFree(buf);
-  if (e != cudaSuccess) {
-    clpar_log(CLPAR_LOG_WARN, "cuda device %d: releasing a buffer: %s (%s)", d->ordinal,
-              cudaGetErrorName(e), cudaGetErrorString(e));
-    (void)cudaGetLastError();
-  }
+  if (!buf) return CLPAR_OK;
+  clpar_status s = use_device(d);
+  if (s == CLPAR_OK)
+    s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(release)");
+  if (s == CLPAR_OK) s = cuda_check(cudaFree(buf), "cudaFree");
+  return s;
 }
 
-/* Waits for the copy: from pageable memory cudaMemcpyAsync may return once src is staged,
- * but from pinned memory it returns at once, and the caller may reuse src on return. */
+/* ---- events ---- */
+
+/* A CUDA event without timing (cheaper to record than the profiling pairs), recorded on the
+ * stream after everything enqueued so far. */
+static clpar_status cuda_event_record(void *dev, void **ev) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  cudaEvent_t e = NULL;
+  cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (err != cudaSuccess) return cuda_fail("cudaEventCreateWithFlags", err);
+  err = cudaEventRecord(e, d->stream);
+  if (err != cudaSuccess) {
+    (void)cudaEventDestroy(e);
+    return cuda_fail("cudaEventRecord", err);
+  }
+  *ev = e;
+  return CLPAR_OK;
+}
+
+/* A NULL event is complete (backend.h). cudaEventQuery reports a device error that came
+ * before the event (an illegal address in an earlier kernel) as its own. */
+static clpar_status cuda_event_query(void *dev, void *ev, int *done) {
+  cuda_dev *d = dev;
+  *done = 0;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  if (!ev) {
+    *done = 1;
+    return CLPAR_OK;
+  }
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError(); /* not an error: see cuda_fail */
+    return CLPAR_OK;
+  }
+  if (e != cudaSuccess) return cuda_fail("cudaEventQuery", e);
+  *done = 1;
+  return CLPAR_OK;
+}
+
+typedef struct then_job {
+  clpar_event_fn fn;
+  void *user;
+} then_job;
+
+/* Runs in the runtime's callback thread, which must not call CUDA: it only hands the outcome
+ * on. status is cudaSuccess, or the device error that stopped the stream. */
+static void CUDART_CB then_done(cudaStream_t stream, cudaError_t status, void *arg) {
+  (void)stream;
+  then_job job = *(then_job *)arg;
+  free(arg);
+  job.fn(job.user, status == cudaSuccess ? CLPAR_OK : CLPAR_ERROR_BACKEND);
+}
+
+/* Calls fn(user, status) exactly once when this returns CLPAR_OK, and never when it returns
+ * an error. A complete event calls fn at once, on this thread. Otherwise then_stream waits
+ * for the event and then runs a stream callback: cudaStreamAddCallback rather than
+ * cudaLaunchHostFunc, because a host function is not called at all after a device error,
+ * and the core would wait for it forever; a callback is, with the error. The wait is on
+ * then_stream, not on the device's stream, so that the callback neither waits for work
+ * enqueued after the event nor holds up the stream (or its profiled ops) while it runs.
+ * Waits from two threads at once may finish in either order: a callback is never early, but
+ * may wait for a later event of the same stream as well. */
+static clpar_status cuda_event_then(void *dev, void *ev, clpar_event_fn fn, void *user) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  cudaError_t e = ev ? cudaEventQuery((cudaEvent_t)ev) : cudaSuccess;
+  if (e == cudaSuccess) {
+    fn(user, CLPAR_OK);
+    return CLPAR_OK;
+  }
+  if (e != cudaErrorNotReady) return cuda_fail("cudaEventQuery(event_then)", e);
+  (void)cudaGetLastError();
+  then_job *job = malloc(sizeof *job);
+  if (!job) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
+  job->fn = fn;
+  job->user = user;
+  const char *what = "cudaStreamWaitEvent(event_then)";
+  pthread_mutex_lock(&d->then_lock);
+  e = cudaStreamWaitEvent(d->then_stream, (cudaEvent_t)ev, 0);
+  if (e == cudaSuccess) {
+    what = "cudaStreamAddCallback(event_then)";
+    e = cudaStreamAddCallback(d->then_stream, then_done, job, 0);
+  }
+  pthread_mutex_unlock(&d->then_lock);
+  if (e != cudaSuccess) {
+    free(job); /* not registered: no callback will run */
+    return cuda_fail(what, e);
+  }
+  return CLPAR_OK;
+}
+
+/* An event still pending is released by the runtime once it has happened, and a wait
+ * already enqueued on it (event_then) still ends when it happens. */
+static clpar_status cuda_event_free(void *dev, void *ev) {
+  cuda_dev *d = dev;
+  if (!ev) return CLPAR_OK;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(cudaEventDestroy((cudaEvent_t)ev), "cudaEventDestroy");
+}
+
+/* Every optional entry is implemented on every CUDA device. */
+#define cuda_supports_op NULL
+
+/* ---- host staging memory and transfers ---- */
+
+/* Pinned memory, so that write and read are truly asynchronous DMA. Portable: pinned for
+ * every device of the process, should the core stage another device's transfers in it. */
+static clpar_status cuda_host_alloc(void *dev, size_t bytes, void **handle, void **ptr) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  void *p = NULL;
+  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    char what[64];
+    snprintf(what, sizeof what, "cudaHostAlloc(%zu bytes)", bytes);
+    return cuda_fail(what, e);
+  }
+  *handle = p;
+  *ptr = p;
+  return CLPAR_OK;
+}
+
+static clpar_status cuda_host_free(void *dev, void *handle) {
+  cuda_dev *d = dev;
+  if (!handle) return CLPAR_OK;
+  clpar_status s = use_device(d);
+  if (s != CLPAR_OK) return s;
+  return cuda_check(cudaFreeHost(handle), "cudaFreeHost");
+}
+
+/* On the stream, after every op enqueued before it, and without waiting: the core keeps src
+ * unchanged until an event recorded later has completed. From pinned memory (host_alloc)
+ * the copy is DMA that overlaps the host; from pageable memory the runtime stages src and
+ * may return before the copy is done. */
 static clpar_status cuda_write(void *dev, void *buf, size_t off_bytes, const void *src,
                                size_t bytes) {
   cuda_dev *d = dev;
   clpar_status s = use_device(d);
-  if (s == CLPAR_OK)
-    s = cuda_check(
-        cudaMemcpyAsync((char *)buf + off_bytes, src, bytes, cudaMemcpyHostToDevice, d->stream),
-        "cudaMemcpyAsync(host to device)");
-  if (s == CLPAR_OK)
-    s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(write)");
-  return s;
+  if (s != CLPAR_OK) return s;
+  return cuda_check(
+      cudaMemcpyAsync((char *)buf + off_bytes, src, bytes, cudaMemcpyHostToDevice, d->stream),
+      "cudaMemcpyAsync(host to device)");
 }
 
-/* On the stream, so the copy starts after every op enqueued before it. */
+/* On the stream, without waiting: dst holds the data once an event recorded later has
+ * completed. Into pinned memory it is asynchronous; into pageable memory the runtime itself
+ * returns only when the copy is done (CUDA's rule for device-to-pageable copies). */
 static clpar_status cuda_read(void *dev, const void *buf, size_t off_bytes, void *dst,
                               size_t bytes) {
   cuda_dev *d = dev;
   clpar_status s = use_device(d);
-  if (s == CLPAR_OK)
-    s = cuda_check(cudaMemcpyAsync(dst, (const char *)buf + off_bytes, bytes,
-                                   cudaMemcpyDeviceToHost, d->stream),
-                   "cudaMemcpyAsync(device to host)");
-  if (s == CLPAR_OK)
-    s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(read)");
-  return s;
+  if (s != CLPAR_OK) return s;
+  return cuda_check(
+      cudaMemcpyAsync(dst, (const char *)buf + off_bytes, bytes, cudaMemcpyDeviceToHost, d->stream),
+      "cudaMemcpyAsync(device to host)");
 }
 
 static clpar_status cuda_copy(void *dev, void *dst, size_t dst_off_bytes, const void *src,
@@ -292,6 +446,8 @@ static clpar_status cuda_copy(void *dev, void *dst, size_t dst_off_bytes, const 
   return op_end(d, &prof, s);
 }
 
+/* The worker's own wait. Only profile_read, destroy, release and a sum_rows whose scratch
+ * grows wait for the stream besides. */
 static clpar_status cuda_finish(void *dev) {
   cuda_dev *d = dev;
   clpar_status s = use_device(d);
@@ -338,20 +494,22 @@ static clpar_status cuda_scale(void *dev, size_t n, float alpha, clpar_bref a, c
   return op_end(d, &prof, s);
 }
 
-/* Makes d->scratch hold at least floats floats; scratch_lock held. The old buffer may still
+/* Makes d->scratch hold at least floats floats; scratch_lock held. An old buffer may still
  * be in use by enqueued work, so the stream is drained before it is freed (once per size the
- * scratch grows to: it never needs more than 1024 x 31 floats). */
+ * scratch grows to: it never needs more than 1024 x 31 floats); the first one needs no
+ * wait. */
 static clpar_status scratch_reserve(cuda_dev *d, size_t floats) {
   if (d->scratch_floats >= floats) return CLPAR_OK;
-  clpar_status s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(scratch)");
-  if (s == CLPAR_OK && d->scratch) {
-    s = cuda_check(cudaFree(d->scratch), "cudaFree(sum_rows scratch)");
+  clpar_status s = CLPAR_OK;
+  if (d->scratch) {
+    s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(sum_rows scratch)");
+    if (s == CLPAR_OK) s = cuda_check(cudaFree(d->scratch), "cudaFree(sum_rows scratch)");
+    if (s != CLPAR_OK) return s; /* the old scratch is kept */
     d->scratch = NULL;
     d->scratch_floats = 0;
   }
   void *p = NULL;
-  if (s == CLPAR_OK)
-    s = cuda_check(cudaMalloc(&p, floats * sizeof(float)), "cudaMalloc(sum_rows scratch)");
+  s = cuda_check(cudaMalloc(&p, floats * sizeof(float)), "cudaMalloc(sum_rows scratch)");
   if (s == CLPAR_OK) {
     d->scratch = p;
     d->scratch_floats = floats;
@@ -418,7 +576,7 @@ static clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, siz
   return op_end(d, &prof, blas_check(st, "cublasSgemm"));
 }
 
-/* ---- training ops (ABI 2) ---- */
+/* ---- training ops ---- */
 
 static clpar_status cuda_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
                                         clpar_bref out) {
@@ -441,9 +599,15 @@ static clpar_status cuda_unary(void *dev, clpar_unary_kind kind, size_t n, clpar
   return op_end(d, &prof, s);
 }
 
+/* exp, sqrt and neg are forward only (backend.h): refused here by name rather than by the
+ * launcher's cudaErrorInvalidValue. */
 static clpar_status cuda_unary_backward(void *dev, clpar_unary_kind kind, size_t n, clpar_bref g,
                                         clpar_bref saved, clpar_bref out) {
   cuda_dev *d = dev;
+  if (kind != CLPAR_UNARY_RELU && kind != CLPAR_UNARY_SIGMOID && kind != CLPAR_UNARY_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "unary_backward: unary kind %d has no backward (forward only)",
+                           (int)kind);
   prof_pair prof;
   clpar_status s = op_begin(d, &prof);
   if (s == CLPAR_OK)
@@ -501,31 +665,32 @@ static clpar_status cuda_nll_backward(void *dev, size_t rows, size_t cols, clpar
   return op_end(d, &prof, s);
 }
 
-/* Without momentum the core passes param as buf; the kernel then never touches buf. */
+/* Without momentum the core passes param as buf; the kernel then never touches buf. The
+ * arguments come by value and the launch copies them into the kernel's parameters. */
 static clpar_status cuda_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
-                                  clpar_bref buf, const clpar_sgd_args *args) {
+                                  clpar_bref buf, clpar_sgd_args args) {
   cuda_dev *d = dev;
   prof_pair prof;
   clpar_status s = op_begin(d, &prof);
-  float *b = args->momentum != 0.0f ? at(buf) : NULL;
+  float *b = args.momentum != 0.0f ? at(buf) : NULL;
   if (s == CLPAR_OK)
-    s = cuda_check(clpar_cuda_sgd_step(d->stream, n, at(param), at(grad), b, args),
+    s = cuda_check(clpar_cuda_sgd_step(d->stream, n, at(param), at(grad), b, &args),
                    "sgd_step kernel launch");
   return op_end(d, &prof, s);
 }
 
 static clpar_status cuda_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
-                                   clpar_bref m, clpar_bref v, const clpar_adam_args *args) {
+                                   clpar_bref m, clpar_bref v, clpar_adam_args args) {
   cuda_dev *d = dev;
   prof_pair prof;
   clpar_status s = op_begin(d, &prof);
   if (s == CLPAR_OK)
-    s = cuda_check(clpar_cuda_adam_step(d->stream, n, at(param), at(grad), at(m), at(v), args),
+    s = cuda_check(clpar_cuda_adam_step(d->stream, n, at(param), at(grad), at(m), at(v), &args),
                    "adam_step kernel launch");
   return op_end(d, &prof, s);
 }
 
-/* ---- profiling entries (ABI 3) ---- */
+/* ---- profiling entries ---- */
 
 /* Either way the totals restart from zero, and pairs kept so far are dropped. */
 static clpar_status cuda_profile(void *dev, int enable) {
@@ -552,35 +717,10 @@ static clpar_status cuda_profile_read(void *dev, double *seconds, uint64_t *ops)
   return s;
 }
 
-static const clpar_backend_iface cuda_iface = {
-    /* The version whose entries are all filled in below, not CLPAR_BACKEND_ABI_VERSION: a
-     * later ABI must not find NULL entries behind a version that claims them. */
-    .abi_version = 3,
-    .name = "cuda",
-    .destroy = cuda_destroy,
-    .alloc = cuda_alloc,
-    .release = cuda_release,
-    .write = cuda_write,
-    .read = cuda_read,
-    .copy = cuda_copy,
-    .finish = cuda_finish,
-    .fill = cuda_fill,
-    .binary = cuda_binary,
-    .scale = cuda_scale,
-    .sum_rows = cuda_sum_rows,
-    .gemm = cuda_gemm,
-    .broadcast_rows = cuda_broadcast_rows,
-    .unary = cuda_unary,
-    .unary_backward = cuda_unary_backward,
-    .softmax = cuda_softmax,
-    .softmax_backward = cuda_softmax_backward,
-    .nll = cuda_nll,
-    .nll_backward = cuda_nll_backward,
-    .sgd_step = cuda_sgd_step,
-    .adam_step = cuda_adam_step,
-    .profile = cuda_profile,
-    .profile_read = cuda_profile_read,
-};
+/* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL). */
+#define CLPAR_BE_PREFIX_ cuda
+static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
+#undef CLPAR_BE_PREFIX_
 
 /* ---- probe ---- */
 
@@ -589,11 +729,13 @@ static int means_no_device(cudaError_t e) {
   return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary;
 }
 
-/* Makes the stream and the cuBLAS handle of device ordinal; *out is freed on failure. */
+/* Makes the streams and the cuBLAS handle of device ordinal; the device is destroyed on
+ * failure. */
 static clpar_status cuda_dev_create(int ordinal, cuda_dev **out) {
   cuda_dev *d = calloc(1, sizeof *d);
   if (!d) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   d->ordinal = ordinal;
+  pthread_mutex_init(&d->then_lock, NULL);
   pthread_mutex_init(&d->blas_lock, NULL);
   pthread_mutex_init(&d->scratch_lock, NULL);
   pthread_mutex_init(&d->prof_lock, NULL);
@@ -602,6 +744,9 @@ static clpar_status cuda_dev_create(int ordinal, cuda_dev **out) {
   if (s == CLPAR_OK)
     s = cuda_check(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking),
                    "cudaStreamCreateWithFlags");
+  if (s == CLPAR_OK)
+    s = cuda_check(cudaStreamCreateWithFlags(&d->then_stream, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags(event_then)");
   if (s == CLPAR_OK) s = blas_check(cublasCreate(&d->blas), "cublasCreate");
   if (s == CLPAR_OK) s = blas_check(cublasSetStream(d->blas, d->stream), "cublasSetStream");
   if (s != CLPAR_OK) {

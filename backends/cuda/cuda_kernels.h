@@ -27,8 +27,9 @@ cudaError_t clpar_cuda_fill(cudaStream_t stream, float *out, size_t n, float val
  * (or similar) when the build's architectures do not cover it (kernels/cuda/fill.cu). */
 cudaError_t clpar_cuda_kernel_image_check(void);
 
-/* out[r,c] = a[r,c] (op) b[b_rows == 1 ? 0 : r, c]; kind is a clpar_binary_kind
- * (kernels/cuda/binary.cu). out may alias a or b. */
+/* out[r,c] = a[r,c] (op) b[b_rows == 1 ? 0 : r, c]; kind is a clpar_binary_kind: add, sub,
+ * mul or div (kernels/cuda/binary.cu). out may alias a or b. An unknown kind returns
+ * cudaErrorInvalidValue. */
 cudaError_t clpar_cuda_binary(cudaStream_t stream, int kind, size_t rows, size_t cols,
                               const float *a, const float *b, size_t b_rows, float *out);
 
@@ -52,7 +53,8 @@ cudaError_t clpar_cuda_broadcast_rows(cudaStream_t stream, size_t rows, size_t c
                                       float *out);
 
 /* out[i] = f(a[i]) and out[i] = g[i] * f'(saved[i]) (kernels/cuda/activation.cu); out may
- * alias a (forward) or g (backward). An unknown kind returns cudaErrorInvalidValue. */
+ * alias a (forward) or g (backward). An unknown kind returns cudaErrorInvalidValue, and so
+ * does a forward-only kind (exp, sqrt, neg) given to the backward. */
 cudaError_t clpar_cuda_unary(cudaStream_t stream, clpar_unary_kind kind, size_t n, const float *a,
                              float *out);
 cudaError_t clpar_cuda_unary_backward(cudaStream_t stream, clpar_unary_kind kind, size_t n,
@@ -73,7 +75,8 @@ cudaError_t clpar_cuda_nll(cudaStream_t stream, size_t rows, size_t cols, const 
 cudaError_t clpar_cuda_nll_backward(cudaStream_t stream, size_t rows, size_t cols,
                                     const float *labels, const float *g, float *out);
 
-/* In place, n elements; buf is not touched when args->momentum == 0 (kernels/cuda/optim.cu). */
+/* In place, n elements; buf is not touched when args->momentum == 0 (kernels/cuda/optim.cu).
+ * args is read before the launcher returns (the kernel gets a copy). */
 cudaError_t clpar_cuda_sgd_step(cudaStream_t stream, size_t n, float *param, const float *grad,
                                 float *buf, const clpar_sgd_args *args);
 cudaError_t clpar_cuda_adam_step(cudaStream_t stream, size_t n, float *param, const float *grad,

@@ -8,10 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include <stdint.h>
 
-static void host_destroy(void *dev) {
+#include "backend.h"
+
+static clpar_status host_destroy(void *dev) {
   (void)dev;
+  return CLPAR_OK;
 }
 
 static clpar_status host_alloc(void *dev, size_t bytes, void **buf) {
@@ -24,9 +27,51 @@ static clpar_status host_alloc(void *dev, size_t bytes, void **buf) {
   return CLPAR_OK;
 }
 
-static void host_release(void *dev, void *buf) {
+static clpar_status host_release(void *dev, void *buf) {
   (void)dev;
   free(buf);
+  return CLPAR_OK;
+}
+
+/* Work runs on the worker thread as it is posted, so an event is complete once recorded. */
+static clpar_status host_event_record(void *dev, void **ev) {
+  (void)dev;
+  *ev = NULL;
+  return CLPAR_OK;
+}
+
+static clpar_status host_event_query(void *dev, void *ev, int *done) {
+  (void)dev;
+  (void)ev;
+  *done = 1;
+  return CLPAR_OK;
+}
+
+static clpar_status host_event_then(void *dev, void *ev, clpar_event_fn fn, void *user) {
+  (void)dev;
+  (void)ev;
+  fn(user, CLPAR_OK);
+  return CLPAR_OK;
+}
+
+static clpar_status host_event_free(void *dev, void *ev) {
+  (void)dev;
+  (void)ev;
+  return CLPAR_OK;
+}
+
+#define host_supports_op NULL
+#define host_profile NULL
+#define host_profile_read NULL
+
+static clpar_status host_host_alloc(void *dev, size_t bytes, void **handle, void **ptr) {
+  clpar_status s = host_alloc(dev, bytes, ptr);
+  if (s == CLPAR_OK) *handle = *ptr;
+  return s;
+}
+
+static clpar_status host_host_free(void *dev, void *handle) {
+  return host_release(dev, handle);
 }
 
 static clpar_status host_write(void *dev, void *buf, size_t off, const void *src, size_t bytes) {
@@ -76,7 +121,10 @@ static clpar_status host_binary(void *dev, clpar_binary_kind kind, size_t rows, 
     float *orow = po + r * cols;
     for (size_t c = 0; c < cols; c++) {
       float x = ar[c], y = br[c];
-      orow[c] = kind == CLPAR_BINARY_ADD ? x + y : kind == CLPAR_BINARY_SUB ? x - y : x * y;
+      orow[c] = kind == CLPAR_BINARY_ADD   ? x + y
+                : kind == CLPAR_BINARY_SUB ? x - y
+                : kind == CLPAR_BINARY_MUL ? x * y
+                                           : x / y;
     }
   }
   return CLPAR_OK;
@@ -150,6 +198,12 @@ static float unary_f(clpar_unary_kind kind, float x) {
       return 1.0f / (1.0f + expf(-x));
     case CLPAR_UNARY_TANH:
       return tanhf(x);
+    case CLPAR_UNARY_EXP:
+      return expf(x);
+    case CLPAR_UNARY_SQRT:
+      return sqrtf(x);
+    case CLPAR_UNARY_NEG:
+      return -x;
   }
   return x;
 }
@@ -237,7 +291,8 @@ static clpar_status host_nll_backward(void *dev, size_t rows, size_t cols, clpar
 }
 
 static clpar_status host_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
-                                  clpar_bref buf, const clpar_sgd_args *o) {
+                                  clpar_bref buf, clpar_sgd_args args) {
+  const clpar_sgd_args *o = &args;
   (void)dev;
   float *p = at(param), *b = o->momentum != 0.0f ? at(buf) : NULL;
   const float *gr = at(grad);
@@ -254,7 +309,8 @@ static clpar_status host_sgd_step(void *dev, size_t n, clpar_bref param, clpar_b
 }
 
 static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
-                                   clpar_bref m, clpar_bref v, const clpar_adam_args *o) {
+                                   clpar_bref m, clpar_bref v, clpar_adam_args args) {
+  const clpar_adam_args *o = &args;
   (void)dev;
   float *p = at(param), *pm = at(m), *pv = at(v);
   const float *gr = at(grad);
@@ -273,31 +329,8 @@ static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_
   return CLPAR_OK;
 }
 
-static const clpar_backend_iface host_iface = {
-    .abi_version = CLPAR_BACKEND_ABI_VERSION,
-    .name = "host",
-    .destroy = host_destroy,
-    .alloc = host_alloc,
-    .release = host_release,
-    .write = host_write,
-    .read = host_read,
-    .copy = host_copy,
-    .finish = host_finish,
-    .fill = host_fill,
-    .binary = host_binary,
-    .scale = host_scale,
-    .sum_rows = host_sum_rows,
-    .gemm = host_gemm,
-    .broadcast_rows = host_broadcast_rows,
-    .unary = host_unary,
-    .unary_backward = host_unary_backward,
-    .softmax = host_softmax,
-    .softmax_backward = host_softmax_backward,
-    .nll = host_nll,
-    .nll_backward = host_nll_backward,
-    .sgd_step = host_sgd_step,
-    .adam_step = host_adam_step,
-};
+#define CLPAR_BE_PREFIX_ host
+static const clpar_backend_iface host_iface = CLPAR_BACKEND_TABLE("host");
 
 clpar_status clpar_host_probe(clpar_backend_device **devs, int *count) {
   clpar_backend_device *d = clpar_backend_device_append(devs, count);

@@ -31,8 +31,6 @@ static atomic_int live_devices;
 #define SUM_ROWS_ONE_PASS 256
 #define SUM_ROWS_CHUNK 64
 #define SUM_ROWS_MAX_CHUNKS 1024
-/* Writes up to this size are staged in a host copy and not waited for. */
-#define WRITE_STAGE_MAX ((size_t)64 << 20)
 
 #define AS_MEM(buf) ((cl_mem)(buf))
 
@@ -153,45 +151,116 @@ static clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
   return CLPAR_OK;
 }
 
-static void ocl_release(void *dev, void *buf) {
+static clpar_status ocl_release(void *dev, void *buf) {
   (void)dev;
   if (buf) clReleaseMemObject(AS_MEM(buf));
+  return CLPAR_OK;
 }
 
-static void CL_CALLBACK free_staging(cl_event ev, cl_int status, void *copy) {
+/* ---- pinned staging memory and events ---- */
+
+typedef struct {
+  cl_mem mem;
+  void *ptr;
+} pinned;
+
+/* CL_MEM_ALLOC_HOST_PTR memory mapped once: transfers from and to its pointer run at the
+ * device's full speed on drivers that pin it (NVIDIA's, AMD's). */
+static clpar_status ocl_host_alloc(void *dev, size_t bytes, void **handle, void **ptr) {
+  clpar_ocl_device *d = dev;
+  pinned *p = calloc(1, sizeof *p);
+  if (!p)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl host_alloc: out of host memory");
+  cl_int err;
+  p->mem = clCreateBuffer(d->context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
+  if (err == CL_SUCCESS)
+    p->ptr = clEnqueueMapBuffer(d->queue, p->mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0,
+                                NULL, NULL, &err);
+  if (err != CL_SUCCESS) {
+    if (p->mem) clReleaseMemObject(p->mem);
+    free(p);
+    return cl_fail(err, "clCreateBuffer/clEnqueueMapBuffer", "pinned staging");
+  }
+  *handle = p;
+  *ptr = p->ptr;
+  return CLPAR_OK;
+}
+
+static clpar_status ocl_host_free(void *dev, void *handle) {
+  clpar_ocl_device *d = dev;
+  pinned *p = handle;
+  clEnqueueUnmapMemObject(d->queue, p->mem, p->ptr, 0, NULL, NULL);
+  clReleaseMemObject(p->mem); /* freed by the driver once the unmap is done */
+  free(p);
+  return CLPAR_OK;
+}
+
+static clpar_status ocl_event_record(void *dev, void **ev) {
+  clpar_ocl_device *d = dev;
+  cl_event e;
+  cl_int err = clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &e);
+  if (err != CL_SUCCESS) return cl_fail(err, "clEnqueueMarkerWithWaitList", NULL);
+  clFlush(d->queue); /* the marker must reach the device without a later wait */
+  *ev = e;
+  return CLPAR_OK;
+}
+
+static clpar_status ocl_event_query(void *dev, void *ev, int *done) {
+  (void)dev;
+  cl_int status;
+  cl_int err =
+      clGetEventInfo((cl_event)ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+  if (err != CL_SUCCESS) return cl_fail(err, "clGetEventInfo", NULL);
+  if (status < 0)
+    return clpar_set_error(CLPAR_ERROR_BACKEND, "an event failed: %s",
+                           clpar_ocl_error_name(status));
+  *done = status == CL_COMPLETE;
+  return CLPAR_OK;
+}
+
+typedef struct {
+  clpar_event_fn fn;
+  void *user;
+} then_ctx;
+
+static void CL_CALLBACK event_done(cl_event ev, cl_int status, void *user) {
   (void)ev;
-  (void)status;
-  free(copy);
+  then_ctx *t = user;
+  t->fn(t->user, status < 0 ? CLPAR_ERROR_BACKEND : CLPAR_OK);
+  free(t);
 }
 
-/* The caller may reuse src at once, so the data is copied to a staging buffer that the
- * driver frees when the transfer has completed; nothing waits for the queue. */
+static clpar_status ocl_event_then(void *dev, void *ev, clpar_event_fn fn, void *user) {
+  (void)dev;
+  then_ctx *t = malloc(sizeof *t);
+  if (!t)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl event_then: out of host memory");
+  t->fn = fn;
+  t->user = user;
+  cl_int err = clSetEventCallback((cl_event)ev, CL_COMPLETE, event_done, t);
+  if (err != CL_SUCCESS) {
+    free(t);
+    return cl_fail(err, "clSetEventCallback", NULL);
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status ocl_event_free(void *dev, void *ev) {
+  (void)dev;
+  clReleaseEvent((cl_event)ev);
+  return CLPAR_OK;
+}
+
+#define ocl_supports_op NULL
+
+/* src stays valid until a later event completes (the core's promise): nothing is copied and
+ * nothing waits. */
 static clpar_status ocl_write_locked(void *dev, void *buf, size_t off_bytes, const void *src,
                                      size_t bytes) {
   clpar_ocl_device *d = dev;
-  void *copy = bytes <= WRITE_STAGE_MAX ? malloc(bytes) : NULL;
-  cl_int err;
-  if (!copy) {
-    err =
-        clEnqueueWriteBuffer(d->queue, AS_MEM(buf), CL_TRUE, off_bytes, bytes, src, 0, NULL, NULL);
-    return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueWriteBuffer", NULL);
-  }
-  memcpy(copy, src, bytes);
-  cl_event ev;
-  err = clEnqueueWriteBuffer(d->queue, AS_MEM(buf), CL_FALSE, off_bytes, bytes, copy, 0, NULL, &ev);
-  if (err != CL_SUCCESS) {
-    free(copy);
-    return cl_fail(err, "clEnqueueWriteBuffer", NULL);
-  }
-  err = clSetEventCallback(ev, CL_COMPLETE, free_staging, copy);
-  if (err != CL_SUCCESS) { /* no callback: wait, then free here */
-    cl_int werr = clWaitForEvents(1, &ev);
-    free(copy);
-    clReleaseEvent(ev);
-    return werr == CL_SUCCESS ? CLPAR_OK : cl_fail(werr, "clWaitForEvents", "write");
-  }
-  clReleaseEvent(ev);
-  return CLPAR_OK;
+  cl_int err =
+      clEnqueueWriteBuffer(d->queue, AS_MEM(buf), CL_FALSE, off_bytes, bytes, src, 0, NULL, NULL);
+  return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueWriteBuffer", NULL);
 }
 
 static clpar_status ocl_write(void *dev, void *buf, size_t off_bytes, const void *src,
@@ -203,12 +272,12 @@ static clpar_status ocl_write(void *dev, void *buf, size_t off_bytes, const void
   return s_;
 }
 
-/* Blocking: the queue is in-order, so every op enqueued before has finished too. */
+/* Not waited for: dst stays valid until a later event completes. */
 static clpar_status ocl_read_locked(void *dev, const void *buf, size_t off_bytes, void *dst,
                                     size_t bytes) {
   clpar_ocl_device *d = dev;
-  cl_int err = clEnqueueReadBuffer(d->queue, AS_MEM((void *)buf), CL_TRUE, off_bytes, bytes, dst, 0,
-                                   NULL, NULL);
+  cl_int err = clEnqueueReadBuffer(d->queue, AS_MEM((void *)buf), CL_FALSE, off_bytes, bytes, dst,
+                                   0, NULL, NULL);
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueReadBuffer", NULL);
 }
 
@@ -285,9 +354,10 @@ static clpar_status ocl_fill(void *dev, clpar_bref out, size_t n, float value) {
 
 static clpar_status ocl_binary(void *dev, clpar_binary_kind kind, size_t rows, size_t cols,
                                clpar_bref a, clpar_bref b, size_t b_rows, clpar_bref out) {
-  static const char *full[] = {"binary_add", "binary_sub", "binary_mul"};
-  static const char *row[] = {"binary_add_row", "binary_sub_row", "binary_mul_row"};
-  if ((int)kind < 0 || kind > CLPAR_BINARY_MUL)
+  static const char *full[] = {"binary_add", "binary_sub", "binary_mul", "binary_div"};
+  static const char *row[] = {"binary_add_row", "binary_sub_row", "binary_mul_row",
+                              "binary_div_row"};
+  if ((int)kind < 0 || kind > CLPAR_BINARY_DIV)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "opencl binary: kind %d", (int)kind);
   cl_mem am = AS_MEM(a.buf), bm = AS_MEM(b.buf), om = AS_MEM(out.buf);
   cl_ulong aoff = a.off, boff = b.off, ooff = out.off, r = rows, c = cols, n = rows * cols;
@@ -477,7 +547,8 @@ static clpar_status ocl_nll_backward(void *dev, size_t rows, size_t cols, clpar_
 }
 
 static clpar_status ocl_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
-                                 clpar_bref buf, const clpar_sgd_args *o) {
+                                 clpar_bref buf, clpar_sgd_args sgd) {
+  const clpar_sgd_args *o = &sgd;
   cl_mem pm = AS_MEM(param.buf), gm = AS_MEM(grad.buf), bm = AS_MEM(buf.buf);
   cl_ulong poff = param.off, goff = grad.off, boff = buf.off, count = n;
   float lr = o->lr, mom = o->momentum, damp = o->dampening, wd = o->weight_decay;
@@ -493,7 +564,8 @@ static clpar_status ocl_sgd_step(void *dev, size_t n, clpar_bref param, clpar_br
 }
 
 static clpar_status ocl_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
-                                  clpar_bref m, clpar_bref v, const clpar_adam_args *o) {
+                                  clpar_bref m, clpar_bref v, clpar_adam_args adam) {
+  const clpar_adam_args *o = &adam;
   cl_mem pm = AS_MEM(param.buf), gm = AS_MEM(grad.buf), mm = AS_MEM(m.buf), vm = AS_MEM(v.buf);
   cl_ulong poff = param.off, goff = grad.off, moff = m.off, voff = v.off, count = n;
   float lr = o->lr, b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = o->weight_decay;
@@ -554,9 +626,9 @@ static clpar_status ocl_profile_read(void *dev, double *seconds, uint64_t *ops) 
 
 /* ---- the device ---- */
 
-static void ocl_destroy(void *dev) {
+static clpar_status ocl_destroy(void *dev) {
   clpar_ocl_device *d = dev;
-  if (!d) return;
+  if (!d) return CLPAR_OK;
   if (d->queue) clFinish(d->queue);
   clpar_ocl_program_cache_clear(d);
   ocl_profile(d, 0);
@@ -570,37 +642,11 @@ static void ocl_destroy(void *dev) {
   free(d);
   /* CLBlast's program cache holds the contexts; the last device takes it down. */
   if (atomic_fetch_sub(&live_devices, 1) == 1) CLBlastClearCache();
+  return CLPAR_OK;
 }
 
-static const clpar_backend_iface ocl_iface = {
-    /* The version whose entries are all filled in below, not CLPAR_BACKEND_ABI_VERSION: a
-     * later ABI must not find NULL entries behind a version that claims them. */
-    .abi_version = 3,
-    .name = "opencl",
-    .destroy = ocl_destroy,
-    .alloc = ocl_alloc,
-    .release = ocl_release,
-    .write = ocl_write,
-    .read = ocl_read,
-    .copy = ocl_copy,
-    .finish = ocl_finish,
-    .fill = ocl_fill,
-    .binary = ocl_binary,
-    .scale = ocl_scale,
-    .sum_rows = ocl_sum_rows,
-    .gemm = ocl_gemm,
-    .broadcast_rows = ocl_broadcast_rows,
-    .unary = ocl_unary,
-    .unary_backward = ocl_unary_backward,
-    .softmax = ocl_softmax,
-    .softmax_backward = ocl_softmax_backward,
-    .nll = ocl_nll,
-    .nll_backward = ocl_nll_backward,
-    .sgd_step = ocl_sgd_step,
-    .adam_step = ocl_adam_step,
-    .profile = ocl_profile,
-    .profile_read = ocl_profile_read,
-};
+#define CLPAR_BE_PREFIX_ ocl
+static const clpar_backend_iface ocl_iface = CLPAR_BACKEND_TABLE("opencl");
 
 /* ---- probing ---- */
 

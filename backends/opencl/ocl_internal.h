@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "backend.h"
 
 /* Same layout as the file cmake/embed_run.cmake generates. */
 typedef struct {

@@ -25,6 +25,17 @@ CLPAR_API clpar_status clpar_tensor_zero_grad(clpar_tensor *t);
  * require a gradient. Enqueues work and returns; the graph can be backpropagated again. */
 CLPAR_API clpar_status clpar_backward(clpar_tensor *loss);
 
+/* Gradient hooks: fn(t, user) runs on the thread that called clpar_backward as soon as t's
+ * gradient is final in that backward (every op that uses t has delivered its share; the
+ * additions are posted to the device, not necessarily done). DistributedDataParallel's
+ * buckets start their all-reduce from these. t must be a leaf that requires a gradient. */
+typedef void (*clpar_grad_hook_fn)(clpar_tensor *t, void *user);
+CLPAR_API clpar_status clpar_tensor_add_grad_hook(clpar_tensor *t, clpar_grad_hook_fn fn,
+                                                  void *user);
+/* Removes the first hook registered with this fn and user; CLPAR_ERROR_INVALID_ARGUMENT if
+ * there is none. */
+CLPAR_API clpar_status clpar_tensor_remove_grad_hook(clpar_tensor *t, clpar_grad_hook_fn fn,
+                                                     void *user);
 /* Recording on this thread (on by default); off is PyTorch's torch.no_grad(). Returns the
  * previous setting. */
 CLPAR_API int clpar_set_grad_enabled(int enabled);

@@ -57,7 +57,8 @@ CLPAR_API const char *clpar_device_id(const clpar_device *dev);
 CLPAR_API clpar_device *clpar_device_host(void);
 /* Position of the device in the selected list. */
 CLPAR_API int clpar_device_index(const clpar_device *dev);
-/* Waits until every operation enqueued on the device has finished. */
+/* Waits until every operation posted to the device has finished; returns the error of one
+ * that failed since the last call on the device, naming it. */
 CLPAR_API clpar_status clpar_device_synchronize(clpar_device *dev);
 
 /* Device-time profiling: between start and stop, the device records how long its kernels,
@@ -87,10 +88,21 @@ typedef struct clpar_memory_stats {
 
 CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
 
-/* How often the host has waited for the device: every read of a tensor back to the host
- * (clpar_tensor_read, a copy out of the device) and every clpar_device_synchronize. A
- * training step (forward, loss, backward, optimizer step) on one device adds none. */
+/* How often a thread of the program has blocked on the device: every read of a tensor back
+ * to the host, every clpar_device_synchronize, and the library's own waits (the first
+ * transfers of a size, which allocate pinned memory). A training step (forward, loss,
+ * backward, optimizer step) adds none, on one device or with DataParallel over several. */
 CLPAR_API uint64_t clpar_device_host_waits(const clpar_device *dev);
+/* What the device's queue did besides computing, since clpar_init. */
+typedef struct clpar_device_counters {
+  uint64_t host_waits;    /* as clpar_device_host_waits */
+  uint64_t queue_waits;   /* the device's worker waited for another device's work */
+  uint64_t transfers_in;  /* copies from another device or from host memory */
+  uint64_t transfers_out; /* copies to another device or to host memory */
+  uint64_t bytes_in, bytes_out;
+} clpar_device_counters;
+CLPAR_API clpar_status clpar_device_counters_get(const clpar_device *dev,
+                                                 clpar_device_counters *out);
 /* Gives every cached (unused) buffer back to the driver. */
 CLPAR_API clpar_status clpar_device_empty_cache(clpar_device *dev);
 

@@ -1,11 +1,14 @@
-/* activation.cu — the element-wise activations of the CUDA backend (relu, sigmoid, tanh) and
- * their gradients, with the formulas of backend.h's clpar_unary_kind, as the host reference
- * (backends/host/host_backend.c) computes them.
+/* activation.cu — the element-wise unary ops of the CUDA backend (relu, sigmoid, tanh, and the
+ * forward-only exp, sqrt and negation) and the activations' gradients, with the formulas of
+ * backend.h's clpar_unary_kind, as the host reference (backends/host/host_backend.c) computes
+ * them.
  *
  * The kind is a template parameter, so each kernel's loop has no branch on it. out may be a
  * (forward) or g (backward): each element is read before it is written, by the same thread,
  * so no pointer is __restrict__. expf and tanhf are the accurate functions (the build does
- * not use --use_fast_math), so results stay within a few ulps of the host's. */
+ * not use --use_fast_math), so results stay within a few ulps of the host's; sqrtf is
+ * correctly rounded (-prec-sqrt=true, nvcc's default) and negation is exact, as on an IEEE
+ * host. */
 #include "cuda/cuda_kernels.h"
 
 namespace {
@@ -18,11 +21,15 @@ template <int Kind>
 __device__ __forceinline__ float forward(float x) {
   if (Kind == CLPAR_UNARY_RELU) return x > 0.0f ? x : 0.0f;
   if (Kind == CLPAR_UNARY_SIGMOID) return 1.0f / (1.0f + expf(-x));
+  if (Kind == CLPAR_UNARY_EXP) return expf(x);
+  if (Kind == CLPAR_UNARY_SQRT) return sqrtf(x); /* NaN below 0 (IEEE sqrt) */
+  if (Kind == CLPAR_UNARY_NEG) return -x;
   return tanhf(x);
 }
 
 /* f' from what backward keeps: the input x for relu (its gradient at 0 is 0, as in
- * PyTorch), the output y for sigmoid and tanh. */
+ * PyTorch), the output y for sigmoid and tanh. exp, sqrt and negation have no backward
+ * kernel: backend.h makes them forward only, and clpar_cuda_unary_backward refuses them. */
 template <int Kind>
 __device__ __forceinline__ float derivative(float saved) {
   if (Kind == CLPAR_UNARY_RELU) return saved > 0.0f ? 1.0f : 0.0f;
@@ -65,6 +72,15 @@ extern "C" cudaError_t clpar_cuda_unary(cudaStream_t stream, clpar_unary_kind ki
       break;
     case CLPAR_UNARY_TANH:
       unary_kernel<CLPAR_UNARY_TANH><<<blocks, block_size, 0, stream>>>(n, a, out);
+      break;
+    case CLPAR_UNARY_EXP:
+      unary_kernel<CLPAR_UNARY_EXP><<<blocks, block_size, 0, stream>>>(n, a, out);
+      break;
+    case CLPAR_UNARY_SQRT:
+      unary_kernel<CLPAR_UNARY_SQRT><<<blocks, block_size, 0, stream>>>(n, a, out);
+      break;
+    case CLPAR_UNARY_NEG:
+      unary_kernel<CLPAR_UNARY_NEG><<<blocks, block_size, 0, stream>>>(n, a, out);
       break;
     default:
       return cudaErrorInvalidValue;

@@ -1,4 +1,4 @@
-/* binary.cu — the elementwise add/sub/mul kernels of the CUDA backend, with b either of a's
+/* binary.cu — the elementwise add/sub/mul/div kernels of the CUDA backend, with b either of a's
  * shape or one row broadcast over every row of a (a bias). out may alias a or b exactly,
  * so no pointer is declared __restrict__.
  *
@@ -15,13 +15,21 @@ namespace {
 constexpr unsigned block_size = 256;
 constexpr size_t max_blocks = 65535; /* grid-stride loop: any cap is correct */
 
-/* The values of clpar_binary_kind (backends/backend.h). */
-enum { op_add = 0, op_sub = 1, op_mul = 2 };
+/* The values of clpar_binary_kind (backends/backend.h), as plain ints for the templates. */
+enum {
+  op_add = (int)CLPAR_BINARY_ADD,
+  op_sub = (int)CLPAR_BINARY_SUB,
+  op_mul = (int)CLPAR_BINARY_MUL,
+  op_div = (int)CLPAR_BINARY_DIV
+};
 
+/* x / y is IEEE-rounded (-prec-div=true, nvcc's default without --use_fast_math), as on
+ * the host: a division by zero gives an infinity or NaN, not an error. */
 template <int Op>
 __device__ __forceinline__ float apply(float x, float y) {
   if (Op == op_add) return x + y;
   if (Op == op_sub) return x - y;
+  if (Op == op_div) return x / y;
   return x * y;
 }
 
@@ -73,6 +81,9 @@ extern "C" cudaError_t clpar_cuda_binary(cudaStream_t stream, int kind, size_t r
       break;
     case op_mul:
       launch_op<op_mul>(stream, (unsigned)blocks, n, cols, broadcast, a, b, out);
+      break;
+    case op_div:
+      launch_op<op_div>(stream, (unsigned)blocks, n, cols, broadcast, a, b, out);
       break;
     default:
       return cudaErrorInvalidValue;

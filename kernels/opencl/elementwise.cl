@@ -26,6 +26,7 @@
 CLPAR_BINARY(binary_add, x + y)
 CLPAR_BINARY(binary_sub, x - y)
 CLPAR_BINARY(binary_mul, x * y)
+CLPAR_BINARY(binary_div, x / y)
 
 __kernel void scale_f32(__global const float *a, ulong a_off, __global float *out,
                         ulong out_off, ulong n, float alpha) {

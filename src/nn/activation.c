@@ -32,8 +32,8 @@ static clpar_status unary_backward(clpar_node *n, clpar_tensor *g, clpar_tensor 
   clpar_device *dev = n->dev;
   clpar_status s = clpar_tensor_empty(dev, g->ndim, g->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->unary_backward(dev->bd.ctx, kind, (size_t)g->numel, clpar_tensor_bref(g),
-                                    clpar_tensor_bref(saved), clpar_tensor_bref(r));
+  s = clpar_dev_unary_backward(dev, kind, (size_t)g->numel, clpar_tensor_bref(g),
+                               clpar_tensor_bref(saved), clpar_tensor_bref(r));
   if (s != CLPAR_OK) return failed(dev, s, r);
   gin[0] = r;
   return CLPAR_OK;
@@ -47,8 +47,7 @@ static clpar_status unary(const char *fn, clpar_unary_kind kind, const clpar_ten
   clpar_tensor *r;
   s = clpar_tensor_empty(dev, x->ndim, x->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->unary(dev->bd.ctx, kind, (size_t)x->numel, clpar_tensor_bref(x),
-                           clpar_tensor_bref(r));
+  s = clpar_dev_unary(dev, kind, (size_t)x->numel, clpar_tensor_bref(x), clpar_tensor_bref(r));
   if (s != CLPAR_OK) return failed(dev, s, r);
   clpar_node *node;
   s = clpar_record_op(r, fn, unary_backward, (clpar_tensor **)&x, 1, &node);
@@ -78,9 +77,8 @@ static clpar_status softmax_backward(clpar_node *n, clpar_tensor *g, clpar_tenso
   int64_t cols = g->shape[g->ndim - 1];
   clpar_status s = clpar_tensor_empty(dev, g->ndim, g->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->softmax_backward(dev->bd.ctx, (int)n->iparam[0], (size_t)(g->numel / cols),
-                                      (size_t)cols, clpar_tensor_bref(y), clpar_tensor_bref(g),
-                                      clpar_tensor_bref(r));
+  s = clpar_dev_softmax_backward(dev, (int)n->iparam[0], (size_t)(g->numel / cols), (size_t)cols,
+                                 clpar_tensor_bref(y), clpar_tensor_bref(g), clpar_tensor_bref(r));
   if (s != CLPAR_OK) return failed(dev, s, r);
   gin[0] = r;
   return CLPAR_OK;
@@ -94,8 +92,8 @@ static clpar_status softmax(const char *fn, int log, const clpar_tensor *x, clpa
   clpar_tensor *r;
   s = clpar_tensor_empty(dev, x->ndim, x->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->softmax(dev->bd.ctx, log, (size_t)(x->numel / cols), (size_t)cols,
-                             clpar_tensor_bref(x), clpar_tensor_bref(r));
+  s = clpar_dev_softmax(dev, log, (size_t)(x->numel / cols), (size_t)cols, clpar_tensor_bref(x),
+                        clpar_tensor_bref(r));
   if (s != CLPAR_OK) return failed(dev, s, r);
   clpar_node *node;
   s = clpar_record_op(r, fn, softmax_backward, (clpar_tensor **)&x, 1, &node);

@@ -94,9 +94,8 @@ static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **
   clpar_device *dev = n->dev;
   clpar_status s = clpar_tensor_empty(dev, logp->ndim, logp->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = dev->bd.iface->nll_backward(dev->bd.ctx, (size_t)logp->shape[0], (size_t)logp->shape[1],
-                                  clpar_tensor_bref(labels), clpar_tensor_bref(g),
-                                  clpar_tensor_bref(r));
+  s = clpar_dev_nll_backward(dev, (size_t)logp->shape[0], (size_t)logp->shape[1],
+                             clpar_tensor_bref(labels), clpar_tensor_bref(g), clpar_tensor_bref(r));
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(r);
@@ -119,8 +118,8 @@ static clpar_status nll(clpar_tensor *logp, const int32_t *labels, clpar_tensor 
   free(host);
   if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &rows, &per);
   if (s == CLPAR_OK)
-    s = dev->bd.iface->nll(dev->bd.ctx, (size_t)rows, (size_t)logp->shape[1],
-                           clpar_tensor_bref(logp), clpar_tensor_bref(lab), clpar_tensor_bref(per));
+    s = clpar_dev_nll(dev, (size_t)rows, (size_t)logp->shape[1], clpar_tensor_bref(logp),
+                      clpar_tensor_bref(lab), clpar_tensor_bref(per));
   if (s != CLPAR_OK && per) clpar_device_fail(dev, s);
   clpar_node *node = NULL;
   if (s == CLPAR_OK)

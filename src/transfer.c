@@ -1,0 +1,257 @@
+/* transfer.c — copies between devices and between host memory and devices, none of which
+ * blocks the calling thread (except a read back, which is what it is for).
+ *
+ * Between two devices the data goes through pinned host memory (the backend's host_alloc:
+ * OpenCL CL_MEM_ALLOC_HOST_PTR, CUDA cudaMallocHost) in chunks of CHUNK bytes, two staging
+ * blocks taking turns: the source's worker reads chunk i into one block while the
+ * destination's worker writes chunk i-1 from the other, each after waiting for the event
+ * the other recorded. Copies into the host device's memory skip staging: the source reads
+ * straight into it. Staging blocks are kept per device and reused; only the first transfers
+ * of a size allocate (one wait for the worker each); transfers of up to 16 KiB use plain host
+ * memory instead, and never wait. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CHUNK ((size_t)4 << 20)
+#define MIN_BLOCK ((size_t)64 << 10)
+#define SMALL ((size_t)16 << 10)
+
+struct clpar_staging_block {
+  clpar_device *dev;
+  void *handle, *ptr;
+  size_t size;
+  clpar_staging_block *next;
+};
+
+static size_t block_size(size_t bytes) {
+  size_t size = MIN_BLOCK;
+  while (size < bytes) size *= 2;
+  return size;
+}
+
+/* A staging block of at least bytes: small ones are plain host memory (a transfer of a few
+ * KiB gains nothing from pinning, and must not wait for a worker to allocate); larger ones
+ * come from dev's pool of pinned blocks, else are allocated by its worker. */
+static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_block **out) {
+  if (bytes <= SMALL) {
+    clpar_staging_block *b = malloc(sizeof *b + bytes);
+    if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+    b->dev = dev;
+    b->handle = NULL;
+    b->ptr = b + 1;
+    b->size = bytes;
+    *out = b;
+    return CLPAR_OK;
+  }
+  size_t size = block_size(bytes);
+  pthread_mutex_lock(&dev->staging_lock);
+  clpar_staging_block **best = NULL;
+  for (clpar_staging_block **p = &dev->staging_free; *p; p = &(*p)->next)
+    if ((*p)->size >= size && (!best || (*p)->size < (*best)->size)) best = p;
+  clpar_staging_block *b = best ? *best : NULL;
+  if (b) *best = b->next;
+  pthread_mutex_unlock(&dev->staging_lock);
+  if (b) {
+    *out = b;
+    return CLPAR_OK;
+  }
+  b = calloc(1, sizeof *b);
+  if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+  clpar_status s = clpar_dev_host_alloc_sync(dev, size, &b->handle, &b->ptr);
+  if (s != CLPAR_OK) {
+    free(b);
+    return s;
+  }
+  b->dev = dev;
+  b->size = size;
+  *out = b;
+  return CLPAR_OK;
+}
+
+/* Back to its pool; runs when the last transfer through it completed (any thread). */
+static void staging_put(void *user) {
+  clpar_staging_block *b = user;
+  if (!b->handle) { /* plain memory */
+    free(b);
+    return;
+  }
+  pthread_mutex_lock(&b->dev->staging_lock);
+  b->next = b->dev->staging_free;
+  b->dev->staging_free = b;
+  pthread_mutex_unlock(&b->dev->staging_lock);
+}
+
+clpar_status clpar_staging_reserve(clpar_device *dev, int blocks) {
+  clpar_staging_block *got[8];
+  int n = blocks < 8 ? blocks : 8;
+  clpar_status s = CLPAR_OK;
+  int i = 0;
+  for (; i < n && s == CLPAR_OK; i++) s = staging_get(dev, MIN_BLOCK, &got[i]);
+  if (s != CLPAR_OK) i--;
+  while (i-- > 0) staging_put(got[i]);
+  return s;
+}
+
+void clpar_staging_destroy(clpar_device *dev) {
+  pthread_mutex_lock(&dev->staging_lock);
+  clpar_staging_block *b = dev->staging_free;
+  dev->staging_free = NULL;
+  pthread_mutex_unlock(&dev->staging_lock);
+  while (b) {
+    clpar_staging_block *next = b->next;
+    clpar_dev_host_free_sync(dev, b->handle);
+    free(b);
+    b = next;
+  }
+}
+
+static void count(clpar_device *dst, clpar_device *src, size_t bytes) {
+  if (dst) {
+    __atomic_add_fetch(&dst->transfers_in, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&dst->bytes_in, bytes, __ATOMIC_RELAXED);
+  }
+  if (src) {
+    __atomic_add_fetch(&src->transfers_out, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&src->bytes_out, bytes, __ATOMIC_RELAXED);
+  }
+}
+
+/* Marks st as used by another device's queue until ev completes. */
+static clpar_status mark_busy(clpar_storage *st, clpar_event *ev) {
+  if (!st) return CLPAR_OK;
+  clpar_busy *b = __atomic_load_n(&st->busy, __ATOMIC_ACQUIRE);
+  if (!b) {
+    clpar_busy *fresh = calloc(1, sizeof *fresh);
+    if (!fresh) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+    pthread_mutex_init(&fresh->lock, NULL);
+    clpar_busy *expected = NULL;
+    if (__atomic_compare_exchange_n(&st->busy, &expected, fresh, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+      b = fresh;
+    } else {
+      pthread_mutex_destroy(&fresh->lock);
+      free(fresh);
+      b = expected;
+    }
+  }
+  return clpar_busy_add(b, ev);
+}
+
+/* dst's worker waits for what src's worker did so far. */
+static clpar_status order_after(clpar_device *dst, clpar_device *src, clpar_event **ev_out) {
+  clpar_event *ev;
+  clpar_status s = clpar_event_record(src, &ev);
+  if (s == CLPAR_OK) s = clpar_event_wait(dst, ev);
+  if (s == CLPAR_OK && ev_out)
+    *ev_out = ev;
+  else
+    clpar_event_release(ev);
+  return s;
+}
+
+/* The source reads straight into the host device's memory. */
+static clpar_status to_host(clpar_device *host, clpar_storage *dst_st, size_t dst_off,
+                            clpar_device *src, const void *src_buf, size_t src_off, size_t bytes) {
+  clpar_status s = order_after(src, host, NULL); /* the host's earlier work on dst is done */
+  if (s == CLPAR_OK)
+    s = clpar_dev_read(src, src_buf, src_off, (char *)dst_st->buf + dst_off, bytes);
+  clpar_event *done = NULL;
+  if (s == CLPAR_OK) s = order_after(host, src, &done);
+  if (s == CLPAR_OK) s = mark_busy(dst_st, done);
+  clpar_event_release(done);
+  return s;
+}
+
+/* Two staging blocks of src's pool take turns; chunk i + 2 reuses chunk i's block once the
+ * destination has written it. */
+static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst_off,
+                                    clpar_device *src, const void *src_buf, size_t src_off,
+                                    size_t bytes) {
+  clpar_staging_block *slot[2] = {NULL, NULL};
+  clpar_event *written[2] = {NULL, NULL};
+  size_t chunk = bytes < CHUNK ? bytes : CHUNK;
+  int nslots = bytes > CHUNK ? 2 : 1;
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; i < nslots && s == CLPAR_OK; i++) s = staging_get(src, chunk, &slot[i]);
+  for (size_t at = 0, i = 0; s == CLPAR_OK && at < bytes; at += chunk, i++) {
+    size_t n = bytes - at < chunk ? bytes - at : chunk;
+    int k = (int)(i % 2);
+    if (written[k]) s = clpar_event_wait(src, written[k]);
+    if (s == CLPAR_OK) s = clpar_dev_read(src, src_buf, src_off + at, slot[k]->ptr, n);
+    if (s == CLPAR_OK) s = order_after(dst, src, NULL);
+    if (s == CLPAR_OK) s = clpar_dev_write(dst, dst_buf, dst_off + at, slot[k]->ptr, n);
+    clpar_event_release(written[k]);
+    written[k] = NULL;
+    if (s == CLPAR_OK) s = clpar_event_record(dst, &written[k]);
+  }
+  if (s != CLPAR_OK) { /* what was posted may still use the blocks */
+    clpar_worker_drain(src);
+    clpar_worker_drain(dst);
+  }
+  for (int k = 0; k < 2; k++) {
+    if (!slot[k]) continue;
+    /* Back to the pool once the last write from it completed (at once if none was made). */
+    if (!written[k] || clpar_event_then(written[k], staging_put, slot[k]) != CLPAR_OK) {
+      if (written[k]) clpar_event_sync(written[k]);
+      staging_put(slot[k]);
+    }
+    clpar_event_release(written[k]);
+  }
+  return s;
+}
+
+clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t dst_off,
+                            clpar_device *src_dev, clpar_storage *src_st, size_t src_off,
+                            size_t bytes) {
+  if (bytes == 0) return CLPAR_OK;
+  if (dst_dev == src_dev)
+    return clpar_dev_copy(dst_dev, dst_st->buf, dst_off, src_st->buf, src_off, bytes);
+  count(dst_dev, src_dev, bytes);
+  if (dst_dev == clpar_device_host())
+    return to_host(dst_dev, dst_st, dst_off, src_dev, src_st->buf, src_off, bytes);
+  return through_staging(dst_dev, dst_st->buf, dst_off, src_dev, src_st->buf, src_off, bytes);
+}
+
+clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
+                          size_t bytes) {
+  count(dev, NULL, bytes);
+  for (size_t at = 0; at < bytes; at += CHUNK) {
+    size_t n = bytes - at < CHUNK ? bytes - at : CHUNK;
+    clpar_staging_block *b;
+    clpar_status s = staging_get(dev, n, &b);
+    if (s != CLPAR_OK) return s;
+    memcpy(b->ptr, (const char *)src + at, n);
+    clpar_event *done = NULL;
+    s = clpar_dev_write(dev, buf, off_bytes + at, b->ptr, n);
+    if (s == CLPAR_OK) s = clpar_event_record(dev, &done);
+    if (s == CLPAR_OK) s = clpar_event_then(done, staging_put, b);
+    if (s != CLPAR_OK) {
+      if (done)
+        clpar_event_sync(done);
+      else
+        clpar_worker_drain(dev);
+      staging_put(b);
+    }
+    clpar_event_release(done);
+    if (s != CLPAR_OK) return s;
+  }
+  return CLPAR_OK;
+}
+
+clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
+                            size_t bytes) {
+  count(NULL, dev, bytes);
+  clpar_event *done;
+  clpar_status s = clpar_dev_read(dev, buf, off_bytes, dst, bytes);
+  if (s == CLPAR_OK) s = clpar_event_record(dev, &done);
+  if (s != CLPAR_OK) {
+    clpar_worker_drain(dev); /* dst must not be written after we return */
+    return s;
+  }
+  s = clpar_event_sync(done);
+  clpar_event_release(done);
+  if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
+  return s;
+}

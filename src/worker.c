@@ -1,0 +1,367 @@
+/* worker.c — one worker thread per device, the only thread that drives the device's queue,
+ * and the dispatch through which the core reaches every backend entry.
+ *
+ * The core posts commands (a backend entry and its arguments, a wait for another device's
+ * event, the recording of an event, a host function) into the device's ring; the worker runs
+ * them in order. So the thread that calls an op only checks arguments, takes memory from the
+ * cache and posts: it blocks only to read a value back or to synchronize. Devices overlap by
+ * construction, and PoCL's `basic` devices, which run a kernel in the thread that enqueues
+ * it, run in parallel (DESIGN.md: one thread per queue).
+ *
+ * A command that fails on the worker cannot report to its caller, who has moved on: its
+ * error is kept (the first one) and returned, naming the entry, by the next call on that
+ * device. The dispatch functions are generated from backend.h's list of entries. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- commands ---- */
+
+#define CLPAR_BE_FIELD_(type, field) type field;
+#define ARGS_STRUCT_(name, kind, required) \
+  typedef struct {                         \
+    char unused_;                          \
+    CLPAR_BE_ARGS_##name(CLPAR_BE_FIELD_)  \
+  } args_##name;
+CLPAR_BACKEND_ENTRIES(ARGS_STRUCT_)
+
+enum {
+#define OP_ENUM_(name, kind, required) OP_##name,
+  CLPAR_BACKEND_ENTRIES(OP_ENUM_)
+#undef OP_ENUM_
+      OP_WAIT, /* u.event: wait for another device's event */
+  OP_SIGNAL,   /* u.event: record, complete the core event when the device has */
+  OP_CALL      /* u.call */
+};
+
+static const char *const op_names[] = {
+#define OP_NAME_(name, kind, required) #name,
+    CLPAR_BACKEND_ENTRIES(OP_NAME_)
+#undef OP_NAME_
+        "wait",
+    "signal", "call"};
+
+/* Where a posted-and-waited command puts its result. */
+typedef struct {
+  clpar_status status;
+  char message[512];
+} sync_result;
+
+typedef struct {
+  int op;
+  sync_result *result; /* NULL: errors go to the device's first error */
+  union {
+#define ARGS_MEMBER_(name, kind, required) args_##name name;
+    CLPAR_BACKEND_ENTRIES(ARGS_MEMBER_)
+#undef ARGS_MEMBER_
+    clpar_event *event;
+    struct {
+      void (*fn)(void *);
+      void *user;
+    } call;
+  } u;
+} command;
+
+struct clpar_worker {
+  clpar_device *dev;
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t work; /* commands arrived, or stop */
+  pthread_cond_t ran;  /* a command ran */
+  command *ring;
+  size_t capacity, head, count; /* head: next to run */
+  uint64_t posted, executed;
+  int stop;
+  clpar_status error; /* the first asynchronous failure, not yet reported */
+  char error_message[1024];
+};
+
+static _Thread_local const clpar_device *current_device; /* the worker's own device */
+
+int clpar_worker_is_current(const clpar_device *dev) {
+  return current_device == dev;
+}
+
+/* ---- running ---- */
+
+static clpar_status run_entry(clpar_device *dev, command *cmd_) {
+  const clpar_backend_iface *f = dev->bd.iface;
+  void *ctx = dev->bd.ctx;
+#define CLPAR_BE_ARG_(type, field) , args_->field
+#define RUN_CASE_(name, kind, required)                                               \
+  case OP_##name: {                                                                   \
+    args_##name *args_ = &cmd_->u.name;                                               \
+    (void)args_;                                                                      \
+    if (!f->name)                                                                     \
+      return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "the %s backend has no " #name, \
+                             dev->bd.info.backend);                                   \
+    return f->name(ctx CLPAR_BE_ARGS_##name(CLPAR_BE_ARG_));                          \
+  }
+  switch (cmd_->op) {
+    CLPAR_BACKEND_ENTRIES(RUN_CASE_)
+    default:
+      return clpar_set_error(CLPAR_ERROR_INTERNAL, "worker: unknown command %d", cmd_->op);
+  }
+#undef RUN_CASE_
+}
+
+static void signal_done(void *user, clpar_status status) {
+  clpar_event_complete(user, status);
+}
+
+/* Records a backend event and completes ev when it completes; on failure, at once. */
+static clpar_status run_signal(clpar_device *dev, clpar_event *ev) {
+  void *bev = NULL;
+  clpar_status s = dev->bd.iface->event_record(dev->bd.ctx, &bev);
+  if (s == CLPAR_OK && !bev) {
+    clpar_event_complete(ev, CLPAR_OK);
+  } else if (s == CLPAR_OK) {
+    s = dev->bd.iface->event_then(dev->bd.ctx, bev, signal_done, ev);
+    if (s != CLPAR_OK) { /* cannot be told: wait here */
+      dev->bd.iface->finish(dev->bd.ctx);
+      clpar_event_complete(ev, CLPAR_OK);
+    }
+    dev->bd.iface->event_free(dev->bd.ctx, bev);
+  } else {
+    clpar_event_complete(ev, s);
+  }
+  return s;
+}
+
+static clpar_status run_command(clpar_device *dev, command *c) {
+  switch (c->op) {
+    case OP_WAIT:
+      clpar_event_block(c->u.event, dev);
+      clpar_event_release(c->u.event);
+      return CLPAR_OK;
+    case OP_SIGNAL: {
+      clpar_status s = run_signal(dev, c->u.event);
+      clpar_event_release(c->u.event);
+      return s;
+    }
+    case OP_CALL:
+      c->u.call.fn(c->u.call.user);
+      return CLPAR_OK;
+    default:
+      return run_entry(dev, c);
+  }
+}
+
+static void *worker_main(void *arg) {
+  clpar_worker *w = arg;
+  current_device = w->dev;
+  clpar_set_grad_enabled(0);
+  pthread_mutex_lock(&w->lock);
+  for (;;) {
+    while (w->count == 0 && !w->stop) pthread_cond_wait(&w->work, &w->lock);
+    if (w->count == 0) break;
+    command c = w->ring[w->head];
+    w->head = (w->head + 1) % w->capacity;
+    w->count--;
+    pthread_mutex_unlock(&w->lock);
+    clpar_clear_error();
+    clpar_status s = run_command(w->dev, &c);
+    pthread_mutex_lock(&w->lock);
+    if (c.result) {
+      c.result->status = s;
+      if (s != CLPAR_OK)
+        snprintf(c.result->message, sizeof c.result->message, "%s", clpar_last_error());
+    } else if (s != CLPAR_OK && w->error == CLPAR_OK) {
+      w->error = s;
+      snprintf(w->error_message, sizeof w->error_message, "%s failed on the device's queue: %s",
+               op_names[c.op], clpar_last_error());
+    }
+    w->executed++;
+    pthread_cond_broadcast(&w->ran);
+  }
+  pthread_mutex_unlock(&w->lock);
+  return NULL;
+}
+
+/* ---- posting ---- */
+
+static clpar_status ring_grow(clpar_worker *w) {
+  size_t cap = w->capacity ? 2 * w->capacity : 256;
+  command *grown = malloc(cap * sizeof *grown);
+  if (!grown) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "worker: out of host memory");
+  for (size_t i = 0; i < w->count; i++) grown[i] = w->ring[(w->head + i) % w->capacity];
+  free(w->ring);
+  w->ring = grown;
+  w->capacity = cap;
+  w->head = 0;
+  return CLPAR_OK;
+}
+
+/* Appends c; *ticket is its number (the worker has run it once executed >= ticket). */
+static clpar_status post(clpar_device *dev, const command *c, uint64_t *ticket) {
+  clpar_worker *w = dev->worker;
+  if (!w)
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s has no worker (shut down?)",
+                           dev->bd.info.id);
+  pthread_mutex_lock(&w->lock);
+  clpar_status s = w->count == w->capacity ? ring_grow(w) : CLPAR_OK;
+  if (s == CLPAR_OK) {
+    w->ring[(w->head + w->count) % w->capacity] = *c;
+    w->count++;
+    *ticket = ++w->posted;
+    pthread_cond_signal(&w->work);
+  }
+  pthread_mutex_unlock(&w->lock);
+  return s;
+}
+
+clpar_status clpar_worker_take_error(clpar_device *dev) {
+  clpar_worker *w = dev->worker;
+  if (!w || __atomic_load_n(&w->error, __ATOMIC_RELAXED) == CLPAR_OK) return CLPAR_OK;
+  pthread_mutex_lock(&w->lock);
+  clpar_status s = w->error;
+  if (s != CLPAR_OK) clpar_set_error(s, "%s: %s", dev->bd.info.id, w->error_message);
+  w->error = CLPAR_OK;
+  pthread_mutex_unlock(&w->lock);
+  return s;
+}
+
+/* Posts c and returns at once: an earlier asynchronous failure is returned instead. */
+static clpar_status post_async(clpar_device *dev, const command *c) {
+  clpar_status s = clpar_worker_take_error(dev);
+  uint64_t ticket;
+  return s != CLPAR_OK ? s : post(dev, c, &ticket);
+}
+
+/* Posts c and waits until the worker has run it (on the worker itself: runs it at once). */
+static clpar_status post_sync(clpar_device *dev, command *c) {
+  clpar_status s = clpar_worker_take_error(dev);
+  if (s != CLPAR_OK) return s;
+  if (clpar_worker_is_current(dev)) return run_command(dev, c);
+  sync_result result = {CLPAR_OK, ""};
+  c->result = &result;
+  uint64_t ticket;
+  s = post(dev, c, &ticket);
+  if (s != CLPAR_OK) return s;
+  __atomic_add_fetch(&dev->host_waits, 1, __ATOMIC_RELAXED);
+  clpar_worker *w = dev->worker;
+  pthread_mutex_lock(&w->lock);
+  while (w->executed < ticket) pthread_cond_wait(&w->ran, &w->lock);
+  pthread_mutex_unlock(&w->lock);
+  if (result.status != CLPAR_OK)
+    return clpar_set_error(result.status, "%s: %s", dev->bd.info.id, result.message);
+  return CLPAR_OK;
+}
+
+clpar_status clpar_worker_call(clpar_device *dev, void (*fn)(void *), void *user) {
+  command c = {.op = OP_CALL};
+  c.u.call.fn = fn;
+  c.u.call.user = user;
+  return post_async(dev, &c);
+}
+
+/* Posted by clpar_event_record / clpar_event_wait (src/event.c), which own the reference. */
+clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait);
+clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait) {
+  command c = {.op = wait ? OP_WAIT : OP_SIGNAL};
+  c.u.event = ev;
+  uint64_t ticket;
+  return post(dev, &c, &ticket); /* never refused for an earlier error: events must flow */
+}
+
+clpar_status clpar_worker_drain(clpar_device *dev) {
+  clpar_event *ev;
+  clpar_status s = clpar_event_record(dev, &ev);
+  if (s != CLPAR_OK) return s;
+  s = clpar_event_sync(ev);
+  clpar_event_release(ev);
+  if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
+  return s;
+}
+
+/* ---- the dispatch, generated ---- */
+
+#define DISPATCH_(name, kind, required) DISPATCH_##kind(name)
+
+#define DISPATCH_DIRECT(name)                                                               \
+  clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {  \
+    if (!dev->bd.iface->name)                                                               \
+      return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: the %s backend has no " #name,   \
+                             dev->bd.info.id, dev->bd.info.backend);                        \
+    clpar_status s = dev->bd.iface->name(dev->bd.ctx CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_)); \
+    return s == CLPAR_OK ? s : clpar_device_fail(dev, s);                                   \
+  }
+#define CLPAR_BE_NAME_(type, field) , field
+
+#define DISPATCH_QUEUE(name)                                                                      \
+  static void pack_##name(command *cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {                  \
+    cmd_->op = OP_##name;                                                                         \
+    cmd_->result = NULL;                                                                          \
+    args_##name *args_ = &cmd_->u.name;                                                           \
+    (void)args_;                                                                                  \
+    CLPAR_BE_ARGS_##name(CLPAR_BE_STORE_)                                                         \
+  }                                                                                               \
+  clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {        \
+    command cmd_;                                                                                 \
+    pack_##name(&cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_));                                      \
+    return post_async(dev, &cmd_);                                                                \
+  }                                                                                               \
+  clpar_status clpar_dev_##name##_sync(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) { \
+    command cmd_;                                                                                 \
+    pack_##name(&cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_));                                      \
+    return post_sync(dev, &cmd_);                                                                 \
+  }
+#define CLPAR_BE_STORE_(type, field) args_->field = field;
+
+CLPAR_BACKEND_ENTRIES(DISPATCH_)
+
+int clpar_dev_has(clpar_device *dev, const char *entry) {
+  const clpar_backend_iface *f = dev->bd.iface;
+  const void *fn = NULL;
+#define HAS_(name, kind, required) \
+  if (strcmp(entry, #name) == 0) fn = (const void *)f->name;
+  CLPAR_BACKEND_ENTRIES(HAS_)
+#undef HAS_
+  if (!fn) return 0;
+  int yes = 1;
+  if (f->supports_op && f->supports_op(dev->bd.ctx, entry, &yes) != CLPAR_OK) yes = 0;
+  return yes;
+}
+
+/* ---- life ---- */
+
+clpar_status clpar_worker_start(clpar_device *dev) {
+  clpar_worker *w = calloc(1, sizeof *w);
+  if (!w) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "worker: out of host memory");
+  w->dev = dev;
+  pthread_mutex_init(&w->lock, NULL);
+  pthread_cond_init(&w->work, NULL);
+  pthread_cond_init(&w->ran, NULL);
+  if (ring_grow(w) != CLPAR_OK || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+    free(w->ring);
+    pthread_cond_destroy(&w->ran);
+    pthread_cond_destroy(&w->work);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+    return clpar_set_error(CLPAR_ERROR_INTERNAL, "%s: cannot start its worker thread",
+                           dev->bd.info.id);
+  }
+  dev->worker = w;
+  return CLPAR_OK;
+}
+
+void clpar_worker_stop(clpar_device *dev) {
+  clpar_worker *w = dev->worker;
+  if (!w) return;
+  pthread_mutex_lock(&w->lock);
+  w->stop = 1;
+  pthread_cond_signal(&w->work);
+  pthread_mutex_unlock(&w->lock);
+  pthread_join(w->thread, NULL);
+  if (w->error != CLPAR_OK)
+    clpar_log(CLPAR_LOG_WARN, "%s: an error was never reported: %s", dev->bd.info.id,
+              w->error_message);
+  free(w->ring);
+  pthread_cond_destroy(&w->ran);
+  pthread_cond_destroy(&w->work);
+  pthread_mutex_destroy(&w->lock);
+  free(w);
+  dev->worker = NULL;
+}
