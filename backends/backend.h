@@ -145,6 +145,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(profile, QUEUE, 0)           \
   X(profile_read, QUEUE, 0)
 
+// clang-format off
+/* one argument list per entry, kept as written */
 /* Releases the device context and everything it owns; its queue is idle and its buffers and
  * staging blocks are all released first. */
 #define CLPAR_BE_ARGS_destroy(F)
@@ -186,10 +188,10 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_fill(F) F(clpar_bref, out) F(size_t, n) F(float, value)
 /* out[r,c] = a[r,c] (op) b[b_rows == 1 ? 0 : r, c], r < rows, c < cols; b_rows is 1 or
  * rows. out may alias a or b exactly. */
-#define CLPAR_BE_ARGS_binary(F)                                                       \
-  F(clpar_binary_kind, kind)                                                          \
-  F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, b) F(size_t, b_rows) \
-      F(clpar_bref, out)
+#define CLPAR_BE_ARGS_binary(F) \
+  F(clpar_binary_kind, kind)    \
+  F(size_t, rows)               \
+  F(size_t, cols) F(clpar_bref, a) F(clpar_bref, b) F(size_t, b_rows) F(clpar_bref, out)
 /* out[i] = alpha * a[i], i < n; out may alias a. */
 #define CLPAR_BE_ARGS_scale(F) F(size_t, n) F(float, alpha) F(clpar_bref, a) F(clpar_bref, out)
 /* out[c] = sum over r < rows of a[r, c], c < cols (a row-major, rows x cols). */
@@ -198,11 +200,10 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* Row-major SGEMM: C = alpha * op(A) @ op(B) + beta * C, op(A) m x k, op(B) k x n,
  * leading dimensions in elements (row-major: the row stride of the matrix as stored).
  * beta == 0 means C's old contents are ignored (NaN in C must not leak through). */
-#define CLPAR_BE_ARGS_gemm(F)                                                             \
-  F(int, trans_a)                                                                         \
-  F(int, trans_b) F(size_t, m) F(size_t, n) F(size_t, k) F(float, alpha) F(clpar_bref, a) \
-      F(size_t, lda) F(clpar_bref, b) F(size_t, ldb) F(float, beta) F(clpar_bref, c)      \
-          F(size_t, ldc)
+#define CLPAR_BE_ARGS_gemm(F)                                                           \
+  F(int, trans_a) F(int, trans_b) F(size_t, m) F(size_t, n) F(size_t, k) F(float, alpha) \
+  F(clpar_bref, a) F(size_t, lda) F(clpar_bref, b) F(size_t, ldb) F(float, beta)         \
+  F(clpar_bref, c) F(size_t, ldc)
 /* out[r, c] = a[c], r < rows, c < cols: one row repeated (cols == 1: a scalar). */
 #define CLPAR_BE_ARGS_broadcast_rows(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
@@ -235,16 +236,17 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_sgd_step(F) \
   F(size_t, n) F(clpar_bref, param) F(clpar_bref, grad) F(clpar_bref, buf) F(clpar_sgd_args, args)
 /* In place, n elements (see clpar_adam_args). */
-#define CLPAR_BE_ARGS_adam_step(F)                                           \
-  F(size_t, n)                                                               \
-  F(clpar_bref, param) F(clpar_bref, grad) F(clpar_bref, m) F(clpar_bref, v) \
-      F(clpar_adam_args, args)
+#define CLPAR_BE_ARGS_adam_step(F) \
+  F(size_t, n)                     \
+  F(clpar_bref, param)             \
+  F(clpar_bref, grad) F(clpar_bref, m) F(clpar_bref, v) F(clpar_adam_args, args)
 /* Turns recording of device time on or off; either way the totals restart from zero. */
 #define CLPAR_BE_ARGS_profile(F) F(int, enable)
 /* Waits for the queue, then gives the device time of the ops enqueued since recording was
  * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
 #define CLPAR_BE_ARGS_profile_read(F) F(double *, seconds) F(uint64_t *, ops)
 
+// clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field
 
 typedef struct clpar_backend_iface {

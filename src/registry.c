@@ -198,7 +198,8 @@ static clpar_status init_locked(void) {
   for (int i = 0; i < all_count; i++) all_devices[i]->index = -1;
   for (int i = 0; i < selected_count; i++) selected[i]->index = i;
   for (int i = 0; s == CLPAR_OK && i < all_count; i++) s = clpar_worker_start(all_devices[i]);
-  for (int i = 0; s == CLPAR_OK && i < selected_count; i++) s = clpar_staging_reserve(selected[i], 2);
+  for (int i = 0; s == CLPAR_OK && i < selected_count; i++)
+    s = clpar_staging_reserve(selected[i], 2);
   return s;
 }
 
