@@ -1,4 +1,6 @@
-/* log.c — leveled logging to stderr or a user callback; never to stdout. */
+/* log.c — leveled logging to stderr or a user callback; never to stdout. The callback runs
+ * without any lock held, so it may call back into clpar; a message logged from inside the
+ * callback on the same thread goes to stderr instead of recursing into it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@ static clpar_log_level log_level = CLPAR_LOG_WARN;
 static clpar_log_fn log_fn = NULL;
 static void *log_user = NULL;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int in_callback; /* this thread is inside the user's callback */
 
 void clpar_log_set_level(clpar_log_level level) {
   if (level < CLPAR_LOG_OFF) level = CLPAR_LOG_OFF;
@@ -50,9 +53,14 @@ void clpar_log(clpar_log_level level, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   pthread_mutex_lock(&log_lock);
-  if (log_fn)
-    log_fn(level, msg, log_user);
-  else
-    fprintf(stderr, "clpar %s: %s\n", tags[level], msg);
+  clpar_log_fn fn = log_fn;
+  void *user = log_user;
   pthread_mutex_unlock(&log_lock);
+  if (fn && !in_callback) {
+    in_callback = 1;
+    fn(level, msg, user);
+    in_callback = 0;
+  } else {
+    fprintf(stderr, "clpar %s: %s\n", tags[level], msg);
+  }
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -72,6 +73,63 @@ static void test_log_callback_and_levels(void **state) {
   clpar_log_set_level(old);
 }
 
+/* A callback that calls into clpar: an error (which logs at debug level), the callback and
+ * level setters. It runs in a thread that must finish within seconds: with the log lock held
+ * during the callback it deadlocked, and the lock would then block every later test. */
+typedef struct {
+  int calls;
+  int nested_error; /* what clpar_device_get(-1) reported inside the callback */
+  int done;         /* atomic: the thread got through */
+} reentrant_state;
+
+static void reentrant(clpar_log_level level, const char *msg, void *user) {
+  (void)level;
+  (void)msg;
+  reentrant_state *st = user;
+  st->calls++;
+  st->nested_error = clpar_device_get(-1) == NULL; /* logs "NOT_INITIALIZED" at debug */
+  clpar_log_set_callback(reentrant, user);
+  clpar_log_set_level(clpar_log_get_level());
+  clpar_log(CLPAR_LOG_WARN, "logged from inside the callback");
+}
+
+static void *log_from_thread(void *arg) {
+  reentrant_state *st = arg;
+  clpar_log_set_callback(reentrant, arg);
+  clpar_log(CLPAR_LOG_WARN, "outer message");
+  clpar_log_set_callback(NULL, NULL);
+  __atomic_store_n(&st->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void test_log_callback_may_call_clpar(void **state) {
+  (void)state;
+  reentrant_state st = {0};
+  clpar_log_level old = clpar_log_get_level();
+  clpar_log_set_level(CLPAR_LOG_DEBUG);
+  int stderr_saved = dup(STDERR_FILENO);
+  FILE *err = tmpfile(); /* the nested messages go to stderr; keep them out of the test log */
+  dup2(fileno(err), STDERR_FILENO);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, log_from_thread, &st), 0);
+  for (int ms = 0; ms < 20000 && !__atomic_load_n(&st.done, __ATOMIC_ACQUIRE); ms += 10)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  fflush(stderr);
+  dup2(stderr_saved, STDERR_FILENO);
+  close(stderr_saved);
+  if (!__atomic_load_n(&st.done, __ATOMIC_ACQUIRE)) {
+    fprintf(stderr, "a log callback that calls clpar deadlocked\n");
+    _exit(1); /* the log lock stays held: later tests would hang too */
+  }
+  pthread_join(th, NULL);
+  clpar_log_set_level(old);
+  assert_int_equal(st.calls, 1); /* nested messages did not recurse into the callback */
+  assert_true(st.nested_error);
+  fseek(err, 0, SEEK_END);
+  assert_true(ftell(err) > 0);
+  fclose(err);
+}
+
 /* Everything a program does with the library, at the most verbose level, with errors:
  * stdout stays empty. */
 static void test_nothing_on_stdout(void **state) {
@@ -120,6 +178,7 @@ int main(void) {
       cmocka_unit_test(test_names_and_strings),
       cmocka_unit_test(test_message_is_thread_local),
       cmocka_unit_test(test_log_callback_and_levels),
+      cmocka_unit_test(test_log_callback_may_call_clpar),
       cmocka_unit_test(test_nothing_on_stdout),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

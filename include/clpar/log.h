@@ -21,7 +21,10 @@ typedef void (*clpar_log_fn)(clpar_log_level level, const char *message, void *u
 
 CLPAR_API void clpar_log_set_level(clpar_log_level level);
 CLPAR_API clpar_log_level clpar_log_get_level(void);
-/* NULL restores logging to stderr. */
+/* NULL restores logging to stderr. The callback is called without any lock held, possibly
+ * from several threads at once (and possibly still running on another thread when this
+ * returns); it may call any clpar function. A message logged from inside the callback on the
+ * same thread goes to stderr, not back into the callback. */
 CLPAR_API void clpar_log_set_callback(clpar_log_fn fn, void *user);
 
 #ifdef __cplusplus
