@@ -208,6 +208,12 @@ clpar_status clpar_matmul(const clpar_tensor *a, const clpar_tensor *b, int tran
   return finish_op(dev, s, s == CLPAR_OK ? r : NULL, out);
 }
 
+/* True when the elements of x and y share memory (views of one storage that overlap). */
+static int overlaps(const clpar_tensor *x, const clpar_tensor *y) {
+  return x->storage == y->storage && x->offset < y->offset + (size_t)y->numel &&
+         y->offset < x->offset + (size_t)x->numel;
+}
+
 clpar_status clpar_gemm(int trans_a, int trans_b, float alpha, const clpar_tensor *a,
                         const clpar_tensor *b, float beta, clpar_tensor *c) {
   int64_t m, n, k;
@@ -221,6 +227,14 @@ clpar_status clpar_gemm(int trans_a, int trans_b, float alpha, const clpar_tenso
                            "clpar_gemm: c is %s, op(a) @ op(b) is [%lld, %lld]", SHAPE(c, x),
                            (long long)m, (long long)n);
   }
+  /* Backends read a and b while they write c (the host backend row by row, CLBlast through
+   * temporaries), so memory shared between them would give a backend-dependent answer. */
+  const char *alias = overlaps(c, a) ? "a" : overlaps(c, b) ? "b" : NULL;
+  if (alias)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_gemm: c shares memory with %s; write the result into a tensor of "
+                           "its own (clpar_matmul makes one)",
+                           alias);
   clpar_device *dev = a->storage->dev;
   s = run_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   clpar_tensor_touch(c);

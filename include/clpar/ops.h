@@ -32,7 +32,8 @@ CLPAR_API clpar_status clpar_scale(const clpar_tensor *a, float alpha, clpar_ten
 /* out = op(a) @ op(b) for 2-D a and b, op = transpose when trans_* is nonzero. */
 CLPAR_API clpar_status clpar_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
                                     int trans_b, clpar_tensor **out);
-/* BLAS-style, in place: c = alpha * op(a) @ op(b) + beta * c. */
+/* BLAS-style, in place: c = alpha * op(a) @ op(b) + beta * c. c must not share memory with a
+ * or b (CLPAR_ERROR_INVALID_ARGUMENT on every backend); views of disjoint rows are fine. */
 CLPAR_API clpar_status clpar_gemm(int trans_a, int trans_b, float alpha, const clpar_tensor *a,
                                   const clpar_tensor *b, float beta, clpar_tensor *c);
 
