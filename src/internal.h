@@ -279,6 +279,11 @@ clpar_status clpar_check_shape(const char *fn, int ndim, const int64_t *shape, i
 void clpar_scope_adopt(clpar_tensor *t);
 void clpar_scope_forget(clpar_tensor *t);
 
+/* Rows split in proportion to n (1..64) weights, each > 0 and finite: the floor of each exact
+ * share, then one more row each to the largest remainders (ties to the first). The sizes add
+ * up to rows exactly, with no overflow even for INT64_MAX rows (src/ops.c). */
+void clpar_weighted_sizes(int64_t rows, const float *weights, int n, int64_t *sizes);
+
 /* Counter-based generator shared by every backend: the value for (seed, index). */
 float clpar_rng_uniform01(uint64_t seed, uint64_t index);
 

@@ -305,7 +305,9 @@ clpar_status clpar_concat(clpar_tensor *const *parts, int n, clpar_tensor **out)
           "clpar_concat: part 0 is %s and part %d is %s; all but dim 0 must match", SHAPE(q, x), i,
           SHAPE(p, y));
     }
-    rows += p->shape[0];
+    if (__builtin_add_overflow(rows, p->shape[0], &rows))
+      return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_concat: more than %lld rows in all",
+                             (long long)INT64_MAX);
   }
   int64_t shape[CLPAR_MAX_DIMS];
   memcpy(shape, parts[0]->shape, sizeof shape);
@@ -338,7 +340,10 @@ clpar_status clpar_split(clpar_tensor *t, const int64_t *sizes, int n, clpar_ten
     if (sizes[i] < 1)
       return clpar_set_error(CLPAR_ERROR_EMPTY, "clpar_split: size %d is %lld; sizes must be >= 1",
                              i, (long long)sizes[i]);
-    total += sizes[i];
+    if (__builtin_add_overflow(total, sizes[i], &total))
+      return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                             "clpar_split: the sizes add up to more than %lld rows",
+                             (long long)INT64_MAX);
   }
   if (total != t->shape[0])
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
@@ -364,8 +369,32 @@ int clpar_chunk_sizes(int64_t rows, int k, int64_t *sizes) {
   if (k < 1 || !sizes)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_chunk_sizes: k is %d (must be >= 1) or sizes is NULL", k);
-  int64_t chunk = (rows + k - 1) / k;
+  int64_t chunk = rows / k + (rows % k != 0); /* ceil without rows + k - 1, which overflows */
   int n = 0;
   for (int64_t left = rows; left > 0; left -= chunk) sizes[n++] = left < chunk ? left : chunk;
   return n;
+}
+
+void clpar_weighted_sizes(int64_t rows, const float *weights, int n, int64_t *sizes) {
+  double total = 0, frac[64];
+  for (int i = 0; i < n; i++) total += weights[i];
+  int64_t given = 0;
+  for (int i = 0; i < n; i++) {
+    double exact = (double)rows * weights[i] / total;
+    int64_t left = rows - given; /* >= 0: the sizes never add up past rows */
+    sizes[i] = exact >= (double)left ? left : (int64_t)exact;
+    frac[i] = exact - (double)sizes[i];
+    given += sizes[i];
+  }
+  for (int r = 0; r < n && given < rows; r++, given++) {
+    int best = 0;
+    for (int i = 1; i < n; i++) best = frac[i] > frac[best] ? i : best;
+    sizes[best]++;
+    frac[best] = -1;
+  }
+  if (given < rows) { /* only when doubles lost rows of a huge batch: the largest share */
+    int best = 0;
+    for (int i = 1; i < n; i++) best = weights[i] > weights[best] ? i : best;
+    sizes[best] += rows - given;
+  }
 }

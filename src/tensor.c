@@ -282,8 +282,8 @@ clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count, cl
                            (long long)count);
   if (start < 0 || start > t->shape[0] - count)
     return clpar_set_error(CLPAR_ERROR_INDEX,
-                           "clpar_tensor_rows: rows [%lld, %lld) of a tensor with %lld rows",
-                           (long long)start, (long long)(start + count), (long long)t->shape[0]);
+                           "clpar_tensor_rows: %lld rows from row %lld of a tensor with %lld rows",
+                           (long long)count, (long long)start, (long long)t->shape[0]);
   int64_t shape[CLPAR_MAX_DIMS];
   memcpy(shape, t->shape, sizeof shape);
   shape[0] = count;

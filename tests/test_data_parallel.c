@@ -152,6 +152,11 @@ static void test_split_sizes(void **state) {
   assert_int_equal(s4[0], 1);
   assert_int_equal(s4[1], 1);
   for (int i = 2; i < n; i++) assert_int_equal(s4[i], 0);
+  /* the largest batch there is: no overflow, no endless loop, every row placed */
+  assert_int_equal(clpar_data_parallel_split(dp, INT64_MAX, s4), n);
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) assert_false(__builtin_add_overflow(total, s4[i], &total));
+  assert_int_equal(total, INT64_MAX);
   clpar_module_free(dp);
 }
 

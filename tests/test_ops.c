@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "test_util.h"
 
 typedef clpar_status (*binary_fn)(const clpar_tensor *, const clpar_tensor *, clpar_tensor **);
@@ -196,6 +197,56 @@ static void test_chunk_sizes_match_tutorials(void **state) {
   assert_int_equal(clpar_chunk_sizes(5, 0, sz), CLPAR_ERROR_INVALID_ARGUMENT);
 }
 
+/* Sizes near INT64_MAX: no signed overflow (UBSan would stop here), no endless loop, and the
+ * sizes still add up (checked, since a wrapped sum could look right). */
+static int64_t checked_sum(const int64_t *sizes, int n) {
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    assert_true(sizes[i] >= 0);
+    assert_false(__builtin_add_overflow(total, sizes[i], &total));
+  }
+  return total;
+}
+
+static void test_huge_sizes(void **state) {
+  (void)state;
+  int64_t sz[8];
+  for (int k = 1; k <= 8; k++) {
+    assert_int_equal(clpar_chunk_sizes(INT64_MAX, k, sz), k);
+    assert_int_equal(checked_sum(sz, k), INT64_MAX);
+    assert_int_equal(sz[0], INT64_MAX / k + (INT64_MAX % k != 0));
+  }
+  assert_int_equal(clpar_chunk_sizes(INT64_MAX - 1, 2, sz), 2);
+  assert_int_equal(sz[0], INT64_MAX / 2);
+  /* weighted sizes (DataParallel's weights): the usual cases, then the largest batch */
+  static const float w31[] = {3, 1}, w1[] = {1}, w111[] = {1, 1, 1}, wodd[] = {1e-3f, 7, 0.5f};
+  clpar_weighted_sizes(100, w31, 2, sz);
+  assert_int_equal(sz[0], 75);
+  assert_int_equal(sz[1], 25);
+  clpar_weighted_sizes(30, w31, 2, sz);
+  assert_int_equal(sz[0], 23); /* 22.5 and 7.5: the tie goes to the first */
+  assert_int_equal(sz[1], 7);
+  clpar_weighted_sizes(10, w111, 3, sz);
+  assert_int_equal(sz[0], 4);
+  assert_int_equal(sz[1], 3);
+  assert_int_equal(sz[2], 3);
+  const float *ws[] = {w31, w1, w111, wodd};
+  const int wn[] = {2, 1, 3, 3};
+  for (int c = 0; c < 4; c++) {
+    for (int64_t below = 0; below <= 2; below++) {
+      clpar_weighted_sizes(INT64_MAX - below, ws[c], wn[c], sz);
+      assert_int_equal(checked_sum(sz, wn[c]), INT64_MAX - below);
+    }
+  }
+  /* split sizes whose sum overflows */
+  clpar_device *dev = clpar_device_get(0);
+  clpar_tensor *t = tu_make(dev, 2, (int64_t[]){4, 2}, 90), *outs[3] = {0};
+  assert_int_equal(clpar_split(t, (int64_t[]){INT64_MAX, INT64_MAX, 2}, 3, outs),
+                   CLPAR_ERROR_TOO_LARGE);
+  assert_null(outs[0]);
+  clpar_tensor_free(t);
+}
+
 /* Bad input: each op refuses with a clear error, allocates nothing and leaves out alone. */
 static void test_bad_input_changes_nothing(void **state) {
   (void)state;
@@ -289,6 +340,7 @@ int main(void) {
       cmocka_unit_test(test_sum_rows),
       cmocka_unit_test(test_concat_split),
       cmocka_unit_test(test_chunk_sizes_match_tutorials),
+      cmocka_unit_test(test_huge_sizes),
       cmocka_unit_test(test_bad_input_changes_nothing),
       cmocka_unit_test(test_device_mismatch),
       cmocka_unit_test(test_profiling),

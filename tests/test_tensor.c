@@ -230,6 +230,21 @@ static void test_bad_input(void **state) {
   assert_int_equal(clpar_tensor_rows(x, 2, 2, &v), CLPAR_ERROR_INDEX);
   assert_int_equal(clpar_tensor_rows(x, -1, 1, &v), CLPAR_ERROR_INDEX);
   assert_ptr_equal(v, sentinel);
+  /* Shapes and row ranges near INT64_MAX: refused without signed overflow. */
+  static const int64_t huge1[] = {INT64_MAX}, huge2[] = {INT64_MAX, INT64_MAX},
+                       square[] = {(int64_t)1 << 32, (int64_t)1 << 32},
+                       many[] = {1 << 16, 1 << 16, 1 << 16, 1 << 16};
+  assert_int_equal(clpar_tensor_zeros(dev, 1, huge1, &t), CLPAR_ERROR_TOO_LARGE);
+  assert_int_equal(clpar_tensor_zeros(dev, 2, huge2, &t), CLPAR_ERROR_TOO_LARGE);
+  assert_int_equal(clpar_tensor_zeros(dev, 2, square, &t), CLPAR_ERROR_TOO_LARGE);
+  assert_int_equal(clpar_tensor_zeros(dev, 4, many, &t), CLPAR_ERROR_TOO_LARGE);
+  assert_int_equal(clpar_tensor_reshape(x, 2, huge2, &v), CLPAR_ERROR_TOO_LARGE);
+  assert_int_equal(clpar_tensor_rows(x, INT64_MAX, 1, &v), CLPAR_ERROR_INDEX);
+  assert_non_null(strstr(clpar_last_error(), "1 rows from row 9223372036854775807"));
+  assert_int_equal(clpar_tensor_rows(x, 1, INT64_MAX, &v), CLPAR_ERROR_INDEX);
+  assert_int_equal(clpar_tensor_rows(x, INT64_MIN, 1, &v), CLPAR_ERROR_INDEX);
+  assert_ptr_equal(v, sentinel);
+  assert_ptr_equal(t, sentinel);
   char buf[32];
   assert_string_equal(clpar_tensor_shape_str(x, buf, sizeof buf), "[3, 3]");
   clpar_tensor_free(x);
