@@ -1,6 +1,7 @@
 /* test_tensor.c — creation, transfers between host and devices (and between devices), views,
  * reshape, reference counting and scopes, random tensors that agree on every backend, and the
  * bad input of each (0 rows, too large, a host buffer too small, NULL). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,6 +170,60 @@ static void test_scope_releases_temporaries(void **state) {
   clpar_tensor_free(NULL);
 }
 
+static size_t bytes_in_use(clpar_device *dev) {
+  clpar_memory_stats m;
+  tu_ok(clpar_device_memory_stats(dev, &m));
+  return (size_t)m.bytes_in_use;
+}
+
+static void *end_scope_elsewhere(void *scope) {
+  clpar_scope_end(scope); /* not this thread's scope: left open */
+  return NULL;
+}
+
+/* Ending an outer scope ends the inner ones too; their handles then end nothing (ending one
+ * was a use-after-free), nor does a handle ended twice, a stale handle whose address a newer
+ * scope took over, or a scope of another thread. */
+static void test_scopes_out_of_order(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  int64_t shape[] = {8, 8};
+  size_t base = bytes_in_use(dev);
+  clpar_tensor *a, *b, *c;
+  clpar_scope *outer = clpar_scope_begin(), *inner = clpar_scope_begin();
+  tu_ok(clpar_tensor_zeros(dev, 2, shape, &a)); /* in inner */
+  clpar_scope *innermost = clpar_scope_begin();
+  tu_ok(clpar_tensor_zeros(dev, 2, shape, &b));
+  clpar_scope_end(outer); /* before inner and innermost */
+  assert_int_equal(bytes_in_use(dev), base);
+  clpar_scope_end(innermost);
+  clpar_scope_end(inner);
+  clpar_scope_end(outer);
+  /* No scope is open now: a new tensor belongs to the caller, not to an ended scope. */
+  tu_ok(clpar_tensor_zeros(dev, 2, shape, &c));
+  clpar_scope *later = clpar_scope_begin();
+  clpar_scope_end(later);
+  float v[64];
+  tu_ok(clpar_tensor_read(c, v, 64));
+  clpar_tensor_free(c);
+  assert_int_equal(bytes_in_use(dev), base);
+
+  /* A stale handle must not end the scope that now lives at its old address. */
+  clpar_scope *old = clpar_scope_begin();
+  clpar_scope_end(old);
+  clpar_scope *fresh = clpar_scope_begin();
+  tu_ok(clpar_tensor_zeros(dev, 2, shape, &a));
+  clpar_scope_end(old);
+  tu_ok(clpar_tensor_read(a, v, 64));
+  /* Another thread cannot end it either. */
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, end_scope_elsewhere, fresh), 0);
+  pthread_join(th, NULL);
+  tu_ok(clpar_tensor_read(a, v, 64));
+  clpar_scope_end(fresh);
+  assert_int_equal(bytes_in_use(dev), base);
+}
+
 /* Internal holders (a graph node, an optimizer) take references of their own: dropping them
  * must not take the scope's reference away (a leak, found by the CUDA tests' author). */
 static void test_scope_and_internal_references(void **state) {
@@ -257,6 +312,7 @@ int main(void) {
       cmocka_unit_test(test_rows_view_shares_memory),
       cmocka_unit_test(test_random_is_device_independent),
       cmocka_unit_test(test_scope_releases_temporaries),
+      cmocka_unit_test(test_scopes_out_of_order),
       cmocka_unit_test(test_scope_and_internal_references),
       cmocka_unit_test(test_bad_input),
   };

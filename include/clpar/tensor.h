@@ -67,7 +67,10 @@ CLPAR_API clpar_device *clpar_tensor_device(const clpar_tensor *t);
 CLPAR_API char *clpar_tensor_shape_str(const clpar_tensor *t, char *buf, size_t size);
 
 /* Scopes: every tensor created on this thread while the scope is the innermost open one
- * belongs to it; clpar_scope_end releases them. Scopes nest. */
+ * belongs to it; clpar_scope_end releases them. Scopes nest: ending a scope also ends the
+ * scopes still open inside it (an error path may end an outer scope first), and ending a
+ * scope that has already ended does nothing. A scope must be ended on the thread that began
+ * it (elsewhere clpar_scope_end logs an error and leaves it open). */
 CLPAR_API clpar_scope *clpar_scope_begin(void);
 CLPAR_API void clpar_scope_end(clpar_scope *scope);
 
