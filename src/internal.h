@@ -245,13 +245,25 @@ struct clpar_module {
   void (*free_user)(void *);
   clpar_named *children, *params;
   int n_children, n_params;
-  /* the flattened parameter list of parameter_at, rebuilt when the tree changed */
+  /* references: one per place it is a child of, plus the creator's until a parent adopts it
+   * (atomic); a module may be a child of several modules, or twice of one */
+  int refs;
+  int adopted;
+  /* the flattened parameter list of parameter_at (each parameter once), rebuilt when some
+   * tree changed; names it lent out stay allocated until the module is freed */
   clpar_named *flat;
   int n_flat;
   uint64_t flat_generation;
+  int names_lent;
+  char **retired;
+  int n_retired;
   /* DataParallel: the wrapper's state, and the hook that frees it */
   void *parallel;
 };
+
+/* 1 when some submodule or parameter appears at more than one place in m's tree (so that
+ * walking every entry meets it twice), 0 when not, a negative status when out of memory. */
+int clpar_module_shares(const clpar_module *m);
 
 /* Drops a reference taken with clpar_tensor_retain (by a node, an optimizer, a module),
  * leaving any scope alone; clpar_tensor_free drops the creation reference, which a scope may

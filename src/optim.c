@@ -45,6 +45,36 @@ static clpar_status check_adam(const clpar_adam_options *o) {
   return CLPAR_OK;
 }
 
+typedef struct {
+  uintptr_t tensor;
+  int index;
+} param_ref;
+
+static int param_ref_cmp(const void *a, const void *b) {
+  const param_ref *x = a, *y = b;
+  if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+  return (x->index > y->index) - (x->index < y->index);
+}
+
+/* A parameter given twice would be stepped twice per step: finds the first repeat (the
+ * smallest index that repeats an earlier one). 1 when there is one, 0 when not, -1 when out
+ * of memory. */
+static int find_repeat(clpar_tensor *const *params, int n, int *first, int *again) {
+  param_ref *refs = malloc((size_t)n * sizeof *refs);
+  if (!refs) return -1;
+  for (int i = 0; i < n; i++) refs[i] = (param_ref){(uintptr_t)params[i], i};
+  qsort(refs, (size_t)n, sizeof *refs, param_ref_cmp);
+  int found = 0;
+  for (int i = 1; i < n; i++) {
+    if (refs[i].tensor != refs[i - 1].tensor || (found && refs[i].index >= *again)) continue;
+    *first = refs[i - 1].index;
+    *again = refs[i].index;
+    found = 1;
+  }
+  free(refs);
+  return found;
+}
+
 static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, const void *options,
                            clpar_optimizer **out) {
   if (!params || n < 1 || !options || !out)
@@ -55,6 +85,12 @@ static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, co
     if (!params[i] || params[i]->node)
       s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                           "optimizer: parameter %d is NULL or not a leaf", i);
+  int first = 0, again = 0, repeat = s == CLPAR_OK ? find_repeat(params, n, &first, &again) : 0;
+  if (repeat < 0) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  if (repeat > 0)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                        "optimizer: parameter %d is parameter %d again; give each tensor once",
+                        again, first);
   if (s != CLPAR_OK) return s;
   clpar_optimizer *o = calloc(1, sizeof *o);
   param_state *ps = calloc((size_t)n, sizeof *ps);

@@ -57,14 +57,19 @@ CLPAR_API clpar_status clpar_linear_create(int64_t in_features, int64_t out_feat
                                            clpar_device *dev, clpar_module **out);
 CLPAR_API clpar_status clpar_relu_create(clpar_module **out);
 /* nn.Sequential: children named "0", "1", ...; takes ownership of the children (also on
- * error). */
+ * error) as clpar_module_add_child does. A module may appear more than once
+ * (Sequential(relu, relu)). */
 CLPAR_API clpar_status clpar_sequential_create(clpar_module *const *children, int n,
                                                clpar_module **out);
 /* A user-defined module. free_user (may be NULL) is called on user when the module is freed. */
 CLPAR_API clpar_status clpar_module_create(const char *type_name, clpar_forward_fn forward,
                                            void *user, void (*free_user)(void *),
                                            clpar_module **out);
-/* Registers a child under name; the module takes ownership of it (also on error). */
+/* Registers a child under name. The first parent takes over the creator's reference: do not
+ * free the child after that. A module may be a child at several places (twice in one module,
+ * or a layer shared by two models): it is reference counted and freed with the last of them.
+ * A child that is m itself or contains m is refused (CLPAR_ERROR_INVALID_ARGUMENT) and
+ * nothing is freed; on another error a child that no parent holds yet is freed. */
 CLPAR_API clpar_status clpar_module_add_child(clpar_module *m, const char *name,
                                               clpar_module *child);
 /* Registers a parameter under name; the module takes a reference and marks it as requiring a
@@ -78,14 +83,20 @@ CLPAR_API const char *clpar_module_type(const clpar_module *m);
 
 CLPAR_API clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input,
                                             clpar_tensor **output);
-/* Every parameter of m and its children, depth first in registration order. */
+/* Every parameter of m and its children, depth first in registration order. A module or a
+ * parameter that appears at more than one place is listed once, under the first name met, as
+ * PyTorch's parameters() does. */
 CLPAR_API int clpar_module_parameter_count(const clpar_module *m);
-/* Parameter i of that list with its full name ("seq1.0.weight"); both borrowed. */
+/* Parameter i of that list with its full name ("seq1.0.weight"); both borrowed, the name
+ * valid as long as m is. */
 CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char **name,
                                                  clpar_tensor **param);
 /* Moves every parameter to dev (a differentiable module stays trainable there). */
 CLPAR_API clpar_status clpar_module_to(clpar_module *m, clpar_device *dev);
 CLPAR_API clpar_status clpar_module_zero_grad(clpar_module *m);
+/* Frees a module that no parent holds, dropping its references to its children and
+ * parameters. A module that a parent holds is freed with its parent: freeing it by hand does
+ * nothing but log a warning. */
 CLPAR_API void clpar_module_free(clpar_module *m);
 
 #ifdef __cplusplus

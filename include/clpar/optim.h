@@ -30,7 +30,8 @@ typedef struct clpar_adam_options {
   float weight_decay; /* Adam: L2 added to the gradient; AdamW: decoupled decay */
 } clpar_adam_options;
 
-/* The optimizer keeps a reference to each parameter. */
+/* The optimizer keeps a reference to each parameter; a tensor given twice is refused
+ * (CLPAR_ERROR_INVALID_ARGUMENT), since it would be stepped twice. */
 CLPAR_API clpar_status clpar_sgd_create(clpar_tensor *const *params, int n,
                                         const clpar_sgd_options *options, clpar_optimizer **out);
 CLPAR_API clpar_status clpar_adam_create(clpar_tensor *const *params, int n,

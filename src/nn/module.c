@@ -1,7 +1,13 @@
 /* module.c — modules: a forward function with named children and named parameters, so that
  * PyTorch's nn.Module classes can be written in C; and the built-in Linear, ReLU and
  * Sequential. Parameter names are PyTorch's ("seq1.0.weight"). Moving a module to a device
- * moves each parameter in place, so pointers held elsewhere (an optimizer) stay valid. */
+ * moves each parameter in place, so pointers held elsewhere (an optimizer) stay valid.
+ *
+ * A module may be used at several places (Sequential(relu, relu), one layer shared by two
+ * models), so modules are reference counted: the first parent adopts the creator's reference
+ * and every further place adds one (GObject's floating references). Cycles are refused. The
+ * flat parameter list, as PyTorch's parameters(), lists each module and each parameter once,
+ * under the first name met, so a shared parameter is counted and stepped once. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +30,47 @@ static uint64_t next_seed(void) {
   return __atomic_load_n(&seed_base, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull + c + 1;
 }
 
+/* ---- a set of pointers, for walking trees whose parts may be shared ---- */
+
+typedef struct {
+  const void **slots; /* open addressing; NULL is free */
+  size_t cap, count;
+} ptr_set;
+
+static size_t ptr_slot(const void *p, size_t cap) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return (size_t)x & (cap - 1);
+}
+
+/* Adds p: 1 when it is new, 0 when it was there already, -1 when out of memory. */
+static int ptr_set_add(ptr_set *s, const void *p) {
+  if (2 * (s->count + 1) > s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    const void **slots = calloc(cap, sizeof *slots);
+    if (!slots) return -1;
+    for (size_t i = 0; i < s->cap; i++) {
+      if (!s->slots[i]) continue;
+      size_t j = ptr_slot(s->slots[i], cap);
+      while (slots[j]) j = (j + 1) & (cap - 1);
+      slots[j] = s->slots[i];
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->cap = cap;
+  }
+  size_t j = ptr_slot(p, s->cap);
+  for (; s->slots[j]; j = (j + 1) & (s->cap - 1))
+    if (s->slots[j] == p) return 0;
+  s->slots[j] = p;
+  s->count++;
+  return 1;
+}
+
+/* ---- creating and freeing ---- */
+
 clpar_status clpar_module_create(const char *type_name, clpar_forward_fn forward, void *user,
                                  void (*free_user)(void *), clpar_module **out) {
   if (!forward || !out)
@@ -38,27 +85,55 @@ clpar_status clpar_module_create(const char *type_name, clpar_forward_fn forward
   m->forward = forward;
   m->user = user;
   m->free_user = free_user;
+  m->refs = 1;
   *out = m;
   return CLPAR_OK;
 }
 
-void clpar_module_free(clpar_module *m) {
-  if (!m) return;
+static void free_flat(clpar_module *m) {
+  for (int i = 0; i < m->n_flat; i++) free(m->flat[i].name);
+  free(m->flat);
+  m->flat = NULL;
+  m->n_flat = 0;
+}
+
+/* Drops one reference; the last one frees the module and drops its children's. */
+static void module_release(clpar_module *m) {
+  if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   for (int i = 0; i < m->n_children; i++) {
-    clpar_module_free(m->children[i].item);
+    module_release(m->children[i].item);
     free(m->children[i].name);
   }
   for (int i = 0; i < m->n_params; i++) {
     clpar_tensor_release(m->params[i].item);
     free(m->params[i].name);
   }
-  for (int i = 0; i < m->n_flat; i++) free(m->flat[i].name);
+  free_flat(m);
+  for (int i = 0; i < m->n_retired; i++) free(m->retired[i]);
   if (m->free_user) m->free_user(m->user);
+  free(m->retired);
   free(m->children);
   free(m->params);
-  free(m->flat);
   free(m->type);
   free(m);
+}
+
+/* What a function that takes ownership does with a module it cannot keep: the creator's
+ * reference is dropped; a module that a parent holds is left to it. */
+static void drop_given(clpar_module *m) {
+  if (m && !__atomic_load_n(&m->adopted, __ATOMIC_ACQUIRE)) module_release(m);
+}
+
+void clpar_module_free(clpar_module *m) {
+  if (!m) return;
+  if (__atomic_load_n(&m->adopted, __ATOMIC_ACQUIRE)) {
+    clpar_log(CLPAR_LOG_WARN,
+              "clpar_module_free: this %s module belongs to a parent module, which frees it; "
+              "ignored",
+              m->type);
+    return;
+  }
+  module_release(m);
 }
 
 /* Appends (name, item) to a list; the name must be new in it. */
@@ -86,14 +161,40 @@ static clpar_status add_named(const char *fn, clpar_named **list, int *count, co
   return CLPAR_OK;
 }
 
+/* 1 when target is root or in root's tree, 0 when not, -1 when out of memory. */
+static int contains(const clpar_module *root, const clpar_module *target, ptr_set *seen) {
+  if (root == target) return 1;
+  int r = ptr_set_add(seen, root);
+  if (r <= 0) return r; /* met before (and not found then), or out of memory */
+  for (int i = 0; i < root->n_children; i++)
+    if ((r = contains(root->children[i].item, target, seen)) != 0) return r;
+  return 0;
+}
+
 clpar_status clpar_module_add_child(clpar_module *m, const char *name, clpar_module *child) {
   if (!m || !child) {
-    clpar_module_free(child);
+    drop_given(child);
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_add_child: NULL module");
   }
+  ptr_set seen = {0};
+  int cycle = contains(child, m, &seen);
+  free(seen.slots);
+  if (cycle != 0) /* child is m or holds it: it is the caller's tree, not to be freed */
+    return cycle < 0 ? clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY,
+                                       "clpar_module_add_child: out of host memory")
+                     : clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                                       "clpar_module_add_child: \"%s\" (%s) is the module itself "
+                                       "or contains it; a module cannot be its own descendant",
+                                       name ? name : "(null)", child->type);
   clpar_status s = add_named("clpar_module_add_child", &m->children, &m->n_children, name, child);
-  if (s != CLPAR_OK) clpar_module_free(child);
-  return s;
+  if (s != CLPAR_OK) {
+    drop_given(child);
+    return s;
+  }
+  /* The first parent takes over the creator's reference; every further place adds one. */
+  if (__atomic_exchange_n(&child->adopted, 1, __ATOMIC_ACQ_REL))
+    __atomic_add_fetch(&child->refs, 1, __ATOMIC_RELAXED);
+  return CLPAR_OK;
 }
 
 clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar_tensor *param) {
@@ -136,57 +237,112 @@ clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_te
   return m->forward(m, input, output, m->user);
 }
 
-/* Appends m's parameters, then its children's, with prefix + name, to the flat list. */
-static int flatten(const clpar_module *m, const char *prefix, clpar_named **list, int *count,
-                   int *cap) {
+/* ---- the flat parameter list ---- */
+
+typedef struct {
+  clpar_named *list;
+  int count, cap;
+  ptr_set modules, params; /* met so far */
+  int shared;              /* some module or parameter was met twice */
+} flat_walk;
+
+static int flat_append(flat_walk *w, char *name, void *item) {
+  if (w->count == w->cap) {
+    int c = w->cap ? 2 * w->cap : 16;
+    clpar_named *grown = realloc(w->list, (size_t)c * sizeof *grown);
+    if (!grown) return 0;
+    w->list = grown;
+    w->cap = c;
+  }
+  w->list[w->count].name = name;
+  w->list[w->count++].item = item;
+  return 1;
+}
+
+/* Appends m's parameters, then its children's, with prefix + name, skipping what was met
+ * before. Returns 0 when out of memory. */
+static int flatten(const clpar_module *m, const char *prefix, flat_walk *w) {
+  int r = ptr_set_add(&w->modules, m);
+  if (r <= 0) {
+    w->shared |= r == 0;
+    return r == 0;
+  }
   for (int pass = 0; pass < 2; pass++) {
     int n = pass == 0 ? m->n_params : m->n_children;
     const clpar_named *items = pass == 0 ? m->params : m->children;
     for (int i = 0; i < n; i++) {
+      if (pass == 0 && (r = ptr_set_add(&w->params, items[i].item)) <= 0) {
+        if (r < 0) return 0;
+        w->shared = 1;
+        continue;
+      }
       size_t len = strlen(prefix) + strlen(items[i].name) + 2;
       char *full = malloc(len);
       if (!full) return 0;
       snprintf(full, len, "%s%s%s", prefix, *prefix ? "." : "", items[i].name);
-      if (pass == 1) {
-        int ok = flatten(items[i].item, full, list, count, cap);
-        free(full);
-        if (!ok) return 0;
-        continue;
-      }
-      if (*count == *cap) {
-        int c = *cap ? 2 * *cap : 16;
-        clpar_named *grown = realloc(*list, (size_t)c * sizeof *grown);
-        if (!grown) {
-          free(full);
-          return 0;
-        }
-        *list = grown;
-        *cap = c;
-      }
-      (*list)[*count].name = full;
-      (*list)[(*count)++].item = items[i].item;
+      int ok = pass == 1 ? flatten(items[i].item, full, w) : flat_append(w, full, items[i].item);
+      if (pass == 1 || !ok) free(full);
+      if (!ok) return 0;
     }
   }
   return 1;
 }
 
+static void walk_free(flat_walk *w, int keep_list) {
+  if (!keep_list) {
+    for (int i = 0; i < w->count; i++) free(w->list[i].name);
+    free(w->list);
+  }
+  free(w->modules.slots);
+  free(w->params.slots);
+}
+
+int clpar_module_shares(const clpar_module *m) {
+  flat_walk w = {0};
+  int ok = flatten(m, "", &w), shared = w.shared;
+  walk_free(&w, 0);
+  return ok ? shared
+            : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "listing parameters: out of host memory");
+}
+
+static int same_list(const clpar_named *a, int na, const clpar_named *b, int nb) {
+  if (na != nb) return 0;
+  for (int i = 0; i < na; i++)
+    if (a[i].item != b[i].item || strcmp(a[i].name, b[i].name) != 0) return 0;
+  return 1;
+}
+
+/* Rebuilds the flat list after any tree changed. Names handed out by parameter_at stay valid
+ * while the module lives: an unchanged list is kept as it is, a changed one retires its names
+ * (kept until the module is freed) instead of freeing them. */
 static clpar_status refresh_flat(clpar_module *m) {
   uint64_t gen = __atomic_load_n(&tree_generation, __ATOMIC_RELAXED);
-  if (m->flat_generation == gen && (m->flat || m->n_flat == 0) && m->flat_generation)
+  if (m->flat_generation == gen) return CLPAR_OK;
+  flat_walk w = {0};
+  int ok = flatten(m, "", &w);
+  if (ok && same_list(w.list, w.count, m->flat, m->n_flat)) {
+    walk_free(&w, 0);
+    m->flat_generation = gen;
     return CLPAR_OK;
-  for (int i = 0; i < m->n_flat; i++) free(m->flat[i].name);
-  free(m->flat);
-  m->flat = NULL;
-  m->n_flat = 0;
-  int cap = 0;
-  if (!flatten(m, "", &m->flat, &m->n_flat, &cap)) {
-    for (int i = 0; i < m->n_flat; i++) free(m->flat[i].name);
-    free(m->flat);
-    m->flat = NULL;
-    m->n_flat = 0;
-    m->flat_generation = 0;
+  }
+  if (ok && m->names_lent) {
+    char **grown = realloc(m->retired, (size_t)(m->n_retired + m->n_flat + 1) * sizeof *grown);
+    if (grown) {
+      m->retired = grown;
+      for (int i = 0; i < m->n_flat; i++) m->retired[m->n_retired++] = m->flat[i].name;
+      m->n_flat = 0; /* the names now belong to retired */
+    }
+    ok = grown != NULL;
+  }
+  if (!ok) {
+    walk_free(&w, 0);
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "listing parameters: out of host memory");
   }
+  free_flat(m);
+  walk_free(&w, 1);
+  m->flat = w.list;
+  m->n_flat = w.count;
+  m->names_lent = 0;
   m->flat_generation = gen;
   return CLPAR_OK;
 }
@@ -206,7 +362,10 @@ clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char 
   if (i < 0 || i >= m->n_flat)
     return clpar_set_error(CLPAR_ERROR_INDEX,
                            "clpar_module_parameter_at: index %d of %d parameters", i, m->n_flat);
-  if (name) *name = m->flat[i].name;
+  if (name) {
+    *name = m->flat[i].name;
+    ((clpar_module *)m)->names_lent = 1;
+  }
   if (param) *param = m->flat[i].item;
   return CLPAR_OK;
 }
@@ -214,23 +373,17 @@ clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char 
 clpar_status clpar_module_to(clpar_module *m, clpar_device *dev) {
   if (!m || !dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_to: NULL argument");
-  int n = clpar_module_parameter_count(m);
-  for (int i = 0; i < n; i++) {
-    clpar_status s = clpar_tensor_move(m->flat[i].item, dev);
-    if (s != CLPAR_OK) return s;
-  }
-  return CLPAR_OK;
+  clpar_status s = refresh_flat(m);
+  for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) s = clpar_tensor_move(m->flat[i].item, dev);
+  return s;
 }
 
 clpar_status clpar_module_zero_grad(clpar_module *m) {
   if (!m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_zero_grad: module is NULL");
-  int n = clpar_module_parameter_count(m);
-  for (int i = 0; i < n; i++) {
-    clpar_status s = clpar_tensor_zero_grad(m->flat[i].item);
-    if (s != CLPAR_OK) return s;
-  }
-  return CLPAR_OK;
+  clpar_status s = refresh_flat(m);
+  for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) s = clpar_tensor_zero_grad(m->flat[i].item);
+  return s;
 }
 
 /* ---- built-in modules ---- */
@@ -310,9 +463,14 @@ clpar_status clpar_sequential_create(clpar_module *const *children, int n, clpar
     snprintf(name, sizeof name, "%d", i);
     s = clpar_module_add_child(m, name, children[i]);
   }
-  if (s != CLPAR_OK) {
-    for (; children && i < n; i++) clpar_module_free(children[i]); /* owned even on error */
-    clpar_module_free(m);
+  if (s != CLPAR_OK) {              /* the children not added yet are owned even on error */
+    int failed = i > 0 ? i - 1 : 0; /* add_child already dropped children[failed] */
+    for (int j = failed + (i > 0); children && j < n; j++) {
+      int again = 0; /* the same module given twice is dropped once */
+      for (int k = failed; k < j; k++) again |= children[k] == children[j];
+      if (!again) drop_given(children[j]);
+    }
+    if (m) module_release(m);
     return s;
   }
   *out = m;

@@ -1,0 +1,182 @@
+/* test_module.c — modules as PyTorch users build them: a submodule used twice or shared by two
+ * models (reference counted, freed once), cycles refused, a shared parameter listed and
+ * stepped once, parameter names that stay valid while their module lives; and optimizers
+ * that follow their parameters to another device. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+static int warnings;
+static void count_warnings(clpar_log_level level, const char *msg, void *user) {
+  (void)msg;
+  (void)user;
+  if (level == CLPAR_LOG_WARN) warnings++;
+}
+
+/* Sequential(relu, relu): the same module twice, freed once (a double free before). */
+static void test_child_used_twice(void **state) {
+  (void)state;
+  clpar_module *relu, *seq;
+  tu_ok(clpar_relu_create(&relu));
+  tu_ok(clpar_sequential_create((clpar_module *[]){relu, relu}, 2, &seq));
+  assert_ptr_equal(clpar_module_child(seq, "0"), clpar_module_child(seq, "1"));
+  clpar_tensor *x, *y;
+  tu_ok(clpar_tensor_from_host(tu_host(), 1, (int64_t[]){3}, (float[]){-1, 0, 2}, &x));
+  tu_ok(clpar_module_forward(seq, x, &y));
+  float v[3];
+  tu_ok(clpar_tensor_read(y, v, 3));
+  assert_float_equal(v[0], 0, 0);
+  assert_float_equal(v[2], 2, 0);
+  clpar_tensor_free(x);
+  clpar_tensor_free(y);
+  clpar_module_free(seq);
+}
+
+/* Weight sharing: one Linear at two places of a model is one pair of parameters, listed once
+ * (as PyTorch's parameters()) and stepped once. */
+static void test_shared_layer_stepped_once(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_module *lin, *relu, *seq;
+  tu_ok(clpar_linear_create(4, 4, 1, dev, &lin));
+  tu_ok(clpar_relu_create(&relu));
+  tu_ok(clpar_sequential_create((clpar_module *[]){lin, relu, lin}, 3, &seq));
+  assert_int_equal(clpar_module_parameter_count(seq), 2);
+  const char *name;
+  clpar_tensor *w;
+  tu_ok(clpar_module_parameter_at(seq, 0, &name, &w));
+  assert_string_equal(name, "0.weight");
+  assert_ptr_equal(w, clpar_module_parameter(lin, "weight"));
+  clpar_optimizer *opt;
+  clpar_sgd_options o = {.lr = 0.5f};
+  tu_ok(clpar_sgd_create_for(seq, &o, &opt));
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x = tu_make(dev, 2, (int64_t[]){5, 4}, 3), *y, *loss;
+  tu_ok(clpar_module_forward(seq, x, &y));
+  tu_ok(clpar_sum(y, &loss));
+  tu_ok(clpar_backward(loss));
+  float before[16], grad[16], after[16];
+  tu_ok(clpar_tensor_read(w, before, 16));
+  tu_ok(clpar_tensor_read(clpar_tensor_grad(w), grad, 16)); /* both uses accumulated */
+  tu_ok(clpar_optimizer_step(opt));
+  tu_ok(clpar_tensor_read(w, after, 16));
+  for (int i = 0; i < 16; i++) assert_float_equal(after[i], before[i] - 0.5f * grad[i], 1e-6f);
+  clpar_scope_end(sc);
+  clpar_optimizer_free(opt);
+  clpar_module_free(seq);
+}
+
+/* One layer in two models: freeing one model leaves it to the other. */
+static void test_child_shared_by_two_parents(void **state) {
+  (void)state;
+  clpar_module *lin, *a, *b;
+  tu_ok(clpar_linear_create(2, 2, 0, tu_host(), &lin));
+  tu_ok(clpar_sequential_create(&lin, 1, &a));
+  tu_ok(clpar_sequential_create(&lin, 1, &b));
+  clpar_module_free(a);
+  clpar_tensor *x, *y;
+  tu_ok(clpar_tensor_zeros(tu_host(), 2, (int64_t[]){1, 2}, &x));
+  tu_ok(clpar_module_forward(b, x, &y));
+  assert_int_equal(clpar_module_parameter_count(b), 1);
+  clpar_tensor_free(y);
+  clpar_tensor_free(x);
+  /* Freeing a module that a parent holds is refused with a warning, not done. */
+  warnings = 0;
+  clpar_log_set_callback(count_warnings, NULL);
+  clpar_module_free(lin);
+  clpar_log_set_callback(NULL, NULL);
+  assert_int_equal(warnings, 1);
+  assert_int_equal(clpar_module_parameter_count(b), 1);
+  clpar_module_free(b);
+}
+
+/* A module cannot be its own child or descendant (it recursed until the stack overflowed);
+ * the refusal frees nothing, since the "child" is the caller's own tree. */
+static void test_cycles_refused(void **state) {
+  (void)state;
+  clpar_module *top, *mid, *leaf;
+  tu_ok(clpar_linear_create(2, 2, 1, tu_host(), &leaf));
+  tu_ok(clpar_sequential_create(&leaf, 1, &mid));
+  tu_ok(clpar_sequential_create(&mid, 1, &top));
+  assert_int_equal(clpar_module_add_child(top, "self", top), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "its own descendant"));
+  assert_int_equal(clpar_module_add_child(leaf, "up", top), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_module_add_child(mid, "up", top), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_module_parameter_count(top), 2);
+  /* a deep chain of Sequential(x, x): each level listed once, not 2^depth times */
+  clpar_module *x = top;
+  for (int d = 0; d < 64; d++) tu_ok(clpar_sequential_create((clpar_module *[]){x, x}, 2, &x));
+  assert_int_equal(clpar_module_parameter_count(x), 2);
+  tu_ok(clpar_module_zero_grad(x));
+  clpar_module_free(x);
+}
+
+/* The same tensor registered twice is one parameter; an optimizer given a tensor twice
+ * refuses it (it would step it twice). */
+static void test_parameter_registered_twice(void **state) {
+  (void)state;
+  clpar_tensor *p;
+  tu_ok(clpar_tensor_zeros(tu_host(), 1, (int64_t[]){4}, &p));
+  clpar_module *m, *lin;
+  tu_ok(clpar_linear_create(2, 2, 1, tu_host(), &lin));
+  tu_ok(clpar_module_add_parameter(lin, "alias", clpar_module_parameter(lin, "weight")));
+  assert_int_equal(clpar_module_parameter_count(lin), 2);
+  tu_ok(clpar_sequential_create(&lin, 1, &m));
+  tu_ok(clpar_module_add_parameter(m, "p", p));
+  tu_ok(clpar_module_add_parameter(m, "q", p));
+  assert_int_equal(clpar_module_parameter_count(m), 3);
+  clpar_optimizer *opt = NULL;
+  clpar_sgd_options o = {.lr = 0.1f};
+  assert_int_equal(clpar_sgd_create((clpar_tensor *[]){p, p}, 2, &o, &opt),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "parameter 1 is parameter 0 again"));
+  assert_null(opt);
+  clpar_adam_options ao = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.99f};
+  clpar_tensor *w = clpar_module_parameter(lin, "weight");
+  assert_int_equal(clpar_adam_create((clpar_tensor *[]){w, p, w}, 3, &ao, &opt),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  tu_ok(clpar_adam_create_for(m, &ao, &opt));
+  clpar_optimizer_free(opt);
+  clpar_module_free(m);
+  clpar_tensor_free(p);
+}
+
+/* Names from parameter_at live as long as their module (they were freed whenever any module
+ * anywhere was created), also after the module's own tree changes. */
+static void test_parameter_names_stay_valid(void **state) {
+  (void)state;
+  clpar_module *lin, *seq, *other;
+  tu_ok(clpar_linear_create(3, 2, 1, tu_host(), &lin));
+  tu_ok(clpar_sequential_create(&lin, 1, &seq));
+  const char *w_name, *b_name;
+  tu_ok(clpar_module_parameter_at(seq, 0, &w_name, NULL));
+  tu_ok(clpar_module_parameter_at(seq, 1, &b_name, NULL));
+  tu_ok(clpar_linear_create(2, 2, 1, tu_host(), &other)); /* another module, anywhere */
+  assert_int_equal(clpar_module_parameter_count(seq), 2);
+  assert_string_equal(w_name, "0.weight");
+  assert_string_equal(b_name, "0.bias");
+  const char *again;
+  tu_ok(clpar_module_parameter_at(seq, 0, &again, NULL));
+  assert_ptr_equal(again, w_name);                /* nothing changed in seq: the same string */
+  tu_ok(clpar_module_add_child(seq, "1", other)); /* seq's own tree changes */
+  assert_int_equal(clpar_module_parameter_count(seq), 4);
+  tu_ok(clpar_module_parameter_at(seq, 3, &again, NULL));
+  assert_string_equal(again, "1.bias");
+  assert_string_equal(w_name, "0.weight");
+  assert_string_equal(b_name, "0.bias");
+  clpar_module_free(seq);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_child_used_twice),
+      cmocka_unit_test(test_shared_layer_stepped_once),
+      cmocka_unit_test(test_child_shared_by_two_parents),
+      cmocka_unit_test(test_cycles_refused),
+      cmocka_unit_test(test_parameter_registered_twice),
+      cmocka_unit_test(test_parameter_names_stay_valid),
+  };
+  return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
+}
