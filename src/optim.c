@@ -1,6 +1,7 @@
 /* optim.c — SGD, Adam and AdamW with PyTorch's update rules (torch.optim). Each step is one
  * fused backend kernel per parameter on the parameter's device; the state (momentum buffer,
- * Adam's moments) lives next to the parameter and is made on the first step. */
+ * Adam's moments) lives next to the parameter, is made on the first step, and moves with the
+ * parameter when it was moved to another device (clpar_module_to, DataParallel). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,14 +167,26 @@ static clpar_status make_state(const clpar_tensor *p, int zero, clpar_tensor **o
   return s;
 }
 
+/* The state follows its parameter: clpar_module_to and DataParallel move parameters in place
+ * after the optimizer was made, and a backend must never see another backend's memory. */
+static clpar_status follow_param(param_state *ps, clpar_device *dev) {
+  for (int i = 0; i < 2; i++) {
+    if (!ps->state[i] || ps->state[i]->storage->dev == dev) continue;
+    clpar_status s = clpar_tensor_move(ps->state[i], dev);
+    if (s != CLPAR_OK) return s;
+  }
+  return CLPAR_OK;
+}
+
 static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
   clpar_tensor *p = ps->param, *g = p->grad;
   clpar_device *dev = p->storage->dev;
-  clpar_status s = CLPAR_OK;
   if (g->storage->dev != dev)
     return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH,
                            "optimizer: a parameter is on %s and its gradient on %s",
                            dev->bd.info.id, g->storage->dev->bd.info.id);
+  clpar_status s = follow_param(ps, dev);
+  if (s != CLPAR_OK) return s;
   if (o->kind == OPT_SGD) {
     int first = ps->state[0] == NULL;
     if (first && o->sgd.momentum != 0.0f)

@@ -169,6 +169,112 @@ static void test_parameter_names_stay_valid(void **state) {
   clpar_module_free(seq);
 }
 
+/* ---- optimizers after their parameters moved ---- */
+
+static const int32_t labels[6] = {0, 2, 1, 1, 0, 2};
+
+static clpar_module *make_mlp(clpar_device *dev) {
+  clpar_module *layers[3], *mlp;
+  clpar_manual_seed(7);
+  tu_ok(clpar_linear_create(4, 8, 1, dev, &layers[0]));
+  tu_ok(clpar_relu_create(&layers[1]));
+  tu_ok(clpar_linear_create(8, 3, 1, dev, &layers[2]));
+  tu_ok(clpar_sequential_create(layers, 3, &mlp));
+  return mlp;
+}
+
+static clpar_optimizer *make_optimizer(clpar_module *m, int adam) {
+  clpar_optimizer *opt;
+  clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+  clpar_adam_options ao = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  if (adam)
+    tu_ok(clpar_adam_create_for(m, &ao, &opt));
+  else
+    tu_ok(clpar_sgd_create_for(m, &so, &opt));
+  return opt;
+}
+
+/* One cross-entropy training step of m on a fixed batch made on dev. */
+static void train_step(clpar_module *m, clpar_optimizer *opt, clpar_device *dev) {
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x = tu_make(dev, 2, (int64_t[]){6, 4}, 5), *y, *loss;
+  tu_ok(clpar_optimizer_zero_grad(opt));
+  tu_ok(clpar_module_forward(m, x, &y));
+  tu_ok(clpar_cross_entropy(y, labels, 6, CLPAR_REDUCTION_MEAN, &loss));
+  tu_ok(clpar_backward(loss));
+  tu_ok(clpar_optimizer_step(opt));
+  clpar_scope_end(sc);
+}
+
+/* m's parameters against ref's, in flat order. */
+static void expect_same_parameters(clpar_module *m, clpar_module *ref, const char *what) {
+  assert_int_equal(clpar_module_parameter_count(m), clpar_module_parameter_count(ref));
+  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
+    clpar_tensor *p, *q;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    tu_ok(clpar_module_parameter_at(ref, i, NULL, &q));
+    tu_expect_equal(p, q, 1e-4f, 1e-5f, what);
+  }
+}
+
+/* The optimizer's state (momentum, Adam's moments) follows parameters that clpar_module_to
+ * moved: it stayed behind, and the next step handed one backend's memory to another. */
+static void test_optimizer_follows_module_to(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0), *host = tu_host();
+  if (dev == host) {
+    print_message("only the host device: nothing to move between\n");
+    skip();
+  }
+  for (int adam = 0; adam < 2; adam++)
+    for (int back = 0; back < 2; back++) {
+      clpar_device *from = back ? dev : host, *to = back ? host : dev;
+      clpar_module *moved = make_mlp(from), *ref = make_mlp(to);
+      clpar_optimizer *opt = make_optimizer(moved, adam), *ref_opt = make_optimizer(ref, adam);
+      train_step(moved, opt, from); /* makes the state on from */
+      train_step(ref, ref_opt, to);
+      tu_ok(clpar_module_to(moved, to));
+      for (int step = 0; step < 2; step++) {
+        train_step(moved, opt, to);
+        train_step(ref, ref_opt, to);
+      }
+      expect_same_parameters(moved, ref, adam ? "Adam after module_to" : "SGD after module_to");
+      clpar_optimizer_free(opt);
+      clpar_optimizer_free(ref_opt);
+      clpar_module_free(moved);
+      clpar_module_free(ref);
+    }
+}
+
+/* The same when DataParallel moves the parameters to its first device. */
+static void test_optimizer_follows_data_parallel(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0), *host = tu_host();
+  if (dev == host) {
+    print_message("only the host device: nothing to move between\n");
+    skip();
+  }
+  clpar_device *devices[2] = {dev, host};
+  for (int adam = 0; adam < 2; adam++) {
+    clpar_module *m = make_mlp(host), *ref = make_mlp(dev), *dp;
+    clpar_optimizer *opt = make_optimizer(m, adam), *ref_opt = make_optimizer(ref, adam);
+    train_step(m, opt, host);
+    train_step(ref, ref_opt, dev);
+    clpar_data_parallel_options o = {.devices = devices, .n_devices = 2};
+    tu_ok(clpar_data_parallel_create(m, &o, &dp)); /* moves m's parameters to dev */
+    for (int step = 0; step < 2; step++) {
+      train_step(dp, opt, dev);
+      train_step(ref, ref_opt, dev);
+    }
+    expect_same_parameters(clpar_module_child(dp, "module"), ref,
+                           adam ? "Adam after DataParallel" : "SGD after DataParallel");
+    clpar_optimizer_free(opt);
+    clpar_optimizer_free(ref_opt);
+    clpar_module_free(dp);
+    clpar_module_free(ref);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_child_used_twice),
@@ -177,6 +283,8 @@ int main(void) {
       cmocka_unit_test(test_cycles_refused),
       cmocka_unit_test(test_parameter_registered_twice),
       cmocka_unit_test(test_parameter_names_stay_valid),
+      cmocka_unit_test(test_optimizer_follows_module_to),
+      cmocka_unit_test(test_optimizer_follows_data_parallel),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

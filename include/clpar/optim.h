@@ -1,6 +1,7 @@
 /* optim.h — optimizers with PyTorch's update rules: SGD (momentum, dampening, nesterov,
  * weight decay), Adam and AdamW. A step enqueues one fused kernel per parameter on the
- * parameter's device and does not wait. */
+ * parameter's device and does not wait. An optimizer stays valid when its parameters move
+ * (clpar_module_to, clpar_data_parallel_create): its state moves with them at the next step. */
 #ifndef CLPAR_OPTIM_H
 #define CLPAR_OPTIM_H
 
