@@ -261,9 +261,10 @@ struct clpar_module {
   void *parallel;
 };
 
-/* 1 when some submodule or parameter appears at more than one place in m's tree (so that
- * walking every entry meets it twice), 0 when not, a negative status when out of memory. */
-int clpar_module_shares(const clpar_module *m);
+/* The parameter entries of m's tree counted at every place they appear (as a walk of params
+ * and children meets them), up to INT_MAX; more than clpar_module_parameter_count when a
+ * parameter, or a submodule with parameters, is shared. */
+int clpar_module_entry_count(const clpar_module *m);
 
 /* Drops a reference taken with clpar_tensor_retain (by a node, an optimizer, a module),
  * leaving any scope alone; clpar_tensor_free drops the creation reference, which a scope may

@@ -44,6 +44,7 @@ static void test_shared_layer_stepped_once(void **state) {
   tu_ok(clpar_relu_create(&relu));
   tu_ok(clpar_sequential_create((clpar_module *[]){lin, relu, lin}, 3, &seq));
   assert_int_equal(clpar_module_parameter_count(seq), 2);
+  assert_int_equal(clpar_module_entry_count(seq), 4); /* what a walk of every place meets */
   const char *name;
   clpar_tensor *w;
   tu_ok(clpar_module_parameter_at(seq, 0, &name, &w));

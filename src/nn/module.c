@@ -8,6 +8,7 @@
  * and every further place adds one (GObject's floating references). Cycles are refused. The
  * flat parameter list, as PyTorch's parameters(), lists each module and each parameter once,
  * under the first name met, so a shared parameter is counted and stepped once. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,7 +244,6 @@ typedef struct {
   clpar_named *list;
   int count, cap;
   ptr_set modules, params; /* met so far */
-  int shared;              /* some module or parameter was met twice */
 } flat_walk;
 
 static int flat_append(flat_walk *w, char *name, void *item) {
@@ -263,18 +263,14 @@ static int flat_append(flat_walk *w, char *name, void *item) {
  * before. Returns 0 when out of memory. */
 static int flatten(const clpar_module *m, const char *prefix, flat_walk *w) {
   int r = ptr_set_add(&w->modules, m);
-  if (r <= 0) {
-    w->shared |= r == 0;
-    return r == 0;
-  }
+  if (r <= 0) return r == 0; /* met before: listed already */
   for (int pass = 0; pass < 2; pass++) {
     int n = pass == 0 ? m->n_params : m->n_children;
     const clpar_named *items = pass == 0 ? m->params : m->children;
     for (int i = 0; i < n; i++) {
       if (pass == 0 && (r = ptr_set_add(&w->params, items[i].item)) <= 0) {
         if (r < 0) return 0;
-        w->shared = 1;
-        continue;
+        continue; /* met before: listed already */
       }
       size_t len = strlen(prefix) + strlen(items[i].name) + 2;
       char *full = malloc(len);
@@ -297,12 +293,11 @@ static void walk_free(flat_walk *w, int keep_list) {
   free(w->params.slots);
 }
 
-int clpar_module_shares(const clpar_module *m) {
-  flat_walk w = {0};
-  int ok = flatten(m, "", &w), shared = w.shared;
-  walk_free(&w, 0);
-  return ok ? shared
-            : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "listing parameters: out of host memory");
+int clpar_module_entry_count(const clpar_module *m) {
+  int64_t n = m->n_params;
+  for (int i = 0; i < m->n_children && n <= INT_MAX; i++)
+    n += clpar_module_entry_count(m->children[i].item);
+  return n > INT_MAX ? INT_MAX : (int)n;
 }
 
 static int same_list(const clpar_named *a, int na, const clpar_named *b, int nb) {
