@@ -152,7 +152,7 @@ static void replica_free(replica *r, int is_source) {
 static clpar_status replica_init(replica *r, clpar_module *source, clpar_device *dev,
                                  int is_source) {
   r->dev = dev;
-  r->n_params = clpar_module_parameter_count(source);
+  r->n_params = clpar_module_entry_count(source);
   clpar_status s = is_source ? CLPAR_OK : clone_tree(source, dev, &r->module);
   if (is_source) r->module = source;
   size_t n = (size_t)(r->n_params ? r->n_params : 1);
