@@ -30,8 +30,6 @@ struct clpar_event {
 static pthread_mutex_t event_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t event_cond = PTHREAD_COND_INITIALIZER;
 
-clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait);
-
 clpar_event *clpar_event_new(clpar_device *dev) {
   clpar_event *ev = calloc(1, sizeof *ev);
   if (!ev) {

@@ -52,16 +52,15 @@ struct clpar_device {
   clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)); \
   clpar_status clpar_dev_##name##_sync(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
 CLPAR_BACKEND_ENTRIES(CLPAR_DISPATCH_DECL_)
-/* 1 when the device runs the optional entry itself (else the core composes it). */
-int clpar_dev_has(clpar_device *dev, const char *entry);
 
 clpar_status clpar_worker_start(clpar_device *dev);
 /* Runs everything posted, then ends the thread (at shutdown). */
 void clpar_worker_stop(clpar_device *dev);
 /* The first error of a command that failed on the worker, taken (cleared); CLPAR_OK if none. */
 clpar_status clpar_worker_take_error(clpar_device *dev);
-/* Posts fn(user) to run on the worker after everything posted before it. */
-clpar_status clpar_worker_call(clpar_device *dev, void (*fn)(void *user), void *user);
+/* Posts the recording of ev (wait == 0) or a wait for it (wait == 1); src/event.c's record and
+ * wait do this, each handing the command a reference. Never refused for an earlier error. */
+clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait);
 /* Waits until every command posted to the device so far has run and completed on the device. */
 clpar_status clpar_worker_drain(clpar_device *dev);
 int clpar_worker_is_current(const clpar_device *dev);

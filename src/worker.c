@@ -32,8 +32,7 @@ enum {
   CLPAR_BACKEND_ENTRIES(OP_ENUM_)
 #undef OP_ENUM_
       OP_WAIT, /* u.event: wait for another device's event */
-  OP_SIGNAL,   /* u.event: record, complete the core event when the device has */
-  OP_CALL      /* u.call */
+  OP_SIGNAL    /* u.event: record, complete the core event when the device has */
 };
 
 static const char *const op_names[] = {
@@ -41,7 +40,7 @@ static const char *const op_names[] = {
     CLPAR_BACKEND_ENTRIES(OP_NAME_)
 #undef OP_NAME_
         "wait",
-    "signal", "call"};
+    "signal"};
 
 /* Where a posted-and-waited command puts its result. */
 typedef struct {
@@ -57,10 +56,6 @@ typedef struct {
     CLPAR_BACKEND_ENTRIES(ARGS_MEMBER_)
 #undef ARGS_MEMBER_
     clpar_event *event;
-    struct {
-      void (*fn)(void *);
-      void *user;
-    } call;
   } u;
 } command;
 
@@ -141,9 +136,6 @@ static clpar_status run_command(clpar_device *dev, command *c) {
       clpar_event_release(c->u.event);
       return s;
     }
-    case OP_CALL:
-      c->u.call.fn(c->u.call.user);
-      return CLPAR_OK;
     default:
       return run_entry(dev, c);
   }
@@ -250,15 +242,6 @@ static clpar_status post_sync(clpar_device *dev, command *c) {
   return CLPAR_OK;
 }
 
-clpar_status clpar_worker_call(clpar_device *dev, void (*fn)(void *), void *user) {
-  command c = {.op = OP_CALL};
-  c.u.call.fn = fn;
-  c.u.call.user = user;
-  return post_async(dev, &c);
-}
-
-/* Posted by clpar_event_record / clpar_event_wait (src/event.c), which own the reference. */
-clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait);
 clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait) {
   command c = {.op = wait ? OP_WAIT : OP_SIGNAL};
   c.u.event = ev;
@@ -311,19 +294,6 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
 #define CLPAR_BE_STORE_(type, field) args_->field = field;
 
 CLPAR_BACKEND_ENTRIES(DISPATCH_)
-
-int clpar_dev_has(clpar_device *dev, const char *entry) {
-  const clpar_backend_iface *f = dev->bd.iface;
-  const void *fn = NULL;
-#define HAS_(name, kind, required) \
-  if (strcmp(entry, #name) == 0) fn = (const void *)f->name;
-  CLPAR_BACKEND_ENTRIES(HAS_)
-#undef HAS_
-  if (!fn) return 0;
-  int yes = 1;
-  if (f->supports_op && f->supports_op(dev->bd.ctx, entry, &yes) != CLPAR_OK) yes = 0;
-  return yes;
-}
 
 /* ---- life ---- */
 
