@@ -28,10 +28,13 @@
  * - Offsets and counts are in float elements unless the name says bytes.
  * - The core validates shapes before calling: a backend may assume counts >= 1 and buffers
  *   large enough.
- * - Entries marked optional (required = 0) may be NULL: the core composes the fused ops
- *   (nll, softmax backward, optimizer steps) from primitives then (src/compose.c), and a
- *   device without profiling cannot be profiled. supports_op lets a backend refuse a fused op
- *   for some devices only. */
+ * - Every wait for the device inside an entry is reported with clpar_backend_waited.
+ * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
+ *   sgd_step, adam_step) the core then composes the op from primitive entries (fill, copy,
+ *   binary, scale, unary, gemm; src/compose.c), so a new backend can start with the
+ *   primitives only; supports_op lets a backend refuse a fused op for some of its devices
+ *   (asked once per device at clpar_init). A device without profile cannot be profiled, and
+ *   one without peer_access/copy_peer copies to its peers through host staging. */
 #ifndef CLPAR_BACKEND_H
 #define CLPAR_BACKEND_H
 
@@ -43,7 +46,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 4
+#define CLPAR_BACKEND_ABI_VERSION 5
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -60,6 +63,13 @@ clpar_status clpar_set_error(clpar_status status, const char *fmt, ...) CLPAR_PR
 void clpar_append_error(const char *fmt, ...) CLPAR_PRINTF(1, 2);
 /* Logs to stderr or the user's callback, by level (never to stdout). */
 void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
+/* A backend calls this each time one of its entries blocks the calling thread until the
+ * device has done something: clFinish, clWaitForEvents, a blocking map or read,
+ * cudaStreamSynchronize, cudaEventSynchronize, a cudaFree or cudaFreeHost (which synchronize
+ * the device). The core counts it, on the device whose entry is running, in
+ * clpar_device_host_waits and in the counters' backend_waits. Outside an entry called by
+ * the core's dispatch it does nothing. */
+void clpar_backend_waited(void);
 
 /* A buffer and an offset into it, in floats. */
 typedef struct clpar_bref {
@@ -121,6 +131,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(event_then, DIRECT, 1)       \
   X(event_free, DIRECT, 1)       \
   X(supports_op, DIRECT, 0)      \
+  X(peer_access, DIRECT, 0)      \
   X(host_alloc, QUEUE, 1)        \
   X(host_free, QUEUE, 1)         \
   X(write, QUEUE, 1)             \
@@ -138,12 +149,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(unary_backward, QUEUE, 1)    \
   X(softmax, QUEUE, 1)           \
   X(softmax_backward, QUEUE, 0)  \
-  X(nll, QUEUE, 0)               \
-  X(nll_backward, QUEUE, 0)      \
+  X(nll, QUEUE, 1)               \
+  X(nll_backward, QUEUE, 1)      \
   X(sgd_step, QUEUE, 0)          \
   X(adam_step, QUEUE, 0)         \
   X(profile, QUEUE, 0)           \
-  X(profile_read, QUEUE, 0)
+  X(profile_read, QUEUE, 0)      \
+  X(copy_peer, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -165,8 +177,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_event_then(F) F(void *, ev) F(clpar_event_fn, fn) F(void *, user)
 #define CLPAR_BE_ARGS_event_free(F) F(void *, ev)
 #define CLPAR_BE_ARGS_event_record(F) F(void **, ev)
-/* *yes = 1 when the device runs the optional entry named op ("nll", ...) itself. */
+/* *yes = 1 when the device runs the optional entry named op ("sgd_step", ...) itself; 0
+ * makes the core compose it. Without supports_op, a non-NULL entry is used. */
 #define CLPAR_BE_ARGS_supports_op(F) F(const char *, op) F(int *, yes)
+/* *yes = 1 when this device's copy_peer can copy from its memory into peer's, peer being
+ * another device of the same backend (its context). May set up the access (CUDA
+ * cudaDeviceEnablePeerAccess) the first time it is asked about a peer. */
+#define CLPAR_BE_ARGS_peer_access(F) F(void *, peer) F(int *, yes)
 /* Host memory the device transfers from and to at full speed (pinned: OpenCL
  * CL_MEM_ALLOC_HOST_PTR mapped, CUDA cudaMallocHost; plain memory on the host backend).
  * *handle is what host_free takes, *ptr the memory. */
@@ -245,6 +262,12 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* Waits for the queue, then gives the device time of the ops enqueued since recording was
  * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
 #define CLPAR_BE_ARGS_profile_read(F) F(double *, seconds) F(uint64_t *, ops)
+/* Enqueued on this (the source) device's queue: copies bytes from its buffer src to the
+ * buffer dst of peer, a device peer_access accepted, without the host. The core orders it
+ * after peer's earlier work and peer's later work after it (events). */
+#define CLPAR_BE_ARGS_copy_peer(F)                                                     \
+  F(void *, peer) F(void *, dst) F(size_t, dst_off_bytes) F(const void *, src)          \
+  F(size_t, src_off_bytes) F(size_t, bytes)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -70,12 +70,12 @@ static void release_all_locked(clpar_device *dev) {
 }
 
 static clpar_status driver_alloc_locked(clpar_device *dev, size_t size, void **buf) {
-  clpar_status s = dev->bd.iface->alloc(dev->bd.ctx, size, buf);
+  clpar_status s = clpar_dev_alloc(dev, size, buf);
   if (s == CLPAR_ERROR_OUT_OF_MEMORY && dev->free_blocks) {
     clpar_log(CLPAR_LOG_INFO, "%s: out of memory for %zu bytes; emptying the cache and retrying",
               dev->bd.info.id, size);
     release_all_locked(dev);
-    s = dev->bd.iface->alloc(dev->bd.ctx, size, buf);
+    s = clpar_dev_alloc(dev, size, buf);
   }
   if (s != CLPAR_OK) return clpar_device_fail(dev, s);
   dev->stats.driver_allocs++;
@@ -124,7 +124,7 @@ void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy
     if (busy)
       for (int i = 0; i < busy->count; i++) clpar_event_sync(busy->events[i]);
     busy_free(busy);
-    dev->bd.iface->release(dev->bd.ctx, buf);
+    clpar_dev_release(dev, buf);
     dev->stats.driver_frees++;
     pthread_mutex_unlock(&dev->alloc_lock);
     return;

@@ -173,9 +173,11 @@ static clpar_status ocl_host_alloc(void *dev, size_t bytes, void **handle, void 
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl host_alloc: out of host memory");
   cl_int err;
   p->mem = clCreateBuffer(d->context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
-  if (err == CL_SUCCESS)
+  if (err == CL_SUCCESS) { /* a blocking map: the pointer is needed at once */
     p->ptr = clEnqueueMapBuffer(d->queue, p->mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0,
                                 NULL, NULL, &err);
+    clpar_backend_waited();
+  }
   if (err != CL_SUCCESS) {
     if (p->mem) clReleaseMemObject(p->mem);
     free(p);
@@ -252,6 +254,11 @@ static clpar_status ocl_event_free(void *dev, void *ev) {
 }
 
 #define ocl_supports_op NULL
+/* A buffer can be copied by another device's queue only within one context, and clpar gives
+ * each device a context of its own (clCreateContext per device, ocl_probe): there is no peer
+ * copy, and copies between OpenCL devices go through host staging (src/transfer.c). */
+#define ocl_peer_access NULL
+#define ocl_copy_peer NULL
 
 /* src stays valid until a later event completes (the core's promise): nothing is copied and
  * nothing waits. */
@@ -332,6 +339,7 @@ static clpar_status ocl_copy(void *dev, void *dst, size_t dst_off_bytes, const v
 static clpar_status ocl_finish_locked(void *dev) {
   clpar_ocl_device *d = dev;
   cl_int err = clFinish(d->queue);
+  clpar_backend_waited();
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clFinish", NULL);
 }
 
@@ -583,7 +591,8 @@ static int event_time(cl_event ev, cl_profiling_info what, cl_ulong *t) {
   return clGetEventProfilingInfo(ev, what, sizeof *t, t, NULL) == CL_SUCCESS;
 }
 
-/* Sums the device time of the kept spans (waiting for them) and releases their events. */
+/* Sums the device time of the kept spans (waiting for them: a wait the caller counts unless
+ * the queue was just finished) and releases their events. */
 static void profile_harvest(clpar_ocl_device *d) {
   for (size_t i = 0; i < d->n_spans; i++) {
     clpar_ocl_span *sp = &d->spans[i];
@@ -605,6 +614,7 @@ static void profile_harvest(clpar_ocl_device *d) {
 static clpar_status ocl_profile(void *dev, int enable) {
   clpar_ocl_device *d = dev;
   pthread_mutex_lock(&d->prof_lock);
+  if (d->n_spans) clpar_backend_waited(); /* profile_harvest waits for them */
   profile_harvest(d);
   d->prof_seconds = 0;
   d->prof_ops = 0;
@@ -629,7 +639,10 @@ static clpar_status ocl_profile_read(void *dev, double *seconds, uint64_t *ops) 
 static clpar_status ocl_destroy(void *dev) {
   clpar_ocl_device *d = dev;
   if (!d) return CLPAR_OK;
-  if (d->queue) clFinish(d->queue);
+  if (d->queue) {
+    clFinish(d->queue);
+    clpar_backend_waited();
+  }
   clpar_ocl_program_cache_clear(d);
   ocl_profile(d, 0);
   free(d->spans);
