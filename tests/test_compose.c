@@ -161,13 +161,20 @@ static void test_sgd_composed(void **state) {
 
 static void test_adam_composed(void **state) {
   (void)state;
-  for (int w = 0; w < 2; w++) {
-    clpar_adam_options o = {0.01f, 0.9f, 0.999f, 1e-8f, w ? 0.1f : 0.0f};
-    char what[96];
-    snprintf(what, sizeof what, "Adam weight decay %g", (double)o.weight_decay);
-    compare_three(make_adam, &o, BIT(adam_step), what);
-    snprintf(what, sizeof what, "AdamW weight decay %g", (double)o.weight_decay);
-    compare_three(make_adamw, &o, BIT(adam_step), what);
+  /* PyTorch's defaults, with and without weight decay; then other betas and an eps large
+   * enough to matter */
+  const clpar_adam_options opts[] = {{0.01f, 0.9f, 0.999f, 1e-8f, 0.0f},
+                                     {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f},
+                                     {0.02f, 0.8f, 0.99f, 0.1f, 0.05f}};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    const clpar_adam_options *o = &opts[i];
+    char what[128];
+    snprintf(what, sizeof what, "Adam betas %g %g eps %g weight decay %g", (double)o->beta1,
+             (double)o->beta2, (double)o->eps, (double)o->weight_decay);
+    compare_three(make_adam, o, BIT(adam_step), what);
+    snprintf(what, sizeof what, "AdamW betas %g %g eps %g weight decay %g", (double)o->beta1,
+             (double)o->beta2, (double)o->eps, (double)o->weight_decay);
+    compare_three(make_adamw, o, BIT(adam_step), what);
   }
 }
 
