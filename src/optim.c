@@ -225,6 +225,9 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
 clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_optimizer_step: optimizer is NULL");
+  for (int i = 0; i < o->n; i++) /* all or nothing: none may have outlived clpar_shutdown */
+    if (clpar_check_alive("clpar_optimizer_step", o->params[i].param) != CLPAR_OK)
+      return CLPAR_ERROR_NOT_INITIALIZED;
   for (int i = 0; i < o->n; i++) {
     if (!clpar_tensor_has_grad(o->params[i].param))
       continue; /* as PyTorch: no gradient, no update */

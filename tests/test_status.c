@@ -376,6 +376,12 @@ static void test_shutdown_with_live_tensors(void **state) {
   clpar_log_set_callback(NULL, NULL);
   assert_int_equal(cap.warnings, 1);
   assert_non_null(strstr(cap.last, "tensors were still alive"));
+  expect_message(clpar_optimizer_step(o[0]), CLPAR_ERROR_NOT_INITIALIZED, "clpar_optimizer_step");
+  expect_message(clpar_backward(loss[0]), CLPAR_ERROR_NOT_INITIALIZED, "clpar_backward");
+  clpar_tensor *out = NULL;
+  expect_message(clpar_module_forward(m[0], loss[0], &out), CLPAR_ERROR_NOT_INITIALIZED,
+                 "outlived clpar_shutdown");
+  assert_null(out);
   for (int i = 0; i < n && i < 8; i++) {
     clpar_tensor_free(loss[i]); /* its graph holds the forward's tensors */
     clpar_optimizer_free(o[i]);

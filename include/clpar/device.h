@@ -49,7 +49,8 @@ CLPAR_API clpar_status clpar_init(void);
  * ("clpar_shutdown: N tensors were still alive ..."), and those tensors (and the modules and
  * optimizers holding them) can afterwards only be freed, which is safe and frees their host
  * memory; any other use returns CLPAR_ERROR_NOT_INITIALIZED where it is checked (reads,
- * writes, copies, ops) and is not supported otherwise. A later clpar_init starts afresh. */
+ * writes, copies, ops, clpar_module_forward, clpar_backward, clpar_optimizer_step) and is not
+ * supported otherwise. A later clpar_init starts afresh. */
 CLPAR_API void clpar_shutdown(void);
 
 CLPAR_API int clpar_device_count(void);

@@ -235,6 +235,8 @@ const char *clpar_module_type(const clpar_module *m) {
 clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_tensor **output) {
   if (!m || !input || !output)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_forward: NULL argument");
+  if (clpar_check_alive("clpar_module_forward", input) != CLPAR_OK)
+    return CLPAR_ERROR_NOT_INITIALIZED;
   return m->forward(m, input, output, m->user);
 }
 
