@@ -170,7 +170,11 @@ static void check_out_of_memory(clpar_device *dev) {
   assert_true(st.bytes_cached >= (uint64_t)n * (uint64_t)SMALL);
   int m = 0;
   while (m < MAX_TENSORS && make_filled(dev, LARGE, 3.0f, &t[m]) == CLPAR_OK) m++;
-  if (m * LARGE < (n * SMALL) / 2)
+  /* Under the cap the accounting is exact: about as much fits again. Under the address-space
+   * limit, only one LARGE is asked for: the blocks the driver freed go back to malloc, which
+   * may keep them mapped (glibc raises its mmap threshold after a free), so how many more fit
+   * is malloc's business; but none would fit without emptying the cache. */
+  if (cap ? m * LARGE < (n * SMALL) / 2 : m < 1)
     fail_msg("%s: only %d tensors of %lld bytes after freeing %d of %lld: %s", id, m,
              (long long)LARGE, n, (long long)SMALL, clpar_last_error());
   tu_ok(clpar_device_memory_stats(dev, &st));
