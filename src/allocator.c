@@ -12,13 +12,12 @@
  * Out of memory is an error, never an abort (issue 9 item 6). The allocator keeps what the
  * driver holds for a device (bytes in use + bytes cached) within the device's global memory
  * (its info's global_mem_bytes: CL_DEVICE_GLOBAL_MEM_SIZE on OpenCL, the RAM on the host
- * backend), or within
- * CLPAR_DEVICE_MEMORY_LIMIT when that is smaller: a request that would not fit first empties
- * the device's cache, then fails with CLPAR_ERROR_OUT_OF_MEMORY naming the device, the
- * request and the bytes in use. The check matters on PoCL, whose CPU devices never refuse a
- * buffer for their global memory size and abort the process when the host memory behind one
- * runs out; a driver that refuses a buffer itself (or malloc, on the host backend) gives the
- * same error, after the same emptying of the cache and one retry. */
+ * backend), or within CLPAR_DEVICE_MEMORY_LIMIT when that is smaller: a request that would
+ * not fit first empties the device's cache, then fails with CLPAR_ERROR_OUT_OF_MEMORY naming
+ * the device, the request and the bytes in use. PoCL's CPU devices never refuse a buffer for
+ * their global memory size. A driver that refuses a buffer itself (PoCL when malloc fails,
+ * see ocl_alloc; posix_memalign on the host backend) gives the same error, after the same
+ * emptying of the cache and one retry. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
