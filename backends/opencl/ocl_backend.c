@@ -302,7 +302,7 @@ static clpar_status ocl_read(void *dev, const void *buf, size_t off_bytes, void 
 static clpar_status copy_overlapping(clpar_ocl_device *d, cl_mem m, size_t dst_off, size_t src_off,
                                      size_t bytes) {
   cl_int err;
-  cl_mem tmp = clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  cl_mem tmp = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
   if (err != CL_SUCCESS) return cl_fail(err, "clCreateBuffer", "copy");
   err = clEnqueueCopyBuffer(d->queue, m, tmp, src_off, 0, bytes, 0, NULL, NULL);
   if (err == CL_SUCCESS)
@@ -403,7 +403,7 @@ static clpar_status sum_pass(clpar_ocl_device *d, cl_mem a, cl_ulong a_off, size
 static clpar_status ensure_scratch(clpar_ocl_device *d, size_t bytes) {
   if (d->scratch_bytes >= bytes) return CLPAR_OK;
   cl_int err;
-  cl_mem m = clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
   if (err != CL_SUCCESS) return cl_fail(err, "clCreateBuffer", "sum_rows scratch");
   if (d->scratch) clReleaseMemObject(d->scratch);
   d->scratch = m;
