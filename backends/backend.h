@@ -241,11 +241,12 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  *   log-softmax: out = g - exp(y) * sum_c(g) */
 #define CLPAR_BE_ARGS_softmax_backward(F) \
   F(int, log) F(size_t, rows) F(size_t, cols) F(clpar_bref, y) F(clpar_bref, g) F(clpar_bref, out)
-/* out[r] = -a[r, labels[r]]; labels holds one class index per row as a float (exact below
- * 2^24), already checked to be in 0 .. cols-1. */
+/* out[r] = -a[r, labels[r]]; labels holds one class index per row as an int32 (not a float:
+ * a float is exact only up to 2^24), already checked to be in 0 .. cols-1. Its off counts
+ * int32 elements (the same 4 bytes as a float). */
 #define CLPAR_BE_ARGS_nll(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, labels) F(clpar_bref, out)
-/* out[r, c] = c == labels[r] ? -g[r] : 0 */
+/* out[r, c] = c == labels[r] ? -g[r] : 0; labels as for nll (int32). */
 #define CLPAR_BE_ARGS_nll_backward(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, labels) F(clpar_bref, g) F(clpar_bref, out)
 /* In place, n elements (see clpar_sgd_args); buf is ignored when momentum == 0. The args

@@ -29,6 +29,9 @@ struct clpar_device {
   pthread_mutex_t alloc_lock;
   clpar_block *free_blocks; /* sorted by size, ascending */
   clpar_memory_stats stats;
+  /* what the allocator lets the driver hold for this device (in use + cached): its global
+   * memory, or less with CLPAR_DEVICE_MEMORY_LIMIT (src/allocator.c) */
+  uint64_t mem_limit;
   clpar_worker *worker; /* the one thread that drives the device's queue */
   /* pinned host memory for transfers, by size; guarded by staging_lock */
   pthread_mutex_t staging_lock;
@@ -151,6 +154,9 @@ void clpar_allocator_destroy(clpar_device *dev);
 int clpar_is_initialized(void);
 /* Called by the core when a backend entry fails: prefixes the message with the device id. */
 clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s);
+/* Sets every device's mem_limit from its global memory and CLPAR_DEVICE_MEMORY_LIMIT
+ * (src/allocator.c); CLPAR_ERROR_INVALID_ARGUMENT when that variable is not a size. */
+clpar_status clpar_allocator_set_limits(clpar_device **devs, int count);
 
 /* ---- tensors (src/tensor.c) ---- */
 

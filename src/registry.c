@@ -212,6 +212,7 @@ static clpar_status init_locked(void) {
     s = select_from_env(spec);
   else
     select_default();
+  if (s == CLPAR_OK) s = clpar_allocator_set_limits(all_devices, all_count);
   for (int i = 0; i < all_count; i++) all_devices[i]->index = -1;
   for (int i = 0; i < selected_count; i++) selected[i]->index = i;
   for (int i = 0; s == CLPAR_OK && i < all_count; i++) s = clpar_worker_start(all_devices[i]);

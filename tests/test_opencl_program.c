@@ -305,7 +305,8 @@ static backend need_backend(void) {
   }
 
 /* A buffer of n floats (plus a guard) holding host. */
-static void *upload(backend b, const float *host, size_t n) {
+/* n 4-byte elements (floats, or nll's int32 labels) */
+static void *upload(backend b, const void *host, size_t n) {
   void *buf = NULL;
   tu_ok(clpar_dev_alloc(b.ctx, (n + 8) * sizeof(float), &buf));
   tu_ok(clpar_upload(b.ctx, buf, 0, host, n * sizeof(float)));
@@ -464,7 +465,7 @@ typedef struct {
   size_t n;
 } pair;
 
-static pair pair_new(both *b, const float *data, size_t n) {
+static pair pair_new(both *b, const void *data, size_t n) {
   pair p = {upload(b->o, data, n), upload(b->h, data, n), n};
   return p;
 }
@@ -550,8 +551,8 @@ static void test_softmax_and_nll(void **state) {
       pair_free(&b, a);
       pair_free(&b, g);
     }
-    float *lab = malloc(rows * sizeof *lab);
-    for (size_t r = 0; r < rows; r++) lab[r] = (float)((r * 7 + 3) % cols);
+    int32_t *lab = malloc(rows * sizeof *lab); /* nll reads int32 labels */
+    for (size_t r = 0; r < rows; r++) lab[r] = (int32_t)((r * 7 + 3) % cols);
     pair labels = pair_new(&b, lab, rows), a = pair_rand(&b, n + 1, 60, -3, 3);
     pair loss = pair_rand(&b, rows, 61, 0, 1), g = pair_rand(&b, rows, 62, -1, 1);
     pair dx = pair_rand(&b, n + 4, 63, 0, 1);

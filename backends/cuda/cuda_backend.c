@@ -139,6 +139,11 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* nll's labels: int32 elements. */
+static const int32_t *at_i32(clpar_bref r) {
+  return (const int32_t *)r.buf + r.off;
+}
+
 /* ---- profiling ---- */
 
 static void pair_destroy(prof_pair *p) {
@@ -663,7 +668,7 @@ static clpar_status cuda_nll(void *dev, size_t rows, size_t cols, clpar_bref a, 
   prof_pair prof;
   clpar_status s = op_begin(d, &prof);
   if (s == CLPAR_OK)
-    s = cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at(labels), at(out)),
+    s = cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at_i32(labels), at(out)),
                    "nll kernel launch");
   return op_end(d, &prof, s);
 }
@@ -679,7 +684,7 @@ static clpar_status cuda_nll_backward(void *dev, size_t rows, size_t cols, clpar
     s = cuda_check(cudaMemsetAsync(at(out), 0, rows * cols * sizeof(float), d->stream),
                    "cudaMemsetAsync(nll_backward)");
   if (s == CLPAR_OK)
-    s = cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at(labels), at(g), at(out)),
+    s = cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at_i32(labels), at(g), at(out)),
                    "nll_backward kernel launch");
   return op_end(d, &prof, s);
 }

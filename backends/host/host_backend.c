@@ -277,7 +277,8 @@ static clpar_status host_softmax_backward(void *dev, int take_log, size_t rows, 
 static clpar_status host_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                              clpar_bref out) {
   (void)dev;
-  const float *pa = at(a), *pl = at(labels);
+  const float *pa = at(a);
+  const int32_t *pl = (const int32_t *)labels.buf + labels.off; /* int32 labels */
   float *po = at(out);
   for (size_t r = 0; r < rows; r++) po[r] = -pa[r * cols + (size_t)pl[r]];
   return CLPAR_OK;
@@ -286,7 +287,8 @@ static clpar_status host_nll(void *dev, size_t rows, size_t cols, clpar_bref a, 
 static clpar_status host_nll_backward(void *dev, size_t rows, size_t cols, clpar_bref labels,
                                       clpar_bref g, clpar_bref out) {
   (void)dev;
-  const float *pl = at(labels), *pg = at(g);
+  const int32_t *pl = (const int32_t *)labels.buf + labels.off; /* int32 labels */
+  const float *pg = at(g);
   float *po = at(out);
   for (size_t r = 0; r < rows; r++)
     for (size_t c = 0; c < cols; c++) po[r * cols + c] = c == (size_t)pl[r] ? -pg[r] : 0.0f;

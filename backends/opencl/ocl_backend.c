@@ -138,11 +138,19 @@ static void shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t globa
 
 /* ---- memory ---- */
 
+/* A driver may allocate a buffer's memory only when a command first uses it; an allocation
+ * failure then surfaces there, and PoCL 3.1 (CPU devices) does not report it at all: it
+ * aborts the process (pocl_util.c, pocl_create_migration_commands: Assertion
+ * `p->mem_ptr != NULL'). On a CPU device, CL_MEM_ALLOC_HOST_PTR makes PoCL allocate the host
+ * memory that is the device's memory in clCreateBuffer, which then reports a failure
+ * (CL_OUT_OF_HOST_MEMORY: CLPAR_ERROR_OUT_OF_MEMORY). Measured under ulimit -v: the same
+ * buffers fit either way (no second copy). On other devices the flag would mean host memory:
+ * there a failure on first use is an error of the op (CL_MEM_OBJECT_ALLOCATION_FAILURE or
+ * CL_OUT_OF_RESOURCES, also CLPAR_ERROR_OUT_OF_MEMORY), returned by the next call. */
 static clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
   clpar_ocl_device *d = dev;
   cl_int err;
-  cl_mem m =
-      clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes ? bytes : sizeof(float), NULL, &err);
+  cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes ? bytes : sizeof(float), NULL, &err);
   if (err != CL_SUCCESS) {
     clpar_status s = clpar_ocl_status(err);
     return clpar_set_error(s, "clCreateBuffer(%zu bytes): %s", bytes, clpar_ocl_error_name(err));
@@ -301,7 +309,7 @@ static clpar_status ocl_read(void *dev, const void *buf, size_t off_bytes, void 
 static clpar_status copy_overlapping(clpar_ocl_device *d, cl_mem m, size_t dst_off, size_t src_off,
                                      size_t bytes) {
   cl_int err;
-  cl_mem tmp = clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  cl_mem tmp = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
   if (err != CL_SUCCESS) return cl_fail(err, "clCreateBuffer", "copy");
   err = clEnqueueCopyBuffer(d->queue, m, tmp, src_off, 0, bytes, 0, NULL, NULL);
   if (err == CL_SUCCESS)
@@ -403,7 +411,7 @@ static clpar_status sum_pass(clpar_ocl_device *d, cl_mem a, cl_ulong a_off, size
 static clpar_status ensure_scratch(clpar_ocl_device *d, size_t bytes) {
   if (d->scratch_bytes >= bytes) return CLPAR_OK;
   cl_int err;
-  cl_mem m = clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
   if (err != CL_SUCCESS) return cl_fail(err, "clCreateBuffer", "sum_rows scratch");
   if (d->scratch) clReleaseMemObject(d->scratch);
   d->scratch = m;
@@ -748,6 +756,9 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
     free(d);
     return NULL;
   }
+  cl_device_type type = 0;
+  clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+  d->buffer_flags = CL_MEM_READ_WRITE | ((type & CL_DEVICE_TYPE_CPU) ? CL_MEM_ALLOC_HOST_PTR : 0);
   pthread_mutex_init(&d->lock, NULL);
   pthread_mutex_init(&d->prog_lock, NULL);
   pthread_mutex_init(&d->prof_lock, NULL);
