@@ -21,6 +21,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -166,7 +167,11 @@ static clpar_status driver_alloc_locked(clpar_device *dev, size_t bytes, size_t 
   }
   if (s == CLPAR_ERROR_OUT_OF_MEMORY) {
     char why[512];
-    snprintf(why, sizeof why, "%s", clpar_last_error());
+    const char *err = clpar_last_error();
+    size_t id_len = strlen(dev->bd.info.id); /* the dispatch put "<id>: " in front already */
+    if (strncmp(err, dev->bd.info.id, id_len) == 0 && strncmp(err + id_len, ": ", 2) == 0)
+      err += id_len + 2;
+    snprintf(why, sizeof why, "%s", err);
     return clpar_set_error(s,
                            "%s: out of memory: the driver refused a buffer of %zu bytes with %llu "
                            "bytes in use by tensors: %s",
