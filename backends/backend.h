@@ -148,6 +148,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(unary, QUEUE, 1)             \
   X(unary_backward, QUEUE, 1)    \
   X(softmax, QUEUE, 1)           \
+  X(pick, QUEUE, 1)              \
   X(softmax_backward, QUEUE, 0)  \
   X(nll, QUEUE, 1)               \
   X(nll_backward, QUEUE, 1)      \
@@ -236,6 +237,14 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * maximum first so that large inputs do not overflow. */
 #define CLPAR_BE_ARGS_softmax(F) \
   F(int, log) F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* One element per row at an int32 index (idx's off counts int32 elements; every index is
+ * already checked to be in 0 .. cols-1):
+ *   gather  (scatter == 0): out[r] = a[r, idx[r]]   (a rows x cols, out rows)
+ *   scatter (scatter == 1): out[r, idx[r]] = a[r]   (a rows, out rows x cols; its other
+ *                                                   elements are left as they are)
+ * The primitive the core composes nll and nll_backward from. */
+#define CLPAR_BE_ARGS_pick(F) \
+  F(int, scatter) F(size_t, rows) F(size_t, cols) F(clpar_bref, idx) F(clpar_bref, a) F(clpar_bref, out)
 /* Its gradient from the forward's output y and g, per row:
  *   softmax:     out = y * (g - sum_c(g * y))
  *   log-softmax: out = g - exp(y) * sum_c(g) */

@@ -253,6 +253,53 @@ static void test_softmax_backward_composed(void **state) {
     }
 }
 
+/* pick, the primitive nll is composed from: gather and scatter at int32 indices (the first
+ * and the last column included), on every selected device and the host, against values
+ * computed here. */
+static void test_pick_primitive(void **state) {
+  (void)state;
+  enum { ROWS = 1000, COLS = 37 };
+  int32_t idx[ROWS];
+  for (int r = 0; r < ROWS; r++) idx[r] = r == 0 ? 0 : r == 1 ? COLS - 1 : (r * 17 + 5) % COLS;
+  float *a = tu_rand((size_t)ROWS * COLS, 51), *v = tu_rand(ROWS, 52);
+  float want_g[ROWS], *want_s = malloc((size_t)ROWS * COLS * sizeof *want_s);
+  float *got = malloc((size_t)ROWS * COLS * sizeof *got);
+  assert_non_null(want_s);
+  assert_non_null(got);
+  for (int r = 0; r < ROWS; r++) want_g[r] = a[r * COLS + idx[r]];
+  for (int i = 0; i < ROWS * COLS; i++) want_s[i] = 7.0f;
+  for (int r = 0; r < ROWS; r++) want_s[r * COLS + idx[r]] = v[r];
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    int64_t rows = ROWS, shape[] = {ROWS, COLS};
+    clpar_tensor *ti, *ta, *tv, *tg, *ts;
+    tu_ok(clpar_tensor_zeros(dev, 1, &rows, &ti)); /* int32 indices in 4-byte elements */
+    tu_ok(clpar_upload(dev, ti->storage->buf, 0, idx, sizeof idx));
+    tu_ok(clpar_tensor_from_host(dev, 2, shape, a, &ta));
+    tu_ok(clpar_tensor_from_host(dev, 1, &rows, v, &tv));
+    tu_ok(clpar_tensor_zeros(dev, 1, &rows, &tg));
+    tu_ok(clpar_tensor_zeros(dev, 2, shape, &ts));
+    tu_ok(clpar_fill(ts, 7.0f));
+    tu_ok(clpar_dev_pick(dev, 0, ROWS, COLS, clpar_tensor_bref(ti), clpar_tensor_bref(ta),
+                         clpar_tensor_bref(tg)));
+    tu_ok(clpar_dev_pick(dev, 1, ROWS, COLS, clpar_tensor_bref(ti), clpar_tensor_bref(tv),
+                         clpar_tensor_bref(ts)));
+    tu_ok(clpar_tensor_read(tg, got, ROWS));
+    assert_memory_equal(got, want_g, sizeof want_g);
+    tu_ok(clpar_tensor_read(ts, got, (size_t)ROWS * COLS));
+    assert_memory_equal(got, want_s, (size_t)ROWS * COLS * sizeof *got);
+    clpar_tensor_free(ti);
+    clpar_tensor_free(ta);
+    clpar_tensor_free(tv);
+    clpar_tensor_free(tg);
+    clpar_tensor_free(ts);
+  }
+  free(got);
+  free(want_s);
+  free(v);
+  free(a);
+}
+
 /* Only the composable entries can be forced; a refused mask changes nothing. */
 static void test_force_checks_its_mask(void **state) {
   (void)state;
@@ -340,6 +387,7 @@ int main(void) {
       cmocka_unit_test(test_sgd_composed),
       cmocka_unit_test(test_adam_composed),
       cmocka_unit_test(test_softmax_backward_composed),
+      cmocka_unit_test(test_pick_primitive),
       cmocka_unit_test(test_force_checks_its_mask),
       cmocka_unit_test(test_backend_wait_is_counted),
       cmocka_unit_test(test_training_step_has_no_backend_wait),

@@ -662,6 +662,18 @@ static clpar_status cuda_softmax_backward(void *dev, int log, size_t rows, size_
   return op_end(d, &prof, s);
 }
 
+static clpar_status cuda_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
+                              clpar_bref a, clpar_bref out) {
+  cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_pick(d->stream, scatter, rows, cols,
+                                   (const int32_t *)idx.buf + idx.off, at(a), at(out)),
+                   "pick kernel launch");
+  return op_end(d, &prof, s);
+}
+
 static clpar_status cuda_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                              clpar_bref out) {
   cuda_dev *d = dev;

@@ -20,6 +20,10 @@
 extern "C" {
 #endif
 
+/* gather: out[r] = a[r * cols + idx[r]]; scatter: out[r * cols + idx[r]] = a[r]; r < rows
+ * (kernels/cuda/index.cu) */
+cudaError_t clpar_cuda_pick(cudaStream_t stream, int scatter, size_t rows, size_t cols,
+                            const int32_t *idx, const float *a, float *out);
 /* out[i] = value, i < n (kernels/cuda/fill.cu) */
 cudaError_t clpar_cuda_fill(cudaStream_t stream, float *out, size_t n, float value);
 

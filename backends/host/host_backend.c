@@ -274,6 +274,22 @@ static clpar_status host_softmax_backward(void *dev, int take_log, size_t rows, 
   return CLPAR_OK;
 }
 
+static clpar_status host_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
+                              clpar_bref a, clpar_bref out) {
+  (void)dev;
+  const int32_t *pi = (const int32_t *)idx.buf + idx.off;
+  const float *pa = at(a);
+  float *po = at(out);
+  for (size_t r = 0; r < rows; r++) {
+    size_t k = r * cols + (size_t)pi[r];
+    if (scatter)
+      po[k] = pa[r];
+    else
+      po[r] = pa[k];
+  }
+  return CLPAR_OK;
+}
+
 static clpar_status host_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                              clpar_bref out) {
   (void)dev;

@@ -542,6 +542,16 @@ static clpar_status ocl_softmax_backward(void *dev, int log, size_t rows, size_t
   return launch_rows(dev, "softmax_backward_f32", args, 9, rows, cols);
 }
 
+static clpar_status ocl_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
+                             clpar_bref a, clpar_bref out) {
+  cl_mem im = AS_MEM(idx.buf), am = AS_MEM(a.buf), om = AS_MEM(out.buf);
+  cl_ulong ioff = idx.off, aoff = a.off, ooff = out.off, r = rows, c = cols;
+  karg args[] = {KARG(im), KARG(ioff), KARG(am), KARG(aoff),
+                 KARG(om), KARG(ooff), KARG(r),  KARG(c)};
+  return launch_1d(dev, "index.cl", scatter ? "pick_scatter_f32" : "pick_gather_f32", args, 8,
+                   rows);
+}
+
 static clpar_status ocl_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                             clpar_bref out) {
   cl_mem am = AS_MEM(a.buf), lm = AS_MEM(labels.buf), om = AS_MEM(out.buf);
