@@ -30,10 +30,10 @@
  *   large enough.
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
  * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
- *   sgd_step, adam_step) the core then composes the op from primitive entries (fill, copy,
- *   binary, scale, unary, gemm; src/compose.c), so a new backend can start with the
- *   primitives only; supports_op lets a backend refuse a fused op for some of its devices
- *   (asked once per device at clpar_init). A device without profile cannot be profiled, and
+ *   nll, nll_backward, sgd_step, adam_step) the core then composes the op from primitive
+ *   entries (fill, copy, binary, scale, unary, gemm, pick; src/compose.c), so a new backend can
+ * start with the primitives only; supports_op lets a backend refuse a fused op for some of its
+ * devices (asked once per device at clpar_init). A device without profile cannot be profiled, and
  *   one without peer_access/copy_peer copies to its peers through host staging. */
 #ifndef CLPAR_BACKEND_H
 #define CLPAR_BACKEND_H
@@ -150,8 +150,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(softmax, QUEUE, 1)           \
   X(pick, QUEUE, 1)              \
   X(softmax_backward, QUEUE, 0)  \
-  X(nll, QUEUE, 1)               \
-  X(nll_backward, QUEUE, 1)      \
+  X(nll, QUEUE, 0)               \
+  X(nll_backward, QUEUE, 0)      \
   X(sgd_step, QUEUE, 0)          \
   X(adam_step, QUEUE, 0)         \
   X(profile, QUEUE, 0)           \

@@ -1,11 +1,11 @@
-/* compose.c — the fused optional entries (softmax_backward, sgd_step, adam_step) built from
- * primitive entries, for a device whose backend lacks them or refuses them (supports_op), so
- * that a new backend can start with the primitives only.
+/* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, sgd_step,
+ * adam_step) built from primitive entries, for a device whose backend lacks them or refuses them
+ * (supports_op), so that a new backend can start with the primitives only.
  *
  * The dispatch (src/worker.c) calls clpar_compose_<entry> instead of posting the entry when
  * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
  * entry's posting would: it takes scratch memory from the device's cache, posts primitive
- * entries (fill, copy, binary, scale, unary, gemm) to the device's queue in order, and gives
+ * entries (fill, copy, binary, scale, unary, gemm, pick) to the device's queue in order, and gives
  * the scratch back at once (later work on the same queue runs after the primitives, and the
  * allocator orders other queues' use of a cached buffer). It never waits.
  *
@@ -179,6 +179,32 @@ clpar_status clpar_compose_adam_step(clpar_device *dev, size_t n, clpar_bref par
   return s;
 }
 
+/* ---- nll (labels are int32 class indices, checked by the caller) ----
+ *   nll:          out[r] = -a[r, labels[r]]
+ *   nll_backward: out[r, c] = c == labels[r] ? -g[r] : 0 */
+clpar_status clpar_compose_nll(clpar_device *dev, size_t rows, size_t cols, clpar_bref a,
+                               clpar_bref labels, clpar_bref out) {
+  clpar_status s = clpar_dev_pick(dev, 0, rows, cols, labels, a, out);
+  if (s == CLPAR_OK) s = clpar_dev_unary(dev, CLPAR_UNARY_NEG, rows, out, out);
+  return s;
+}
+
+clpar_status clpar_compose_nll_backward(clpar_device *dev, size_t rows, size_t cols,
+                                        clpar_bref labels, clpar_bref g, clpar_bref out) {
+  if (rows > SIZE_MAX / cols)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: nll_backward: %zu x %zu overflows",
+                           dev->bd.info.id, rows, cols);
+  scratch sc; /* -g */
+  clpar_status s = scratch_get(dev, "nll_backward", rows, 1, 0, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref neg = region(&sc, rows, 0);
+  s = clpar_dev_fill(dev, out, rows * cols, 0.0f);
+  if (s == CLPAR_OK) s = clpar_dev_unary(dev, CLPAR_UNARY_NEG, rows, g, neg);
+  if (s == CLPAR_OK) s = clpar_dev_pick(dev, 1, rows, cols, labels, neg, out);
+  scratch_put(&sc);
+  return s;
+}
+
 /* ---- entries that cannot be composed ----
  * The dispatch needs a composition for every optional queue entry, but these bits are never
  * set (not in composable_mask): a backend without profile or copy_peer has the entry posted
@@ -211,7 +237,8 @@ clpar_status clpar_compose_copy_peer(clpar_device *dev, void *peer, void *dst, s
 
 /* The entries composed above. */
 static uint64_t composable_mask(void) {
-  return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
+  return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
+         (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
          (uint64_t)1 << CLPAR_ENTRY_adam_step;
 }
 
@@ -240,7 +267,8 @@ clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
   if (mask & ~composable_mask())
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_compose_force: mask 0x%llx names entries that cannot be "
-                           "composed (softmax_backward, sgd_step and adam_step can)",
+                           "composed (softmax_backward, nll, nll_backward, sgd_step and "
+                           "adam_step can)",
                            (unsigned long long)mask);
   __atomic_store_n(&dev->composed, dev->natural | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;

@@ -74,8 +74,8 @@ CLPAR_BACKEND_ENTRIES(CLPAR_DISPATCH_DECL_)
 /* ---- composition (src/compose.c) ----
  *
  * For each optional QUEUE entry, clpar_compose_<entry>(dev, args...) posts the same result
- * from primitive entries (softmax_backward, sgd_step, adam_step; the others refuse and are
- * never composed); the dispatch calls it instead of the backend when the entry's bit is set
+ * from primitive entries (softmax_backward, nll, nll_backward, sgd_step, adam_step; the
+ * others refuse and are never composed); the dispatch calls it instead of the backend when the entry's bit is set
  * in dev->composed. */
 #define CLPAR_COMPOSE_DECL_(name, kind, required) CLPAR_COMPOSE_DECL_##kind##_##required(name)
 #define CLPAR_COMPOSE_DECL_DIRECT_0(name)

@@ -253,6 +253,69 @@ static void test_softmax_backward_composed(void **state) {
     }
 }
 
+/* Cross-entropy (log-softmax, then nll) from a Linear layer: the loss and the gradients of
+ * x and the weight; returns them concatenated (loss first). */
+static float *nll_run(clpar_device *dev, clpar_reduction red, int64_t rows, int64_t cols) {
+  int64_t xs[] = {rows, 8}, ws[] = {cols, 8};
+  clpar_tensor *x = tu_make(dev, 2, xs, 61), *wt = tu_make(dev, 2, ws, 62), *h, *loss;
+  tu_ok(clpar_tensor_set_requires_grad(x, 1));
+  tu_ok(clpar_tensor_set_requires_grad(wt, 1));
+  int32_t *labels = malloc((size_t)rows * sizeof *labels);
+  assert_non_null(labels);
+  for (int64_t r = 0; r < rows; r++) labels[r] = (int32_t)(r == 0 ? cols - 1 : (r * 5 + 1) % cols);
+  tu_ok(clpar_linear(x, wt, NULL, &h));
+  tu_ok(clpar_cross_entropy(h, labels, rows, red, &loss));
+  tu_ok(clpar_backward(loss));
+  size_t nx = (size_t)rows * 8, nw = (size_t)cols * 8;
+  float *out = malloc((1 + nx + nw) * sizeof *out);
+  assert_non_null(out);
+  tu_ok(clpar_tensor_read(loss, out, 1));
+  tu_ok(clpar_tensor_read(clpar_tensor_grad(x), out + 1, nx));
+  tu_ok(clpar_tensor_read(clpar_tensor_grad(wt), out + 1 + nx, nw));
+  free(labels);
+  clpar_tensor_free(loss);
+  clpar_tensor_free(h);
+  clpar_tensor_free(x);
+  clpar_tensor_free(wt);
+  return out;
+}
+
+/* nll and nll_backward composed (pick, neg, fill) against the fused entries and the host. */
+static void test_nll_composed(void **state) {
+  (void)state;
+  static const int64_t shapes[][2] = {{16, 10}, {1, 3}, {50, 1}, {300, 77}};
+  clpar_device *host = tu_host();
+  for (int red = 0; red < 2; red++)
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+      int64_t rows = shapes[sh][0], cols = shapes[sh][1];
+      size_t n = 1 + (size_t)(rows * 8 + cols * 8);
+      clpar_reduction r = red ? CLPAR_REDUCTION_SUM : CLPAR_REDUCTION_MEAN;
+      set_way(host, FUSED, 0);
+      float *ref = nll_run(host, r, rows, cols);
+      for (int d = 0; d < clpar_device_count(); d++) {
+        clpar_device *dev = clpar_device_get(d);
+        char label[160];
+        float *fused = nll_run(dev, r, rows, cols);
+        set_way(dev, COMPOSED, BIT(nll) | BIT(nll_backward));
+        uint64_t before = composed_calls(dev);
+        float *composed = nll_run(dev, r, rows, cols);
+        set_way(dev, FUSED, 0);
+        assert_int_equal(composed_calls(dev) - before, 2); /* nll and its backward */
+        snprintf(label, sizeof label,
+                 "cross-entropy (%s) [%lld, %lld] on %s: composed nll vs fused",
+                 red ? "sum" : "mean", (long long)rows, (long long)cols, clpar_device_id(dev));
+        tu_assert_close(composed, fused, n, 1e-6f, 1e-7f, label);
+        snprintf(label, sizeof label,
+                 "cross-entropy (%s) [%lld, %lld] on %s: composed nll vs the host reference",
+                 red ? "sum" : "mean", (long long)rows, (long long)cols, clpar_device_id(dev));
+        tu_assert_close(composed, ref, n, 1e-4f, 1e-5f, label);
+        free(fused);
+        free(composed);
+      }
+      free(ref);
+    }
+}
+
 /* pick, the primitive nll is composed from: gather and scatter at int32 indices (the first
  * and the last column included), on every selected device and the host, against values
  * computed here. */
@@ -388,6 +451,7 @@ int main(void) {
       cmocka_unit_test(test_adam_composed),
       cmocka_unit_test(test_softmax_backward_composed),
       cmocka_unit_test(test_pick_primitive),
+      cmocka_unit_test(test_nll_composed),
       cmocka_unit_test(test_force_checks_its_mask),
       cmocka_unit_test(test_backend_wait_is_counted),
       cmocka_unit_test(test_training_step_has_no_backend_wait),
