@@ -47,6 +47,50 @@ CLPAR_API clpar_status clpar_dist_all_reduce_sum(float *data, int64_t n);
 CLPAR_API clpar_status clpar_dist_all_reduce_mean(float *data, int64_t n);
 CLPAR_API clpar_status clpar_dist_barrier(void);
 
+/* ---- DistributedDataParallel ---- */
+
+typedef struct clpar_ddp_options {
+  /* Size of the gradient buckets after the first, in MiB; 0 means PyTorch's 25. The first
+   * bucket holds min(1 MiB, bucket_cap_mb), as PyTorch's does, so that the first all-reduce
+   * starts early in backward. */
+  double bucket_cap_mb;
+} clpar_ddp_options;
+
+/* Wraps module (taking ownership of it, also on error) into a module of type
+ * "DistributedDataParallel" whose only child is "module": its parameters are named
+ * "module.<name>" and are the wrapped module's own. Every rank must call it, after
+ * clpar_dist_init, with the same model. It first checks that every rank has the same
+ * parameters (count, names, shapes); if one differs, it fails on every rank with
+ * CLPAR_ERROR_SHAPE_MISMATCH and a message naming the first difference and the rank. Then
+ * it broadcasts the parameters from rank 0, so every rank starts from rank 0's weights.
+ *
+ * Training: forward as usual (each rank on its own share of the batch), clpar_backward on
+ * the rank's loss, then any optimizer's step. Backward copies the gradients into buckets
+ * (parameters in reverse order, as PyTorch's Reducer) and all-reduces each bucket on a
+ * communication thread as soon as its last gradient is ready, while backward goes on; it
+ * returns once every bucket is reduced, with the gradients averaged over the ranks in the
+ * parameters' grad. So a step needs no extra call. A failure of the communication thread
+ * (MPI, a copy) is returned by clpar_ddp_synchronize and by the next forward.
+ *
+ * Every backward must reach every parameter: a parameter that got no gradient leaves its
+ * bucket waiting, and the next forward fails (CLPAR_ERROR_NO_GRADIENT) naming it. Gradient
+ * accumulation (no_sync), uneven inputs and timeouts are not supported yet. */
+CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
+                                        clpar_module **out);
+/* Returns the first error of the communication thread since the last call (CLPAR_OK when
+ * there was none). Call it before the optimizer step to make sure the gradients were
+ * reduced. */
+CLPAR_API clpar_status clpar_ddp_synchronize(clpar_module *ddp);
+
+typedef struct clpar_ddp_stats {
+  int buckets;              /* how the parameters were bucketed */
+  uint64_t reductions;      /* backward passes fully reduced */
+  double allreduce_seconds; /* spent in MPI_Allreduce by the communication thread */
+  double copy_seconds;      /* gradients to host memory and back */
+  double wait_seconds;      /* backward waiting for the last buckets to be reduced */
+} clpar_ddp_stats;
+CLPAR_API clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -51,6 +51,21 @@ clpar_status clpar_dist_all_reduce_mean(float *data, int64_t n) {
 clpar_status clpar_dist_barrier(void) {
   return no_mpi("clpar_dist_barrier");
 }
+clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
+                              clpar_module **out) {
+  (void)options, (void)out;
+  clpar_module_free(module);
+  return no_mpi("clpar_ddp_create");
+}
+clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
+  (void)ddp;
+  return no_mpi("clpar_ddp_synchronize");
+}
+clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out) {
+  (void)ddp, (void)out;
+  return no_mpi("clpar_ddp_stats_get");
+}
+
 #else
 
 #include "dist/dist_internal.h"

@@ -1,0 +1,550 @@
+/* ddp.c — DistributedDataParallel over MPI, one process per device, after PyTorch's Reducer.
+ *
+ * Parameters are taken in reverse order (backward produces the last layers' gradients
+ * first) and grouped into buckets: the first up to min(1 MiB, cap), the others up to the cap
+ * (a bucket closes once it reaches its limit, so one parameter may overflow it). Each bucket
+ * has a flat float buffer in host memory: no OpenCL all-reduce exists, so MPI reduces there.
+ *
+ * A gradient hook on every parameter (autograd.h) runs on the backward thread when that
+ * parameter's gradient is final; the bucket whose last parameter that was is handed to the
+ * communication thread, which takes buckets strictly in order 0, 1, ... on every rank (MPI
+ * collectives must match across ranks), copies the bucket's gradients to its buffer, sums
+ * it over the ranks with MPI_Allreduce, divides by the world size and writes the averages
+ * back into the gradients. Open MPI makes no progress in the background, hence a thread of
+ * our own that sits in the blocking call while backward goes on posting work. The hook that
+ * makes the last bucket ready waits for the thread to finish every bucket: clpar_backward
+ * returns with reduced gradients, so the optimizer step needs no extra call, and the writes
+ * are posted to the devices' queues before anything the program posts next.
+ *
+ * Creation checks that all ranks hold the same parameters (each rank compares its list with
+ * rank 0's; the lowest rank that differs broadcasts its message, so that every rank fails
+ * with the same error and none waits for a collective the others will not make), then
+ * broadcasts rank 0's values. */
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/dist_internal.h"
+#include "internal.h"
+
+enum { MESSAGE_SIZE = 768 };
+
+typedef struct ddp_state ddp_state;
+
+typedef struct {
+  ddp_state *st;
+  clpar_tensor *param; /* a reference of ours */
+  char *name;          /* "module.<name>" */
+  int bucket;
+  int64_t offset; /* in floats, in the bucket's buffer */
+  int ready;      /* its gradient is final in the current backward */
+} ddp_param;
+
+typedef struct {
+  int first, count; /* params[first .. first+count) */
+  int64_t numel;
+  float *buf;
+  int pending; /* parameters still to become ready in this backward */
+  int ready;
+} ddp_bucket;
+
+struct ddp_state {
+  MPI_Comm comm; /* the job's communicator duplicated for this module's collectives */
+  int world;
+  int n_params;
+  ddp_param *params; /* in bucket order: the module's parameters reversed */
+  int n_buckets;
+  ddp_bucket *buckets;
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t lock; /* everything below, and the ready flags above */
+  pthread_cond_t cv;
+  int stop;
+  int next;    /* the bucket the communication thread reduces next */
+  int busy;    /* it is reducing one now */
+  int n_ready; /* buckets ready in this backward */
+  clpar_status error;
+  char message[MESSAGE_SIZE];
+  clpar_ddp_stats stats;
+};
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static clpar_status oom(void) {
+  return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DistributedDataParallel: out of host memory");
+}
+
+/* Keeps the first error of the communication thread (or a hook) for the program to see. */
+static void record_error(ddp_state *st, clpar_status s, const char *what) {
+  pthread_mutex_lock(&st->lock);
+  if (st->error == CLPAR_OK) {
+    st->error = s;
+    snprintf(st->message, sizeof st->message, "DistributedDataParallel: %s: %s", what,
+             clpar_last_error());
+  }
+  pthread_mutex_unlock(&st->lock);
+}
+
+/* ---- the communication thread ---- */
+
+/* Gradients to the bucket's buffer, summed over the ranks, averaged, and back. A rank whose
+ * copy failed still takes part in the all-reduce (with zeros), so that no rank waits. */
+static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
+  double t0 = now();
+  for (int i = b->first; i < b->first + b->count; i++) {
+    ddp_param *p = &st->params[i];
+    clpar_tensor *g = clpar_tensor_grad(p->param);
+    int64_t n = clpar_tensor_numel(p->param);
+    clpar_status s = g ? clpar_tensor_read(g, b->buf + p->offset, (size_t)n)
+                       : clpar_set_error(CLPAR_ERROR_NO_GRADIENT, "%s has no gradient", p->name);
+    if (s != CLPAR_OK) {
+      record_error(st, s, "copying a gradient to host memory");
+      memset(b->buf + p->offset, 0, (size_t)n * sizeof(float));
+    }
+  }
+  double t1 = now();
+  clpar_mpi_lock();
+  int rc = MPI_Allreduce(MPI_IN_PLACE, b->buf, (int)b->numel, MPI_FLOAT, MPI_SUM, st->comm);
+  clpar_mpi_unlock();
+  double t2 = now();
+  if (rc != MPI_SUCCESS) {
+    record_error(st, clpar_mpi_error(rc, "MPI_Allreduce"), "all-reducing a bucket");
+  } else {
+    float scale = 1.0f / (float)st->world;
+    for (int64_t k = 0; k < b->numel; k++) b->buf[k] *= scale;
+    for (int i = b->first; i < b->first + b->count; i++) {
+      ddp_param *p = &st->params[i];
+      clpar_tensor *g = clpar_tensor_grad(p->param);
+      clpar_status s =
+          g ? clpar_tensor_write(g, b->buf + p->offset, (size_t)clpar_tensor_numel(p->param))
+            : CLPAR_OK;
+      if (s != CLPAR_OK) record_error(st, s, "writing an averaged gradient back");
+    }
+  }
+  double t3 = now();
+  pthread_mutex_lock(&st->lock);
+  st->stats.copy_seconds += (t1 - t0) + (t3 - t2);
+  st->stats.allreduce_seconds += t2 - t1;
+  pthread_mutex_unlock(&st->lock);
+}
+
+static void *comm_thread(void *arg) {
+  ddp_state *st = arg;
+  pthread_mutex_lock(&st->lock);
+  for (;;) {
+    while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready))
+      pthread_cond_wait(&st->cv, &st->lock);
+    if (st->stop) break;
+    ddp_bucket *b = &st->buckets[st->next];
+    st->busy = 1;
+    pthread_mutex_unlock(&st->lock);
+    reduce_bucket(st, b);
+    pthread_mutex_lock(&st->lock);
+    st->busy = 0;
+    st->next++;
+    pthread_cond_broadcast(&st->cv);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return NULL;
+}
+
+/* Back to "no gradient ready" for the next backward; st->lock held, the thread idle. */
+static void reset_step(ddp_state *st) {
+  for (int i = 0; i < st->n_params; i++) st->params[i].ready = 0;
+  for (int k = 0; k < st->n_buckets; k++) {
+    st->buckets[k].ready = 0;
+    st->buckets[k].pending = st->buckets[k].count;
+  }
+  st->next = 0;
+  st->n_ready = 0;
+}
+
+/* Runs on the backward thread when p's gradient is final. */
+static void grad_ready(clpar_tensor *t, void *user) {
+  (void)t;
+  ddp_param *p = user;
+  ddp_state *st = p->st;
+  pthread_mutex_lock(&st->lock);
+  if (!p->ready) {
+    p->ready = 1;
+    ddp_bucket *b = &st->buckets[p->bucket];
+    if (--b->pending == 0) {
+      b->ready = 1;
+      st->n_ready++;
+      pthread_cond_broadcast(&st->cv);
+    }
+    if (st->n_ready == st->n_buckets) { /* the last bucket: wait for every reduction */
+      double t0 = now();
+      while (st->next < st->n_buckets) pthread_cond_wait(&st->cv, &st->lock);
+      st->stats.wait_seconds += now() - t0;
+      st->stats.reductions++;
+      reset_step(st);
+    }
+  }
+  pthread_mutex_unlock(&st->lock);
+}
+
+/* ---- the module ---- */
+
+static clpar_status take_error(ddp_state *st) {
+  clpar_status s = st->error;
+  if (s != CLPAR_OK) {
+    clpar_set_error(s, "%s", st->message);
+    st->error = CLPAR_OK;
+  }
+  return s;
+}
+
+/* A backward that left a bucket waiting: some parameter got no gradient. The thread has
+ * reduced the buckets before it (as every rank with the same graph has); start afresh. */
+static clpar_status check_finished_step(ddp_state *st) {
+  while (st->busy || (st->next < st->n_buckets && st->buckets[st->next].ready))
+    pthread_cond_wait(&st->cv, &st->lock);
+  int any = 0;
+  for (int i = 0; i < st->n_params; i++) any |= st->params[i].ready;
+  if (!any) return CLPAR_OK;
+  const char *missing = "?";
+  for (int i = 0; i < st->n_params; i++)
+    if (!st->params[i].ready) {
+      missing = st->params[i].name;
+      break;
+    }
+  clpar_status s = clpar_set_error(
+      CLPAR_ERROR_NO_GRADIENT,
+      "DistributedDataParallel: the last backward gave no gradient to parameter %s, so its "
+      "bucket was never reduced (every parameter must take part in the loss)",
+      missing);
+  reset_step(st);
+  return s;
+}
+
+static clpar_status ddp_forward(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
+                                void *user) {
+  ddp_state *st = user;
+  pthread_mutex_lock(&st->lock);
+  clpar_status s = take_error(st);
+  if (s == CLPAR_OK) s = check_finished_step(st);
+  pthread_mutex_unlock(&st->lock);
+  if (s != CLPAR_OK) return s;
+  return clpar_module_forward(clpar_module_child(self, "module"), input, output);
+}
+
+static void ddp_free(void *user) {
+  ddp_state *st = user;
+  if (!st) return;
+  if (st->thread_started) {
+    pthread_mutex_lock(&st->lock);
+    st->stop = 1;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->lock);
+    pthread_join(st->thread, NULL);
+  }
+  for (int i = 0; i < st->n_params; i++) {
+    ddp_param *p = &st->params[i];
+    if (p->param) {
+      if (st->thread_started) clpar_tensor_remove_grad_hook(p->param, grad_ready, p);
+      clpar_tensor_free(p->param);
+    }
+    free(p->name);
+  }
+  for (int k = 0; k < st->n_buckets; k++) free(st->buckets[k].buf);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && st->comm != MPI_COMM_NULL) MPI_Comm_free(&st->comm);
+  pthread_cond_destroy(&st->cv);
+  pthread_mutex_destroy(&st->lock);
+  free(st->params);
+  free(st->buckets);
+  free(st);
+}
+
+/* ---- creation ---- */
+
+/* Whether every rank's ok is set; the message of the lowest rank that failed becomes every
+ * rank's error (so all fail together, with the same words). */
+static clpar_status agree(ddp_state *st, clpar_status mine, const char *what) {
+  char msg[MESSAGE_SIZE] = "";
+  if (mine != CLPAR_OK) snprintf(msg, sizeof msg, "%s", clpar_last_error());
+  int bad = mine != CLPAR_OK ? clpar_dist_rank() : INT_MAX, first_bad = INT_MAX;
+  int code = mine;
+  int rc = MPI_Allreduce(&bad, &first_bad, 1, MPI_INT, MPI_MIN, st->comm);
+  if (rc != MPI_SUCCESS) return clpar_mpi_error(rc, what);
+  if (first_bad == INT_MAX) return CLPAR_OK;
+  rc = MPI_Bcast(msg, sizeof msg, MPI_CHAR, first_bad, st->comm);
+  if (rc == MPI_SUCCESS) rc = MPI_Bcast(&code, 1, MPI_INT, first_bad, st->comm);
+  if (rc != MPI_SUCCESS) return clpar_mpi_error(rc, what);
+  msg[sizeof msg - 1] = '\0';
+  return clpar_set_error((clpar_status)code, "%s: %s", what, msg);
+}
+
+/* "module.0.weight [64, 20]\n" for each parameter, in the module's order. */
+static char *signature(const ddp_state *st) {
+  size_t cap = 64, len = 0;
+  char *text = malloc(cap);
+  for (int i = st->n_params - 1; text && i >= 0; i--) {
+    char shape[128];
+    clpar_tensor_shape_str(st->params[i].param, shape, sizeof shape);
+    size_t need = strlen(st->params[i].name) + strlen(shape) + 3;
+    if (len + need + 1 > cap) {
+      while (len + need + 1 > cap) cap *= 2;
+      char *bigger = realloc(text, cap);
+      if (!bigger) free(text);
+      text = bigger;
+      if (!text) break;
+    }
+    len += (size_t)snprintf(text + len, cap - len, "%s %s\n", st->params[i].name, shape);
+  }
+  if (text) text[len] = '\0';
+  return text;
+}
+
+static int count_lines(const char *text) {
+  int n = 0;
+  for (; *text; text++) n += *text == '\n';
+  return n;
+}
+
+/* Whether mine differs from rank 0's list; msg then names the first difference. */
+static int compare_signatures(const char *mine, const char *root, int rank, char *msg,
+                              size_t size) {
+  for (int line = 0;; line++) {
+    const char *a_end = strchr(mine, '\n'), *b_end = strchr(root, '\n');
+    if (!a_end && !b_end) return 0;
+    if (!a_end || !b_end) {
+      snprintf(msg, size, "rank %d has %d parameters where rank 0 has %d (the first %d agree)",
+               rank, line + count_lines(mine), line + count_lines(root), line);
+      return 1;
+    }
+    size_t a_len = (size_t)(a_end - mine), b_len = (size_t)(b_end - root);
+    if (a_len != b_len || memcmp(mine, root, a_len) != 0) {
+      snprintf(msg, size, "parameter %d is \"%.*s\" on rank %d but \"%.*s\" on rank 0", line,
+               (int)(a_len > 300 ? 300 : a_len), mine, rank, (int)(b_len > 300 ? 300 : b_len),
+               root);
+      return 1;
+    }
+    mine = a_end + 1;
+    root = b_end + 1;
+  }
+}
+
+/* Every rank holds the same parameters as rank 0, or every rank fails naming the first
+ * difference and the rank. */
+static clpar_status check_same_parameters(ddp_state *st) {
+  const char *what = "clpar_ddp_create: the ranks' models differ";
+  char *mine = signature(st), *root = NULL;
+  unsigned long long len = mine ? strlen(mine) + 1 : 0;
+  clpar_status s = agree(st, mine ? CLPAR_OK : oom(), "clpar_ddp_create");
+  int rc = MPI_SUCCESS;
+  if (s == CLPAR_OK) rc = MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, st->comm);
+  if (s == CLPAR_OK && rc == MPI_SUCCESS) {
+    root = clpar_dist_rank() == 0 ? mine : malloc(len);
+    s = agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
+  }
+  if (s == CLPAR_OK && rc == MPI_SUCCESS && len > INT_MAX)
+    s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_ddp_create: too many parameters");
+  if (s == CLPAR_OK && rc == MPI_SUCCESS) rc = MPI_Bcast(root, (int)len, MPI_CHAR, 0, st->comm);
+  if (s == CLPAR_OK && rc == MPI_SUCCESS) {
+    char msg[MESSAGE_SIZE];
+    root[len - 1] = '\0';
+    clpar_status mine_s = compare_signatures(mine, root, clpar_dist_rank(), msg, sizeof msg)
+                              ? clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "%s", msg)
+                              : CLPAR_OK;
+    s = agree(st, mine_s, what);
+  }
+  if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, "clpar_ddp_create: comparing the parameters");
+  if (root != mine) free(root);
+  free(mine);
+  return s;
+}
+
+/* Rank 0's values to every rank, one parameter at a time through host memory. */
+static clpar_status broadcast_parameters(ddp_state *st) {
+  int64_t most = 0;
+  for (int i = 0; i < st->n_params; i++) {
+    int64_t n = clpar_tensor_numel(st->params[i].param);
+    most = n > most ? n : most;
+  }
+  float *buf = malloc((size_t)most * sizeof(float));
+  clpar_status s = agree(st, buf ? CLPAR_OK : oom(), "clpar_ddp_create");
+  for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
+    clpar_tensor *p = st->params[i].param;
+    int64_t n = clpar_tensor_numel(p);
+    clpar_status mine = clpar_dist_rank() == 0 ? clpar_tensor_read(p, buf, (size_t)n) : CLPAR_OK;
+    s = agree(st, mine, "clpar_ddp_create: reading a parameter on rank 0");
+    int rc = s == CLPAR_OK ? MPI_Bcast(buf, (int)n, MPI_FLOAT, 0, st->comm) : MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, "clpar_ddp_create: broadcasting parameters");
+    if (s == CLPAR_OK && clpar_dist_rank() != 0) s = clpar_tensor_write(p, buf, (size_t)n);
+  }
+  free(buf);
+  return s;
+}
+
+/* Buckets over the parameters in reverse order: the first up to min(1 MiB, cap), the
+ * others up to cap; a bucket closes once it has reached its limit. */
+static clpar_status make_buckets(ddp_state *st, double cap_mb) {
+  double cap = cap_mb * 1024.0 * 1024.0, limit = cap < 1048576.0 ? cap : 1048576.0;
+  st->buckets = calloc((size_t)st->n_params, sizeof *st->buckets);
+  if (!st->buckets) return oom();
+  ddp_bucket *b = NULL;
+  for (int i = 0; i < st->n_params; i++) {
+    if (!b) {
+      b = &st->buckets[st->n_buckets++];
+      b->first = i;
+    }
+    ddp_param *p = &st->params[i];
+    p->bucket = (int)(b - st->buckets);
+    p->offset = b->numel;
+    b->numel += clpar_tensor_numel(p->param);
+    b->count++;
+    if (b->numel > INT_MAX)
+      return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                             "clpar_ddp_create: a bucket of %lld floats is more than MPI takes "
+                             "in one call; lower bucket_cap_mb",
+                             (long long)b->numel);
+    if ((double)b->numel * sizeof(float) >= limit) {
+      b = NULL;
+      limit = cap;
+    }
+  }
+  for (int k = 0; k < st->n_buckets; k++) {
+    st->buckets[k].pending = st->buckets[k].count;
+    if (!(st->buckets[k].buf = malloc((size_t)st->buckets[k].numel * sizeof(float)))) return oom();
+  }
+  st->stats.buckets = st->n_buckets;
+  return CLPAR_OK;
+}
+
+/* The parameters, reversed, each with a reference and its "module." name. */
+static clpar_status take_parameters(ddp_state *st, clpar_module *module) {
+  int n = clpar_module_parameter_count(module);
+  st->params = calloc(n > 0 ? (size_t)n : 1, sizeof *st->params);
+  if (!st->params) return oom();
+  st->n_params = n;
+  for (int i = 0; i < n; i++) {
+    const char *name;
+    clpar_tensor *t;
+    clpar_status s = clpar_module_parameter_at(module, i, &name, &t);
+    if (s != CLPAR_OK) return s;
+    ddp_param *p = &st->params[n - 1 - i];
+    p->st = st;
+    p->param = clpar_tensor_retain(t);
+    if (!(p->name = malloc(strlen(name) + 8))) return oom();
+    sprintf(p->name, "module.%s", name);
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o, ddp_state **out) {
+  ddp_state *st = calloc(1, sizeof *st);
+  if (!st) return oom();
+  pthread_mutex_init(&st->lock, NULL);
+  pthread_cond_init(&st->cv, NULL);
+  st->comm = MPI_COMM_NULL;
+  st->world = clpar_dist_world_size();
+  double cap_mb = o && o->bucket_cap_mb > 0 ? o->bucket_cap_mb : 25.0;
+  clpar_mpi_lock();
+  int rc = MPI_Comm_dup(clpar_dist_comm(), &st->comm);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
+  clpar_status s = rc == MPI_SUCCESS
+                       ? CLPAR_OK
+                       : clpar_mpi_error(rc, "clpar_ddp_create: duplicating the communicator");
+  if (s == CLPAR_OK) s = agree(st, take_parameters(st, module), "clpar_ddp_create");
+  if (s == CLPAR_OK) s = check_same_parameters(st);
+  if (s == CLPAR_OK && st->n_params == 0)
+    s = clpar_set_error(CLPAR_ERROR_EMPTY, "clpar_ddp_create: the module has no parameters");
+  if (s == CLPAR_OK) s = broadcast_parameters(st);
+  clpar_mpi_unlock();
+  if (s == CLPAR_OK) s = make_buckets(st, cap_mb);
+  for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
+    s = clpar_tensor_add_grad_hook(st->params[i].param, grad_ready, &st->params[i]);
+    for (int j = 0; s != CLPAR_OK && j < i; j++)
+      clpar_tensor_remove_grad_hook(st->params[j].param, grad_ready, &st->params[j]);
+  }
+  if (s == CLPAR_OK) {
+    if (pthread_create(&st->thread, NULL, comm_thread, st) == 0)
+      st->thread_started = 1;
+    else
+      s = clpar_set_error(CLPAR_ERROR_INTERNAL,
+                          "clpar_ddp_create: could not start the communication thread");
+    if (s != CLPAR_OK)
+      for (int j = 0; j < st->n_params; j++)
+        clpar_tensor_remove_grad_hook(st->params[j].param, grad_ready, &st->params[j]);
+  }
+  if (s != CLPAR_OK) {
+    ddp_free(st);
+    return s;
+  }
+  *out = st;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
+                              clpar_module **out) {
+  if (!module || !out) {
+    clpar_module_free(module);
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_ddp_create: NULL module or out");
+  }
+  if (clpar_dist_comm() == MPI_COMM_NULL) {
+    clpar_module_free(module);
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
+                           "clpar_ddp_create: call clpar_dist_init first");
+  }
+  if (options && !(options->bucket_cap_mb >= 0)) {
+    clpar_module_free(module);
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_ddp_create: bucket_cap_mb is %g; it must be >= 0 (0: 25 MiB)",
+                           options->bucket_cap_mb);
+  }
+  ddp_state *st = NULL;
+  clpar_status s = make_state(module, options, &st);
+  clpar_module *ddp = NULL;
+  if (s == CLPAR_OK)
+    s = clpar_module_create("DistributedDataParallel", ddp_forward, st, ddp_free, &ddp);
+  if (s != CLPAR_OK) {
+    if (st) ddp_free(st);
+    clpar_module_free(module);
+    return s;
+  }
+  s = clpar_module_add_child(ddp, "module", module); /* frees module on error */
+  if (s != CLPAR_OK) {
+    clpar_module_free(ddp);
+    return s;
+  }
+  *out = ddp;
+  return CLPAR_OK;
+}
+
+static ddp_state *state_of(const clpar_module *m) {
+  return m && m->forward == ddp_forward ? m->user : NULL;
+}
+
+clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
+  ddp_state *st = state_of(ddp);
+  if (!st)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_ddp_synchronize: not a DistributedDataParallel module");
+  pthread_mutex_lock(&st->lock);
+  while (st->busy) pthread_cond_wait(&st->cv, &st->lock);
+  clpar_status s = take_error(st);
+  pthread_mutex_unlock(&st->lock);
+  return s;
+}
+
+clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out) {
+  ddp_state *st = state_of(ddp);
+  if (!st || !out)
+    return clpar_set_error(
+        CLPAR_ERROR_INVALID_ARGUMENT,
+        "clpar_ddp_stats_get: not a DistributedDataParallel module, or NULL out");
+  pthread_mutex_lock(&st->lock);
+  *out = st->stats;
+  pthread_mutex_unlock(&st->lock);
+  return CLPAR_OK;
+}

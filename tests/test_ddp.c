@@ -1,0 +1,180 @@
+/* test_ddp.c — DistributedDataParallel against single-process training, run by ctest through
+ * mpirun on 2 and 4 ranks (tests/CMakeLists.txt). Every rank trains its share of a batch with
+ * DDP and, on its own, the whole batch on one model; after 5 SGD-with-momentum steps the
+ * weights must agree. The ranks start from different weights (seeded by rank), so the
+ * comparison also checks the broadcast from rank 0. Also: several buckets, and models that
+ * differ between ranks (a clear error on every rank, no hang). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+enum { IN = 16, HIDDEN = 64, OUT = 4, BATCH = 48, STEPS = 5 };
+
+/* Linear(IN, HIDDEN) ReLU Linear(HIDDEN, HIDDEN) ReLU Linear(HIDDEN, out), optionally one
+ * more Linear(out, out): the last two arguments make models that differ between ranks. */
+static clpar_module *make_mlp(clpar_device *dev, uint64_t seed, int out, int extra) {
+  clpar_module *layers[6], *mlp;
+  clpar_manual_seed(seed);
+  tu_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]));
+  tu_ok(clpar_relu_create(&layers[1]));
+  tu_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]));
+  tu_ok(clpar_relu_create(&layers[3]));
+  tu_ok(clpar_linear_create(HIDDEN, out, 1, dev, &layers[4]));
+  if (extra) tu_ok(clpar_linear_create(out, out, 1, dev, &layers[5]));
+  tu_ok(clpar_sequential_create(layers, extra ? 6 : 5, &mlp));
+  return mlp;
+}
+
+/* One SGD-momentum step of MSE on rows [row0, row0+rows) of the batch. */
+static void train_step(clpar_module *m, clpar_optimizer *opt, const float *x, const float *y,
+                       int row0, int rows) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *xt, *yt, *out, *loss;
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + (size_t)row0 * IN, &xt));
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + (size_t)row0 * OUT, &yt));
+  tu_ok(clpar_optimizer_zero_grad(opt));
+  tu_ok(clpar_module_forward(m, xt, &out));
+  tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
+  tu_ok(clpar_backward(loss));
+  /* no call between backward and the step: backward returns with the gradients reduced */
+  tu_ok(clpar_optimizer_step(opt));
+  if (!strcmp(clpar_module_type(m), "DistributedDataParallel")) tu_ok(clpar_ddp_synchronize(m));
+  clpar_scope_end(scope);
+}
+
+static clpar_optimizer *make_sgd(clpar_module *m) {
+  clpar_sgd_options o = {.lr = 0.05f, .momentum = 0.9f};
+  clpar_optimizer *opt;
+  tu_ok(clpar_sgd_create_for(m, &o, &opt));
+  return opt;
+}
+
+/* DDP with the given bucket cap against the whole batch on one process; returns the number
+ * of buckets DDP made. */
+static int check_matches_full_batch(double bucket_cap_mb) {
+  int rank = clpar_dist_rank(), world = clpar_dist_world_size();
+  assert_int_equal(BATCH % world, 0);
+  float *x = tu_rand(BATCH * IN, 11), *y = tu_rand(BATCH * OUT, 12);
+
+  clpar_module *ref = make_mlp(clpar_dist_device(), 1, OUT, 0), *ddp;
+  clpar_ddp_options o = {.bucket_cap_mb = bucket_cap_mb};
+  tu_ok(clpar_ddp_create(make_mlp(clpar_dist_device(), 1 + (uint64_t)rank, OUT, 0), &o, &ddp));
+  assert_string_equal(clpar_module_type(ddp), "DistributedDataParallel");
+  clpar_optimizer *ref_opt = make_sgd(ref), *ddp_opt = make_sgd(ddp);
+  int rows = BATCH / world;
+  for (int step = 0; step < STEPS; step++) {
+    train_step(ref, ref_opt, x, y, 0, BATCH);
+    train_step(ddp, ddp_opt, x, y, rank * rows, rows);
+  }
+
+  int n = clpar_module_parameter_count(ref);
+  assert_int_equal(clpar_module_parameter_count(ddp), n);
+  for (int i = 0; i < n; i++) {
+    const char *ref_name, *ddp_name;
+    clpar_tensor *a, *b;
+    tu_ok(clpar_module_parameter_at(ddp, i, &ddp_name, &a));
+    tu_ok(clpar_module_parameter_at(ref, i, &ref_name, &b));
+    char want[128];
+    snprintf(want, sizeof want, "module.%s", ref_name);
+    assert_string_equal(ddp_name, want);
+    float *av = tu_read(a), *bv = tu_read(b);
+    int64_t k = clpar_tensor_numel(b);
+    float largest = 0;
+    for (int64_t j = 0; j < k; j++) largest = fmaxf(largest, fabsf(bv[j]));
+    /* 1e-5 relative to the tensor's largest weight: the two sum the rows' gradients in
+     * different orders, so equality is only up to float rounding */
+    char what[160];
+    snprintf(what, sizeof what, "rank %d, %s after %d steps", rank, ddp_name, STEPS);
+    tu_assert_close(av, bv, (size_t)k, 0.0f, 1e-5f * largest, what);
+    free(av);
+    free(bv);
+  }
+  clpar_ddp_stats stats;
+  tu_ok(clpar_ddp_stats_get(ddp, &stats));
+  assert_int_equal(stats.reductions, STEPS);
+  clpar_optimizer_free(ref_opt);
+  clpar_optimizer_free(ddp_opt);
+  clpar_module_free(ref);
+  clpar_module_free(ddp);
+  free(x);
+  free(y);
+  return stats.buckets;
+}
+
+static void test_matches_full_batch(void **state) {
+  (void)state;
+  /* 5,508 parameters (22 KiB): all in the first bucket (1 MiB) */
+  assert_int_equal(check_matches_full_batch(0), 1);
+}
+
+static void test_matches_full_batch_several_buckets(void **state) {
+  (void)state;
+  /* 0.0005 MiB (524 bytes): reversed, the parameters make 3 buckets: {4.bias, 4.weight},
+   * {2.bias, 2.weight}, {0.bias, 0.weight} */
+  assert_int_equal(check_matches_full_batch(0.0005), 3);
+}
+
+/* The last rank's model differs (how: out and extra); every rank must fail with message
+ * `want` (printf format with the last rank), and no rank may hang. */
+static void check_mismatch(int out, int extra, const char *want_format) {
+  int rank = clpar_dist_rank(), last = clpar_dist_world_size() - 1;
+  clpar_module *m = rank == last ? make_mlp(clpar_dist_device(), 1, out, extra)
+                                 : make_mlp(clpar_dist_device(), 1, OUT, 0);
+  clpar_module *ddp = NULL;
+  clpar_status s = clpar_ddp_create(m, NULL, &ddp);
+  assert_int_equal(s, CLPAR_ERROR_SHAPE_MISMATCH);
+  assert_null(ddp);
+  char want[256];
+  snprintf(want, sizeof want, want_format, last);
+  if (!strstr(clpar_last_error(), want))
+    fail_msg("rank %d: expected \"%s\" in \"%s\"", rank, want, clpar_last_error());
+  /* the ranks are still in step: a collective after the failure completes */
+  float one = 1;
+  tu_ok(clpar_dist_all_reduce_sum(&one, 1));
+  assert_true(one == (float)(last + 1));
+}
+
+static void test_shape_mismatch_fails_on_every_rank(void **state) {
+  (void)state;
+  check_mismatch(OUT + 1, 0,
+                 "parameter 4 is \"module.4.weight [5, 64]\" on rank %d but \"module.4.weight "
+                 "[4, 64]\" on rank 0");
+}
+
+static void test_count_mismatch_fails_on_every_rank(void **state) {
+  (void)state;
+  check_mismatch(OUT, 1, "rank %d has 8 parameters where rank 0 has 6 (the first 6 agree)");
+}
+
+static int setup(void **state) {
+  (void)state;
+  clpar_status s = clpar_dist_init();
+  if (s != CLPAR_OK) {
+    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
+    return -1;
+  }
+  fprintf(stderr, "rank %d of %d (local %d of %d) on %s\n", clpar_dist_rank(),
+          clpar_dist_world_size(), clpar_dist_local_rank(), clpar_dist_local_size(),
+          clpar_device_id(clpar_dist_device()));
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  clpar_dist_finalize();
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_matches_full_batch),
+      cmocka_unit_test(test_matches_full_batch_several_buckets),
+      cmocka_unit_test(test_shape_mismatch_fails_on_every_rank),
+      cmocka_unit_test(test_count_mismatch_fails_on_every_rank),
+  };
+  return cmocka_run_group_tests_name("ddp", tests, setup, teardown);
+}
