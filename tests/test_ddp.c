@@ -2,8 +2,10 @@
  * mpirun on 2 and 4 ranks (tests/CMakeLists.txt). Every rank trains its share of a batch with
  * DDP and, on its own, the whole batch on one model; after 5 SGD-with-momentum steps the
  * weights must agree. The ranks start from different weights (seeded by rank), so the
- * comparison also checks the broadcast from rank 0. Also: several buckets, and models that
- * differ between ranks (a clear error on every rank, no hang). */
+ * comparison also checks the broadcast from rank 0. Also: several buckets, gradient
+ * accumulation over two micro-steps with one reduction (clpar_ddp_set_sync), a parameter that
+ * gets no gradient, and models that differ between ranks (a clear error on every rank, no
+ * hang). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,22 +30,36 @@ static clpar_module *make_mlp(clpar_device *dev, uint64_t seed, int out, int ext
   return mlp;
 }
 
-/* One SGD-momentum step of MSE on rows [row0, row0+rows) of the batch. */
-static void train_step(clpar_module *m, clpar_optimizer *opt, const float *x, const float *y,
-                       int row0, int rows) {
+/* Forward and backward of MSE on rows [row0, row0+rows) of the batch. */
+static void forward_backward(clpar_module *m, const float *x, const float *y, int row0, int rows) {
   clpar_device *dev = clpar_dist_device();
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *xt, *yt, *out, *loss;
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + (size_t)row0 * IN, &xt));
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + (size_t)row0 * OUT, &yt));
-  tu_ok(clpar_optimizer_zero_grad(opt));
   tu_ok(clpar_module_forward(m, xt, &out));
   tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
   tu_ok(clpar_backward(loss));
+  clpar_scope_end(scope);
+}
+
+/* One SGD-momentum step on rows [row0, row0+rows), in micro micro-steps whose gradients add
+ * up. A DDP module synchronizes only in the last micro-step (clpar_ddp_set_sync); the one
+ * process reference runs the whole batch micro times instead, which gives the same sum. */
+static void train_step(clpar_module *m, clpar_optimizer *opt, const float *x, const float *y,
+                       int row0, int rows, int micro) {
+  int ddp = !strcmp(clpar_module_type(m), "DistributedDataParallel");
+  tu_ok(clpar_optimizer_zero_grad(opt));
+  for (int k = 0; k < micro; k++) {
+    if (ddp) tu_ok(clpar_ddp_set_sync(m, k == micro - 1));
+    if (ddp)
+      forward_backward(m, x, y, row0 + k * (rows / micro), rows / micro);
+    else
+      forward_backward(m, x, y, row0, rows);
+  }
   /* no call between backward and the step: backward returns with the gradients reduced */
   tu_ok(clpar_optimizer_step(opt));
-  if (!strcmp(clpar_module_type(m), "DistributedDataParallel")) tu_ok(clpar_ddp_synchronize(m));
-  clpar_scope_end(scope);
+  if (ddp) tu_ok(clpar_ddp_synchronize(m));
 }
 
 static clpar_optimizer *make_sgd(clpar_module *m) {
@@ -53,9 +69,9 @@ static clpar_optimizer *make_sgd(clpar_module *m) {
   return opt;
 }
 
-/* DDP with the given bucket cap against the whole batch on one process; returns the number
- * of buckets DDP made. */
-static int check_matches_full_batch(double bucket_cap_mb) {
+/* DDP with the given bucket cap, in micro micro-steps, against the whole batch on one
+ * process; returns the number of buckets DDP made. */
+static int check_matches_full_batch(double bucket_cap_mb, int micro) {
   int rank = clpar_dist_rank(), world = clpar_dist_world_size();
   assert_int_equal(BATCH % world, 0);
   float *x = tu_rand(BATCH * IN, 11), *y = tu_rand(BATCH * OUT, 12);
@@ -67,8 +83,8 @@ static int check_matches_full_batch(double bucket_cap_mb) {
   clpar_optimizer *ref_opt = make_sgd(ref), *ddp_opt = make_sgd(ddp);
   int rows = BATCH / world;
   for (int step = 0; step < STEPS; step++) {
-    train_step(ref, ref_opt, x, y, 0, BATCH);
-    train_step(ddp, ddp_opt, x, y, rank * rows, rows);
+    train_step(ref, ref_opt, x, y, 0, BATCH, micro);
+    train_step(ddp, ddp_opt, x, y, rank * rows, rows, micro);
   }
 
   int n = clpar_module_parameter_count(ref);
@@ -95,7 +111,7 @@ static int check_matches_full_batch(double bucket_cap_mb) {
   }
   clpar_ddp_stats stats;
   tu_ok(clpar_ddp_stats_get(ddp, &stats));
-  assert_int_equal(stats.reductions, STEPS);
+  assert_int_equal(stats.reductions, STEPS); /* one per step, also with micro-steps */
   clpar_optimizer_free(ref_opt);
   clpar_optimizer_free(ddp_opt);
   clpar_module_free(ref);
@@ -108,14 +124,58 @@ static int check_matches_full_batch(double bucket_cap_mb) {
 static void test_matches_full_batch(void **state) {
   (void)state;
   /* 5,508 parameters (22 KiB): all in the first bucket (1 MiB) */
-  assert_int_equal(check_matches_full_batch(0), 1);
+  assert_int_equal(check_matches_full_batch(0, 1), 1);
 }
 
 static void test_matches_full_batch_several_buckets(void **state) {
   (void)state;
   /* 0.0005 MiB (524 bytes): reversed, the parameters make 3 buckets: {4.bias, 4.weight},
    * {2.bias, 2.weight}, {0.bias, 0.weight} */
-  assert_int_equal(check_matches_full_batch(0.0005), 3);
+  assert_int_equal(check_matches_full_batch(0.0005, 1), 3);
+}
+
+static void test_no_sync_accumulates_two_micro_steps(void **state) {
+  (void)state;
+  assert_int_equal(check_matches_full_batch(0.0005, 2), 3);
+}
+
+static clpar_status forward_mlp_only(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
+                                     void *user) {
+  (void)user;
+  return clpar_module_forward(clpar_module_child(self, "mlp"), input, output);
+}
+
+/* A parameter the loss does not reach: backward leaves its bucket pending, and the next
+ * forward fails on every rank naming it; the ranks stay in step. */
+static void test_unused_parameter_named_at_next_forward(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *m, *ddp;
+  clpar_tensor *unused, *out, *loss, *xt;
+  tu_ok(clpar_module_create("WithUnused", forward_mlp_only, NULL, NULL, &m));
+  tu_ok(clpar_module_add_child(m, "mlp", make_mlp(dev, 1, OUT, 0)));
+  tu_ok(clpar_tensor_zeros(dev, 1, (int64_t[]){3}, &unused));
+  tu_ok(clpar_module_add_parameter(m, "unused", unused));
+  clpar_tensor_free(unused);
+  tu_ok(clpar_ddp_create(m, NULL, &ddp));
+  float *x = tu_rand(4 * IN, 3);
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){4, IN}, x, &xt));
+  tu_ok(clpar_module_forward(ddp, xt, &out));
+  tu_ok(clpar_mean(out, &loss));
+  tu_ok(clpar_backward(loss));
+  clpar_tensor_free(out);
+  clpar_tensor_free(loss);
+  assert_int_equal(clpar_module_forward(ddp, xt, &out), CLPAR_ERROR_NO_GRADIENT);
+  if (!strstr(clpar_last_error(), "no gradient to parameter module.unused"))
+    fail_msg("rank %d: %s", clpar_dist_rank(), clpar_last_error());
+  tu_ok(clpar_module_forward(ddp, xt, &out)); /* the step was reset */
+  clpar_tensor_free(out);
+  float one = 1;
+  tu_ok(clpar_dist_all_reduce_sum(&one, 1));
+  assert_true(one == (float)clpar_dist_world_size());
+  clpar_tensor_free(xt);
+  clpar_module_free(ddp);
+  free(x);
 }
 
 /* The last rank's model differs (how: out and extra); every rank must fail with message
@@ -173,6 +233,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matches_full_batch),
       cmocka_unit_test(test_matches_full_batch_several_buckets),
+      cmocka_unit_test(test_no_sync_accumulates_two_micro_steps),
+      cmocka_unit_test(test_unused_parameter_named_at_next_forward),
       cmocka_unit_test(test_shape_mismatch_fails_on_every_rank),
       cmocka_unit_test(test_count_mismatch_fails_on_every_rank),
   };

@@ -73,14 +73,19 @@ typedef struct clpar_ddp_options {
  * (MPI, a copy) is returned by clpar_ddp_synchronize and by the next forward.
  *
  * Every backward must reach every parameter: a parameter that got no gradient leaves its
- * bucket waiting, and the next forward fails (CLPAR_ERROR_NO_GRADIENT) naming it. Gradient
- * accumulation (no_sync), uneven inputs and timeouts are not supported yet. */
+ * bucket waiting, and the next forward fails (CLPAR_ERROR_NO_GRADIENT) naming it. Uneven
+ * inputs and timeouts are not supported yet. */
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
                                         clpar_module **out);
 /* Returns the first error of the communication thread since the last call (CLPAR_OK when
  * there was none). Call it before the optimizer step to make sure the gradients were
  * reduced. */
 CLPAR_API clpar_status clpar_ddp_synchronize(clpar_module *ddp);
+
+/* PyTorch's no_sync: with sync 0, backward only accumulates the gradients on each rank; the
+ * first backward after sync is set back to 1 all-reduces the accumulated gradients (so
+ * micro-steps of a gradient accumulation communicate once). Every rank must do the same. */
+CLPAR_API clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync);
 
 typedef struct clpar_ddp_stats {
   int buckets;              /* how the parameters were bucketed */

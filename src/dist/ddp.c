@@ -66,6 +66,7 @@ struct ddp_state {
   int next;    /* the bucket the communication thread reduces next */
   int busy;    /* it is reducing one now */
   int n_ready; /* buckets ready in this backward */
+  int no_sync; /* clpar_ddp_set_sync(0): gradients accumulate locally, hooks do nothing */
   clpar_status error;
   char message[MESSAGE_SIZE];
   clpar_ddp_stats stats;
@@ -172,7 +173,7 @@ static void grad_ready(clpar_tensor *t, void *user) {
   ddp_param *p = user;
   ddp_state *st = p->st;
   pthread_mutex_lock(&st->lock);
-  if (!p->ready) {
+  if (!p->ready && !st->no_sync) {
     p->ready = 1;
     ddp_bucket *b = &st->buckets[p->bucket];
     if (--b->pending == 0) {
@@ -535,6 +536,17 @@ clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
   clpar_status s = take_error(st);
   pthread_mutex_unlock(&st->lock);
   return s;
+}
+
+clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync) {
+  ddp_state *st = state_of(ddp);
+  if (!st)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_ddp_set_sync: not a DistributedDataParallel module");
+  pthread_mutex_lock(&st->lock);
+  st->no_sync = !sync;
+  pthread_mutex_unlock(&st->lock);
+  return CLPAR_OK;
 }
 
 clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out) {

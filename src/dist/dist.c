@@ -61,6 +61,10 @@ clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
   (void)ddp;
   return no_mpi("clpar_ddp_synchronize");
 }
+clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync) {
+  (void)ddp, (void)sync;
+  return no_mpi("clpar_ddp_set_sync");
+}
 clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out) {
   (void)ddp, (void)out;
   return no_mpi("clpar_ddp_stats_get");
