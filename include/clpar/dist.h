@@ -88,11 +88,18 @@ CLPAR_API clpar_status clpar_ddp_synchronize(clpar_module *ddp);
 CLPAR_API clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync);
 
 typedef struct clpar_ddp_stats {
-  int buckets;              /* how the parameters were bucketed */
-  uint64_t reductions;      /* backward passes fully reduced */
-  double allreduce_seconds; /* spent in MPI_Allreduce by the communication thread */
-  double copy_seconds;      /* gradients to host memory and back */
-  double wait_seconds;      /* backward waiting for the last buckets to be reduced */
+  int buckets;         /* how the parameters were bucketed */
+  uint64_t reductions; /* backward passes fully reduced */
+  /* the communication thread's time: reading gradients to host memory (which waits for the
+   * device to compute them), in MPI_Allreduce (which waits for the slowest rank too), and
+   * writing the averages back */
+  double read_seconds, allreduce_seconds, write_seconds;
+  /* of allreduce + write, the part after the last bucket's gradients were read, when the
+   * device had no backward work left: the communication not hidden behind backward */
+  double exposed_seconds;
+  /* the backward thread blocked in the last hook until every bucket was reduced (backward
+   * only posts work, so this includes waiting for the device to compute) */
+  double wait_seconds;
 } clpar_ddp_stats;
 CLPAR_API clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out);
 

@@ -131,8 +131,10 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
   }
   double t3 = now();
   pthread_mutex_lock(&st->lock);
-  st->stats.copy_seconds += (t1 - t0) + (t3 - t2);
+  st->stats.read_seconds += t1 - t0;
   st->stats.allreduce_seconds += t2 - t1;
+  st->stats.write_seconds += t3 - t2;
+  if (b == &st->buckets[st->n_buckets - 1]) st->stats.exposed_seconds += t3 - t1;
   pthread_mutex_unlock(&st->lock);
 }
 
