@@ -78,8 +78,8 @@ typedef struct clpar_ddp_options {
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
                                         clpar_module **out);
 /* Returns the first error of the communication thread since the last call (CLPAR_OK when
- * there was none). Call it before the optimizer step to make sure the gradients were
- * reduced. */
+ * there was none). The gradients are reduced when backward returns; call this before the
+ * optimizer step to be sure that no reduction failed. */
 CLPAR_API clpar_status clpar_ddp_synchronize(clpar_module *ddp);
 
 /* PyTorch's no_sync: with sync 0, backward only accumulates the gradients on each rank; the
