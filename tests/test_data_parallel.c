@@ -160,7 +160,8 @@ static void test_split_sizes(void **state) {
   clpar_module_free(dp);
 }
 
-/* Replicas persist: a forward copies each changed parameter once, an unchanged one never. */
+/* Replicas persist: a forward copies the flat parameters once to each replica after they
+ * changed (any of them), and never when none changed. */
 static void test_replicas_copy_only_what_changed(void **state) {
   (void)state;
   clpar_device *devs[4];
@@ -173,14 +174,14 @@ static void test_replicas_copy_only_what_changed(void **state) {
   clpar_scope *sc = clpar_scope_begin();
   clpar_tensor *x, *y, *loss;
   tu_ok(clpar_tensor_rand_normal(devs[0], 2, (int64_t[]){40, 5}, 1, 0, 1, &x));
-  tu_ok(clpar_module_forward(dp, x, &y)); /* first forward: every replica gets all 4 */
+  tu_ok(clpar_module_forward(dp, x, &y)); /* first forward: one flat copy per replica */
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
-  assert_int_equal(st.parameters_copied, 4 * (n - 1));
+  assert_int_equal(st.parameters_copied, n - 1);
   tu_ok(clpar_module_forward(dp, x, &y)); /* nothing changed: nothing copied */
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
-  assert_int_equal(st.parameters_copied, 4 * (n - 1));
+  assert_int_equal(st.parameters_copied, n - 1);
   assert_int_equal(st.forwards, 2);
-  /* an optimizer step on one parameter only: one copy per replica */
+  /* an optimizer step on one parameter only: again one flat copy per replica */
   tu_ok(clpar_sum(y, &loss));
   tu_ok(clpar_backward(loss));
   clpar_tensor *bias =
@@ -191,7 +192,7 @@ static void test_replicas_copy_only_what_changed(void **state) {
   tu_ok(clpar_optimizer_step(opt));
   tu_ok(clpar_module_forward(dp, x, &y));
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
-  assert_int_equal(st.parameters_copied, 5 * (n - 1));
+  assert_int_equal(st.parameters_copied, 2 * (n - 1));
   assert_true(st.reduce_seconds > 0);
   tu_ok(clpar_data_parallel_stats_reset(dp));
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
