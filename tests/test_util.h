@@ -19,6 +19,11 @@ int tu_teardown(void **state);
 /* The host backend device, always available as the reference even when not selected. */
 clpar_device *tu_host(void);
 
+/* A device other than first for tests that need two: another selected device, else the host
+ * device, else (first is the host, the only one selected) a probed device that is not
+ * selected (PoCL), said on stderr; NULL when the machine has no second device. */
+clpar_device *tu_second_device(clpar_device *first);
+
 /* n floats uniform in [-1, 1) from seed, malloc'ed (never NULL). */
 float *tu_rand(size_t n, uint64_t seed);
 
