@@ -264,67 +264,81 @@ static clpar_status check_parameters(dp_state *st) {
   return CLPAR_OK;
 }
 
-/* Replica k's part of the forward: its chunk to its device, its parameters, its forward, its
- * output to the output device (retained in *out). Everything is posted; nothing waits. */
-static clpar_status run_replica(dp_state *st, int k, clpar_tensor *input, int64_t start,
-                                int64_t rows, clpar_tensor **out, double t[4], int *copied) {
-  replica *r = &st->replicas[k];
-  clpar_tensor *chunk = NULL, *moved = NULL, *y = NULL, *down = NULL;
-  double t0 = now();
-  clpar_status s = clpar_tensor_rows(input, start, rows, &chunk);
-  if (s == CLPAR_OK && chunk->storage->dev != r->dev) s = clpar_tensor_to(chunk, r->dev, &moved);
-  double t1 = now();
-  if (s == CLPAR_OK && k > 0) s = replica_sync(st, r, copied);
-  double t2 = now();
-  if (s == CLPAR_OK) s = clpar_module_forward(r->module, moved ? moved : chunk, &y);
-  double t3 = now();
-  if (s == CLPAR_OK && y->storage->dev != st->output) s = clpar_tensor_to(y, st->output, &down);
-  if (s == CLPAR_OK) *out = clpar_tensor_retain(down ? down : y);
-  t[0] += t1 - t0;
-  t[1] += t2 - t1;
-  t[2] += t3 - t2;
-  t[3] += now() - t3;
-  return s;
-}
+/* The forward in three passes over the replicas, so that no device's queue waits behind
+ * another's computation: first every replica's inputs (its chunk and, when they changed, its
+ * parameters: the reads from the main device are posted before its own forward), then every
+ * forward (the other devices' first), then the outputs to the output device. */
+typedef struct {
+  int k;
+  int64_t start, rows;
+  clpar_tensor *x; /* the chunk on the replica's device */
+  clpar_tensor *y; /* its output on the output device */
+} replica_run;
 
 static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_tensor **output) {
   clpar_status s = check_parameters(st);
   if (s != CLPAR_OK) return s;
   int64_t sizes[64];
   split_rows(st, input->shape[0], sizes);
-  clpar_tensor *parts[64] = {0};
-  double t[4] = {0, 0, 0, 0};
-  int used = 0, copies = 0;
-  clpar_scope *scope = clpar_scope_begin(); /* what the replicas make besides their outputs */
+  replica_run runs[64];
+  int used = 0, copies = 0, failed = -1;
   int64_t at = 0;
-  for (int k = 0; k < st->n && s == CLPAR_OK; at += sizes[k], k++) {
-    if (sizes[k] == 0) continue;
+  for (int k = 0; k < st->n; at += sizes[k], k++)
+    if (sizes[k] > 0) runs[used++] = (replica_run){k, at, sizes[k], NULL, NULL};
+  clpar_tensor *parts[64] = {0};
+  double t[5];
+  clpar_scope *scope = clpar_scope_begin(); /* what the replicas make besides their outputs */
+  t[0] = now();
+  for (int i = 0; i < used && s == CLPAR_OK; i++) { /* chunks */
+    replica_run *rr = &runs[i];
+    clpar_device *dev = st->devices[rr->k];
+    clpar_tensor *chunk;
+    s = clpar_tensor_rows(input, rr->start, rr->rows, &chunk);
+    rr->x = chunk;
+    if (s == CLPAR_OK && chunk->storage->dev != dev) s = clpar_tensor_to(chunk, dev, &rr->x);
+    if (s != CLPAR_OK) failed = rr->k;
+  }
+  t[1] = now();
+  for (int i = 0; i < used && s == CLPAR_OK; i++) { /* parameters */
     int copied = 0;
-    s = run_replica(st, k, input, at, sizes[k], &parts[used], t, &copied);
+    if (runs[i].k > 0) s = replica_sync(st, &st->replicas[runs[i].k], &copied);
     copies += copied;
-    if (s == CLPAR_OK) {
-      used++;
-    } else {
-      char message[1024];
-      snprintf(message, sizeof message, "%s", clpar_last_error());
-      s = clpar_set_error(s, "DataParallel replica on %s: %s", st->devices[k]->bd.info.id, message);
-    }
+    if (s != CLPAR_OK) failed = runs[i].k;
+  }
+  t[2] = now();
+  for (int j = 0; j < used && s == CLPAR_OK; j++) { /* forwards: replica 0 (runs[0]) last */
+    replica_run *rr = &runs[runs[0].k == 0 ? (j + 1) % used : j];
+    s = clpar_module_forward(st->replicas[rr->k].module, rr->x, &rr->y);
+    if (s != CLPAR_OK) failed = rr->k;
+  }
+  t[3] = now();
+  for (int i = 0; i < used && s == CLPAR_OK; i++) { /* outputs */
+    replica_run *rr = &runs[i];
+    clpar_tensor *y = rr->y;
+    if (y->storage->dev != st->output) s = clpar_tensor_to(y, st->output, &y);
+    if (s == CLPAR_OK) parts[i] = clpar_tensor_retain(y);
+    if (s != CLPAR_OK) failed = rr->k;
   }
   clpar_scope_end(scope);
-  double t0 = now();
+  if (s != CLPAR_OK && failed >= 0) {
+    char message[1024];
+    snprintf(message, sizeof message, "%s", clpar_last_error());
+    s = clpar_set_error(s, "DataParallel replica on %s: %s", st->devices[failed]->bd.info.id,
+                        message);
+  }
   if (s == CLPAR_OK)
     s = used == 1 ? clpar_tensor_reshape(parts[0], parts[0]->ndim, parts[0]->shape, output)
                   : clpar_concat(parts, used, output);
-  t[3] += now() - t0;
-  for (int i = 0; i < st->n; i++) clpar_tensor_release(parts[i]);
+  t[4] = now();
+  for (int i = 0; i < used; i++) clpar_tensor_release(parts[i]);
   if (s == CLPAR_OK) {
     dp_stats *b = st->stats;
     pthread_mutex_lock(&b->lock);
     b->stats.forwards++;
-    b->stats.scatter_seconds += t[0];
-    b->stats.replicate_seconds += t[1];
-    b->stats.apply_seconds += t[2];
-    b->stats.gather_seconds += t[3];
+    b->stats.scatter_seconds += t[1] - t[0];
+    b->stats.replicate_seconds += t[2] - t[1];
+    b->stats.apply_seconds += t[3] - t[2];
+    b->stats.gather_seconds += t[4] - t[3];
     b->stats.parameters_copied += (uint64_t)copies;
     pthread_mutex_unlock(&b->lock);
   }
