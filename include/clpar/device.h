@@ -89,9 +89,10 @@ typedef struct clpar_memory_stats {
 CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
 
 /* How often a thread of the program has blocked on the device: every read of a tensor back
- * to the host, every clpar_device_synchronize, and the library's own waits (the first
- * transfers of a size, which allocate pinned memory). A training step (forward, loss,
- * backward, optimizer step) adds none, on one device or with DataParallel over several. */
+ * to the host, every clpar_device_synchronize, and the library's own waits (allocating a
+ * device's first pinned staging blocks at clpar_init; emptying its cache). A training step
+ * (forward, loss, backward, optimizer step) adds none, on one device or with DataParallel
+ * over several. */
 CLPAR_API uint64_t clpar_device_host_waits(const clpar_device *dev);
 /* What the device's queue did besides computing, since clpar_init. */
 typedef struct clpar_device_counters {
