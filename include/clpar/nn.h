@@ -99,8 +99,9 @@ CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, c
  * parameter_at and clpar_module_to work as before; clpar_module_to moves each flat buffer
  * whole, and refuses (CLPAR_ERROR_INVALID_ARGUMENT) to move a submodule whose parameters
  * share a flat buffer with parameters outside it. Flattening again re-packs only what changed
- * (a flat module stays as it is). DataParallel flattens the module it wraps. On error nothing
- * is changed. */
+ * (a flat module stays as it is). DataParallel flattens the module it wraps; a gradient it
+ * adds into the flat gradient counts as a gradient of every parameter of the buffer (one the
+ * step did not use gets zeros, and an optimizer steps it). On error nothing is changed. */
 CLPAR_API clpar_status clpar_module_flatten(clpar_module *m);
 /* Moves every parameter to dev (a differentiable module stays trainable there). */
 CLPAR_API clpar_status clpar_module_to(clpar_module *m, clpar_device *dev);
