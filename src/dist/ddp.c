@@ -260,7 +260,11 @@ static void ddp_free(void *user) {
   for (int k = 0; k < st->n_buckets; k++) free(st->buckets[k].buf);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && st->comm != MPI_COMM_NULL) MPI_Comm_free(&st->comm);
+  if (!finalized && st->comm != MPI_COMM_NULL) {
+    clpar_mpi_lock();
+    MPI_Comm_free(&st->comm);
+    clpar_mpi_unlock();
+  }
   pthread_cond_destroy(&st->cv);
   pthread_mutex_destroy(&st->lock);
   free(st->params);
