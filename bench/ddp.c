@@ -15,7 +15,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { BATCH = 256, IN = 512, HIDDEN = 1024, OUT = 16 };
+enum { BATCH = 256, WIDTH = 512, LAYERS = 6, OUT = 16 };
+
+/* LAYERS x (Linear(WIDTH, WIDTH), ReLU), then Linear(WIDTH, OUT): 1 MiB weights, so that the
+ * bucket cap decides how many buckets there are. */
+static clpar_module *deep_mlp(clpar_device *dev) {
+  clpar_module *l[2 * LAYERS + 1], *m = NULL;
+  clpar_manual_seed(3);
+  int good = 1;
+  for (int i = 0; good && i < LAYERS; i++)
+    good = bench_ok(clpar_linear_create(WIDTH, WIDTH, 1, dev, &l[2 * i]), "Linear") &&
+           bench_ok(clpar_relu_create(&l[2 * i + 1]), "ReLU");
+  if (good && bench_ok(clpar_linear_create(WIDTH, OUT, 1, dev, &l[2 * LAYERS]), "Linear"))
+    bench_ok(clpar_sequential_create(l, 2 * LAYERS + 1, &m), "Sequential");
+  return m;
+}
 
 int main(int argc, char **argv) {
   int steps = argc > 1 ? atoi(argv[1]) : 10;
@@ -23,24 +37,25 @@ int main(int argc, char **argv) {
   if (steps < 1) steps = 10;
   if (!bench_ok(clpar_dist_init(), "clpar_dist_init")) return 1;
   clpar_device *dev = clpar_dist_device();
-  float *x = malloc(sizeof(float) * BATCH * IN);
+  float *x = malloc(sizeof(float) * BATCH * WIDTH);
   int32_t *y = malloc(sizeof(int32_t) * BATCH);
   if (!x || !y) return 1;
-  bench_batch(x, y, BATCH, IN, OUT);
-  clpar_module *model = bench_mlp(IN, HIDDEN, OUT, dev), *ddp = NULL;
+  bench_batch(x, y, BATCH, WIDTH, OUT);
+  clpar_module *model = deep_mlp(dev), *ddp = NULL;
   clpar_optimizer *opt = NULL;
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
   clpar_ddp_options o = {.bucket_cap_mb = cap};
   int good = model && bench_ok(clpar_ddp_create(model, &o, &ddp), "clpar_ddp_create") &&
              bench_ok(clpar_sgd_create_for(ddp, &sgd, &opt), "SGD");
   /* two warm-up steps: kernels compile, the allocators' caches fill */
-  for (int i = 0; good && i < 2; i++) good = bench_train_step(ddp, opt, dev, x, y, BATCH, IN);
+  for (int i = 0; good && i < 2; i++) good = bench_train_step(ddp, opt, dev, x, y, BATCH, WIDTH);
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
          bench_ok(clpar_dist_barrier(), "barrier");
   clpar_ddp_stats before = {0}, after = {0};
   if (good) clpar_ddp_stats_get(ddp, &before);
   double t0 = bench_now();
-  for (int i = 0; good && i < steps; i++) good = bench_train_step(ddp, opt, dev, x, y, BATCH, IN);
+  for (int i = 0; good && i < steps; i++)
+    good = bench_train_step(ddp, opt, dev, x, y, BATCH, WIDTH);
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
          bench_ok(clpar_ddp_synchronize(ddp), "DistributedDataParallel");
   double per = (bench_now() - t0) / steps;
@@ -58,11 +73,11 @@ int main(int argc, char **argv) {
     double hidden = ar + write > 0 ? 1.0 - exposed / (ar + write) : 1.0;
     printf(
         "{\"bench\": \"ddp\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"MLP "
-        "%d-%d-%d-%d\", \"batch_per_rank\": %d, \"steps\": %d, \"bucket_cap_mb\": %g, "
+        "%d x %d-%d, then %d\", \"batch_per_rank\": %d, \"steps\": %d, \"bucket_cap_mb\": %g, "
         "\"buckets\": %d, \"ms_per_step\": %.1f, \"samples_per_s\": %.1f, "
         "\"per_step_ms\": {\"read\": %.2f, \"allreduce\": %.2f, \"write\": %.2f, "
         "\"exposed\": %.2f}, \"hidden\": %.3f}\n",
-        world, clpar_device_id(dev), IN, HIDDEN, HIDDEN, OUT, BATCH, steps, cap > 0 ? cap : 25.0,
+        world, clpar_device_id(dev), LAYERS, WIDTH, WIDTH, OUT, BATCH, steps, cap > 0 ? cap : 25.0,
         after.buckets, per * 1e3, world * BATCH / per, read * 1e3, ar * 1e3, write * 1e3,
         exposed * 1e3, hidden);
   }
