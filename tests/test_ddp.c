@@ -2,10 +2,10 @@
  * mpirun on 2 and 4 ranks (tests/CMakeLists.txt). Every rank trains its share of a batch with
  * DDP and, on its own, the whole batch on one model; after 5 SGD-with-momentum steps the
  * weights must agree. The ranks start from different weights (seeded by rank), so the
- * comparison also checks the broadcast from rank 0. Also: several buckets, gradient
- * accumulation over two micro-steps with one reduction (clpar_ddp_set_sync), a parameter that
- * gets no gradient, and models that differ between ranks (a clear error on every rank, no
- * hang). */
+ * comparison also checks the broadcast from rank 0. Also: several buckets, a flattened
+ * module (clpar_module_flatten), gradient accumulation over two micro-steps with one
+ * reduction (clpar_ddp_set_sync), a parameter that gets no gradient, and models that differ
+ * between ranks (a clear error on every rank, no hang). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,14 +71,16 @@ static clpar_optimizer *make_sgd(clpar_module *m) {
 
 /* DDP with the given bucket cap, in micro micro-steps, against the whole batch on one
  * process; returns the number of buckets DDP made. */
-static int check_matches_full_batch(double bucket_cap_mb, int micro) {
+static int check_matches_full_batch(double bucket_cap_mb, int micro, int flatten) {
   int rank = clpar_dist_rank(), world = clpar_dist_world_size();
   assert_int_equal(BATCH % world, 0);
   float *x = tu_rand(BATCH * IN, 11), *y = tu_rand(BATCH * OUT, 12);
 
   clpar_module *ref = make_mlp(clpar_dist_device(), 1, OUT, 0), *ddp;
   clpar_ddp_options o = {.bucket_cap_mb = bucket_cap_mb};
-  tu_ok(clpar_ddp_create(make_mlp(clpar_dist_device(), 1 + (uint64_t)rank, OUT, 0), &o, &ddp));
+  clpar_module *inner = make_mlp(clpar_dist_device(), 1 + (uint64_t)rank, OUT, 0);
+  if (flatten) tu_ok(clpar_module_flatten(inner)); /* parameters become views of one buffer */
+  tu_ok(clpar_ddp_create(inner, &o, &ddp));
   assert_string_equal(clpar_module_type(ddp), "DistributedDataParallel");
   clpar_optimizer *ref_opt = make_sgd(ref), *ddp_opt = make_sgd(ddp);
   int rows = BATCH / world;
@@ -124,19 +126,24 @@ static int check_matches_full_batch(double bucket_cap_mb, int micro) {
 static void test_matches_full_batch(void **state) {
   (void)state;
   /* 5,508 parameters (22 KiB): all in the first bucket (1 MiB) */
-  assert_int_equal(check_matches_full_batch(0, 1), 1);
+  assert_int_equal(check_matches_full_batch(0, 1, 0), 1);
 }
 
 static void test_matches_full_batch_several_buckets(void **state) {
   (void)state;
   /* 0.0005 MiB (524 bytes): reversed, the parameters make 3 buckets: {4.bias, 4.weight},
    * {2.bias, 2.weight}, {0.bias, 0.weight} */
-  assert_int_equal(check_matches_full_batch(0.0005, 1), 3);
+  assert_int_equal(check_matches_full_batch(0.0005, 1, 0), 3);
+}
+
+static void test_matches_full_batch_flat_parameters(void **state) {
+  (void)state;
+  assert_int_equal(check_matches_full_batch(0.0005, 1, 1), 3);
 }
 
 static void test_no_sync_accumulates_two_micro_steps(void **state) {
   (void)state;
-  assert_int_equal(check_matches_full_batch(0.0005, 2), 3);
+  assert_int_equal(check_matches_full_batch(0.0005, 2, 0), 3);
 }
 
 static clpar_status forward_mlp_only(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
@@ -233,6 +240,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matches_full_batch),
       cmocka_unit_test(test_matches_full_batch_several_buckets),
+      cmocka_unit_test(test_matches_full_batch_flat_parameters),
       cmocka_unit_test(test_no_sync_accumulates_two_micro_steps),
       cmocka_unit_test(test_unused_parameter_named_at_next_forward),
       cmocka_unit_test(test_shape_mismatch_fails_on_every_rank),
