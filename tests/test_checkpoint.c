@@ -184,8 +184,19 @@ static void test_data_parallel_prefix(void **state) {
   const char *name;
   tu_ok(clpar_module_parameter_at(dp, 0, &name, NULL));
   assert_string_equal(name, "module.0.weight");
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x = tu_make(dev, 2, (int64_t[]){6, 3}, 5), *y_dp, *y_bare;
+  tu_ok(clpar_module_forward(dp, x, &y_dp)); /* replicas made with the old weights */
   tu_ok(clpar_safetensors_load(dp, CLPAR_TEST_REFERENCE_DIR "/seq_torch.safetensors", 1, NULL));
   expect_formula(dp);
+  /* the replicas see the loaded weights: DataParallel's output is the bare model's */
+  clpar_module *bare = make_seq(dev);
+  set_formula(bare);
+  tu_ok(clpar_module_forward(dp, x, &y_dp));
+  tu_ok(clpar_module_forward(bare, x, &y_bare));
+  tu_expect_equal(y_dp, y_bare, 1e-5f, 1e-6f, "DataParallel after a load");
+  clpar_scope_end(sc);
+  clpar_module_free(bare);
   char path[128];
   path_in(path, sizeof path, "dp.safetensors");
   const char *k[] = {"format"}, *v[] = {"pt"};
