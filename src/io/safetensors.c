@@ -303,6 +303,11 @@ static clpar_status build_header(const char *path, const clpar_st_entry *const *
     bad = json_object_set_new(root, "__metadata__", meta) != 0;
     for (int i = 0; !bad && i < n_meta; i++)
       bad = json_object_set_new(meta, keys[i], json_string(values[i])) != 0;
+    if (!bad && json_object_size(meta) != (size_t)n_meta) {
+      json_decref(root);
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: a metadata key is given twice",
+                             path);
+    }
   }
   uint64_t at = 0;
   for (int i = 0; !bad && i < n; i++) {
