@@ -44,7 +44,10 @@ CLPAR_API clpar_status clpar_safetensors_save(const clpar_module *m, const char 
  * strict: the entries that match are loaded and report (may be NULL) lists the rest. The
  * "module." prefix of a DataParallel wrapper is matched either way: a file saved from a
  * wrapper loads into the bare module and the other way round. A file that breaks the format
- * is CLPAR_ERROR_CORRUPT naming what is wrong, and nothing is changed. */
+ * is CLPAR_ERROR_CORRUPT naming what is wrong, and nothing is changed. The whole header is
+ * checked first and the data then read one tensor at a time (no copy of the file in memory):
+ * a file that another program truncates during the load gives CLPAR_ERROR_IO, and the
+ * parameters read before that keep their new values. */
 CLPAR_API clpar_status clpar_safetensors_load(clpar_module *m, const char *path, int strict,
                                               clpar_load_report *report);
 

@@ -2,14 +2,15 @@
  * PyTorch's state_dict names (with or without DataParallel's "module." prefix), and for a
  * training checkpoint the optimizer's state under the names of PyTorch's optimizer state_dict,
  * the generator's state and the step counters in the metadata. A load checks the whole file
- * against the module before it changes anything. Parameters are read and written through
- * the public tensor API (clpar_tensor_read / write / from_host), whatever memory they live
- * in.
+ * (its header) against the module before it changes anything, then reads the data tensor by
+ * tensor. Parameters are read and written through the public tensor API (clpar_tensor_read /
+ * write / from_host), whatever memory they live in.
  *
  * Other dtypes and module buffers: an entry carries its safetensors dtype (clpar_st_dtype);
- * today every tensor is F32, so `want_dtype` below is F32 and other dtypes are reported as
- * mismatched. When tensors get a dtype, it maps to the CLPAR_ST_* of the same name, and
- * buffers are added to module_state()'s list next to the parameters under their own names. */
+ * today every tensor is F32, so set_add writes F32 and check_entry accepts only F32, reporting
+ * other dtypes as mismatched. When tensors get a dtype, both map it to the CLPAR_ST_* of the
+ * same name; buffers become more named entries, added by add_module and matched by plan_make
+ * next to the parameters. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -304,28 +305,29 @@ static clpar_status plan_error(const char *path, const plan *p) {
                          list_str(&p->mismatched));
 }
 
-/* The file's floats of tensor e, 4-aligned: in place when they are, else copied to *tmp. */
-static const float *floats_of(const clpar_st_tensor *e, float **tmp) {
-  *tmp = NULL;
-  if ((uintptr_t)e->data % _Alignof(float) == 0) return (const float *)(const void *)e->data;
-  *tmp = malloc(e->end - e->begin + 1);
-  if (*tmp) memcpy(*tmp, e->data, e->end - e->begin);
-  return *tmp;
+/* A buffer for the largest of the file's tensors that will be loaded (entry[i] >= 0 for n
+ * of them), read one after the other: no copy of the whole file is held. */
+static float *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
+  uint64_t most = 4;
+  for (int i = 0; i < n; i++)
+    if (entry[i] >= 0 && f->tensors[entry[i]].end - f->tensors[entry[i]].begin > most)
+      most = f->tensors[entry[i]].end - f->tensors[entry[i]].begin;
+  return most <= SIZE_MAX ? malloc((size_t)most) : NULL;
 }
 
 static clpar_status plan_apply(const clpar_st_file *f, plan *p) {
-  for (int i = 0; i < p->n; i++) {
+  float *buf = tensor_buffer(f, p->entry, p->n);
+  if (!buf) return NOMEM("load");
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; s == CLPAR_OK && i < p->n; i++) {
     if (p->entry[i] < 0) continue;
-    const clpar_st_tensor *e = &f->tensors[p->entry[i]];
-    float *tmp;
-    const float *v = floats_of(e, &tmp);
-    if (!v) return NOMEM("load");
-    clpar_status s = clpar_tensor_write(p->params[i], v, (size_t)clpar_tensor_numel(p->params[i]));
-    free(tmp);
-    if (s != CLPAR_OK) return s;
-    p->loaded++;
+    s = clpar_st_tensor_read(f, p->entry[i], buf);
+    if (s == CLPAR_OK)
+      s = clpar_tensor_write(p->params[i], buf, (size_t)clpar_tensor_numel(p->params[i]));
+    if (s == CLPAR_OK) p->loaded++;
   }
-  return CLPAR_OK;
+  free(buf);
+  return s;
 }
 
 clpar_status clpar_safetensors_load(clpar_module *m, const char *path, int strict,
@@ -535,15 +537,15 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
       if (idx < 0) continue; /* not made yet when saved: made at the next step */
       used[idx] = 1;
       if (!check_entry(f, idx, p, &bad)) continue;
-      float *tmp;
-      const float *v = floats_of(&f->tensors[idx], &tmp);
+      float *v = malloc((size_t)clpar_tensor_numel(p) * sizeof *v);
       int64_t shape[CLPAR_MAX_DIMS];
       int nd = clpar_tensor_ndim(p);
       for (int d = 0; d < nd; d++) shape[d] = clpar_tensor_dim(p, d);
-      s = v ? clpar_tensor_from_host(clpar_tensor_device(p), nd, shape, v, &q->state[i][k])
-            : NOMEM(path);
+      s = v ? clpar_st_tensor_read(f, idx, v) : NOMEM(path);
+      if (s == CLPAR_OK)
+        s = clpar_tensor_from_host(clpar_tensor_device(p), nd, shape, v, &q->state[i][k]);
       if (s == CLPAR_OK) clpar_tensor_unscope(q->state[i][k]);
-      free(tmp);
+      free(v);
     }
   }
   for (int j = 0; s == CLPAR_OK && j < f->n; j++)

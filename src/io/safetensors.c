@@ -60,7 +60,10 @@ void clpar_st_free(clpar_st_file *f) {
   free(f->meta_keys);
   free(f->meta_values);
   free(f->buf);
+  if (f->path && f->fd >= 0) close(f->fd); /* a file read from a path has both */
+  free(f->path);
   memset(f, 0, sizeof *f);
+  f->fd = -1;
 }
 
 int clpar_st_find(const clpar_st_file *f, const char *name) {
@@ -206,22 +209,29 @@ static clpar_status parse_header(const char *what, json_t *root, clpar_st_file *
   return CLPAR_OK;
 }
 
-clpar_status clpar_st_parse(const char *what, uint8_t *buf, size_t size, clpar_st_file *f) {
-  if (!f || (!buf && size > 0))
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_st_parse: NULL argument");
-  memset(f, 0, sizeof *f);
-  if (size < 8) return CORRUPT("%s: %zu bytes, too short for the 8-byte header size", what, size);
-  uint64_t hn;
-  memcpy(&hn, buf, 8); /* little endian (checked above) */
-  if (hn > CLPAR_ST_MAX_HEADER)
+/* The checks on the first 8 bytes: the header's size hn, within the limit and the file. */
+static clpar_status check_size(const char *what, const uint8_t *first8, uint64_t size,
+                               uint64_t *hn) {
+  if (size < 8)
+    return CORRUPT("%s: %llu bytes, too short for the 8-byte header size", what,
+                   (unsigned long long)size);
+  memcpy(hn, first8, 8); /* little endian (checked above) */
+  if (*hn > CLPAR_ST_MAX_HEADER)
     return CORRUPT("%s: header of %llu bytes, over the format's limit of %u", what,
-                   (unsigned long long)hn, CLPAR_ST_MAX_HEADER);
-  if (hn > size - 8)
-    return CORRUPT("%s: header of %llu bytes runs past the end of the file (%zu bytes)", what,
-                   (unsigned long long)hn, size);
-  if (hn == 0 || buf[8] != '{') return CORRUPT("%s: the header does not start with '{'", what);
+                   (unsigned long long)*hn, CLPAR_ST_MAX_HEADER);
+  if (*hn > size - 8)
+    return CORRUPT("%s: header of %llu bytes runs past the end of the file (%llu bytes)", what,
+                   (unsigned long long)*hn, (unsigned long long)size);
+  return CLPAR_OK;
+}
+
+/* The header's hn bytes, of a file of size bytes: the JSON, the entries, their offsets, and
+ * the data block covering the rest of the file exactly. On error f is emptied. */
+static clpar_status parse_json(const char *what, const uint8_t *header, uint64_t hn, uint64_t size,
+                               clpar_st_file *f) {
+  if (hn == 0 || header[0] != '{') return CORRUPT("%s: the header does not start with '{'", what);
   json_error_t err;
-  json_t *root = json_loadb((const char *)buf + 8, (size_t)hn, JSON_REJECT_DUPLICATES, &err);
+  json_t *root = json_loadb((const char *)header, (size_t)hn, JSON_REJECT_DUPLICATES, &err);
   if (!root)
     return CORRUPT("%s: the header is not valid JSON (UTF-8): %s at byte %d", what, err.text,
                    err.position);
@@ -235,12 +245,40 @@ clpar_status clpar_st_parse(const char *what, uint8_t *buf, size_t size, clpar_s
         "header",
         what, (unsigned long long)data_size, (unsigned long long)(size - 8 - hn));
   if (s != CLPAR_OK) {
-    clpar_st_free(f); /* frees f->buf: NULL so far */
+    clpar_st_free(f);
     return s;
   }
+  f->data_start = 8 + hn;
+  f->size = size;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_st_parse(const char *what, uint8_t *buf, size_t size, clpar_st_file *f) {
+  if (!f || (!buf && size > 0))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_st_parse: NULL argument");
+  memset(f, 0, sizeof *f);
+  f->fd = -1;
+  uint64_t hn = 0;
+  clpar_status s = check_size(what, buf, size, &hn);
+  if (s == CLPAR_OK) s = parse_json(what, buf + 8, hn, size, f);
+  if (s != CLPAR_OK) return s;
   for (int i = 0; i < f->n; i++) f->tensors[i].data = buf + 8 + hn + f->tensors[i].begin;
   f->buf = buf;
-  f->size = size;
+  return CLPAR_OK;
+}
+
+/* n bytes at offset of fd; CLPAR_ERROR_IO when the file is shorter (it changed). */
+static clpar_status read_at(int fd, const char *path, void *dst, size_t n, uint64_t offset) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, (uint8_t *)dst + got, n - got, (off_t)(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return clpar_set_error(CLPAR_ERROR_IO, "%s: read failed: %s", path, strerror(errno));
+    if (r == 0)
+      return clpar_set_error(CLPAR_ERROR_IO, "%s: shorter than when it was opened; it changed",
+                             path);
+    got += (size_t)r;
+  }
   return CLPAR_OK;
 }
 
@@ -248,33 +286,43 @@ clpar_status clpar_st_read(const char *path, clpar_st_file *f) {
   if (!path || !f)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "safetensors read: NULL argument");
   memset(f, 0, sizeof *f);
+  f->fd = -1;
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return clpar_set_error(CLPAR_ERROR_IO, "cannot open %s: %s", path, strerror(errno));
   struct stat st;
   clpar_status s = CLPAR_OK;
-  uint8_t *buf = NULL;
   if (fstat(fd, &st) != 0)
     s = clpar_set_error(CLPAR_ERROR_IO, "cannot stat %s: %s", path, strerror(errno));
   else if (!S_ISREG(st.st_mode))
     s = clpar_set_error(CLPAR_ERROR_IO, "%s is not a regular file", path);
-  else if ((uint64_t)st.st_size > SIZE_MAX - 1)
-    s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: too large for this host", path);
-  if (s == CLPAR_OK && !(buf = malloc((size_t)st.st_size + 1))) s = NOMEM(path);
-  size_t got = 0, want = s == CLPAR_OK ? (size_t)st.st_size : 0;
-  while (s == CLPAR_OK && got < want) {
-    ssize_t r = read(fd, buf + got, want - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      s = clpar_set_error(CLPAR_ERROR_IO, "%s: read failed: %s", path, strerror(errno));
-    else if (r == 0)
-      s = clpar_set_error(CLPAR_ERROR_IO, "%s: shrank while being read", path);
-    else
-      got += (size_t)r;
+  uint64_t size = s == CLPAR_OK ? (uint64_t)st.st_size : 0, hn = 0;
+  uint8_t first8[8] = {0}, *header = NULL;
+  if (s == CLPAR_OK && size >= 8) s = read_at(fd, path, first8, 8, 0);
+  if (s == CLPAR_OK) s = check_size(path, first8, size, &hn);
+  if (s == CLPAR_OK && !(header = malloc((size_t)hn + 1))) s = NOMEM(path);
+  if (s == CLPAR_OK) s = read_at(fd, path, header, (size_t)hn, 8);
+  if (s == CLPAR_OK) s = parse_json(path, header, hn, size, f);
+  free(header);
+  if (s == CLPAR_OK && !(f->path = strdup(path))) {
+    clpar_st_free(f);
+    s = NOMEM(path);
   }
-  close(fd);
-  if (s == CLPAR_OK) s = clpar_st_parse(path, buf, want, f);
-  if (s != CLPAR_OK) free(buf);
-  return s;
+  if (s != CLPAR_OK) {
+    close(fd);
+    return s;
+  }
+  f->fd = fd;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_st_tensor_read(const clpar_st_file *f, int i, void *dst) {
+  const clpar_st_tensor *t = &f->tensors[i];
+  size_t n = (size_t)(t->end - t->begin);
+  if (f->buf) {
+    memcpy(dst, t->data, n);
+    return CLPAR_OK;
+  }
+  return read_at(f->fd, f->path, dst, n, f->data_start + t->begin);
 }
 
 /* ---- writing ---- */

@@ -46,12 +46,16 @@ typedef struct clpar_st_tensor {
   int ndim;
   uint64_t *shape;     /* ndim entries (NULL for a scalar) */
   uint64_t begin, end; /* byte offsets in the data block */
-  const uint8_t *data; /* the file's bytes at begin; not aligned in general */
+  const uint8_t *data; /* parsed from memory: the bytes at begin (not aligned in general);
+                          read from a path: NULL (clpar_st_tensor_read) */
 } clpar_st_tensor;
 
 typedef struct clpar_st_file {
-  uint8_t *buf; /* the whole file */
-  size_t size;
+  uint8_t *buf;             /* the whole file, when parsed from memory */
+  int fd;                   /* the open file, when read from a path; else -1 */
+  char *path;               /* for messages, when read from a path */
+  uint64_t size;            /* of the file */
+  uint64_t data_start;      /* 8 + the header's size */
   clpar_st_tensor *tensors; /* in the header's order */
   int n;
   char **meta_keys, **meta_values; /* "__metadata__" */
@@ -63,8 +67,13 @@ typedef struct clpar_st_file {
  * success f owns buf; on error (CLPAR_ERROR_CORRUPT naming the fault, or out of memory) f is
  * empty and buf is still the caller's. */
 clpar_status clpar_st_parse(const char *what, uint8_t *buf, size_t size, clpar_st_file *f);
-/* Reads and parses path. */
+/* Opens path and validates it the same way from its header and its size, without reading
+ * the data: that is read tensor by tensor (clpar_st_tensor_read), so a load needs no copy of
+ * the whole file in memory. A file that changes after this (truncated by another program)
+ * gives CLPAR_ERROR_IO at the read. */
 clpar_status clpar_st_read(const char *path, clpar_st_file *f);
+/* Copies tensor i's end - begin bytes into dst. */
+clpar_status clpar_st_tensor_read(const clpar_st_file *f, int i, void *dst);
 void clpar_st_free(clpar_st_file *f);
 /* The index of the tensor named name, or -1. */
 int clpar_st_find(const clpar_st_file *f, const char *name);
