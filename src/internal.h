@@ -356,11 +356,15 @@ float clpar_rng_uniform01(uint64_t seed, uint64_t index);
 
 /* ---- crash-safe files (src/trusted_file.c) ---- */
 
-/* Writes the n parts one after another to path as one new file: a temporary file in the same
- * directory, synced, renamed over path, and the directory synced; a crash at any point leaves
- * either the old file or the new one, whole (a temporary file may be left behind). */
-clpar_status clpar_file_write_atomic(const char *path, const void *const *parts,
-                                     const size_t *sizes, int n);
+/* Part i of a file being written: its bytes, valid until the next call (so a producer can
+ * fill one buffer again and again). An error stops the write and is returned. */
+typedef clpar_status (*clpar_part_fn)(void *user, int i, const void **data, size_t *size);
+/* Writes parts 0 .. n-1 (total bytes in all) one after another to path as one new file: a
+ * temporary file in the same directory, synced, renamed over path, and the directory synced;
+ * a crash at any point leaves either the old file or the new one, whole (a temporary file may
+ * be left behind). */
+clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
+                                     void *user);
 /* Test-only: called at each point of an atomic write (NULL outside tests). */
 typedef enum clpar_write_stage {
   CLPAR_WRITE_CREATED, /* the temporary file exists, empty */

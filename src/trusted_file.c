@@ -228,18 +228,20 @@ static void stage(clpar_write_stage st) {
   if (clpar_atomic_write_hook) clpar_atomic_write_hook(st);
 }
 
-/* The parts, written in order; the hook sees the point halfway through the bytes. */
-static int write_parts(int fd, const void *const *parts, const size_t *sizes, int n) {
-  size_t total = 0, done = 0;
-  for (int i = 0; i < n; i++) total += sizes[i];
+/* The parts, asked for and written in order; the hook sees the point halfway through the
+ * total bytes. CLPAR_ERROR_IO with errno set when a write fails; a producer's own error. */
+static clpar_status write_parts(int fd, int n, uint64_t total, clpar_part_fn part, void *user) {
+  uint64_t done = 0;
   int halfway = 0;
   for (int i = 0; i < n; i++) {
-    const uint8_t *p = parts[i];
-    size_t left = sizes[i];
+    const uint8_t *p = NULL;
+    size_t left = 0;
+    clpar_status s = part(user, i, (const void **)&p, &left);
+    if (s != CLPAR_OK) return s;
     while (left > 0) {
       size_t chunk = left;
-      if (!halfway && done + chunk > total / 2) chunk = total / 2 - done;
-      if (chunk > 0 && write_all(fd, p, chunk) != 0) return -1;
+      if (!halfway && done + chunk > total / 2) chunk = (size_t)(total / 2 - done);
+      if (chunk > 0 && write_all(fd, p, chunk) != 0) return CLPAR_ERROR_IO;
       p += chunk;
       left -= chunk;
       done += chunk;
@@ -250,15 +252,14 @@ static int write_parts(int fd, const void *const *parts, const size_t *sizes, in
     }
   }
   if (!halfway) stage(CLPAR_WRITE_HALFWAY);
-  return 0;
+  return CLPAR_OK;
 }
 
 /* A new file (O_EXCL, mode before umask) next to name, written, synced, renamed over name, and
  * the directory synced so that the rename itself survives a crash. what names the file's
  * kind in messages. */
-static clpar_status write_in_dir(int dirfd, const char *what, const char *name,
-                                 const void *const *parts, const size_t *sizes, int n,
-                                 mode_t mode) {
+static clpar_status write_in_dir(int dirfd, const char *what, const char *name, int n,
+                                 uint64_t total, clpar_part_fn part, void *user, mode_t mode) {
   static unsigned counter; /* atomic */
   char tmp[300];
   int fd = -1;
@@ -274,10 +275,13 @@ static clpar_status write_in_dir(int dirfd, const char *what, const char *name,
     return clpar_set_error(CLPAR_ERROR_IO, "cannot create a temporary file for %s %s: %s", what,
                            name, strerror(errno));
   stage(CLPAR_WRITE_CREATED);
-  int ok = write_parts(fd, parts, sizes, n) == 0;
+  clpar_status ps = write_parts(fd, n, total, part, user);
+  int ok = ps == CLPAR_OK, err = errno;
   if (ok) stage(CLPAR_WRITE_WRITTEN);
-  ok = ok && fsync(fd) == 0;
-  int err = errno;
+  if (ok && fsync(fd) != 0) {
+    ok = 0;
+    err = errno;
+  }
   if (close(fd) != 0 && ok) {
     ok = 0;
     err = errno;
@@ -289,6 +293,7 @@ static clpar_status write_in_dir(int dirfd, const char *what, const char *name,
   }
   if (!ok) {
     unlinkat(dirfd, tmp, 0);
+    if (ps != CLPAR_OK && ps != CLPAR_ERROR_IO) return ps; /* the producer's, with its message */
     return clpar_set_error(CLPAR_ERROR_IO, "cannot write %s %s: %s", what, name, strerror(err));
   }
   stage(CLPAR_WRITE_RENAMED);
@@ -300,22 +305,32 @@ static clpar_status write_in_dir(int dirfd, const char *what, const char *name,
   return CLPAR_OK;
 }
 
+typedef struct {
+  const void *const *parts;
+  const size_t *sizes;
+} parts_list;
+
+static clpar_status from_list(void *user, int i, const void **data, size_t *size) {
+  const parts_list *l = user;
+  *data = l->parts[i];
+  *size = l->sizes[i];
+  return CLPAR_OK;
+}
+
 clpar_status clpar_trusted_file_write(int dirfd, const char *name, const void *data, size_t size) {
   clpar_status s = check_name(name);
   if (s != CLPAR_OK) return s;
   if (!data && size > 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_trusted_file_write: NULL data");
   const void *parts[1] = {data};
-  return write_in_dir(dirfd, "cache entry", name, parts, &size, 1, 0600);
+  parts_list l = {parts, &size};
+  return write_in_dir(dirfd, "cache entry", name, 1, size, from_list, &l, 0600);
 }
 
-clpar_status clpar_file_write_atomic(const char *path, const void *const *parts,
-                                     const size_t *sizes, int n) {
-  if (!path || !*path || n < 0 || (n > 0 && (!parts || !sizes)))
+clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
+                                     void *user) {
+  if (!path || !*path || n < 0 || !part)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_file_write_atomic: bad arguments");
-  for (int i = 0; i < n; i++)
-    if (!parts[i] && sizes[i] > 0)
-      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: part %d has no data", path, i);
   const char *slash = strrchr(path, '/');
   const char *name = slash ? slash + 1 : path;
   if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
@@ -329,7 +344,7 @@ clpar_status clpar_file_write_atomic(const char *path, const void *const *parts,
                         strerror(errno));
   free(dir);
   if (s != CLPAR_OK) return s;
-  s = write_in_dir(dirfd, "file", name, parts, sizes, n, 0666);
+  s = write_in_dir(dirfd, "file", name, n, total, part, user, 0666);
   close(dirfd);
   return s;
 }

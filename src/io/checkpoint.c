@@ -83,10 +83,7 @@ typedef struct {
 } write_set;
 
 static void set_free(write_set *w) {
-  for (int i = 0; i < w->n; i++) {
-    free((void *)w->e[i].name);
-    free((void *)w->e[i].data);
-  }
+  for (int i = 0; i < w->n; i++) free((void *)w->e[i].name);
   for (int i = 0; i < w->n_meta; i++) {
     free(w->keys[i]);
     free(w->values[i]);
@@ -97,7 +94,11 @@ static void set_free(write_set *w) {
   free(w->values);
 }
 
-/* Adds t's values under prefix + name (read from its device now). */
+static clpar_status read_tensor(const void *src, void *dst, size_t bytes) {
+  return clpar_tensor_read(src, dst, bytes / sizeof(float));
+}
+
+/* Adds t under prefix + name; its values are read from its device as the file is written. */
 static clpar_status set_add(write_set *w, const char *prefix, const char *name,
                             const clpar_tensor *t) {
   if (w->n == w->cap) {
@@ -109,24 +110,12 @@ static clpar_status set_add(write_set *w, const char *prefix, const char *name,
     if (!e || !sh) return NOMEM("checkpoint");
     w->cap = cap;
   }
-  size_t numel = (size_t)clpar_tensor_numel(t);
   char *full = malloc(strlen(prefix) + strlen(name) + 1);
-  float *data = malloc(numel * sizeof *data);
-  if (!full || !data) {
-    free(full);
-    free(data);
-    return NOMEM("checkpoint");
-  }
+  if (!full) return NOMEM("checkpoint");
   sprintf(full, "%s%s", prefix, name);
-  clpar_status s = clpar_tensor_read(t, data, numel);
-  if (s != CLPAR_OK) {
-    free(full);
-    free(data);
-    return s;
-  }
   int nd = clpar_tensor_ndim(t);
   for (int k = 0; k < nd; k++) w->shapes[w->n][k] = clpar_tensor_dim(t, k);
-  w->e[w->n] = (clpar_st_entry){full, CLPAR_ST_F32, nd, NULL, data};
+  w->e[w->n] = (clpar_st_entry){full, CLPAR_ST_F32, nd, NULL, NULL, read_tensor, t};
   w->n++;
   return CLPAR_OK;
 }

@@ -397,6 +397,31 @@ static clpar_status build_header(const char *path, const clpar_st_entry *const *
   return CLPAR_OK;
 }
 
+/* The parts of a file: the 8-byte size, the header, then each tensor in order. */
+typedef struct {
+  const clpar_st_entry **order;
+  uint64_t hsize;
+  const char *header;
+  void *buf; /* for the entries that fill */
+} write_parts;
+
+static clpar_status next_part(void *user, int i, const void **data, size_t *size) {
+  write_parts *w = user;
+  if (i < 2) {
+    *data = i == 0 ? (const void *)&w->hsize : (const void *)w->header;
+    *size = i == 0 ? 8 : (size_t)w->hsize;
+    return CLPAR_OK;
+  }
+  const clpar_st_entry *e = w->order[i - 2];
+  *size = (size_t)entry_bytes(e);
+  if (e->data) {
+    *data = e->data;
+    return CLPAR_OK;
+  }
+  *data = w->buf;
+  return e->fill(e->src, w->buf, *size);
+}
+
 clpar_status clpar_st_write(const char *path, const clpar_st_entry *entries, int n,
                             const char *const *keys, const char *const *values, int n_meta) {
   if (!path || n < 0 || (n > 0 && !entries) || n_meta < 0 || (n_meta > 0 && (!keys || !values)))
@@ -405,36 +430,33 @@ clpar_status clpar_st_write(const char *path, const clpar_st_entry *entries, int
     if (!keys[i] || !values[i] || strcmp(keys[i], "__metadata__") == 0)
       return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                              "%s: metadata pair %d is NULL or named \"__metadata__\"", path, i);
-  const clpar_st_entry **order = malloc((n ? (size_t)n : 1) * sizeof *order);
-  const void **parts = malloc(((size_t)n + 2) * sizeof *parts);
-  size_t *sizes = malloc(((size_t)n + 2) * sizeof *sizes);
-  clpar_status s = order && parts && sizes ? CLPAR_OK : NOMEM(path);
+  write_parts w = {0};
+  w.order = malloc((n ? (size_t)n : 1) * sizeof *w.order);
+  clpar_status s = w.order ? CLPAR_OK : NOMEM(path);
+  uint64_t data_bytes = 0, most = 1;
   for (int i = 0; s == CLPAR_OK && i < n; i++) {
-    order[i] = &entries[i];
-    if (!entries[i].name || strcmp(entries[i].name, "__metadata__") == 0 ||
-        (unsigned)entries[i].dtype >= CLPAR_ST_DTYPE_COUNT)
-      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: entry %d has a bad name or dtype",
-                          path, i);
+    const clpar_st_entry *e = &entries[i];
+    w.order[i] = e;
+    if (!e->name || strcmp(e->name, "__metadata__") == 0 ||
+        (unsigned)e->dtype >= CLPAR_ST_DTYPE_COUNT || (!e->data && !e->fill))
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                          "%s: entry %d has a bad name or dtype, or no data", path, i);
+    data_bytes += entry_bytes(e);
+    if (!e->data && entry_bytes(e) > most) most = entry_bytes(e);
   }
-  if (s == CLPAR_OK) qsort(order, (size_t)n, sizeof *order, by_dtype_then_name);
+  if (s == CLPAR_OK && most > SIZE_MAX) s = NOMEM(path);
+  if (s == CLPAR_OK && !(w.buf = malloc((size_t)most))) s = NOMEM(path);
+  if (s == CLPAR_OK) qsort(w.order, (size_t)n, sizeof *w.order, by_dtype_then_name);
   char *header = NULL;
   size_t hlen = 0;
-  if (s == CLPAR_OK) s = build_header(path, order, n, keys, values, n_meta, &header, &hlen);
-  uint64_t hsize = hlen; /* little endian (checked above) */
+  if (s == CLPAR_OK) s = build_header(path, w.order, n, keys, values, n_meta, &header, &hlen);
   if (s == CLPAR_OK) {
-    parts[0] = &hsize;
-    sizes[0] = 8;
-    parts[1] = header;
-    sizes[1] = hlen;
-    for (int i = 0; i < n; i++) {
-      parts[2 + i] = order[i]->data;
-      sizes[2 + i] = (size_t)entry_bytes(order[i]);
-    }
-    s = clpar_file_write_atomic(path, parts, sizes, n + 2);
+    w.hsize = hlen; /* little endian (checked above) */
+    w.header = header;
+    s = clpar_file_write_atomic(path, n + 2, 8 + hlen + data_bytes, next_part, &w);
   }
   free(header);
-  free(order);
-  free(parts);
-  free(sizes);
+  free(w.buf);
+  free(w.order);
   return s;
 }

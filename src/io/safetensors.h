@@ -80,13 +80,17 @@ int clpar_st_find(const clpar_st_file *f, const char *name);
 /* The metadata value of key, or NULL. */
 const char *clpar_st_meta(const clpar_st_file *f, const char *key);
 
-/* One tensor to write; data holds nbytes = numel * dtype size bytes, little endian. */
+/* One tensor to write: numel * dtype size bytes, little endian, either held in data or, when
+ * data is NULL, produced by fill(src, dst, bytes) into a buffer that the writer reuses from
+ * one tensor to the next (so a save needs no host copy of the whole model). */
 typedef struct clpar_st_entry {
   const char *name;
   clpar_st_dtype dtype;
   int ndim;
   const int64_t *shape;
   const void *data;
+  clpar_status (*fill)(const void *src, void *dst, size_t bytes);
+  const void *src;
 } clpar_st_entry;
 
 /* Writes the entries to path crash-safe (clpar_file_write_atomic), laid out as the reference
