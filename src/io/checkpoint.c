@@ -223,17 +223,23 @@ static int starts_with(const char *s, const char *prefix) {
 }
 
 /* The file tensor for a module name under prefix: the name itself, else the other form of
- * DataParallel's "module." prefix (with it dropped, or added). -1 when none. */
+ * DataParallel's "module." prefix (with it dropped, or added). -1 when none, -2 when out of
+ * memory. */
 static int find_for(const clpar_st_file *f, const char *prefix, const char *name) {
-  char buf[1024];
-  snprintf(buf, sizeof buf, "%s%s", prefix, name);
+  size_t len = strlen(prefix) + strlen("module.") + strlen(name) + 1;
+  char *buf = malloc(len);
+  if (!buf) return -2;
+  snprintf(buf, len, "%s%s", prefix, name);
   int idx = clpar_st_find(f, buf);
-  if (idx >= 0) return idx;
-  if (starts_with(name, "module."))
-    snprintf(buf, sizeof buf, "%s%s", prefix, name + strlen("module."));
-  else
-    snprintf(buf, sizeof buf, "%smodule.%s", prefix, name);
-  return clpar_st_find(f, buf);
+  if (idx < 0 && starts_with(name, "module.")) {
+    snprintf(buf, len, "%s%s", prefix, name + strlen("module."));
+    idx = clpar_st_find(f, buf);
+  } else if (idx < 0) {
+    snprintf(buf, len, "%smodule.%s", prefix, name);
+    idx = clpar_st_find(f, buf);
+  }
+  free(buf);
+  return idx;
 }
 
 typedef struct {
@@ -268,12 +274,15 @@ static clpar_status plan_make(const clpar_module *m, const clpar_st_file *f, con
     clpar_status s = clpar_module_parameter_at(m, i, &name, &p->params[i]);
     if (s != CLPAR_OK) return s;
     int idx = find_for(f, prefix, name);
+    if (idx == -2) return NOMEM("load");
     p->entry[i] = -1;
     if (idx >= 0 && p->used[idx]) idx = -1; /* both forms in the module: the first has it */
-    if (idx < 0)
+    if (idx < 0) {
       list_add(&p->missing, "%s%s", prefix, name);
-    else if (p->used[idx] = 1, check_entry(f, idx, p->params[i], &p->mismatched))
-      p->entry[i] = idx;
+      continue;
+    }
+    p->used[idx] = 1;
+    if (check_entry(f, idx, p->params[i], &p->mismatched)) p->entry[i] = idx;
   }
   for (int j = 0; j < f->n; j++)
     if (!p->used[j] && starts_with(f->tensors[j].name, prefix))
