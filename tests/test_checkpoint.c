@@ -376,6 +376,37 @@ static void test_corrupt_files(void **state) {
   clpar_module_free(m);
 }
 
+/* Saves and loads that cannot be done say why and leave the files as they were. */
+static void test_save_and_load_errors(void **state) {
+  (void)state;
+  clpar_module *m = make_seq(clpar_device_get(0));
+  char path[128], sub[160];
+  path_in(path, sizeof path, "kept.safetensors");
+  tu_ok(clpar_safetensors_save(m, path, NULL, NULL, 0));
+  size_t n_before, n_after;
+  uint8_t *before = slurp(path, &n_before);
+  const char *k[] = {"a", "a"}, *v[] = {"1", "2"};
+  assert_int_equal(clpar_safetensors_save(m, path, k, v, 2), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "given twice"));
+  uint8_t *after = slurp(path, &n_after);
+  assert_int_equal(n_before, n_after);
+  assert_memory_equal(before, after, n_before);
+  snprintf(sub, sizeof sub, "%s/no/such/dir/x.safetensors", dir);
+  assert_int_equal(clpar_safetensors_save(m, sub, NULL, NULL, 0), CLPAR_ERROR_IO);
+  snprintf(sub, sizeof sub, "%s/", dir);
+  assert_int_equal(clpar_safetensors_save(m, sub, NULL, NULL, 0), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_safetensors_load(m, dir, 1, NULL), CLPAR_ERROR_IO); /* a directory */
+  assert_non_null(strstr(clpar_last_error(), "not a regular file"));
+  snprintf(sub, sizeof sub, "%s/missing.safetensors", dir);
+  assert_int_equal(clpar_safetensors_load(m, sub, 1, NULL), CLPAR_ERROR_IO);
+  /* a weights file is not a training checkpoint */
+  assert_int_equal(clpar_checkpoint_load(path, m, NULL, NULL, NULL), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "not a clpar training checkpoint"));
+  free(before);
+  free(after);
+  clpar_module_free(m);
+}
+
 /* ---- resumable training ---- */
 
 typedef enum { RUN_SGD, RUN_ADAM, RUN_ADAMW } opt_kind;
@@ -490,7 +521,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_every_device), cmocka_unit_test(test_pytorch_interop),
       cmocka_unit_test(test_data_parallel_prefix),    cmocka_unit_test(test_strict_and_partial),
-      cmocka_unit_test(test_corrupt_files),           cmocka_unit_test(test_resume_bit_exact),
+      cmocka_unit_test(test_corrupt_files),           cmocka_unit_test(test_save_and_load_errors),
+      cmocka_unit_test(test_resume_bit_exact),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
