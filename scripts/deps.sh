@@ -2,7 +2,7 @@
 # deps.sh — installs the Debian 12 packages clpar needs to build, test and run on PoCL, when
 # they are missing. Sourced by test.sh and demo.sh; runs apt-get as root (or through sudo).
 clpar_deps=(build-essential cmake pkg-config binutils ocl-icd-opencl-dev opencl-headers
-  pocl-opencl-icd libclblast-dev libcmocka-dev clinfo)
+  pocl-opencl-icd libclblast-dev libcmocka-dev libjansson-dev clinfo clang libclang-rt-14-dev)
 
 clpar_install_deps() {
   local missing=()

@@ -14,5 +14,6 @@
 #include "nn.h"
 #include "optim.h"
 #include "parallel.h"
+#include "checkpoint.h"
 
 #endif
