@@ -143,7 +143,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(sgd_step, QUEUE, 0)          \
   X(adam_step, QUEUE, 0)         \
   X(profile, QUEUE, 0)           \
-  X(profile_read, QUEUE, 0)
+  X(profile_read, QUEUE, 0)      \
+  X(tune_gemm, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -245,6 +246,11 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* Waits for the queue, then gives the device time of the ops enqueued since recording was
  * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
 #define CLPAR_BE_ARGS_profile_read(F) F(double *, seconds) F(uint64_t *, ops)
+/* Tunes the device's GEMM for the shapes (see clpar_device_tune_gemm; arguments checked),
+ * applies the result and saves it; result is filled. Waits for the device. */
+#define CLPAR_BE_ARGS_tune_gemm(F)                                  \
+  F(const clpar_gemm_shape *, shapes)                               \
+  F(int, n_shapes) F(const clpar_tune_options *, options) F(clpar_tune_result *, result)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -75,6 +75,7 @@ static clpar_status host_event_free(void *dev, void *ev) {
 #define host_supports_op NULL
 #define host_profile NULL
 #define host_profile_read NULL
+#define host_tune_gemm NULL
 
 static clpar_status host_host_alloc(void *dev, size_t bytes, void **handle, void **ptr) {
   clpar_status s = host_alloc(dev, bytes, ptr);
