@@ -298,4 +298,27 @@ clpar_status clpar_cuda_probe(clpar_backend_device **devs, int *count);
  * memory, with the error set). Defined in src/registry.c. */
 clpar_backend_device *clpar_backend_device_append(clpar_backend_device **devs, int *count);
 
+/* ---- trusted cache files (src/trusted_file.c) ----
+ * For what a backend keeps on disk and later obeys (compiled kernels, tuning parameters):
+ * anyone who can write the directory or swap a file could make the process run their code.
+ * Each call sets the error message and returns CLPAR_ERROR_IO saying why it refused. */
+
+/* The user's cache directory: CLPAR_CACHE_DIR, else $XDG_CACHE_HOME/clpar, else
+ * $HOME/.cache/clpar (path, path_size bytes, receives it), opened with
+ * clpar_trusted_dir_open. On failure it also logs one warning per distinct reason. */
+clpar_status clpar_cache_dir_open(char *path, size_t path_size, int *dirfd);
+/* *dirfd: an open descriptor (close it) of path, a directory created 0700 (parents too) if
+ * missing. Refused: a symbolic link, not a directory, owned by another user, writable by
+ * group or others. */
+clpar_status clpar_trusted_dir_open(const char *path, int *dirfd);
+/* The whole file name (one path component) in dirfd: *data (malloc'ed, free it) and *size.
+ * A missing file is CLPAR_OK with *data NULL. Refused without following or blocking: a
+ * symbolic link, a FIFO or anything not a regular file, a file of another user or writable by
+ * group or others, more than max_bytes. */
+clpar_status clpar_trusted_file_read(int dirfd, const char *name, size_t max_bytes, void **data,
+                                     size_t *size);
+/* Replaces name in dirfd atomically: a new file (O_EXCL, mode 0600) in the same directory,
+ * written, fsync'ed and renamed over name (a link at name is replaced, not followed). */
+clpar_status clpar_trusted_file_write(int dirfd, const char *name, const void *data, size_t size);
+
 #endif

@@ -13,7 +13,14 @@ clpar_build build-demo -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=OFF
 # Without a GPU, PoCL shows four CPU devices; a machine with GPUs uses them (GPUs come first).
 # PoCL's "basic" devices each run in the host thread that drives them, so four of them really
 # run at once (its "pthread" devices share one pool of workers and take turns).
-if ! clinfo -l 2>/dev/null | grep -qiE 'gpu|nvidia|amd|radeon|intel\(r\) (uhd|iris|arc)'; then
+# Whether there is a GPU is read from each device's type (CL_DEVICE_TYPE_GPU), never from names:
+# a CPU device's name carries its vendor's ("pthread-znver3-AMD EPYC 7763"), which once made an
+# EPYC machine count as one with a GPU and run the whole demo on one device.
+opencl_has_gpu() {
+  clinfo --raw 2>/dev/null | grep -E '^\[[^]]*\][[:space:]]+CL_DEVICE_TYPE[[:space:]]' |
+    grep -q 'CL_DEVICE_TYPE_GPU'
+}
+if ! opencl_has_gpu; then
   export POCL_DEVICES=${POCL_DEVICES:-"basic basic basic basic"}
 fi
 echo "== samples/devices (POCL_DEVICES=${POCL_DEVICES:-unset}, CLPAR_DEVICES=${CLPAR_DEVICES:-unset})"

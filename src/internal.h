@@ -137,7 +137,16 @@ typedef struct clpar_storage {
   size_t capacity;  /* bytes */
   uint64_t version; /* bumped by every in-place write: replicas copy only what changed */
   clpar_busy *busy; /* NULL until another device's queue touches the buffer */
+  /* every storage alive, for clpar_shutdown (src/tensor.c); dev is NULL once shut down */
+  struct clpar_storage *live_prev, *live_next;
 } clpar_storage;
+
+/* At clpar_shutdown, after the queues drained: gives every live storage's memory back to its
+ * device's cache (released with the device), leaves the tensors unusable except for freeing,
+ * and logs one warning with their count. */
+void clpar_storage_orphan_all(void);
+/* CLPAR_ERROR_NOT_INITIALIZED naming fn when t outlived clpar_shutdown. */
+clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t);
 
 /* Records an in-place change of t's memory. */
 static inline void clpar_tensor_touch(clpar_tensor *t);
@@ -287,6 +296,10 @@ static inline void *clpar_tensor_ctx(const clpar_tensor *t) {
 int64_t clpar_tensor_rows_of(const clpar_tensor *t);
 /* Validates a shape for creation; sets the error naming fn. */
 clpar_status clpar_check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *numel);
+/* clpar_check_shape, and that one buffer of that many floats fits dev (CLPAR_ERROR_TOO_LARGE
+ * naming fn otherwise): for callers that would do work (fill host memory) before allocating. */
+clpar_status clpar_check_size(const char *fn, const clpar_device *dev, int ndim,
+                              const int64_t *shape, int64_t *numel);
 /* Registers a new tensor with the innermost scope of this thread, if any. */
 void clpar_scope_adopt(clpar_tensor *t);
 void clpar_scope_forget(clpar_tensor *t);

@@ -10,7 +10,7 @@
 
 static clpar_status check_tensor(const char *fn, const char *name, const clpar_tensor *t) {
   if (!t) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
-  return CLPAR_OK;
+  return clpar_check_alive(fn, t);
 }
 
 static clpar_status check_same_device(const char *fn, const clpar_tensor *a,

@@ -128,13 +128,15 @@ clpar_status clpar_adamw_create(clpar_tensor *const *params, int n,
 }
 
 /* The module's parameters as an array, for the *_create_for functions. */
-static clpar_status create_for(opt_kind kind, clpar_module *m, const void *options,
+static clpar_status create_for(const char *fn, opt_kind kind, clpar_module *m, const void *options,
                                clpar_optimizer **out) {
+  if (!m) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: the module is NULL", fn);
   int n = clpar_module_parameter_count(m);
   if (n < 1)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "optimizer: the module has no parameters");
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: the module (%s) has no parameters",
+                           fn, m->type);
   clpar_tensor **params = malloc((size_t)n * sizeof *params);
-  if (!params) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  if (!params) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < n; i++)
     s = clpar_module_parameter_at(m, i, NULL, &params[i]);
@@ -145,17 +147,17 @@ static clpar_status create_for(opt_kind kind, clpar_module *m, const void *optio
 
 clpar_status clpar_sgd_create_for(clpar_module *m, const clpar_sgd_options *o,
                                   clpar_optimizer **out) {
-  return create_for(OPT_SGD, m, o, out);
+  return create_for("clpar_sgd_create_for", OPT_SGD, m, o, out);
 }
 
 clpar_status clpar_adam_create_for(clpar_module *m, const clpar_adam_options *o,
                                    clpar_optimizer **out) {
-  return create_for(OPT_ADAM, m, o, out);
+  return create_for("clpar_adam_create_for", OPT_ADAM, m, o, out);
 }
 
 clpar_status clpar_adamw_create_for(clpar_module *m, const clpar_adam_options *o,
                                     clpar_optimizer **out) {
-  return create_for(OPT_ADAMW, m, o, out);
+  return create_for("clpar_adamw_create_for", OPT_ADAMW, m, o, out);
 }
 
 /* A state tensor like p, on p's device, outside any scope; zeros when asked. */
@@ -223,6 +225,9 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
 clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_optimizer_step: optimizer is NULL");
+  for (int i = 0; i < o->n; i++) /* all or nothing: none may have outlived clpar_shutdown */
+    if (clpar_check_alive("clpar_optimizer_step", o->params[i].param) != CLPAR_OK)
+      return CLPAR_ERROR_NOT_INITIALIZED;
   for (int i = 0; i < o->n; i++) {
     if (!clpar_tensor_has_grad(o->params[i].param))
       continue; /* as PyTorch: no gradient, no update */

@@ -42,6 +42,7 @@ clpar_backend_device *clpar_backend_device_append(clpar_backend_device **devs, i
 static void destroy_devices(void) {
   for (int i = 0; i < all_count; i++) /* every queue idle before any device goes */
     if (all_devices[i]->worker) clpar_worker_drain(all_devices[i]);
+  clpar_storage_orphan_all(); /* tensors the user did not free: their memory goes now */
   for (int i = 0; i < all_count; i++) {
     clpar_device *d = all_devices[i];
     clpar_allocator_destroy(d);
@@ -128,6 +129,18 @@ static clpar_status select_add(clpar_device *d) {
   return CLPAR_OK;
 }
 
+/* A CLPAR_DEVICES value as an error message repeats it: quoted, and shortened, so that a long
+ * one cannot push the list of devices out of the message. */
+#define ECHO_MAX 64
+static const char *echo_value(char *buf, size_t size, const char *v) {
+  size_t len = strlen(v);
+  if (len <= ECHO_MAX)
+    snprintf(buf, size, "\"%s\"", v);
+  else
+    snprintf(buf, size, "\"%.*s...\" (%zu characters)", ECHO_MAX, v, len);
+  return buf;
+}
+
 /* One entry of CLPAR_DEVICES: an id ("opencl:1") or a whole backend ("opencl"). */
 static clpar_status select_entry(const char *entry) {
   int matched = 0;
@@ -142,9 +155,10 @@ static clpar_status select_entry(const char *entry) {
   if (matched) return CLPAR_OK;
   char avail[4096];
   list_devices(avail, sizeof avail);
+  char echo[ECHO_MAX + 48];
   return clpar_set_error(CLPAR_ERROR_DEVICE_NOT_FOUND,
-                         "CLPAR_DEVICES entry \"%s\" matches no device; the devices are: %s", entry,
-                         avail[0] ? avail : "(none)");
+                         "CLPAR_DEVICES entry %s matches no device; the devices are: %s",
+                         echo_value(echo, sizeof echo, entry), avail[0] ? avail : "(none)");
 }
 
 static clpar_status select_from_env(const char *spec) {
@@ -160,8 +174,10 @@ static clpar_status select_from_env(const char *spec) {
     if (*tok) s = select_entry(tok);
   }
   free(copy);
+  char echo[ECHO_MAX + 48];
   if (s == CLPAR_OK && selected_count == 0)
-    s = clpar_set_error(CLPAR_ERROR_DEVICE_NOT_FOUND, "CLPAR_DEVICES=\"%s\" names no device", spec);
+    s = clpar_set_error(CLPAR_ERROR_DEVICE_NOT_FOUND, "CLPAR_DEVICES=%s names no device",
+                        echo_value(echo, sizeof echo, spec));
   return s;
 }
 

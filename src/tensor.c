@@ -27,6 +27,20 @@ clpar_status clpar_check_shape(const char *fn, int ndim, const int64_t *shape, i
   return CLPAR_OK;
 }
 
+clpar_status clpar_check_size(const char *fn, const clpar_device *dev, int ndim,
+                              const int64_t *shape, int64_t *numel) {
+  clpar_status s = clpar_check_shape(fn, ndim, shape, numel);
+  if (s != CLPAR_OK) return s;
+  uint64_t bytes = (uint64_t)*numel * sizeof(float); /* < INT64_MAX: checked above */
+  if (bytes > dev->bd.info.max_alloc_bytes)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                           "%s: %lld elements (%llu bytes) do not fit one buffer of %s (at most "
+                           "%llu bytes)",
+                           fn, (long long)*numel, (unsigned long long)bytes, dev->bd.info.id,
+                           (unsigned long long)dev->bd.info.max_alloc_bytes);
+  return CLPAR_OK;
+}
+
 static clpar_status check_device(const char *fn, const clpar_device *dev) {
   if (!clpar_is_initialized())
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s: call clpar_init first", fn);
@@ -50,6 +64,65 @@ static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, int ndim,
   return t;
 }
 
+/* Every storage alive (the list's order does not matter): clpar_shutdown releases their
+ * memory and counts them. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static clpar_storage *live_head;
+
+static void live_add(clpar_storage *st) {
+  pthread_mutex_lock(&live_lock);
+  st->live_prev = NULL;
+  st->live_next = live_head;
+  if (live_head) live_head->live_prev = st;
+  live_head = st;
+  pthread_mutex_unlock(&live_lock);
+}
+
+/* Unlinks st; its device, or NULL when clpar_shutdown has taken its memory already. */
+static clpar_device *live_remove(clpar_storage *st) {
+  pthread_mutex_lock(&live_lock);
+  clpar_device *dev = st->dev;
+  if (dev) {
+    if (st->live_prev)
+      st->live_prev->live_next = st->live_next;
+    else
+      live_head = st->live_next;
+    if (st->live_next) st->live_next->live_prev = st->live_prev;
+  }
+  pthread_mutex_unlock(&live_lock);
+  return dev;
+}
+
+void clpar_storage_orphan_all(void) {
+  uint64_t tensors = 0, bytes = 0, storages = 0;
+  pthread_mutex_lock(&live_lock);
+  for (clpar_storage *st = live_head, *next; st; st = next) {
+    next = st->live_next;
+    tensors += (uint64_t)__atomic_load_n(&st->refcount, __ATOMIC_ACQUIRE);
+    bytes += st->capacity;
+    storages++;
+    clpar_free_buffer(st->dev, st->buf, st->capacity, st->busy); /* freed with the device */
+    st->dev = NULL;
+    st->buf = NULL;
+    st->busy = NULL;
+    st->live_prev = st->live_next = NULL;
+  }
+  live_head = NULL;
+  pthread_mutex_unlock(&live_lock);
+  if (storages)
+    clpar_log(CLPAR_LOG_WARN,
+              "clpar_shutdown: %llu tensors were still alive (%llu buffers, %llu bytes of device "
+              "memory); the memory is released, and the tensors can only be freed now",
+              (unsigned long long)tensors, (unsigned long long)storages, (unsigned long long)bytes);
+}
+
+/* A tensor that outlived clpar_shutdown has no memory left: only freeing it is allowed. */
+clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t) {
+  if (t->storage->dev) return CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
+                         "%s: the tensor outlived clpar_shutdown; it can only be freed", fn);
+}
+
 clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shape,
                                 clpar_tensor **out) {
   int64_t numel;
@@ -70,6 +143,7 @@ clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shap
     free(st);
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
+  live_add(st);
   clpar_scope_adopt(t);
   *out = t;
   return CLPAR_OK;
@@ -77,7 +151,8 @@ clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shap
 
 static void storage_release(clpar_storage *st) {
   if (__atomic_sub_fetch(&st->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    clpar_free_buffer(st->dev, st->buf, st->capacity, st->busy); /* takes busy over */
+    clpar_device *dev = live_remove(st);
+    if (dev) clpar_free_buffer(dev, st->buf, st->capacity, st->busy); /* takes busy over */
     free(st);
   }
 }
@@ -148,30 +223,46 @@ clpar_status clpar_tensor_from_host(clpar_device *dev, int ndim, const int64_t *
   return upload_new(dev, ndim, shape, data, out);
 }
 
-/* Fills a host array from the counter-based generator and uploads it. */
+/* Allocates the tensor first (so that a size the device cannot hold fails before any work),
+ * then fills it from the counter-based generator a block at a time, so that host memory stays
+ * small whatever the tensor's size. */
 static clpar_status rand_tensor(const char *fn, clpar_device *dev, int ndim, const int64_t *shape,
                                 uint64_t seed, int normal, float a, float b, clpar_tensor **out) {
+  enum { BLOCK = 1 << 20 }; /* floats: 4 MiB, one staging chunk (src/transfer.c) */
   clpar_status s = check_device(fn, dev);
   if (s != CLPAR_OK) return s;
   if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   int64_t numel;
-  s = clpar_check_shape(fn, ndim, shape, &numel);
+  s = clpar_check_size(fn, dev, ndim, shape, &numel);
   if (s != CLPAR_OK) return s;
-  float *host = malloc((size_t)numel * sizeof *host);
-  if (!host) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  for (int64_t i = 0; i < numel; i++) {
-    if (!normal) {
-      host[i] = a + (b - a) * clpar_rng_uniform01(seed, (uint64_t)i);
-      continue;
+  clpar_tensor *t;
+  s = clpar_tensor_empty(dev, ndim, shape, &t);
+  if (s != CLPAR_OK) return s;
+  float *host = malloc((size_t)(numel < BLOCK ? numel : BLOCK) * sizeof *host);
+  if (!host) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  for (int64_t at = 0; s == CLPAR_OK && at < numel; at += BLOCK) {
+    int64_t n = numel - at < BLOCK ? numel - at : BLOCK;
+    for (int64_t j = 0; j < n; j++) {
+      uint64_t i = (uint64_t)(at + j);
+      if (!normal) {
+        host[j] = a + (b - a) * clpar_rng_uniform01(seed, i);
+        continue;
+      }
+      /* Box-Muller on two streams of the same counter; 1 - u keeps the log finite. */
+      float u1 = 1.0f - clpar_rng_uniform01(seed, 2 * i);
+      float u2 = clpar_rng_uniform01(seed, 2 * i + 1);
+      host[j] = a + b * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795865f * u2);
     }
-    /* Box-Muller on two streams of the same counter; 1 - u keeps the log finite. */
-    float u1 = 1.0f - clpar_rng_uniform01(seed, 2 * (uint64_t)i);
-    float u2 = clpar_rng_uniform01(seed, 2 * (uint64_t)i + 1);
-    host[i] = a + b * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795865f * u2);
+    s = clpar_upload(dev, t->storage->buf, (size_t)at * sizeof(float), host,
+                     (size_t)n * sizeof(float));
   }
-  s = upload_new(dev, ndim, shape, host, out);
   free(host);
-  return s;
+  if (s != CLPAR_OK) {
+    clpar_tensor_free(t);
+    return s;
+  }
+  *out = t;
+  return CLPAR_OK;
 }
 
 clpar_status clpar_tensor_rand_uniform(clpar_device *dev, int ndim, const int64_t *shape,
@@ -187,6 +278,7 @@ clpar_status clpar_tensor_rand_normal(clpar_device *dev, int ndim, const int64_t
 clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_count) {
   if (!t || !dst)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_read: NULL argument");
+  if (clpar_check_alive("clpar_tensor_read", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
   if (dst_count < (size_t)t->numel)
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "clpar_tensor_read: the tensor has %lld elements, the buffer holds %zu",
@@ -198,6 +290,7 @@ clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_cou
 clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_count) {
   if (!t || !src)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_write: NULL argument");
+  if (clpar_check_alive("clpar_tensor_write", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
   if (src_count < (size_t)t->numel)
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "clpar_tensor_write: the tensor has %lld elements, the buffer holds %zu",
@@ -209,6 +302,9 @@ clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_co
 
 clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
   if (!dst || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_copy: NULL tensor");
+  if (clpar_check_alive("clpar_copy", dst) != CLPAR_OK ||
+      clpar_check_alive("clpar_copy", src) != CLPAR_OK)
+    return CLPAR_ERROR_NOT_INITIALIZED;
   if (dst->numel != src->numel) {
     char a[128], b[128];
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_copy: dst is %s, src is %s",

@@ -120,11 +120,30 @@ static void test_unknown_device(void **state) {
   clpar_shutdown();
 }
 
+/* An entry longer than the message could hold pushed the list of devices out of it. */
+static void test_long_unknown_entry(void **state) {
+  (void)state;
+  size_t n = 10000;
+  char *spec = malloc(n + 6);
+  assert_non_null(spec);
+  memcpy(spec, "host,", 5);
+  memset(spec + 5, 'x', n);
+  spec[5 + n] = '\0';
+  setenv("CLPAR_DEVICES", spec, 1);
+  assert_int_equal(clpar_init(), CLPAR_ERROR_DEVICE_NOT_FOUND);
+  const char *msg = clpar_last_error();
+  assert_non_null(strstr(msg, "xxxxxxxx...\" (10000 characters) matches no device"));
+  assert_non_null(strstr(msg, "the devices are: host"));
+  assert_true(strlen(msg) < 4096);
+  assert_int_equal(clpar_device_count(), 0);
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_before_init),    cmocka_unit_test(test_default_list),
       cmocka_unit_test(test_select_host),    cmocka_unit_test(test_select_and_order_opencl),
-      cmocka_unit_test(test_unknown_device),
+      cmocka_unit_test(test_unknown_device), cmocka_unit_test(test_long_unknown_entry),
   };
   return cmocka_run_group_tests(tests, save_env, restore_env);
 }

@@ -1,5 +1,8 @@
 /* test_status.c — the status list (names, messages), the thread-local error message, and
- * logging: levels, the callback, and never a byte on stdout. */
+ * logging: levels, the callback, and never a byte on stdout. Then messages that must name
+ * the right call and cause (sizes checked before any work, the loss and the optimizer named,
+ * a DataParallel wrapper not moved), and clpar_shutdown with tensors still alive. */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,6 +176,232 @@ static void test_nothing_on_stdout(void **state) {
   fclose(err);
 }
 
+/* ---- clear errors ---- */
+
+static void expect_message(clpar_status s, clpar_status want, const char *needle) {
+  if (s != want)
+    fail_msg("got %s, expected %s: %s", clpar_status_name(s), clpar_status_name(want),
+             clpar_last_error());
+  if (!strstr(clpar_last_error(), needle))
+    fail_msg("the message \"%s\" does not say \"%s\"", clpar_last_error(), needle);
+}
+
+/* 2^40 floats (4 TiB): before, the host array was filled (or failed to allocate) before any
+ * size check, and the error was "out of host memory". */
+static void test_oversized_rand_and_linear(void **state) {
+  (void)state;
+  tu_ok(clpar_init());
+  int64_t huge[2] = {(int64_t)1 << 20, (int64_t)1 << 20};
+  for (int i = -1; i < clpar_device_count(); i++) {
+    clpar_device *dev = i < 0 ? tu_host() : clpar_device_get(i);
+    clpar_tensor *t = (clpar_tensor *)(uintptr_t)0x1;
+    expect_message(clpar_tensor_rand_uniform(dev, 2, huge, 1, 0, 1, &t), CLPAR_ERROR_TOO_LARGE,
+                   "clpar_tensor_rand_uniform: 1099511627776 elements");
+    assert_non_null(strstr(clpar_last_error(), clpar_device_id(dev)));
+    expect_message(clpar_tensor_rand_normal(dev, 2, huge, 1, 0, 1, &t), CLPAR_ERROR_TOO_LARGE,
+                   "clpar_tensor_rand_normal");
+    assert_ptr_equal(t, (clpar_tensor *)(uintptr_t)0x1); /* untouched */
+    clpar_module *m = NULL;
+    expect_message(clpar_linear_create(huge[1], huge[0], 1, dev, &m), CLPAR_ERROR_TOO_LARGE,
+                   "clpar_linear_create");
+    assert_null(m);
+    clpar_memory_stats ms;
+    tu_ok(clpar_device_memory_stats(dev, &ms));
+    assert_int_equal(ms.bytes_in_use, 0); /* nothing made */
+  }
+  clpar_shutdown();
+}
+
+/* The fill now goes a block (2^20 floats) at a time: values across the block's edge are the
+ * generator's, as before. */
+static void test_rand_fill_across_blocks(void **state) {
+  (void)state;
+  tu_ok(clpar_init());
+  int64_t n = ((int64_t)1 << 20) + 3;
+  clpar_tensor *u, *g;
+  tu_ok(clpar_tensor_rand_uniform(tu_host(), 1, &n, 77, -2.0f, 3.0f, &u));
+  tu_ok(clpar_tensor_rand_normal(tu_host(), 1, &n, 78, 1.0f, 0.5f, &g));
+  float *pu = tu_read(u), *pg = tu_read(g);
+  for (int64_t i = 0; i < n; i++) {
+    float want = -2.0f + 5.0f * clpar_rng_uniform01(77, (uint64_t)i);
+    if (pu[i] != want)
+      fail_msg("uniform element %lld is %g, expected %g", (long long)i, pu[i], want);
+  }
+  for (int64_t i = ((int64_t)1 << 20) - 2; i < n; i++) {
+    float u1 = 1.0f - clpar_rng_uniform01(78, 2 * (uint64_t)i);
+    float u2 = clpar_rng_uniform01(78, 2 * (uint64_t)i + 1);
+    float want = 1.0f + 0.5f * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795865f * u2);
+    assert_float_equal(pg[i], want, 0);
+  }
+  free(pu);
+  free(pg);
+  clpar_tensor_free(u);
+  clpar_tensor_free(g);
+  clpar_shutdown();
+}
+
+static void test_mse_loss_names_itself(void **state) {
+  (void)state;
+  tu_ok(clpar_init());
+  clpar_device *dev = clpar_device_get(0);
+  clpar_tensor *a = tu_make(dev, 2, (int64_t[]){2, 3}, 1);
+  clpar_tensor *b = tu_make(dev, 2, (int64_t[]){3, 2}, 2); /* as many elements, other shape */
+  clpar_tensor *loss = NULL;
+  expect_message(clpar_mse_loss(a, b, CLPAR_REDUCTION_MEAN, &loss), CLPAR_ERROR_SHAPE_MISMATCH,
+                 "clpar_mse_loss: input is [2, 3] and target is [3, 2]");
+  assert_null(strstr(clpar_last_error(), "clpar_sub"));
+  assert_null(loss);
+  clpar_tensor_free(a);
+  clpar_tensor_free(b);
+  clpar_shutdown();
+}
+
+static void test_optimizer_for_null_module(void **state) {
+  (void)state;
+  tu_ok(clpar_init());
+  clpar_optimizer *o = NULL;
+  clpar_sgd_options sgd = {.lr = 0.1f};
+  clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  expect_message(clpar_sgd_create_for(NULL, &sgd, &o), CLPAR_ERROR_INVALID_ARGUMENT,
+                 "clpar_sgd_create_for: the module is NULL");
+  expect_message(clpar_adam_create_for(NULL, &adam, &o), CLPAR_ERROR_INVALID_ARGUMENT,
+                 "clpar_adam_create_for: the module is NULL");
+  expect_message(clpar_adamw_create_for(NULL, &adam, &o), CLPAR_ERROR_INVALID_ARGUMENT,
+                 "clpar_adamw_create_for: the module is NULL");
+  clpar_module *relu;
+  tu_ok(clpar_relu_create(&relu));
+  expect_message(clpar_sgd_create_for(relu, &sgd, &o), CLPAR_ERROR_INVALID_ARGUMENT,
+                 "clpar_sgd_create_for: the module (ReLU) has no parameters");
+  assert_null(o);
+  clpar_module_free(relu);
+  clpar_shutdown();
+}
+
+/* Before, the move was accepted and the next forward failed (or read another device's
+ * memory): the replicas stay where the wrapper put them. */
+static void test_module_to_refuses_data_parallel(void **state) {
+  (void)state;
+  tu_ok(clpar_init());
+  clpar_module *lin, *dp, *seq;
+  tu_ok(clpar_linear_create(4, 3, 1, clpar_device_get(0), &lin));
+  tu_ok(clpar_data_parallel_create(lin, NULL, &dp));
+  /* Refused wherever to, even to where it is (host-only runs have no other device). */
+  clpar_device *target = tu_host();
+  expect_message(clpar_module_to(dp, target), CLPAR_ERROR_INVALID_ARGUMENT,
+                 "clpar_module_to: the module is a DataParallel wrapper");
+  tu_ok(clpar_sequential_create(&dp, 1, &seq));
+  expect_message(clpar_module_to(seq, target), CLPAR_ERROR_INVALID_ARGUMENT,
+                 "clpar_module_to: the module contains a DataParallel wrapper");
+  for (int i = 0; i < clpar_module_parameter_count(seq); i++) { /* nothing moved */
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(seq, i, NULL, &p));
+    assert_ptr_equal(clpar_tensor_device(p), clpar_device_get(0));
+  }
+  clpar_tensor *x = tu_make(clpar_device_get(0), 2, (int64_t[]){5, 4}, 3), *y = NULL;
+  tu_ok(clpar_module_forward(seq, x, &y)); /* and it still works */
+  assert_int_equal(clpar_tensor_dim(y, 1), 3);
+  clpar_tensor_free(y);
+  clpar_tensor_free(x);
+  clpar_module_free(seq);
+  clpar_shutdown();
+}
+
+/* ---- clpar_shutdown with tensors alive ---- */
+
+typedef struct {
+  int warnings;
+  char last[1024];
+} warn_capture;
+
+static void capture_warnings(clpar_log_level level, const char *msg, void *user) {
+  warn_capture *c = user;
+  if (level != CLPAR_LOG_WARN) return;
+  c->warnings++;
+  snprintf(c->last, sizeof c->last, "%s", msg);
+}
+
+/* A program that leaves on an error path: three tensors (one a view) on the first device, a
+ * trained module with its optimizer and a graph on every device. Shutdown releases their
+ * memory with one warning; afterwards they refuse use and can be freed (ASan and LSan check
+ * that nothing is touched after it was freed, and nothing leaks). */
+static void test_shutdown_with_live_tensors(void **state) {
+  (void)state;
+  warn_capture cap = {0};
+  clpar_log_level old = clpar_log_get_level();
+  clpar_log_set_level(CLPAR_LOG_WARN);
+  tu_ok(clpar_init());
+  clpar_device *dev = clpar_device_get(0);
+  clpar_tensor *x = tu_make(dev, 2, (int64_t[]){4, 4}, 1), *v, *y, *sum = NULL;
+  tu_ok(clpar_tensor_rows(x, 1, 2, &v));
+  tu_ok(clpar_tensor_zeros(dev, 1, (int64_t[]){3}, &y));
+  clpar_log_set_callback(capture_warnings, &cap);
+  clpar_shutdown();
+  clpar_log_set_callback(NULL, NULL);
+  assert_int_equal(cap.warnings, 1);
+  if (!strstr(cap.last, "clpar_shutdown: 3 tensors were still alive (2 buffers"))
+    fail_msg("the warning says \"%s\"", cap.last);
+  float buf[16];
+  expect_message(clpar_tensor_read(x, buf, 16), CLPAR_ERROR_NOT_INITIALIZED,
+                 "outlived clpar_shutdown");
+  expect_message(clpar_tensor_write(y, buf, 3), CLPAR_ERROR_NOT_INITIALIZED,
+                 "outlived clpar_shutdown");
+  expect_message(clpar_add(x, x, &sum), CLPAR_ERROR_NOT_INITIALIZED, "clpar_add");
+  assert_null(sum);
+  clpar_tensor_free(v);
+  clpar_tensor_free(x);
+  clpar_tensor_free(y);
+
+  /* A training step's worth of objects on every device, left alive. */
+  tu_ok(clpar_init());
+  int n = clpar_device_count();
+  clpar_module *m[8] = {0};
+  clpar_optimizer *o[8] = {0};
+  clpar_tensor *loss[8] = {0};
+  clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  for (int i = 0; i < n && i < 8; i++) {
+    clpar_device *d = clpar_device_get(i);
+    clpar_tensor *in = tu_make(d, 2, (int64_t[]){6, 5}, 10 + (uint64_t)i), *out;
+    tu_ok(clpar_linear_create(5, 2, 1, d, &m[i]));
+    tu_ok(clpar_adam_create_for(m[i], &adam, &o[i]));
+    tu_ok(clpar_module_forward(m[i], in, &out));
+    tu_ok(clpar_sum(out, &loss[i]));
+    tu_ok(clpar_backward(loss[i]));
+    tu_ok(clpar_optimizer_step(o[i]));
+    clpar_tensor_free(out);
+    clpar_tensor_free(in);
+  }
+  cap.warnings = 0;
+  clpar_log_set_callback(capture_warnings, &cap);
+  clpar_shutdown();
+  clpar_log_set_callback(NULL, NULL);
+  assert_int_equal(cap.warnings, 1);
+  assert_non_null(strstr(cap.last, "tensors were still alive"));
+  expect_message(clpar_optimizer_step(o[0]), CLPAR_ERROR_NOT_INITIALIZED, "clpar_optimizer_step");
+  expect_message(clpar_backward(loss[0]), CLPAR_ERROR_NOT_INITIALIZED, "clpar_backward");
+  clpar_tensor *out = NULL;
+  expect_message(clpar_module_forward(m[0], loss[0], &out), CLPAR_ERROR_NOT_INITIALIZED,
+                 "outlived clpar_shutdown");
+  assert_null(out);
+  for (int i = 0; i < n && i < 8; i++) {
+    clpar_tensor_free(loss[i]); /* its graph holds the forward's tensors */
+    clpar_optimizer_free(o[i]);
+    clpar_module_free(m[i]);
+  }
+
+  tu_ok(clpar_init()); /* and the library starts afresh, with nothing in use */
+  for (int i = 0; i < clpar_device_count(); i++) {
+    clpar_memory_stats ms;
+    tu_ok(clpar_device_memory_stats(clpar_device_get(i), &ms));
+    assert_int_equal(ms.bytes_in_use, 0);
+  }
+  cap.warnings = 0;
+  clpar_log_set_callback(capture_warnings, &cap);
+  clpar_shutdown();
+  clpar_log_set_callback(NULL, NULL);
+  assert_int_equal(cap.warnings, 0); /* nothing alive: nothing to say */
+  clpar_log_set_level(old);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names_and_strings),
@@ -180,6 +409,12 @@ int main(void) {
       cmocka_unit_test(test_log_callback_and_levels),
       cmocka_unit_test(test_log_callback_may_call_clpar),
       cmocka_unit_test(test_nothing_on_stdout),
+      cmocka_unit_test(test_oversized_rand_and_linear),
+      cmocka_unit_test(test_rand_fill_across_blocks),
+      cmocka_unit_test(test_mse_loss_names_itself),
+      cmocka_unit_test(test_optimizer_for_null_module),
+      cmocka_unit_test(test_module_to_refuses_data_parallel),
+      cmocka_unit_test(test_shutdown_with_live_tensors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,8 +9,13 @@
  * the build options, the device and driver, the platform, and the clpar version. The file
  * repeats the full key and carries the payload's size and SHA-256, so an entry that is
  * corrupt, truncated or stale (a key that does not match) is rebuilt from source and
- * overwritten, never trusted. Entries are written to a temporary file and renamed into place,
- * so a reader never sees half a file even when two processes build the same program. */
+ * overwritten. The checksum only detects damage: the key is computable from public data, so
+ * an entry is trusted only as far as its directory and file are (a binary for a CPU device is
+ * native code run in this process). src/trusted_file.c decides that: a directory of this
+ * user's that no one else can write, a regular file of this user's, no link followed, no FIFO
+ * waited on; otherwise programs are compiled from source, with one warning. Entries are
+ * written to a new file and renamed into place, so a reader never sees half a file even when
+ * two processes build the same program. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,7 +155,7 @@ static void cache_key(const clpar_ocl_device *dev, const char *source, size_t si
   sha256_final(&s, key);
 }
 
-/* ---- the disk cache ---- */
+/* ---- the disk cache (what is trusted: src/trusted_file.c) ---- */
 
 #define ENTRY_MAGIC "CLPARPRG"
 #define ENTRY_FORMAT 1u
@@ -158,135 +163,70 @@ static void cache_key(const clpar_ocl_device *dev, const char *source, size_t si
 #define ENTRY_HEADER 88
 #define ENTRY_MAX_PAYLOAD ((size_t)1 << 30)
 
-/* mkdir -p; 0 on success. */
-static int make_dirs(char *path) {
-  for (char *p = path + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    int r = mkdir(path, 0755);
-    *p = '/';
-    if (r != 0 && errno != EEXIST) return -1;
-  }
-  if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
-  return access(path, W_OK | X_OK);
-}
-
-/* The cache directory, created if needed; -1 (with a warning) when it cannot be used. */
-static int cache_dir(char *dir, size_t size) {
-  const char *env = getenv("CLPAR_CACHE_DIR");
-  const char *xdg = getenv("XDG_CACHE_HOME");
-  const char *home = getenv("HOME");
-  int n;
-  if (env && *env)
-    n = snprintf(dir, size, "%s", env);
-  else if (xdg && *xdg)
-    n = snprintf(dir, size, "%s/clpar", xdg);
-  else if (home && *home)
-    n = snprintf(dir, size, "%s/.cache/clpar", home);
-  else {
-    clpar_log(CLPAR_LOG_WARN,
-              "opencl: no CLPAR_CACHE_DIR, XDG_CACHE_HOME or HOME; "
-              "kernel binaries are not cached on disk");
-    return -1;
-  }
-  if (n < 0 || (size_t)n >= size || make_dirs(dir) != 0) {
-    clpar_log(CLPAR_LOG_WARN,
-              "opencl: cannot use kernel cache directory %s (%s); going on "
-              "without the disk cache",
-              dir, strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
-static int entry_path(char *path, size_t size, const char *dir, const uint8_t key[32]) {
-  char hex[65];
-  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
-  int n = snprintf(path, size, "%s/%s.clbin", dir, hex);
-  return n < 0 || (size_t)n >= size ? -1 : 0;
+static void entry_name(char name[72], const uint8_t key[32]) {
+  for (int i = 0; i < 32; i++) snprintf(name + 2 * i, 3, "%02x", key[i]);
+  memcpy(name + 64, ".clbin", 7);
 }
 
 clpar_status clpar_ocl_cache_file(clpar_ocl_device *dev, const char *source, size_t size,
                                   const char *options, char *path, size_t path_size) {
-  char dir[4096];
+  char dir[4096], name[72];
   uint8_t key[32];
-  if (cache_dir(dir, sizeof dir) != 0)
-    return clpar_set_error(CLPAR_ERROR_IO, "opencl: no usable kernel cache directory");
+  int dirfd;
+  clpar_status s = clpar_cache_dir_open(dir, sizeof dir, &dirfd);
+  if (s != CLPAR_OK) return s;
+  close(dirfd);
   cache_key(dev, source, size, options, key);
-  if (entry_path(path, path_size, dir, key) != 0)
+  entry_name(name, key);
+  int n = snprintf(path, path_size, "%s/%s", dir, name);
+  if (n < 0 || (size_t)n >= path_size)
     return clpar_set_error(CLPAR_ERROR_IO, "opencl: cache path too long");
   return CLPAR_OK;
 }
 
-/* Reads and checks the entry at path. Returns the payload (malloc'ed) or NULL; *found says
- * whether a file was there at all, so that a rejected one can be counted. */
-static uint8_t *entry_read(const char *path, const uint8_t key[32], size_t *payload_size,
-                           int *found) {
-  uint8_t header[ENTRY_HEADER], digest[32], *payload = NULL;
+/* The payload of a well-formed entry for key (a pointer into file), or NULL. */
+static const uint8_t *entry_payload(const uint8_t *file, size_t file_size, const uint8_t key[32],
+                                    size_t *payload_size) {
+  uint8_t digest[32];
   uint32_t format, header_size;
   uint64_t size;
-  struct stat st;
-  FILE *f = fopen(path, "rb");
-  *found = f != NULL;
-  if (!f) return NULL;
-  if (fstat(fileno(f), &st) != 0 || fread(header, 1, sizeof header, f) != sizeof header)
-    goto reject;
-  memcpy(&format, header + 8, 4);
-  memcpy(&header_size, header + 12, 4);
-  memcpy(&size, header + 48, 8);
-  if (memcmp(header, ENTRY_MAGIC, 8) != 0 || format != ENTRY_FORMAT ||
-      header_size != ENTRY_HEADER || memcmp(header + 16, key, 32) != 0 || size == 0 ||
-      size > ENTRY_MAX_PAYLOAD || (uint64_t)st.st_size != ENTRY_HEADER + size)
-    goto reject;
-  payload = malloc((size_t)size);
-  if (!payload || fread(payload, 1, (size_t)size, f) != size) goto reject;
+  if (file_size < ENTRY_HEADER) return NULL;
+  memcpy(&format, file + 8, 4);
+  memcpy(&header_size, file + 12, 4);
+  memcpy(&size, file + 48, 8);
+  if (memcmp(file, ENTRY_MAGIC, 8) != 0 || format != ENTRY_FORMAT || header_size != ENTRY_HEADER ||
+      memcmp(file + 16, key, 32) != 0 || size == 0 || size > ENTRY_MAX_PAYLOAD ||
+      file_size - ENTRY_HEADER != size)
+    return NULL;
   sha256_ctx s;
   sha256_init(&s);
-  sha256_update(&s, payload, (size_t)size);
+  sha256_update(&s, file + ENTRY_HEADER, (size_t)size);
   sha256_final(&s, digest);
-  if (memcmp(digest, header + 56, 32) != 0) goto reject;
-  fclose(f);
+  if (memcmp(digest, file + 56, 32) != 0) return NULL;
   *payload_size = (size_t)size;
-  return payload;
-reject:
-  free(payload);
-  fclose(f);
-  return NULL;
+  return file + ENTRY_HEADER;
 }
 
 /* Best effort: a failure only costs a rebuild next time, so it is logged, not returned. */
-static void entry_write(const char *dir, const char *path, const uint8_t key[32],
+static void entry_write(int dirfd, const char *dir, const char *name, const uint8_t key[32],
                         const uint8_t *payload, size_t size) {
-  char tmp[4200];
-  uint8_t header[ENTRY_HEADER];
+  uint8_t *file = malloc(ENTRY_HEADER + size);
+  if (!file) return;
   uint32_t format = ENTRY_FORMAT, header_size = ENTRY_HEADER;
   uint64_t size64 = size;
   sha256_ctx s;
-  memcpy(header, ENTRY_MAGIC, 8);
-  memcpy(header + 8, &format, 4);
-  memcpy(header + 12, &header_size, 4);
-  memcpy(header + 16, key, 32);
-  memcpy(header + 48, &size64, 8);
+  memcpy(file, ENTRY_MAGIC, 8);
+  memcpy(file + 8, &format, 4);
+  memcpy(file + 12, &header_size, 4);
+  memcpy(file + 16, key, 32);
+  memcpy(file + 48, &size64, 8);
   sha256_init(&s);
   sha256_update(&s, payload, size);
-  sha256_final(&s, header + 56);
-  snprintf(tmp, sizeof tmp, "%s/.tmp-XXXXXX", dir);
-  int fd = mkstemp(tmp);
-  if (fd < 0) goto fail;
-  FILE *f = fdopen(fd, "wb");
-  if (!f) {
-    close(fd);
-    goto fail_unlink;
-  }
-  int ok =
-      fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, size, f) == size;
-  if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) goto fail_unlink;
-  return;
-fail_unlink:
-  unlink(tmp);
-fail:
-  clpar_log(CLPAR_LOG_WARN, "opencl: cannot write kernel cache entry %s: %s", path,
-            strerror(errno));
+  sha256_final(&s, file + 56);
+  memcpy(file + ENTRY_HEADER, payload, size);
+  if (clpar_trusted_file_write(dirfd, name, file, ENTRY_HEADER + size) != CLPAR_OK)
+    clpar_log(CLPAR_LOG_WARN, "opencl: kernel cache in %s: %s", dir, clpar_last_error());
+  free(file);
 }
 
 /* ---- building ---- */
@@ -357,40 +297,57 @@ static uint8_t *program_binary(cl_program prog, size_t *size) {
   return bin;
 }
 
-/* Disk cache first, then source (saving the result). */
-static clpar_status build(clpar_ocl_device *dev, const char *name, const char *source, size_t size,
-                          const char *options, cl_program *out) {
-  char dir[4096], path[4200];
-  uint8_t key[32];
-  int use_disk = cache_dir(dir, sizeof dir) == 0;
-  cache_key(dev, source, size, options, key);
-  if (use_disk && entry_path(path, sizeof path, dir, key) != 0) use_disk = 0;
-  if (use_disk) {
-    size_t bin_size = 0;
-    int found = 0;
-    uint8_t *bin = entry_read(path, key, &bin_size, &found);
-    cl_program prog = bin ? build_from_binary(dev, bin, bin_size, options) : NULL;
-    free(bin);
-    if (prog) {
-      atomic_fetch_add(&stat_disk_loads, 1);
-      *out = prog;
-      return CLPAR_OK;
-    }
-    if (found) {
-      atomic_fetch_add(&stat_disk_rejects, 1);
-      clpar_log(CLPAR_LOG_INFO,
-                "opencl: kernel cache entry %s is corrupt, truncated or stale; "
-                "rebuilding %s",
-                path, name);
-    }
+/* A program from the disk entry name in dirfd, or NULL (counted and logged when an entry was
+ * there but is refused or not usable). */
+static cl_program load_entry(clpar_ocl_device *dev, const char *what, int dirfd, const char *dir,
+                             const char *name, const uint8_t key[32], const char *options) {
+  void *file = NULL;
+  size_t file_size = 0, bin_size = 0;
+  if (clpar_trusted_file_read(dirfd, name, ENTRY_HEADER + ENTRY_MAX_PAYLOAD, &file, &file_size) !=
+      CLPAR_OK) {
+    atomic_fetch_add(&stat_disk_rejects, 1);
+    clpar_log(CLPAR_LOG_WARN, "opencl: kernel cache in %s: %s; rebuilding %s", dir,
+              clpar_last_error(), what);
+    return NULL;
   }
-  clpar_status s = build_from_source(dev, name, source, size, options, out);
-  if (s != CLPAR_OK || !use_disk) return s;
-  size_t bin_size = 0;
-  uint8_t *bin = program_binary(*out, &bin_size);
-  if (bin) entry_write(dir, path, key, bin, bin_size);
-  free(bin);
-  return CLPAR_OK;
+  if (!file) return NULL; /* no entry yet */
+  const uint8_t *bin = entry_payload(file, file_size, key, &bin_size);
+  cl_program prog = bin ? build_from_binary(dev, bin, bin_size, options) : NULL;
+  free(file);
+  if (prog) {
+    atomic_fetch_add(&stat_disk_loads, 1);
+  } else {
+    atomic_fetch_add(&stat_disk_rejects, 1);
+    clpar_log(CLPAR_LOG_INFO,
+              "opencl: kernel cache entry %s/%s is corrupt, truncated or stale; rebuilding %s", dir,
+              name, what);
+  }
+  return prog;
+}
+
+/* Disk cache first, then source (saving the result). */
+static clpar_status build(clpar_ocl_device *dev, const char *what, const char *source, size_t size,
+                          const char *options, cl_program *out) {
+  char dir[4096], name[72];
+  uint8_t key[32];
+  int dirfd = -1;
+  int use_disk = clpar_cache_dir_open(dir, sizeof dir, &dirfd) == CLPAR_OK;
+  cache_key(dev, source, size, options, key);
+  entry_name(name, key);
+  cl_program prog = use_disk ? load_entry(dev, what, dirfd, dir, name, key, options) : NULL;
+  clpar_status s = CLPAR_OK;
+  if (prog)
+    *out = prog;
+  else
+    s = build_from_source(dev, what, source, size, options, out);
+  if (s == CLPAR_OK && use_disk && !prog) {
+    size_t bin_size = 0;
+    uint8_t *bin = program_binary(*out, &bin_size);
+    if (bin) entry_write(dirfd, dir, name, key, bin, bin_size);
+    free(bin);
+  }
+  if (dirfd >= 0) close(dirfd);
+  return s;
 }
 
 /* ---- the in-memory cache ---- */

@@ -42,7 +42,15 @@ typedef struct clpar_device_info {
 
 /* Safe to call more than once; each successful call needs one clpar_shutdown(). */
 CLPAR_API clpar_status clpar_init(void);
-/* Releases every device and cached buffer. Tensors must be freed before. */
+/* The last of the paired calls waits for every queue, then releases every device and cached
+ * buffer. Free tensors, modules and optimizers before it. A program that does not (one that
+ * leaves on an error path) gets defined behaviour, not a crash: the device memory of every
+ * tensor still alive is released with its device, one warning is logged with their count
+ * ("clpar_shutdown: N tensors were still alive ..."), and those tensors (and the modules and
+ * optimizers holding them) can afterwards only be freed, which is safe and frees their host
+ * memory; any other use returns CLPAR_ERROR_NOT_INITIALIZED where it is checked (reads,
+ * writes, copies, ops, clpar_module_forward, clpar_backward, clpar_optimizer_step) and is not
+ * supported otherwise. A later clpar_init starts afresh. */
 CLPAR_API void clpar_shutdown(void);
 
 CLPAR_API int clpar_device_count(void);

@@ -91,7 +91,9 @@ CLPAR_API int clpar_module_parameter_count(const clpar_module *m);
  * valid as long as m is. */
 CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char **name,
                                                  clpar_tensor **param);
-/* Moves every parameter to dev (a differentiable module stays trainable there). */
+/* Moves every parameter to dev (a differentiable module stays trainable there). A
+ * DataParallel wrapper, or a module containing one, is refused (CLPAR_ERROR_INVALID_ARGUMENT):
+ * its devices were fixed when it was made. */
 CLPAR_API clpar_status clpar_module_to(clpar_module *m, clpar_device *dev);
 CLPAR_API clpar_status clpar_module_zero_grad(clpar_module *m);
 /* Frees a module that no parent holds, dropping its references to its children and

@@ -31,7 +31,8 @@ CLPAR_API clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int
 CLPAR_API clpar_status clpar_tensor_from_host(clpar_device *dev, int ndim, const int64_t *shape,
                                               const float *data, clpar_tensor **out);
 /* Uniform in [lo, hi) from a counter-based generator: the same seed gives the same values on
- * every device and backend. */
+ * every device and backend. A shape larger than one buffer of dev allows is
+ * CLPAR_ERROR_TOO_LARGE, found before any work; host memory used is at most 4 MiB. */
 CLPAR_API clpar_status clpar_tensor_rand_uniform(clpar_device *dev, int ndim, const int64_t *shape,
                                                  uint64_t seed, float lo, float hi,
                                                  clpar_tensor **out);

@@ -74,10 +74,13 @@ clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *targe
   clpar_status s = check_reduction("clpar_mse_loss", reduction);
   if (s != CLPAR_OK) return s;
   char a[128], b[128];
-  if (input->numel != target->numel || input->ndim != target->ndim)
+  int same = input->ndim == target->ndim;
+  for (int i = 0; same && i < input->ndim; i++) same = input->shape[i] == target->shape[i];
+  if (!same) /* checked here, or clpar_sub would report it under its own name */
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
-                           "clpar_mse_loss: input is %s and target is %s", SHAPE(input, a),
-                           SHAPE(target, b));
+                           "clpar_mse_loss: input is %s and target is %s; they must have the same "
+                           "shape",
+                           SHAPE(input, a), SHAPE(target, b));
   clpar_tensor *diff, *sq = NULL;
   s = clpar_sub(input, target, &diff);
   if (s != CLPAR_OK) return s;

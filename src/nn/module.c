@@ -235,6 +235,8 @@ const char *clpar_module_type(const clpar_module *m) {
 clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_tensor **output) {
   if (!m || !input || !output)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_forward: NULL argument");
+  if (clpar_check_alive("clpar_module_forward", input) != CLPAR_OK)
+    return CLPAR_ERROR_NOT_INITIALIZED;
   return m->forward(m, input, output, m->user);
 }
 
@@ -365,9 +367,37 @@ clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char 
   return CLPAR_OK;
 }
 
+/* 1 with *found = the first DataParallel wrapper in root's tree (root included), 0 when there
+ * is none, -1 when out of memory; each shared submodule is visited once. */
+static int find_parallel(const clpar_module *root, ptr_set *seen, const clpar_module **found) {
+  if (root->parallel) {
+    *found = root;
+    return 1;
+  }
+  int r = ptr_set_add(seen, root);
+  if (r <= 0) return r;
+  for (int i = 0; i < root->n_children; i++)
+    if ((r = find_parallel(root->children[i].item, seen, found)) != 0) return r;
+  return 0;
+}
+
 clpar_status clpar_module_to(clpar_module *m, clpar_device *dev) {
   if (!m || !dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_to: NULL argument");
+  /* A wrapper's replicas live on its devices and its parameters on the first of them; moving
+   * them under it would leave the replicas reading another device's memory. */
+  const clpar_module *dp = NULL;
+  ptr_set seen = {0};
+  int r = find_parallel(m, &seen, &dp);
+  free(seen.slots);
+  if (r < 0)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_to: out of host memory");
+  if (r > 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_module_to: the module %s a DataParallel wrapper, whose "
+                           "parameters and replicas stay on the devices it was created with; move "
+                           "the module before wrapping it, or make a new wrapper",
+                           dp == m ? "is" : "contains");
   clpar_status s = refresh_flat(m);
   for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) s = clpar_tensor_move(m->flat[i].item, dev);
   return s;
@@ -397,11 +427,19 @@ clpar_status clpar_linear_create(int64_t in_features, int64_t out_features, int 
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_linear_create: features must be >= 1 (got %lld, %lld)",
                            (long long)in_features, (long long)out_features);
+  if (!clpar_is_initialized())
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
+                           "clpar_linear_create: call clpar_init first");
+  if (!dev)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear_create: device is NULL");
   float bound = 1.0f / sqrtf((float)in_features);
-  int64_t ws[2] = {out_features, in_features};
+  int64_t ws[2] = {out_features, in_features}, numel;
+  /* Sizes first: nothing is made (and no seed drawn) for a layer the device cannot hold. */
+  clpar_status s = clpar_check_size("clpar_linear_create", dev, 2, ws, &numel);
+  if (s != CLPAR_OK) return s;
   clpar_module *m;
   clpar_tensor *w = NULL, *b = NULL;
-  clpar_status s = clpar_module_create("Linear", linear_forward, NULL, NULL, &m);
+  s = clpar_module_create("Linear", linear_forward, NULL, NULL, &m);
   if (s != CLPAR_OK) return s;
   s = clpar_tensor_rand_uniform(dev, 2, ws, next_seed(), -bound, bound, &w);
   if (s == CLPAR_OK) s = clpar_module_add_parameter(m, "weight", w);
