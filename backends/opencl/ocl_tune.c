@@ -10,17 +10,14 @@
  * errors or computes wrong values is dropped. The fastest combination is kept only if it beats
  * CLBlast's own parameters.
  *
- * The result is a small text file under CLPAR_CACHE_DIR, named after a hash of the device,
- * driver, platform and CLBlast version, which it also repeats: a stale one (another driver),
- * a corrupt one, or one that is not a regular file owned by us and writable only by us, is
- * ignored with a warning. clpar_ocl_tune_apply reads it when a device is opened.
- *
- * The trusted-file helpers below (tune_dir, tune_file_read, tune_file_write) are one small set
- * on purpose: the program cache is getting shared helpers of the same kind (owner and
- * permission checks, O_NOFOLLOW, atomic writes), and these are to be swapped for them. */
+ * The result is a small text file in the cache directory (CLPAR_CACHE_DIR), named after a hash
+ * of the device, driver, platform and CLBlast version, which it also repeats. It is read and
+ * written with the trusted-file helpers (src/trusted_file.c: the user's own private directory,
+ * regular files of the user's only, atomic replacement), since CLBlast compiles and runs what
+ * its parameters say. A stale entry (another driver), a corrupt one or one the helpers refuse
+ * is ignored with a warning. clpar_ocl_tune_apply reads it when a device is opened. */
 #include <clblast_c.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,98 +39,6 @@
 static const char *const kernels[3] = {"Xgemm", "XgemmDirect", "GemmRoutine"};
 enum { K_XGEMM, K_DIRECT, K_ROUTINE, K_COUNT };
 
-/* ---- trusted files (swap for the program cache's helpers when they land) ---- */
-
-static int make_dirs(char *path) {
-  for (char *p = path + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    int r = mkdir(path, 0700);
-    *p = '/';
-    if (r != 0 && errno != EEXIST) return -1;
-  }
-  if (mkdir(path, 0700) != 0 && errno != EEXIST) return -1;
-  return access(path, W_OK | X_OK);
-}
-
-/* CLPAR_CACHE_DIR, else $XDG_CACHE_HOME/clpar, else $HOME/.cache/clpar (as the program
- * cache); created when create is set. -1 when none is usable. */
-static int tune_dir(char *dir, size_t size, int create) {
-  const char *env = getenv("CLPAR_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
-             *home = getenv("HOME");
-  int n;
-  if (env && *env)
-    n = snprintf(dir, size, "%s", env);
-  else if (xdg && *xdg)
-    n = snprintf(dir, size, "%s/clpar", xdg);
-  else if (home && *home)
-    n = snprintf(dir, size, "%s/.cache/clpar", home);
-  else
-    return -1;
-  if (n < 0 || (size_t)n >= size) return -1;
-  return create ? make_dirs(dir) : 0;
-}
-
-/* The whole file, NUL-terminated (malloc'ed), when it is a regular file (not a link) owned by
- * this user, not writable by group or others, and at most max bytes; else NULL with *why set
- * (*why NULL: there is no file). */
-static char *tune_file_read(const char *path, size_t max, const char **why) {
-  *why = NULL;
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno != ENOENT) *why = errno == ELOOP ? "it is a symbolic link" : strerror(errno);
-    return NULL;
-  }
-  struct stat st;
-  char *buf = NULL;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    *why = "not a regular file";
-  else if (st.st_uid != geteuid())
-    *why = "owned by another user";
-  else if (st.st_mode & (S_IWGRP | S_IWOTH))
-    *why = "writable by group or others";
-  else if ((size_t)st.st_size > max)
-    *why = "too large";
-  else if (!(buf = malloc((size_t)st.st_size + 1)))
-    *why = "out of memory";
-  else {
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-      ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-      if (r <= 0) break;
-      got += (size_t)r;
-    }
-    if (got != (size_t)st.st_size) {
-      *why = "short read";
-      free(buf);
-      buf = NULL;
-    } else {
-      buf[got] = '\0';
-    }
-  }
-  close(fd);
-  return buf;
-}
-
-/* Writes data to a temporary file in dir (mode 0600) and renames it to path. 0 on success. */
-static int tune_file_write(const char *dir, const char *path, const char *data, size_t n) {
-  char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s/.tune-XXXXXX", dir) >= (int)sizeof tmp) return -1;
-  int fd = mkstemp(tmp);
-  if (fd < 0) return -1;
-  size_t done = 0;
-  while (done < n) {
-    ssize_t w = write(fd, data + done, n - done);
-    if (w <= 0) break;
-    done += (size_t)w;
-  }
-  int ok = done == n && fchmod(fd, 0600) == 0 && fsync(fd) == 0;
-  ok = close(fd) == 0 && ok;
-  if (ok && rename(tmp, path) == 0) return 0;
-  unlink(tmp);
-  return -1;
-}
-
 /* ---- the entry: which device it is for, and the parameters ---- */
 
 static void clean(char *dst, size_t size, const char *src) {
@@ -153,13 +58,22 @@ static void entry_header(clpar_ocl_device *d, char *out, size_t size) {
            driver, pname, pversion, CLPAR_CLBLAST_VERSION);
 }
 
-int clpar_ocl_tune_path(clpar_ocl_device *d, char *path, size_t size) {
-  char dir[4096], header[1200];
-  if (tune_dir(dir, sizeof dir, 0) != 0) return -1;
+/* The entry's file name: tune-<hash of the header>.txt. */
+static void entry_name(clpar_ocl_device *d, char *name, size_t size) {
+  char header[1200];
   entry_header(d, header, sizeof header);
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (const char *p = header; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  int n = snprintf(path, size, "%s/tune-%016llx.txt", dir, (unsigned long long)h);
+  snprintf(name, size, "tune-%016llx.txt", (unsigned long long)h);
+}
+
+int clpar_ocl_tune_path(clpar_ocl_device *d, char *path, size_t size) {
+  char dir[4096], name[64];
+  int fd;
+  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) return -1;
+  close(fd);
+  entry_name(d, name, sizeof name);
+  int n = snprintf(path, size, "%s/%s", dir, name);
   return n < 0 || (size_t)n >= size ? -1 : 0;
 }
 
@@ -279,36 +193,63 @@ clpar_ocl_tune_applied clpar_ocl_tune_apply(clpar_ocl_device *d) {
   if (defaults_get(d->device, defaults) != 0) return CLPAR_OCL_TUNE_NONE;
   const char *tune = getenv("CLPAR_TUNE");
   if (tune && strcmp(tune, "off") == 0) return CLPAR_OCL_TUNE_OFF;
-  char path[4300];
+  char dir[4096], name[64], why_buf[512];
   const char *why = NULL;
-  if (clpar_ocl_tune_path(d, path, sizeof path) != 0) return CLPAR_OCL_TUNE_NONE;
-  char *text = tune_file_read(path, TUNE_MAX_FILE, &why);
-  if (!text && !why) return CLPAR_OCL_TUNE_NONE;
-  if (text && entry_parse(d, text, defaults, saved, &why) == 0) {
-    int k = 0;
-    while (k < K_COUNT && params_apply(d->device, k, &saved[k]) == 0) k++;
-    if (k < K_COUNT) {
-      why = "CLBlast refused its parameters";
-      for (int j = 0; j < K_COUNT; j++) params_apply(d->device, j, &defaults[j]);
+  int fd;
+  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) return CLPAR_OCL_TUNE_NONE;
+  entry_name(d, name, sizeof name);
+  void *data = NULL;
+  size_t size = 0;
+  clpar_status s = clpar_trusted_file_read(fd, name, TUNE_MAX_FILE, &data, &size);
+  close(fd);
+  if (s != CLPAR_OK) {
+    snprintf(why_buf, sizeof why_buf, "%s", clpar_last_error());
+    why = why_buf;
+  } else if (!data) {
+    return CLPAR_OCL_TUNE_NONE;
+  }
+  char *text = data ? malloc(size + 1) : NULL;
+  if (data && !text) why = "out of memory";
+  if (text) {
+    memcpy(text, data, size);
+    text[size] = '\0';
+    if (strlen(text) != size)
+      why = "corrupt: a NUL byte in the text";
+    else if (entry_parse(d, text, defaults, saved, &why) == 0) {
+      int k = 0;
+      while (k < K_COUNT && params_apply(d->device, k, &saved[k]) == 0) k++;
+      if (k < K_COUNT) {
+        why = "CLBlast refused its parameters";
+        for (int j = 0; j < K_COUNT; j++) params_apply(d->device, j, &defaults[j]);
+      }
     }
   }
   free(text);
+  free(data);
   if (why) {
-    clpar_log(CLPAR_LOG_WARN, "opencl: %s: ignoring GEMM tuning entry %s: %s", d->dev_name, path,
-              why);
+    clpar_log(CLPAR_LOG_WARN, "opencl: %s: ignoring GEMM tuning entry %s/%s: %s", d->dev_name, dir,
+              name, why);
     return CLPAR_OCL_TUNE_IGNORED;
   }
-  clpar_log(CLPAR_LOG_INFO, "opencl: %s: GEMM tuning applied from %s", d->dev_name, path);
+  clpar_log(CLPAR_LOG_INFO, "opencl: %s: GEMM tuning applied from %s/%s", d->dev_name, dir, name);
   return CLPAR_OCL_TUNE_APPLIED;
 }
 
 static clpar_status entry_save(clpar_ocl_device *d, const clpar_ocl_params p[K_COUNT], char *path,
                                size_t path_size) {
-  char dir[4096], text[4096];
-  if (tune_dir(dir, sizeof dir, 1) != 0 || clpar_ocl_tune_path(d, path, path_size) != 0)
+  char dir[4096], name[64], text[4096];
+  int fd;
+  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK)
     return clpar_set_error(CLPAR_ERROR_IO,
-                           "opencl: no usable cache directory for the tuning entry (set "
-                           "CLPAR_CACHE_DIR)");
+                           "opencl: no usable cache directory for the tuning "
+                           "entry (set CLPAR_CACHE_DIR): %s",
+                           clpar_last_error());
+  entry_name(d, name, sizeof name);
+  int n = snprintf(path, path_size, "%s/%s", dir, name);
+  if (n < 0 || (size_t)n >= path_size) {
+    close(fd);
+    return clpar_set_error(CLPAR_ERROR_IO, "opencl: cache directory path too long: %s", dir);
+  }
   entry_header(d, text, sizeof text);
   size_t len = strlen(text);
   for (int k = 0; k < K_COUNT; k++) {
@@ -319,10 +260,11 @@ static clpar_status entry_save(clpar_ocl_device *d, const clpar_ocl_params p[K_C
     if (len < sizeof text) len += (size_t)snprintf(text + len, sizeof text - len, "\n");
   }
   if (len < sizeof text) len += (size_t)snprintf(text + len, sizeof text - len, "end\n");
-  if (len >= sizeof text || tune_file_write(dir, path, text, len) != 0)
-    return clpar_set_error(CLPAR_ERROR_IO, "opencl: cannot write the tuning entry %s: %s", path,
-                           strerror(errno));
-  return CLPAR_OK;
+  clpar_status s = len < sizeof text
+                       ? clpar_trusted_file_write(fd, name, text, len)
+                       : clpar_set_error(CLPAR_ERROR_IO, "opencl: tuning entry too long");
+  close(fd);
+  return s;
 }
 
 /* ---- timing candidates ---- */
