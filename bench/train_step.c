@@ -188,16 +188,21 @@ int main(int argc, char **argv) {
     clpar_device_profile_stop(c.dev);
   }
   if (good) {
-    char torch_part[160];
+    /* The host backend's OpenMP threads spin between ops unless told not to; on a machine
+     * shared with other work that decides its speed (docs/DESIGN.md), so say which. */
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    char torch_part[256];
     if (torch_ms > 0)
       snprintf(torch_part, sizeof torch_part,
-               "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f",
-               torch_ms, torch_threads, plain * 1e3 / torch_ms);
+               "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f, "
+               "\"omp_wait_policy\": \"%.20s\"",
+               torch_ms, torch_threads, plain * 1e3 / torch_ms, wait ? wait : "default");
     else
-      snprintf(torch_part, sizeof torch_part, "\"torch\": \"%s\"",
+      snprintf(torch_part, sizeof torch_part, "\"torch\": \"%s\", \"omp_wait_policy\": \"%.20s\"",
                !use_torch ? "not run"
                : python   ? "failed"
-                          : "missing");
+                          : "missing",
+               wait ? wait : "default");
     if (small) {
       printf(
           "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"Linear 5-2\", "
