@@ -627,13 +627,15 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
   tune_shape *ts = calloc((size_t)n_shapes, sizeof *ts);
   if (!ts) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: tuning");
   pthread_mutex_lock(&d->lock);
+  pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock); /* one device compiles at a time */
   clpar_status s = CLPAR_OK;
   for (int i = 0; i < n_shapes && s == CLPAR_OK; i++) s = shape_init(d, &ts[i], &shapes[i], 7 + i);
   if (s == CLPAR_OK) {
     tuner t = {d, ts, n_shapes, options->quick ? 1 : 3, 0, 0, options, result};
     s = run_search(&t, def);
   }
-  atomic_store(&d->gemm_warm, 1); /* CLBlast has compiled for this device */
+  if (s == CLPAR_OK) atomic_store(&d->gemm_warm, 1); /* CLBlast has compiled for it */
+  pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
   pthread_mutex_unlock(&d->lock);
   for (int i = 0; i < n_shapes; i++) shape_free(&ts[i]);
   free(ts);
