@@ -123,9 +123,10 @@ static clpar_status host_fill(void *dev, clpar_bref out, size_t n, float value) 
   return CLPAR_OK;
 }
 
-/* One row of a binary op; the kind is hoisted out of the loop so that each loop vectorizes. */
-static void binary_row(clpar_binary_kind kind, size_t cols, const float *restrict x,
-                       const float *restrict y, float *o) {
+/* One row of a binary op; the kind is hoisted out of the loop so that each loop vectorizes.
+ * o may be x or y (no restrict: the compiler checks overlap at run time). */
+static void binary_row(clpar_binary_kind kind, size_t cols, const float *x, const float *y,
+                       float *o) {
   switch (kind) {
     case CLPAR_BINARY_ADD:
       for (size_t c = 0; c < cols; c++) o[c] = x[c] + y[c];
