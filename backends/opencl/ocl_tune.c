@@ -129,7 +129,8 @@ static int defaults_get(cl_device_id dev, clpar_ocl_params out[K_COUNT]) {
 static int parse_kernel_line(char *line, const clpar_ocl_params *want, clpar_ocl_params *p) {
   *p = *want;
   int seen[CLPAR_OCL_MAX_PARAMS] = {0}, count = 0;
-  for (char *tok = strtok(line, " "); tok; tok = strtok(NULL, " ")) {
+  char *save = NULL;
+  for (char *tok = strtok_r(line, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
     char *eq = strchr(tok, '=');
     if (!eq) return -1;
     *eq = '\0';
