@@ -28,10 +28,13 @@
  * - Offsets and counts are in float elements unless the name says bytes.
  * - The core validates shapes before calling: a backend may assume counts >= 1 and buffers
  *   large enough.
- * - Entries marked optional (required = 0) may be NULL: the core composes the fused ops
- *   (nll, softmax backward, optimizer steps) from primitives then (src/compose.c), and a
- *   device without profiling cannot be profiled. supports_op lets a backend refuse a fused op
- *   for some devices only. */
+ * - Every wait for the device inside an entry is reported with clpar_backend_waited.
+ * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
+ *   nll, nll_backward, sgd_step, adam_step) the core then composes the op from primitive
+ *   entries (fill, copy, binary, scale, unary, gemm, pick; src/compose.c), so a new backend can
+ * start with the primitives only; supports_op lets a backend refuse a fused op for some of its
+ * devices (asked once per device at clpar_init). A device without profile cannot be profiled, and
+ *   one without peer_access/copy_peer copies to its peers through host staging. */
 #ifndef CLPAR_BACKEND_H
 #define CLPAR_BACKEND_H
 
@@ -43,7 +46,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 4
+#define CLPAR_BACKEND_ABI_VERSION 5
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -60,6 +63,13 @@ clpar_status clpar_set_error(clpar_status status, const char *fmt, ...) CLPAR_PR
 void clpar_append_error(const char *fmt, ...) CLPAR_PRINTF(1, 2);
 /* Logs to stderr or the user's callback, by level (never to stdout). */
 void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
+/* A backend calls this each time one of its entries blocks the calling thread until the
+ * device has done something: clFinish, clWaitForEvents, a blocking map or read,
+ * cudaStreamSynchronize, cudaEventSynchronize, a cudaFree or cudaFreeHost (which synchronize
+ * the device). The core counts it, on the device whose entry is running, in
+ * clpar_device_host_waits and in the counters' backend_waits. Outside an entry called by
+ * the core's dispatch it does nothing. */
+void clpar_backend_waited(void);
 
 /* A buffer and an offset into it, in floats. */
 typedef struct clpar_bref {
@@ -121,6 +131,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(event_then, DIRECT, 1)       \
   X(event_free, DIRECT, 1)       \
   X(supports_op, DIRECT, 0)      \
+  X(peer_access, DIRECT, 0)      \
   X(host_alloc, QUEUE, 1)        \
   X(host_free, QUEUE, 1)         \
   X(write, QUEUE, 1)             \
@@ -137,6 +148,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(unary, QUEUE, 1)             \
   X(unary_backward, QUEUE, 1)    \
   X(softmax, QUEUE, 1)           \
+  X(pick, QUEUE, 1)              \
   X(softmax_backward, QUEUE, 0)  \
   X(nll, QUEUE, 0)               \
   X(nll_backward, QUEUE, 0)      \
@@ -144,6 +156,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(adam_step, QUEUE, 0)         \
   X(profile, QUEUE, 0)           \
   X(profile_read, QUEUE, 0)      \
+  X(copy_peer, QUEUE, 0)         \
   X(tune_gemm, QUEUE, 0)
 
 // clang-format off
@@ -166,8 +179,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_event_then(F) F(void *, ev) F(clpar_event_fn, fn) F(void *, user)
 #define CLPAR_BE_ARGS_event_free(F) F(void *, ev)
 #define CLPAR_BE_ARGS_event_record(F) F(void **, ev)
-/* *yes = 1 when the device runs the optional entry named op ("nll", ...) itself. */
+/* *yes = 1 when the device runs the optional entry named op ("sgd_step", ...) itself; 0
+ * makes the core compose it. Without supports_op, a non-NULL entry is used. */
 #define CLPAR_BE_ARGS_supports_op(F) F(const char *, op) F(int *, yes)
+/* *yes = 1 when this device's copy_peer can copy from its memory into peer's, peer being
+ * another device of the same backend (its context). May set up the access (CUDA
+ * cudaDeviceEnablePeerAccess) the first time it is asked about a peer. */
+#define CLPAR_BE_ARGS_peer_access(F) F(void *, peer) F(int *, yes)
 /* Host memory the device transfers from and to at full speed (pinned: OpenCL
  * CL_MEM_ALLOC_HOST_PTR mapped, CUDA cudaMallocHost; plain memory on the host backend).
  * *handle is what host_free takes, *ptr the memory. */
@@ -220,16 +238,25 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * maximum first so that large inputs do not overflow. */
 #define CLPAR_BE_ARGS_softmax(F) \
   F(int, log) F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* One element per row at an int32 index (idx's off counts int32 elements; every index is
+ * already checked to be in 0 .. cols-1):
+ *   gather  (scatter == 0): out[r] = a[r, idx[r]]   (a rows x cols, out rows)
+ *   scatter (scatter == 1): out[r, idx[r]] = a[r]   (a rows, out rows x cols; its other
+ *                                                   elements are left as they are)
+ * The primitive the core composes nll and nll_backward from. */
+#define CLPAR_BE_ARGS_pick(F) \
+  F(int, scatter) F(size_t, rows) F(size_t, cols) F(clpar_bref, idx) F(clpar_bref, a) F(clpar_bref, out)
 /* Its gradient from the forward's output y and g, per row:
  *   softmax:     out = y * (g - sum_c(g * y))
  *   log-softmax: out = g - exp(y) * sum_c(g) */
 #define CLPAR_BE_ARGS_softmax_backward(F) \
   F(int, log) F(size_t, rows) F(size_t, cols) F(clpar_bref, y) F(clpar_bref, g) F(clpar_bref, out)
-/* out[r] = -a[r, labels[r]]; labels holds one class index per row as a float (exact below
- * 2^24), already checked to be in 0 .. cols-1. */
+/* out[r] = -a[r, labels[r]]; labels holds one class index per row as an int32 (not a float:
+ * a float is exact only up to 2^24), already checked to be in 0 .. cols-1. Its off counts
+ * int32 elements (the same 4 bytes as a float). */
 #define CLPAR_BE_ARGS_nll(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, labels) F(clpar_bref, out)
-/* out[r, c] = c == labels[r] ? -g[r] : 0 */
+/* out[r, c] = c == labels[r] ? -g[r] : 0; labels as for nll (int32). */
 #define CLPAR_BE_ARGS_nll_backward(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, labels) F(clpar_bref, g) F(clpar_bref, out)
 /* In place, n elements (see clpar_sgd_args); buf is ignored when momentum == 0. The args
@@ -246,6 +273,12 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* Waits for the queue, then gives the device time of the ops enqueued since recording was
  * turned on (kernels, GEMMs and device-local copies; not host transfers), and their count. */
 #define CLPAR_BE_ARGS_profile_read(F) F(double *, seconds) F(uint64_t *, ops)
+/* Enqueued on this (the source) device's queue: copies bytes from its buffer src to the
+ * buffer dst of peer, a device peer_access accepted, without the host. The core orders it
+ * after peer's earlier work and peer's later work after it (events). */
+#define CLPAR_BE_ARGS_copy_peer(F)                                                     \
+  F(void *, peer) F(void *, dst) F(size_t, dst_off_bytes) F(const void *, src)          \
+  F(size_t, src_off_bytes) F(size_t, bytes)
 /* Tunes the device's GEMM for the shapes (see clpar_device_tune_gemm; arguments checked),
  * applies the result and saves it; result is filled. Waits for the device. */
 #define CLPAR_BE_ARGS_tune_gemm(F)                                  \

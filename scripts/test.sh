@@ -3,6 +3,12 @@
 # builds clpar, and runs the whole ctest suite on PoCL with 1 device, on PoCL with 4 devices,
 # on the host backend, and in an AddressSanitizer + UndefinedBehaviorSanitizer build.
 # Stops at the first configuration that fails; the last lines are ctest's own summary.
+#
+# The host runs select CLPAR_DEVICES=host,opencl:0 (one PoCL device), not the host alone:
+# the host backend is device 0, the one every single-device test uses, and the OpenCL device
+# is the second that the tests comparing a device with the host reference, and those that
+# cross devices (model parallel, DataParallel, transfers), need. With the host alone they
+# compared the host with itself or had no second device, and so could not fail.
 set -euo pipefail
 CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$CLPAR_ROOT/scripts/deps.sh"
@@ -34,7 +40,8 @@ else
   echo "== CUDA module: not built here (see the configure line above)"
 fi
 POCL_DEVICES="pthread pthread pthread pthread" run_ctest build "PoCL, 4 devices" -LE install
-CLPAR_DEVICES=host run_ctest build "host backend (CLPAR_DEVICES=host)" -LE install
+CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
+  run_ctest build "host backend first, one PoCL device second (CLPAR_DEVICES=host,opencl:0)" -LE install
 
 echo
 echo "== build (ASan + UBSan)"
@@ -52,5 +59,6 @@ clpar_build build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0:intercept_tls_get_addr=0:use_sigaltstack=0
 export LSAN_OPTIONS=suppressions=$CLPAR_ROOT/scripts/lsan.supp:print_suppressions=0:intercept_tls_get_addr=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-CLPAR_DEVICES=host run_ctest build-sanitize "sanitizers, host backend"
+CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
+  run_ctest build-sanitize "sanitizers, host backend first, one PoCL device second"
 POCL_DEVICES="pthread pthread" run_ctest build-sanitize "sanitizers, PoCL, 2 devices"

@@ -7,8 +7,21 @@
  * order on its one queue: work posted after a buffer's reuse runs after the work that used it
  * before. Work of another device's queue on the buffer (a transfer reading or writing it) is
  * another matter: such a buffer comes back with the events of that work (clpar_busy) and is
- * not handed out again before they completed. */
+ * not handed out again before they completed.
+ *
+ * Out of memory is an error, never an abort (issue 9 item 6). The allocator keeps what the
+ * driver holds for a device (bytes in use + bytes cached) within the device's global memory
+ * (its info's global_mem_bytes: CL_DEVICE_GLOBAL_MEM_SIZE on OpenCL, the RAM on the host
+ * backend), or within CLPAR_DEVICE_MEMORY_LIMIT when that is smaller: a request that would
+ * not fit first empties the device's cache, then fails with CLPAR_ERROR_OUT_OF_MEMORY naming
+ * the device, the request and the bytes in use. PoCL's CPU devices never refuse a buffer for
+ * their global memory size. A driver that refuses a buffer itself (PoCL when malloc fails,
+ * see ocl_alloc; posix_memalign on the host backend) gives the same error, after the same
+ * emptying of the cache and one retry. */
+#include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -69,13 +82,101 @@ static void release_all_locked(clpar_device *dev) {
   dev->free_blocks = NULL;
 }
 
-static clpar_status driver_alloc_locked(clpar_device *dev, size_t size, void **buf) {
-  clpar_status s = dev->bd.iface->alloc(dev->bd.ctx, size, buf);
+/* CLPAR_DEVICE_MEMORY_LIMIT as set at clpar_init (UINT64_MAX: not set). */
+static uint64_t env_limit = UINT64_MAX;
+
+/* "123", "64K", "512M", "2G" (powers of 1024): 1 and *out, or 0 when v is not such a size,
+ * is 0 or overflows. */
+static int parse_size(const char *v, uint64_t *out) {
+  uint64_t n = 0;
+  const char *p = v;
+  if (!isdigit((unsigned char)*p)) return 0;
+  for (; isdigit((unsigned char)*p); p++) {
+    if (n > (UINT64_MAX - 9) / 10) return 0;
+    n = n * 10 + (uint64_t)(*p - '0');
+  }
+  unsigned shift = 0;
+  if (*p) {
+    switch (toupper((unsigned char)*p)) {
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        return 0;
+    }
+    p++;
+  }
+  if (*p || n == 0 || n > (UINT64_MAX >> shift)) return 0;
+  *out = n << shift;
+  return 1;
+}
+
+clpar_status clpar_allocator_set_limits(clpar_device **devs, int count) {
+  uint64_t cap = UINT64_MAX;
+  const char *v = getenv("CLPAR_DEVICE_MEMORY_LIMIT");
+  if (v && *v && !parse_size(v, &cap))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "CLPAR_DEVICE_MEMORY_LIMIT=\"%.64s\" is not a size: give a positive "
+                           "number of bytes, optionally followed by K, M or G",
+                           v);
+  env_limit = cap;
+  for (int i = 0; i < count; i++) {
+    uint64_t g = devs[i]->bd.info.global_mem_bytes ? devs[i]->bd.info.global_mem_bytes : UINT64_MAX;
+    devs[i]->mem_limit = g < cap ? g : cap;
+  }
+  return CLPAR_OK;
+}
+
+/* 1 when the driver may hold size more bytes for the device. */
+static int fits_locked(const clpar_device *dev, size_t size) {
+  uint64_t held = dev->stats.bytes_in_use + dev->stats.bytes_cached;
+  return held <= dev->mem_limit && (uint64_t)size <= dev->mem_limit - held;
+}
+
+/* Makes room for size bytes within the device's limit, emptying the cache if that helps. */
+static clpar_status reserve_locked(clpar_device *dev, size_t bytes, size_t size) {
+  if (fits_locked(dev, size)) return CLPAR_OK;
+  if (dev->free_blocks) {
+    clpar_log(CLPAR_LOG_INFO, "%s: %zu bytes do not fit; emptying the cache (%llu bytes)",
+              dev->bd.info.id, size, (unsigned long long)dev->stats.bytes_cached);
+    release_all_locked(dev);
+    if (fits_locked(dev, size)) return CLPAR_OK;
+  }
+  return clpar_set_error(
+      CLPAR_ERROR_OUT_OF_MEMORY,
+      "%s: out of memory: a buffer of %zu bytes does not fit; %llu bytes are in use by tensors "
+      "and the device has %llu (%s)",
+      dev->bd.info.id, bytes, (unsigned long long)dev->stats.bytes_in_use,
+      (unsigned long long)dev->mem_limit,
+      dev->mem_limit == env_limit ? "CLPAR_DEVICE_MEMORY_LIMIT" : "its global memory");
+}
+
+static clpar_status driver_alloc_locked(clpar_device *dev, size_t bytes, size_t size, void **buf) {
+  clpar_status s = clpar_dev_alloc(dev, size, buf);
   if (s == CLPAR_ERROR_OUT_OF_MEMORY && dev->free_blocks) {
     clpar_log(CLPAR_LOG_INFO, "%s: out of memory for %zu bytes; emptying the cache and retrying",
               dev->bd.info.id, size);
     release_all_locked(dev);
-    s = dev->bd.iface->alloc(dev->bd.ctx, size, buf);
+    s = clpar_dev_alloc(dev, size, buf);
+  }
+  if (s == CLPAR_ERROR_OUT_OF_MEMORY) {
+    char why[512];
+    const char *err = clpar_last_error();
+    size_t id_len = strlen(dev->bd.info.id); /* the dispatch put "<id>: " in front already */
+    if (strncmp(err, dev->bd.info.id, id_len) == 0 && strncmp(err + id_len, ": ", 2) == 0)
+      err += id_len + 2;
+    snprintf(why, sizeof why, "%s", err);
+    return clpar_set_error(s,
+                           "%s: out of memory: the driver refused a buffer of %zu bytes with %llu "
+                           "bytes in use by tensors: %s",
+                           dev->bd.info.id, bytes, (unsigned long long)dev->stats.bytes_in_use,
+                           why);
   }
   if (s != CLPAR_OK) return clpar_device_fail(dev, s);
   dev->stats.driver_allocs++;
@@ -99,7 +200,8 @@ clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, siz
     dev->stats.bytes_cached -= b->size;
     free(b);
   } else {
-    s = driver_alloc_locked(dev, size, buf);
+    s = reserve_locked(dev, bytes, size);
+    if (s == CLPAR_OK) s = driver_alloc_locked(dev, bytes, size, buf);
     *capacity = size;
   }
   if (s == CLPAR_OK) {
@@ -124,7 +226,7 @@ void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy
     if (busy)
       for (int i = 0; i < busy->count; i++) clpar_event_sync(busy->events[i]);
     busy_free(busy);
-    dev->bd.iface->release(dev->bd.ctx, buf);
+    clpar_dev_release(dev, buf);
     dev->stats.driver_frees++;
     pthread_mutex_unlock(&dev->alloc_lock);
     return;

@@ -29,15 +29,33 @@ struct clpar_device {
   pthread_mutex_t alloc_lock;
   clpar_block *free_blocks; /* sorted by size, ascending */
   clpar_memory_stats stats;
+  /* what the allocator lets the driver hold for this device (in use + cached): its global
+   * memory, or less with CLPAR_DEVICE_MEMORY_LIMIT (src/allocator.c) */
+  uint64_t mem_limit;
   clpar_worker *worker; /* the one thread that drives the device's queue */
   /* pinned host memory for transfers, by size; guarded by staging_lock */
   pthread_mutex_t staging_lock;
   clpar_staging_block *staging_free;
   /* atomic counters (clpar_device_counters) */
-  uint64_t host_waits;  /* a thread other than the worker blocked on the device */
+  uint64_t host_waits;  /* a thread blocked on the device (callers' waits, backend_waits) */
   uint64_t queue_waits; /* the worker waited for another device's event */
   uint64_t transfers_in, transfers_out, bytes_in, bytes_out;
+  uint64_t backend_waits; /* of host_waits, those inside a backend entry */
+  /* The fused entries the core composes from primitives (src/compose.c) instead of calling
+   * the backend: bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
+   * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). */
+  uint64_t natural, composed;
+  uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
 };
+
+/* The entries' numbers, in table order: bit positions in clpar_device.composed. */
+enum {
+#define CLPAR_ENTRY_ENUM_(name, kind, required) CLPAR_ENTRY_##name,
+  CLPAR_BACKEND_ENTRIES(CLPAR_ENTRY_ENUM_)
+#undef CLPAR_ENTRY_ENUM_
+      CLPAR_ENTRY_COUNT
+};
+_Static_assert(CLPAR_ENTRY_COUNT <= 64, "clpar_device.composed has one bit per entry");
 
 /* ---- the device's worker and the dispatch (src/worker.c, src/dispatch.c) ----
  *
@@ -52,6 +70,27 @@ struct clpar_device {
   clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)); \
   clpar_status clpar_dev_##name##_sync(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
 CLPAR_BACKEND_ENTRIES(CLPAR_DISPATCH_DECL_)
+
+/* ---- composition (src/compose.c) ----
+ *
+ * For each optional QUEUE entry, clpar_compose_<entry>(dev, args...) posts the same result
+ * from primitive entries (softmax_backward, nll, nll_backward, sgd_step, adam_step; the
+ * others refuse and are never composed); the dispatch calls it instead of the backend when the entry's bit is set
+ * in dev->composed. */
+#define CLPAR_COMPOSE_DECL_(name, kind, required) CLPAR_COMPOSE_DECL_##kind##_##required(name)
+#define CLPAR_COMPOSE_DECL_DIRECT_0(name)
+#define CLPAR_COMPOSE_DECL_DIRECT_1(name)
+#define CLPAR_COMPOSE_DECL_QUEUE_1(name)
+#define CLPAR_COMPOSE_DECL_QUEUE_0(name) \
+  clpar_status clpar_compose_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+CLPAR_BACKEND_ENTRIES(CLPAR_COMPOSE_DECL_)
+/* Sets dev->natural and dev->composed from the backend's table and supports_op (at
+ * clpar_init, before the device's worker starts). */
+void clpar_compose_init(clpar_device *dev);
+/* For tests only (not in the public headers): composes the optional entries in mask (bits
+ * 1 << CLPAR_ENTRY_<name>) on dev even where the backend has them; 0 restores the backend's
+ * own. CLPAR_ERROR_INVALID_ARGUMENT for a bit of an entry that cannot be composed. */
+clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask);
 
 clpar_status clpar_worker_start(clpar_device *dev);
 /* Runs everything posted, then ends the thread (at shutdown). */
@@ -115,6 +154,9 @@ void clpar_allocator_destroy(clpar_device *dev);
 int clpar_is_initialized(void);
 /* Called by the core when a backend entry fails: prefixes the message with the device id. */
 clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s);
+/* Sets every device's mem_limit from its global memory and CLPAR_DEVICE_MEMORY_LIMIT
+ * (src/allocator.c); CLPAR_ERROR_INVALID_ARGUMENT when that variable is not a size. */
+clpar_status clpar_allocator_set_limits(clpar_device **devs, int count);
 
 /* ---- tensors (src/tensor.c) ---- */
 

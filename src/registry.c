@@ -48,7 +48,7 @@ static void destroy_devices(void) {
     clpar_allocator_destroy(d);
     clpar_staging_destroy(d);
     clpar_worker_stop(d);
-    d->bd.iface->destroy(d->bd.ctx);
+    clpar_dev_destroy(d);
     pthread_mutex_destroy(&d->staging_lock);
     pthread_mutex_destroy(&d->alloc_lock);
     free(d);
@@ -104,6 +104,7 @@ static void probe_backend(const char *name, clpar_backend_probe_fn probe) {
       snprintf(d->bd.info.id, sizeof d->bd.info.id, "host");
     else
       snprintf(d->bd.info.id, sizeof d->bd.info.id, "%s:%d", name, i);
+    clpar_compose_init(d);
     all_devices[all_count++] = d;
     clpar_log(CLPAR_LOG_INFO, "found %s: %s (%s)", d->bd.info.id, d->bd.info.name,
               d->bd.info.vendor);
@@ -211,6 +212,7 @@ static clpar_status init_locked(void) {
     s = select_from_env(spec);
   else
     select_default();
+  if (s == CLPAR_OK) s = clpar_allocator_set_limits(all_devices, all_count);
   for (int i = 0; i < all_count; i++) all_devices[i]->index = -1;
   for (int i = 0; i < selected_count; i++) selected[i]->index = i;
   for (int i = 0; s == CLPAR_OK && i < all_count; i++) s = clpar_worker_start(all_devices[i]);
@@ -338,5 +340,6 @@ clpar_status clpar_device_counters_get(const clpar_device *dev, clpar_device_cou
   out->transfers_out = __atomic_load_n(&dev->transfers_out, __ATOMIC_RELAXED);
   out->bytes_in = __atomic_load_n(&dev->bytes_in, __ATOMIC_RELAXED);
   out->bytes_out = __atomic_load_n(&dev->bytes_out, __ATOMIC_RELAXED);
+  out->backend_waits = __atomic_load_n(&dev->backend_waits, __ATOMIC_RELAXED);
   return CLPAR_OK;
 }

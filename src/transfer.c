@@ -6,9 +6,11 @@
  * blocks taking turns: the source's worker reads chunk i into one block while the
  * destination's worker writes chunk i-1 from the other, each after waiting for the event
  * the other recorded. Copies into the host device's memory skip staging: the source reads
- * straight into it. Staging blocks are kept per device and reused; only the first transfers
- * of a size allocate (one wait for the worker each); transfers of up to 16 KiB use plain host
- * memory instead, and never wait. */
+ * straight into it. Two devices of one backend whose driver copies between them directly (CUDA
+ * peer copies: the backend's peer_access and copy_peer) skip staging too: the source's queue
+ * copies into the destination's buffer. Staging blocks are kept per device and reused; only the
+ * first transfers of a size allocate (one wait for the worker each); transfers of up to 16 KiB use
+ * plain host memory instead, and never wait. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,6 +166,35 @@ static clpar_status to_host(clpar_device *host, clpar_storage *dst_st, size_t ds
   return s;
 }
 
+/* Whether src's backend copies straight into dst's memory (both of one backend). */
+static int peer_ok(clpar_device *dst, clpar_device *src) {
+  const clpar_backend_iface *f = src->bd.iface;
+  if (f != dst->bd.iface || !f->peer_access || !f->copy_peer ||
+      (__atomic_load_n(&src->composed, __ATOMIC_RELAXED) >> CLPAR_ENTRY_copy_peer) & 1)
+    return 0;
+  int yes = 0;
+  if (clpar_dev_peer_access(src, dst->bd.ctx, &yes) != CLPAR_OK) {
+    clpar_log(CLPAR_LOG_WARN, "%s", clpar_last_error()); /* staging works regardless */
+    return 0;
+  }
+  return yes;
+}
+
+/* The source's queue copies into dst's buffer once dst's earlier work is done; dst's later
+ * work waits for the copy, and the buffer is busy (for dst's cache) until it completes. */
+static clpar_status peer_copy(clpar_device *dst, clpar_storage *dst_st, size_t dst_off,
+                              clpar_device *src, const void *src_buf, size_t src_off,
+                              size_t bytes) {
+  clpar_status s = order_after(src, dst, NULL);
+  if (s == CLPAR_OK)
+    s = clpar_dev_copy_peer(src, dst->bd.ctx, dst_st->buf, dst_off, src_buf, src_off, bytes);
+  clpar_event *done = NULL;
+  if (s == CLPAR_OK) s = order_after(dst, src, &done);
+  if (s == CLPAR_OK) s = mark_busy(dst_st, done);
+  clpar_event_release(done);
+  return s;
+}
+
 /* Two staging blocks of src's pool take turns; chunk i + 2 reuses chunk i's block once the
  * destination has written it. */
 static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst_off,
@@ -211,6 +242,8 @@ clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t
   count(dst_dev, src_dev, bytes);
   if (dst_dev == clpar_device_host())
     return to_host(dst_dev, dst_st, dst_off, src_dev, src_st->buf, src_off, bytes);
+  if (peer_ok(dst_dev, src_dev))
+    return peer_copy(dst_dev, dst_st, dst_off, src_dev, src_st->buf, src_off, bytes);
   return through_staging(dst_dev, dst_st->buf, dst_off, src_dev, src_st->buf, src_off, bytes);
 }
 

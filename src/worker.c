@@ -74,6 +74,15 @@ struct clpar_worker {
 };
 
 static _Thread_local const clpar_device *current_device; /* the worker's own device */
+/* The device whose backend entry this thread is running (the worker: always its own). */
+static _Thread_local clpar_device *entry_device;
+
+void clpar_backend_waited(void) {
+  clpar_device *dev = entry_device;
+  if (!dev) return;
+  __atomic_add_fetch(&dev->host_waits, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&dev->backend_waits, 1, __ATOMIC_RELAXED);
+}
 
 int clpar_worker_is_current(const clpar_device *dev) {
   return current_device == dev;
@@ -144,6 +153,7 @@ static clpar_status run_command(clpar_device *dev, command *c) {
 static void *worker_main(void *arg) {
   clpar_worker *w = arg;
   current_device = w->dev;
+  entry_device = w->dev;
   clpar_set_grad_enabled(0);
   pthread_mutex_lock(&w->lock);
   for (;;) {
@@ -261,19 +271,43 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
 
 /* ---- the dispatch, generated ---- */
 
-#define DISPATCH_(name, kind, required) DISPATCH_##kind(name)
+/* Every backend entry the core calls goes through these: QUEUE entries are posted to the
+ * device's worker (run_entry calls them there, with entry_device set for the thread's
+ * life), DIRECT entries are called here with entry_device set, so that a backend's
+ * clpar_backend_waited is counted on the right device. An optional QUEUE entry whose bit is
+ * set in dev->composed is composed from primitives instead (src/compose.c). */
+#define DISPATCH_(name, kind, required) DISPATCH_##kind##_##required(name)
+#define DISPATCH_DIRECT_0(name) DISPATCH_DIRECT(name)
+#define DISPATCH_DIRECT_1(name) DISPATCH_DIRECT(name)
 
 #define DISPATCH_DIRECT(name)                                                               \
   clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {  \
     if (!dev->bd.iface->name)                                                               \
       return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: the %s backend has no " #name,   \
                              dev->bd.info.id, dev->bd.info.backend);                        \
+    clpar_device *outer_ = entry_device;                                                    \
+    entry_device = dev;                                                                     \
     clpar_status s = dev->bd.iface->name(dev->bd.ctx CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_)); \
+    entry_device = outer_;                                                                  \
     return s == CLPAR_OK ? s : clpar_device_fail(dev, s);                                   \
   }
 #define CLPAR_BE_NAME_(type, field) , field
 
-#define DISPATCH_QUEUE(name)                                                                      \
+/* Composed when the device lacks the entry or a test forced it; the _sync form then waits
+ * for the composition's last primitive. */
+#define DISPATCH_QUEUE_1(name) DISPATCH_QUEUE(name, 0, 0)
+#define DISPATCH_QUEUE_0(name)                               \
+  DISPATCH_QUEUE(name, compose_now(dev, CLPAR_ENTRY_##name), \
+                 clpar_compose_##name(dev CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_)))
+
+/* Whether entry is composed on dev (counted in dev->composed_calls when it is). */
+static int compose_now(clpar_device *dev, int entry) {
+  if (!((__atomic_load_n(&dev->composed, __ATOMIC_RELAXED) >> entry) & 1)) return 0;
+  __atomic_add_fetch(&dev->composed_calls, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+
+#define DISPATCH_QUEUE(name, composed, compose)                                                   \
   static void pack_##name(command *cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {                  \
     cmd_->op = OP_##name;                                                                         \
     cmd_->result = NULL;                                                                          \
@@ -282,11 +316,16 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
     CLPAR_BE_ARGS_##name(CLPAR_BE_STORE_)                                                         \
   }                                                                                               \
   clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {        \
+    if (composed) return (compose);                                                               \
     command cmd_;                                                                                 \
     pack_##name(&cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_));                                      \
     return post_async(dev, &cmd_);                                                                \
   }                                                                                               \
   clpar_status clpar_dev_##name##_sync(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) { \
+    if (composed) {                                                                               \
+      clpar_status s_ = (compose);                                                                \
+      return s_ == CLPAR_OK ? clpar_worker_drain(dev) : s_;                                       \
+    }                                                                                             \
     command cmd_;                                                                                 \
     pack_##name(&cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_NAME_));                                      \
     return post_sync(dev, &cmd_);                                                                 \

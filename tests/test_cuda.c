@@ -838,6 +838,64 @@ static void test_abi4_entries(void **state) {
   }
 }
 
+/* release synchronizes the stream before cudaFree: each one is a backend wait the dispatch
+ * counts (one per buffer given back to the driver). */
+static void test_release_wait_counted(void **state) {
+  (void)state;
+  NEED_CUDA();
+  for (int d = 0; d < cuda_count; d++) {
+    clpar_device *dev = cuda_devs[d];
+    int64_t shape[] = {1000};
+    clpar_tensor *t;
+    tu_ok(clpar_tensor_zeros(dev, 1, shape, &t));
+    clpar_tensor_free(t); /* into the cache */
+    clpar_device_counters before, after;
+    clpar_memory_stats mb, ma;
+    tu_ok(clpar_device_counters_get(dev, &before));
+    tu_ok(clpar_device_memory_stats(dev, &mb));
+    tu_ok(clpar_device_empty_cache(dev));
+    tu_ok(clpar_device_counters_get(dev, &after));
+    tu_ok(clpar_device_memory_stats(dev, &ma));
+    assert_true(ma.driver_frees > mb.driver_frees);
+    assert_int_equal(after.backend_waits - before.backend_waits, ma.driver_frees - mb.driver_frees);
+  }
+}
+
+/* Between two CUDA devices a transfer is a peer copy where the runtime allows it (else
+ * staged); either way the values arrive exactly, both ways, and the caller does not wait. */
+static void test_copy_between_cuda_devices(void **state) {
+  (void)state;
+  NEED_CUDA();
+  if (cuda_count < 2) skip();
+  enum { N = 1 << 20 };
+  int64_t shape[] = {N};
+  float *x = tu_rand(N, 97), *back = malloc(N * sizeof *back);
+  assert_non_null(back);
+  for (int dir = 0; dir < 2; dir++) {
+    clpar_device *a = cuda_devs[dir], *b = cuda_devs[1 - dir];
+    int peer = 0;
+    tu_ok(clpar_dev_peer_access(a, b->bd.ctx, &peer));
+    fprintf(stderr, "test_cuda: %s -> %s: %s\n", clpar_device_id(a), clpar_device_id(b),
+            peer ? "peer copy" : "through host staging");
+    clpar_tensor *ta, *tb;
+    tu_ok(clpar_tensor_from_host(a, 1, shape, x, &ta));
+    tu_ok(clpar_device_synchronize(a));
+    tu_ok(clpar_tensor_to(ta, b, &tb)); /* warm: staging memory, peer access set up */
+    clpar_tensor_free(tb);
+    tu_ok(clpar_device_synchronize(a));
+    tu_ok(clpar_device_synchronize(b));
+    uint64_t wa = clpar_device_host_waits(a), wb = clpar_device_host_waits(b);
+    tu_ok(clpar_tensor_to(ta, b, &tb));
+    assert_true(clpar_device_host_waits(a) == wa && clpar_device_host_waits(b) == wb);
+    tu_ok(clpar_tensor_read(tb, back, N));
+    assert_memory_equal(back, x, N * sizeof *x);
+    clpar_tensor_free(tb);
+    clpar_tensor_free(ta);
+  }
+  free(back);
+  free(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_enumeration),
@@ -862,6 +920,8 @@ int main(void) {
       cmocka_unit_test(test_profiling_entries),
       cmocka_unit_test(test_sum_rows_narrow),
       cmocka_unit_test(test_abi4_entries),
+      cmocka_unit_test(test_release_wait_counted),
+      cmocka_unit_test(test_copy_between_cuda_devices),
   };
   return cmocka_run_group_tests(tests, group_setup, tu_teardown);
 }

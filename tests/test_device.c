@@ -139,11 +139,40 @@ static void test_long_unknown_entry(void **state) {
   free(spec);
 }
 
+/* CLPAR_DEVICE_MEMORY_LIMIT is checked: anything but a positive size makes clpar_init fail
+ * and leaves nothing behind; a valid one caps every device's allocator. */
+static void test_memory_limit_env(void **state) {
+  (void)state;
+  static const char *bad[] = {
+      "abc", "0", "12X", "1.5G", "-1", "64MB", "99999999999999999999", "17179869184G"};
+  setenv("CLPAR_DEVICES", "host", 1);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("CLPAR_DEVICE_MEMORY_LIMIT", bad[i], 1);
+    assert_int_equal(clpar_init(), CLPAR_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(clpar_last_error(), "CLPAR_DEVICE_MEMORY_LIMIT"));
+    assert_int_equal(clpar_device_count(), 0);
+  }
+  setenv("CLPAR_DEVICE_MEMORY_LIMIT", "4m", 1); /* 4 MiB */
+  tu_ok(clpar_init());
+  clpar_tensor *t = NULL;
+  int64_t fits = (3 << 20) / 4, too_big = (5 << 20) / 4;
+  tu_ok(clpar_tensor_zeros(clpar_device_get(0), 1, &fits, &t));
+  clpar_tensor_free(t);
+  t = NULL;
+  assert_int_equal(clpar_tensor_zeros(clpar_device_get(0), 1, &too_big, &t),
+                   CLPAR_ERROR_OUT_OF_MEMORY);
+  assert_null(t);
+  assert_non_null(strstr(clpar_last_error(), "CLPAR_DEVICE_MEMORY_LIMIT"));
+  clpar_shutdown();
+  unsetenv("CLPAR_DEVICE_MEMORY_LIMIT");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_before_init),    cmocka_unit_test(test_default_list),
-      cmocka_unit_test(test_select_host),    cmocka_unit_test(test_select_and_order_opencl),
-      cmocka_unit_test(test_unknown_device), cmocka_unit_test(test_long_unknown_entry),
+      cmocka_unit_test(test_before_init),      cmocka_unit_test(test_default_list),
+      cmocka_unit_test(test_select_host),      cmocka_unit_test(test_select_and_order_opencl),
+      cmocka_unit_test(test_unknown_device),   cmocka_unit_test(test_long_unknown_entry),
+      cmocka_unit_test(test_memory_limit_env),
   };
   return cmocka_run_group_tests(tests, save_env, restore_env);
 }

@@ -24,6 +24,7 @@
 
 #include "test_util.h"
 #include "internal.h"
+#include "ocl_test_util.h"
 #include "opencl/ocl_internal.h"
 
 #define OTHER_UID 65534 /* nobody */
@@ -343,28 +344,6 @@ static void cache_file(clpar_ocl_device *d, const char *src, char *path, size_t 
   tu_ok(clpar_ocl_cache_file(d, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, path, size));
 }
 
-/* Runs twice_plus on 16 values and checks that it computed mul * x + add. */
-static void check_runs(clpar_ocl_device *d, cl_program prog, float mul, float add) {
-  enum { N = 16 };
-  float host[N], back[N];
-  for (int i = 0; i < N; i++) host[i] = (float)i - 5.0f;
-  cl_int err;
-  cl_kernel k = clCreateKernel(prog, "twice_plus", &err);
-  assert_int_equal(err, CL_SUCCESS);
-  cl_mem m =
-      clCreateBuffer(d->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof host, host, &err);
-  assert_int_equal(err, CL_SUCCESS);
-  size_t global = N;
-  assert_int_equal(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
-  assert_int_equal(clEnqueueNDRangeKernel(d->queue, k, 1, NULL, &global, NULL, 0, NULL, NULL),
-                   CL_SUCCESS);
-  assert_int_equal(clEnqueueReadBuffer(d->queue, m, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL),
-                   CL_SUCCESS);
-  for (int i = 0; i < N; i++) assert_float_equal(back[i], mul * host[i] + add, 0);
-  clReleaseMemObject(m);
-  clReleaseKernel(k);
-}
-
 /* An entry made as an attacker would: the genuine header of the victim's key with the size,
  * checksum and binary of another program (x*5+7 instead of x*3-1). Every check but trust
  * passes; the first half of the test shows it, by running it from a trusted directory. */
@@ -389,7 +368,8 @@ static void test_planted_entry_not_loaded(void **state) {
 
   clpar_ocl_program_cache_clear(d);
   clpar_ocl_program_stats s0 = stats();
-  check_runs(d, get(d, "victim", victim), 5.0f, 7.0f); /* trusted directory: the entry runs */
+  tu_ocl_check_twice_plus(d, get(d, "victim", victim), 5.0f,
+                          7.0f); /* trusted directory: the entry runs */
   assert_int_equal(stats().disk_loads, s0.disk_loads + 1);
 
   assert_int_equal(chmod(dir, 0770), 0); /* now anyone in the group could have planted it */
@@ -401,7 +381,7 @@ static void test_planted_entry_not_loaded(void **state) {
   (void)get(d, "spare", spare);
   capture_stop();
   clpar_ocl_program_stats s2 = stats();
-  check_runs(d, p, 3.0f, -1.0f); /* compiled from source, not the planted binary */
+  tu_ocl_check_twice_plus(d, p, 3.0f, -1.0f); /* compiled from source, not the planted binary */
   assert_int_equal(s2.disk_loads, s1.disk_loads);
   assert_int_equal(s2.source_builds, s1.source_builds + 2);
   assert_int_equal(warnings, 1); /* once, not per program */
@@ -433,7 +413,7 @@ static void test_fifo_at_entry_path(void **state) {
   cl_program p = get(d, "fifo", src);
   alarm(0);
   capture_stop();
-  check_runs(d, p, 4.0f, 1.0f);
+  tu_ocl_check_twice_plus(d, p, 4.0f, 1.0f);
   clpar_ocl_program_stats s1 = stats();
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
   assert_int_equal(s1.disk_rejects, s0.disk_rejects + 1);
@@ -443,7 +423,7 @@ static void test_fifo_at_entry_path(void **state) {
   assert_int_equal(lstat(path, &st), 0);
   assert_true(S_ISREG(st.st_mode));
   clpar_ocl_program_cache_clear(d);
-  check_runs(d, get(d, "fifo", src), 4.0f, 1.0f);
+  tu_ocl_check_twice_plus(d, get(d, "fifo", src), 4.0f, 1.0f);
   assert_int_equal(stats().disk_loads, s1.disk_loads + 1);
 }
 
@@ -469,7 +449,7 @@ static void test_symlink_at_entry_path(void **state) {
   cl_program p = get(d, "symlink", src);
   capture_stop();
   clpar_ocl_program_stats s1 = stats();
-  check_runs(d, p, 6.0f, 0.0f);
+  tu_ocl_check_twice_plus(d, p, 6.0f, 0.0f);
   assert_int_equal(s1.disk_loads, s0.disk_loads); /* not followed */
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
   assert_int_equal(s1.disk_rejects, s0.disk_rejects + 1);
@@ -504,7 +484,7 @@ static void test_other_users_entry_not_loaded(void **state) {
   capture_start();
   cl_program p = get(d, "chowned", src);
   capture_stop();
-  check_runs(d, p, 1.0f, 9.0f);
+  tu_ocl_check_twice_plus(d, p, 1.0f, 9.0f);
   assert_int_equal(stats().disk_loads, s0.disk_loads);
   assert_non_null(strstr(last_warning, "owned by uid 65534"));
 }
@@ -521,7 +501,7 @@ static void test_cache_path_is_regular_file(void **state) {
   capture_start();
   cl_program p = get(d, "regular_file", src); /* still works, compiled */
   capture_stop();
-  check_runs(d, p, 2.0f, 3.0f);
+  tu_ocl_check_twice_plus(d, p, 2.0f, 3.0f);
   assert_int_equal(stats().source_builds, s0.source_builds + 1);
   assert_int_equal(warnings, 1);
   assert_non_null(strstr(last_warning, "is a regular file, not a directory"));

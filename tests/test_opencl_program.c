@@ -15,6 +15,7 @@
 
 #include "test_util.h"
 #include "internal.h"
+#include "ocl_test_util.h"
 #include "opencl/ocl_internal.h"
 
 static char cache_dir[256];
@@ -77,28 +78,6 @@ static void make_source(char *buf, size_t size, const char *tag, float mul, floa
            tag, mul, add);
 }
 
-/* Runs twice_plus of prog on 64 values and checks them. */
-static void check_runs(clpar_ocl_device *d, cl_program prog, float mul, float add) {
-  enum { N = 64 };
-  float host[N], back[N];
-  for (int i = 0; i < N; i++) host[i] = (float)i - 20.0f;
-  cl_int err;
-  cl_kernel k = clCreateKernel(prog, "twice_plus", &err);
-  assert_int_equal(err, CL_SUCCESS);
-  cl_mem m =
-      clCreateBuffer(d->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof host, host, &err);
-  assert_int_equal(err, CL_SUCCESS);
-  size_t global = N;
-  assert_int_equal(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
-  assert_int_equal(clEnqueueNDRangeKernel(d->queue, k, 1, NULL, &global, NULL, 0, NULL, NULL),
-                   CL_SUCCESS);
-  assert_int_equal(clEnqueueReadBuffer(d->queue, m, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL),
-                   CL_SUCCESS);
-  for (int i = 0; i < N; i++) assert_float_equal(back[i], mul * host[i] + add, 0);
-  clReleaseMemObject(m);
-  clReleaseKernel(k);
-}
-
 static cl_program get(clpar_ocl_device *d, const char *name, const char *src) {
   cl_program p = NULL;
   tu_ok(clpar_ocl_program_get(d, name, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, &p));
@@ -146,7 +125,7 @@ static void test_memory_then_disk(void **state) {
   clpar_ocl_program_stats s3 = stats();
   assert_int_equal(s3.disk_loads, s2.disk_loads + 1);
   assert_int_equal(s3.source_builds, s2.source_builds);
-  check_runs(d, p3, 2.0f, 1.0f);
+  tu_ocl_check_twice_plus(d, p3, 2.0f, 1.0f);
 }
 
 typedef enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, STALE } damage;
@@ -193,14 +172,14 @@ static void check_rebuilt(damage how, const char *tag) {
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
   assert_int_equal(s1.disk_rejects, s0.disk_rejects + 1);
   assert_int_equal(s1.disk_loads, s0.disk_loads);
-  check_runs(d, p, 3.0f, -1.0f);
+  tu_ocl_check_twice_plus(d, p, 3.0f, -1.0f);
 
   clpar_ocl_program_cache_clear(d); /* the rewritten entry is good again */
   p = get(d, tag, src);
   clpar_ocl_program_stats s2 = stats();
   assert_int_equal(s2.disk_loads, s1.disk_loads + 1);
   assert_int_equal(s2.source_builds, s1.source_builds);
-  check_runs(d, p, 3.0f, -1.0f);
+  tu_ocl_check_twice_plus(d, p, 3.0f, -1.0f);
 }
 
 static void test_corrupt_payload_rebuilt(void **state) {
@@ -244,7 +223,7 @@ static void test_unusable_cache_dir(void **state) {
   setenv("CLPAR_CACHE_DIR", cache_dir, 1);
   assert_int_equal(stats().source_builds, s0.source_builds + 1);
   assert_true(warnings >= 1);
-  check_runs(d, p, 1.0f, 2.0f);
+  tu_ocl_check_twice_plus(d, p, 1.0f, 2.0f);
 }
 
 /* ---- error names, device info, allocation failures ---- */
@@ -305,7 +284,8 @@ static backend need_backend(void) {
   }
 
 /* A buffer of n floats (plus a guard) holding host. */
-static void *upload(backend b, const float *host, size_t n) {
+/* n 4-byte elements (floats, or nll's int32 labels) */
+static void *upload(backend b, const void *host, size_t n) {
   void *buf = NULL;
   tu_ok(clpar_dev_alloc(b.ctx, (n + 8) * sizeof(float), &buf));
   tu_ok(clpar_upload(b.ctx, buf, 0, host, n * sizeof(float)));
@@ -464,7 +444,7 @@ typedef struct {
   size_t n;
 } pair;
 
-static pair pair_new(both *b, const float *data, size_t n) {
+static pair pair_new(both *b, const void *data, size_t n) {
   pair p = {upload(b->o, data, n), upload(b->h, data, n), n};
   return p;
 }
@@ -550,8 +530,8 @@ static void test_softmax_and_nll(void **state) {
       pair_free(&b, a);
       pair_free(&b, g);
     }
-    float *lab = malloc(rows * sizeof *lab);
-    for (size_t r = 0; r < rows; r++) lab[r] = (float)((r * 7 + 3) % cols);
+    int32_t *lab = malloc(rows * sizeof *lab); /* nll reads int32 labels */
+    for (size_t r = 0; r < rows; r++) lab[r] = (int32_t)((r * 7 + 3) % cols);
     pair labels = pair_new(&b, lab, rows), a = pair_rand(&b, n + 1, 60, -3, 3);
     pair loss = pair_rand(&b, rows, 61, 0, 1), g = pair_rand(&b, rows, 62, -1, 1);
     pair dx = pair_rand(&b, n + 4, 63, 0, 1);

@@ -29,6 +29,18 @@ clpar_device *tu_host(void) {
   return d;
 }
 
+clpar_device *tu_non_host(void) {
+  for (int d = 0; d < clpar_device_count(); d++)
+    if (clpar_device_get(d) != tu_host()) return clpar_device_get(d);
+  return NULL;
+}
+
+clpar_device *tu_second(const clpar_device *first) {
+  for (int d = 0; d < clpar_device_count(); d++)
+    if (clpar_device_get(d) != first) return clpar_device_get(d);
+  return first != tu_host() ? tu_host() : NULL;
+}
+
 float *tu_rand(size_t n, uint64_t seed) {
   float *p = malloc(n * sizeof *p);
   assert_non_null(p);

@@ -19,6 +19,15 @@ int tu_teardown(void **state);
 /* The host backend device, always available as the reference even when not selected. */
 clpar_device *tu_host(void);
 
+/* The first selected device that is not the host (the one to compare with the host
+ * reference), or NULL when the host is the only one selected. */
+clpar_device *tu_non_host(void);
+
+/* A second device for a test that crosses devices: the first selected device other than
+ * first, else the host when first is not the host (so one PoCL device still crosses), else
+ * NULL (only the host is selected: there is nothing to cross). */
+clpar_device *tu_second(const clpar_device *first);
+
 /* n floats uniform in [-1, 1) from seed, malloc'ed (never NULL). */
 float *tu_rand(size_t n, uint64_t seed);
 

@@ -1,4 +1,4 @@
-/* cuda_backend.c — clpar's CUDA backend (backend ABI 4): the CUDA runtime for memory, streams
+/* cuda_backend.c — clpar's CUDA backend (backend ABI 5): the CUDA runtime for memory, streams
  * and events, cuBLAS for GEMM, and clpar's own kernels (kernels/cuda/) for the element-wise
  * ops, the row-wise ones (softmax, the loss) and the optimizer updates.
  *
@@ -10,12 +10,14 @@
  * first. GEMMs still take a per-device lock (a cuBLAS handle is not meant to be used by two
  * threads at once), which costs nothing when only the worker enqueues.
  *
- * No entry waits for the device but finish, profile_read, destroy and the two that free
- * device memory other work may still use (release, and sum_rows when its scratch grows):
- * write and read are cudaMemcpyAsync on the stream, and the core keeps their host memory
- * alive until an event recorded after them has completed. Events are CUDA events without
- * timing, recorded on the stream; event_then waits for one on a second stream of the device
- * (then_stream) and calls back from the runtime's callback thread.
+ * No entry waits for the device but finish, profile_read, destroy, host_free (cudaFreeHost
+ * synchronizes the device) and the two that free device memory other work may still use
+ * (release, and sum_rows when its scratch grows); each reports its wait to the core
+ * (clpar_backend_waited), which counts it in clpar_device_host_waits. write and read are
+ * cudaMemcpyAsync on the stream, and the core keeps their host memory alive until an event recorded
+ * after them has completed. Events are CUDA events without timing, recorded on the stream;
+ * event_then waits for one on a second stream of the device (then_stream) and calls back from the
+ * runtime's callback thread.
  *
  * Profiling brackets each op with a pair of CUDA events recorded on the stream, so the time
  * between them is the device's time for that op. Events are made only while profiling is
@@ -23,6 +25,10 @@
  * enqueued the start event happens at once, so the pair then also counts the host's few
  * microseconds between the two records (the launch itself); on a busy stream it happens
  * when the work before it ends.
+ *
+ * Copies to another CUDA device (copy_peer) are cudaMemcpyPeerAsync on the source's stream,
+ * after peer_access has checked cudaDeviceCanAccessPeer and enabled the access. Like the rest
+ * of this module, that has been compiled but never run: no GPU was available.
  *
  * A machine without a GPU or without the driver probes to no device, which is not an error:
  * the module is compiled and linked everywhere and runs where a GPU is. */
@@ -68,6 +74,10 @@ typedef struct cuda_dev {
   size_t n_pairs, cap_pairs;
   double prof_seconds;
   uint64_t prof_ops;
+  /* peer_access's answers by the peer's ordinal: 0 not asked yet, 1 yes (access enabled),
+   * -1 no; guarded by peer_lock. */
+  pthread_mutex_t peer_lock;
+  signed char peer_ok[64];
 } cuda_dev;
 
 /* ---- errors ---- */
@@ -127,6 +137,11 @@ static clpar_status use_device(const cuda_dev *d) {
 
 static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
+}
+
+/* nll's labels: int32 elements. */
+static const int32_t *at_i32(clpar_bref r) {
+  return (const int32_t *)r.buf + r.off;
 }
 
 /* ---- profiling ---- */
@@ -227,6 +242,7 @@ static clpar_status cuda_destroy(void *dev) {
   if (cudaSetDevice(d->ordinal) == cudaSuccess) {
     if (d->stream) (void)cudaStreamSynchronize(d->stream);
     if (d->then_stream) (void)cudaStreamSynchronize(d->then_stream);
+    clpar_backend_waited();
   }
   prof_discard(d);
   free(d->pairs);
@@ -239,6 +255,7 @@ static clpar_status cuda_destroy(void *dev) {
   pthread_mutex_destroy(&d->prof_lock);
   pthread_mutex_destroy(&d->scratch_lock);
   pthread_mutex_destroy(&d->blas_lock);
+  pthread_mutex_destroy(&d->peer_lock);
   free(d);
   return CLPAR_OK;
 }
@@ -266,8 +283,10 @@ static clpar_status cuda_release(void *dev, void *buf) {
   cuda_dev *d = dev;
   if (!buf) return CLPAR_OK;
   clpar_status s = use_device(d);
-  if (s == CLPAR_OK)
+  if (s == CLPAR_OK) {
     s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(release)");
+    clpar_backend_waited(); /* the sync and cudaFree's own: one wait */
+  }
   if (s == CLPAR_OK) s = cuda_check(cudaFree(buf), "cudaFree");
   return s;
 }
@@ -405,7 +424,9 @@ static clpar_status cuda_host_free(void *dev, void *handle) {
   if (!handle) return CLPAR_OK;
   clpar_status s = use_device(d);
   if (s != CLPAR_OK) return s;
-  return cuda_check(cudaFreeHost(handle), "cudaFreeHost");
+  s = cuda_check(cudaFreeHost(handle), "cudaFreeHost");
+  clpar_backend_waited(); /* cudaFreeHost synchronizes the device */
+  return s;
 }
 
 /* On the stream, after every op enqueued before it, and without waiting: the core keeps src
@@ -453,7 +474,9 @@ static clpar_status cuda_finish(void *dev) {
   cuda_dev *d = dev;
   clpar_status s = use_device(d);
   if (s != CLPAR_OK) return s;
-  return cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
+  s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
+  clpar_backend_waited();
+  return s;
 }
 
 /* ---- ops ---- */
@@ -504,6 +527,7 @@ static clpar_status scratch_reserve(cuda_dev *d, size_t floats) {
   clpar_status s = CLPAR_OK;
   if (d->scratch) {
     s = cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(sum_rows scratch)");
+    clpar_backend_waited();
     if (s == CLPAR_OK) s = cuda_check(cudaFree(d->scratch), "cudaFree(sum_rows scratch)");
     if (s != CLPAR_OK) return s; /* the old scratch is kept */
     d->scratch = NULL;
@@ -639,13 +663,25 @@ static clpar_status cuda_softmax_backward(void *dev, int log, size_t rows, size_
   return op_end(d, &prof, s);
 }
 
+static clpar_status cuda_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
+                              clpar_bref a, clpar_bref out) {
+  cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_pick(d->stream, scatter, rows, cols,
+                                   (const int32_t *)idx.buf + idx.off, at(a), at(out)),
+                   "pick kernel launch");
+  return op_end(d, &prof, s);
+}
+
 static clpar_status cuda_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                              clpar_bref out) {
   cuda_dev *d = dev;
   prof_pair prof;
   clpar_status s = op_begin(d, &prof);
   if (s == CLPAR_OK)
-    s = cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at(labels), at(out)),
+    s = cuda_check(clpar_cuda_nll(d->stream, rows, cols, at(a), at_i32(labels), at(out)),
                    "nll kernel launch");
   return op_end(d, &prof, s);
 }
@@ -661,7 +697,7 @@ static clpar_status cuda_nll_backward(void *dev, size_t rows, size_t cols, clpar
     s = cuda_check(cudaMemsetAsync(at(out), 0, rows * cols * sizeof(float), d->stream),
                    "cudaMemsetAsync(nll_backward)");
   if (s == CLPAR_OK)
-    s = cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at(labels), at(g), at(out)),
+    s = cuda_check(clpar_cuda_nll_backward(d->stream, rows, cols, at_i32(labels), at(g), at(out)),
                    "nll_backward kernel launch");
   return op_end(d, &prof, s);
 }
@@ -718,6 +754,56 @@ static clpar_status cuda_profile_read(void *dev, double *seconds, uint64_t *ops)
   return s;
 }
 
+/* ---- peers ---- */
+
+/* Copies issued by d into peer's memory go straight between the GPUs when the runtime says
+ * d can access peer (then enabled once); otherwise the core stages them through host memory.
+ * Two clpar devices are never one CUDA device. */
+static clpar_status cuda_peer_access(void *dev, void *peer, int *yes) {
+  cuda_dev *d = dev;
+  const cuda_dev *p = peer;
+  *yes = 0;
+  if (p->ordinal == d->ordinal || p->ordinal < 0 || p->ordinal >= (int)sizeof d->peer_ok)
+    return CLPAR_OK;
+  pthread_mutex_lock(&d->peer_lock);
+  signed char known = d->peer_ok[p->ordinal];
+  clpar_status s = CLPAR_OK;
+  if (!known) {
+    int can = 0;
+    s = cuda_check(cudaDeviceCanAccessPeer(&can, d->ordinal, p->ordinal),
+                   "cudaDeviceCanAccessPeer");
+    if (s == CLPAR_OK && can) s = use_device(d);
+    if (s == CLPAR_OK && can) {
+      cudaError_t e = cudaDeviceEnablePeerAccess(p->ordinal, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) { /* by other code in the process */
+        (void)cudaGetLastError();
+        e = cudaSuccess;
+      }
+      s = cuda_check(e, "cudaDeviceEnablePeerAccess");
+    }
+    if (s == CLPAR_OK) known = can ? 1 : -1;
+    if (s == CLPAR_OK) d->peer_ok[p->ordinal] = known;
+  }
+  pthread_mutex_unlock(&d->peer_lock);
+  *yes = known == 1;
+  return s;
+}
+
+/* On d's (the source's) stream, after every op enqueued before it. */
+static clpar_status cuda_copy_peer(void *dev, void *peer, void *dst, size_t dst_off_bytes,
+                                   const void *src, size_t src_off_bytes, size_t bytes) {
+  cuda_dev *d = dev;
+  const cuda_dev *p = peer;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(
+        cudaMemcpyPeerAsync((char *)dst + dst_off_bytes, p->ordinal,
+                            (const char *)src + src_off_bytes, d->ordinal, bytes, d->stream),
+        "cudaMemcpyPeerAsync");
+  return op_end(d, &prof, s);
+}
+
 /* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL). */
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
@@ -740,6 +826,7 @@ static clpar_status cuda_dev_create(int ordinal, cuda_dev **out) {
   pthread_mutex_init(&d->blas_lock, NULL);
   pthread_mutex_init(&d->scratch_lock, NULL);
   pthread_mutex_init(&d->prof_lock, NULL);
+  pthread_mutex_init(&d->peer_lock, NULL);
   atomic_init(&d->profiling, 0);
   clpar_status s = use_device(d);
   if (s == CLPAR_OK)

@@ -20,6 +20,10 @@
 extern "C" {
 #endif
 
+/* gather: out[r] = a[r * cols + idx[r]]; scatter: out[r * cols + idx[r]] = a[r]; r < rows
+ * (kernels/cuda/index.cu) */
+cudaError_t clpar_cuda_pick(cudaStream_t stream, int scatter, size_t rows, size_t cols,
+                            const int32_t *idx, const float *a, float *out);
 /* out[i] = value, i < n (kernels/cuda/fill.cu) */
 cudaError_t clpar_cuda_fill(cudaStream_t stream, float *out, size_t n, float value);
 
@@ -69,11 +73,11 @@ cudaError_t clpar_cuda_softmax_backward(cudaStream_t stream, int log, size_t row
 
 /* out[r] = -a[r, labels[r]] (kernels/cuda/softmax.cu) */
 cudaError_t clpar_cuda_nll(cudaStream_t stream, size_t rows, size_t cols, const float *a,
-                           const float *labels, float *out);
+                           const int32_t *labels, float *out);
 /* out[r, labels[r]] = -g[r] and nothing else: the caller zeroes out first
  * (kernels/cuda/softmax.cu). */
 cudaError_t clpar_cuda_nll_backward(cudaStream_t stream, size_t rows, size_t cols,
-                                    const float *labels, const float *g, float *out);
+                                    const int32_t *labels, const float *g, float *out);
 
 /* In place, n elements; buf is not touched when args->momentum == 0 (kernels/cuda/optim.cu).
  * args is read before the launcher returns (the kernel gets a copy). */

@@ -75,6 +75,9 @@ static clpar_status host_event_free(void *dev, void *ev) {
 #define host_supports_op NULL
 #define host_profile NULL
 #define host_profile_read NULL
+/* One host device: no peers. */
+#define host_peer_access NULL
+#define host_copy_peer NULL
 #define host_tune_gemm NULL
 
 static clpar_status host_host_alloc(void *dev, size_t bytes, void **handle, void **ptr) {
@@ -108,7 +111,7 @@ static clpar_status host_copy(void *dev, void *dst, size_t dst_off, const void *
 
 static clpar_status host_finish(void *dev) {
   (void)dev;
-  return CLPAR_OK;
+  return CLPAR_OK; /* every entry ran to its end on the worker: nothing to wait for */
 }
 
 static float *at(clpar_bref r) {
@@ -338,10 +341,27 @@ static clpar_status host_softmax_backward(void *dev, int take_log, size_t rows, 
   return CLPAR_OK;
 }
 
+static clpar_status host_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
+                              clpar_bref a, clpar_bref out) {
+  (void)dev;
+  const int32_t *pi = (const int32_t *)idx.buf + idx.off;
+  const float *pa = at(a);
+  float *po = at(out);
+  for (size_t r = 0; r < rows; r++) {
+    size_t k = r * cols + (size_t)pi[r];
+    if (scatter)
+      po[k] = pa[r];
+    else
+      po[r] = pa[k];
+  }
+  return CLPAR_OK;
+}
+
 static clpar_status host_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                              clpar_bref out) {
   (void)dev;
-  const float *pa = at(a), *pl = at(labels);
+  const float *pa = at(a);
+  const int32_t *pl = (const int32_t *)labels.buf + labels.off; /* int32 labels */
   float *po = at(out);
   for (size_t r = 0; r < rows; r++) po[r] = -pa[r * cols + (size_t)pl[r]];
   return CLPAR_OK;
@@ -350,7 +370,8 @@ static clpar_status host_nll(void *dev, size_t rows, size_t cols, clpar_bref a, 
 static clpar_status host_nll_backward(void *dev, size_t rows, size_t cols, clpar_bref labels,
                                       clpar_bref g, clpar_bref out) {
   (void)dev;
-  const float *pl = at(labels), *pg = at(g);
+  const int32_t *pl = (const int32_t *)labels.buf + labels.off; /* int32 labels */
+  const float *pg = at(g);
   float *po = at(out);
   for (size_t r = 0; r < rows; r++)
     for (size_t c = 0; c < cols; c++) po[r * cols + c] = c == (size_t)pl[r] ? -pg[r] : 0.0f;

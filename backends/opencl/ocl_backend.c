@@ -139,11 +139,19 @@ static void shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t globa
 
 /* ---- memory ---- */
 
+/* A driver may allocate a buffer's memory only when a command first uses it; an allocation
+ * failure then surfaces there, and PoCL 3.1 (CPU devices) does not report it at all: it
+ * aborts the process (pocl_util.c, pocl_create_migration_commands: Assertion
+ * `p->mem_ptr != NULL'). On a CPU device, CL_MEM_ALLOC_HOST_PTR makes PoCL allocate the host
+ * memory that is the device's memory in clCreateBuffer, which then reports a failure
+ * (CL_OUT_OF_HOST_MEMORY: CLPAR_ERROR_OUT_OF_MEMORY). Measured under ulimit -v: the same
+ * buffers fit either way (no second copy). On other devices the flag would mean host memory:
+ * there a failure on first use is an error of the op (CL_MEM_OBJECT_ALLOCATION_FAILURE or
+ * CL_OUT_OF_RESOURCES, also CLPAR_ERROR_OUT_OF_MEMORY), returned by the next call. */
 static clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
   clpar_ocl_device *d = dev;
   cl_int err;
-  cl_mem m =
-      clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes ? bytes : sizeof(float), NULL, &err);
+  cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes ? bytes : sizeof(float), NULL, &err);
   if (err != CL_SUCCESS) {
     clpar_status s = clpar_ocl_status(err);
     return clpar_set_error(s, "clCreateBuffer(%zu bytes): %s", bytes, clpar_ocl_error_name(err));
@@ -174,9 +182,11 @@ static clpar_status ocl_host_alloc(void *dev, size_t bytes, void **handle, void 
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl host_alloc: out of host memory");
   cl_int err;
   p->mem = clCreateBuffer(d->context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
-  if (err == CL_SUCCESS)
+  if (err == CL_SUCCESS) { /* a blocking map: the pointer is needed at once */
     p->ptr = clEnqueueMapBuffer(d->queue, p->mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0,
                                 NULL, NULL, &err);
+    clpar_backend_waited();
+  }
   if (err != CL_SUCCESS) {
     if (p->mem) clReleaseMemObject(p->mem);
     free(p);
@@ -253,6 +263,11 @@ static clpar_status ocl_event_free(void *dev, void *ev) {
 }
 
 #define ocl_supports_op NULL
+/* A buffer can be copied by another device's queue only within one context, and clpar gives
+ * each device a context of its own (clCreateContext per device, ocl_probe): there is no peer
+ * copy, and copies between OpenCL devices go through host staging (src/transfer.c). */
+#define ocl_peer_access NULL
+#define ocl_copy_peer NULL
 
 /* src stays valid until a later event completes (the core's promise): nothing is copied and
  * nothing waits. */
@@ -295,7 +310,7 @@ static clpar_status ocl_read(void *dev, const void *buf, size_t off_bytes, void 
 static clpar_status copy_overlapping(clpar_ocl_device *d, cl_mem m, size_t dst_off, size_t src_off,
                                      size_t bytes) {
   cl_int err;
-  cl_mem tmp = clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  cl_mem tmp = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
   if (err != CL_SUCCESS) return cl_fail(err, "clCreateBuffer", "copy");
   err = clEnqueueCopyBuffer(d->queue, m, tmp, src_off, 0, bytes, 0, NULL, NULL);
   if (err == CL_SUCCESS)
@@ -333,6 +348,7 @@ static clpar_status ocl_copy(void *dev, void *dst, size_t dst_off_bytes, const v
 static clpar_status ocl_finish_locked(void *dev) {
   clpar_ocl_device *d = dev;
   cl_int err = clFinish(d->queue);
+  clpar_backend_waited();
   return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clFinish", NULL);
 }
 
@@ -396,7 +412,7 @@ static clpar_status sum_pass(clpar_ocl_device *d, cl_mem a, cl_ulong a_off, size
 static clpar_status ensure_scratch(clpar_ocl_device *d, size_t bytes) {
   if (d->scratch_bytes >= bytes) return CLPAR_OK;
   cl_int err;
-  cl_mem m = clCreateBuffer(d->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
   if (err != CL_SUCCESS) return cl_fail(err, "clCreateBuffer", "sum_rows scratch");
   if (d->scratch) clReleaseMemObject(d->scratch);
   d->scratch = m;
@@ -527,6 +543,16 @@ static clpar_status ocl_softmax_backward(void *dev, int log, size_t rows, size_t
   return launch_rows(dev, "softmax_backward_f32", args, 9, rows, cols);
 }
 
+static clpar_status ocl_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
+                             clpar_bref a, clpar_bref out) {
+  cl_mem im = AS_MEM(idx.buf), am = AS_MEM(a.buf), om = AS_MEM(out.buf);
+  cl_ulong ioff = idx.off, aoff = a.off, ooff = out.off, r = rows, c = cols;
+  karg args[] = {KARG(im), KARG(ioff), KARG(am), KARG(aoff),
+                 KARG(om), KARG(ooff), KARG(r),  KARG(c)};
+  return launch_1d(dev, "index.cl", scatter ? "pick_scatter_f32" : "pick_gather_f32", args, 8,
+                   rows);
+}
+
 static clpar_status ocl_nll(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref labels,
                             clpar_bref out) {
   cl_mem am = AS_MEM(a.buf), lm = AS_MEM(labels.buf), om = AS_MEM(out.buf);
@@ -584,7 +610,8 @@ static int event_time(cl_event ev, cl_profiling_info what, cl_ulong *t) {
   return clGetEventProfilingInfo(ev, what, sizeof *t, t, NULL) == CL_SUCCESS;
 }
 
-/* Sums the device time of the kept spans (waiting for them) and releases their events. */
+/* Sums the device time of the kept spans (waiting for them: a wait the caller counts unless
+ * the queue was just finished) and releases their events. */
 static void profile_harvest(clpar_ocl_device *d) {
   for (size_t i = 0; i < d->n_spans; i++) {
     clpar_ocl_span *sp = &d->spans[i];
@@ -606,6 +633,7 @@ static void profile_harvest(clpar_ocl_device *d) {
 static clpar_status ocl_profile(void *dev, int enable) {
   clpar_ocl_device *d = dev;
   pthread_mutex_lock(&d->prof_lock);
+  if (d->n_spans) clpar_backend_waited(); /* profile_harvest waits for them */
   profile_harvest(d);
   d->prof_seconds = 0;
   d->prof_ops = 0;
@@ -630,7 +658,10 @@ static clpar_status ocl_profile_read(void *dev, double *seconds, uint64_t *ops) 
 static clpar_status ocl_destroy(void *dev) {
   clpar_ocl_device *d = dev;
   if (!d) return CLPAR_OK;
-  if (d->queue) clFinish(d->queue);
+  if (d->queue) {
+    clFinish(d->queue);
+    clpar_backend_waited();
+  }
   clpar_ocl_program_cache_clear(d);
   ocl_profile(d, 0);
   free(d->spans);
@@ -736,6 +767,9 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
     free(d);
     return NULL;
   }
+  cl_device_type type = 0;
+  clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+  d->buffer_flags = CL_MEM_READ_WRITE | ((type & CL_DEVICE_TYPE_CPU) ? CL_MEM_ALLOC_HOST_PTR : 0);
   pthread_mutex_init(&d->lock, NULL);
   pthread_mutex_init(&d->prog_lock, NULL);
   pthread_mutex_init(&d->prof_lock, NULL);

@@ -48,7 +48,8 @@ typedef struct clpar_ocl_device {
   clpar_ocl_program *programs;
   atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
   size_t max_wg_size;
-  cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
+  cl_mem_flags buffer_flags; /* tensors' buffers: see ocl_alloc */
+  cl_mem scratch;            /* partial sums of sum_rows, grown on demand; guarded by lock */
   /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
    * reading the profile sums their device times. Guarded by prof_lock. */
   pthread_mutex_t prof_lock;

@@ -96,9 +96,10 @@ typedef struct clpar_memory_stats {
 
 CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
 
-/* How often a thread of the program has blocked on the device: every read of a tensor back
- * to the host, every clpar_device_synchronize, and the library's own waits (the first
- * transfers of a size, which allocate pinned memory). A training step (forward, loss,
+/* How often a thread, the program's or the library's, has blocked on the device: every read
+ * of a tensor back to the host, every clpar_device_synchronize, the library's own waits (the
+ * first transfers of a size, which allocate pinned memory) and the waits inside the backend
+ * (counted apart in clpar_device_counters.backend_waits). A training step (forward, loss,
  * backward, optimizer step) adds none, on one device or with DataParallel over several. */
 CLPAR_API uint64_t clpar_device_host_waits(const clpar_device *dev);
 /* What the device's queue did besides computing, since clpar_init. */
@@ -108,6 +109,8 @@ typedef struct clpar_device_counters {
   uint64_t transfers_in;  /* copies from another device or from host memory */
   uint64_t transfers_out; /* copies to another device or to host memory */
   uint64_t bytes_in, bytes_out;
+  uint64_t backend_waits; /* of host_waits, the waits inside the backend (a clFinish, a blocking
+                           * map, a cudaStreamSynchronize before cudaFree, ...) */
 } clpar_device_counters;
 CLPAR_API clpar_status clpar_device_counters_get(const clpar_device *dev,
                                                  clpar_device_counters *out);

@@ -117,9 +117,9 @@ __global__ void softmax_backward_kernel(size_t rows, size_t cols, int take_log, 
   }
 }
 
-/* out[r] = -a[r, labels[r]]: one thread per row. Labels are class indices stored as floats,
- * checked by the core to lie in 0 .. cols-1. */
-__global__ void nll_kernel(size_t rows, size_t cols, const float *a, const float *labels,
+/* out[r] = -a[r, labels[r]]: one thread per row. Labels are int32 class indices, checked by
+ * the core to lie in 0 .. cols-1. */
+__global__ void nll_kernel(size_t rows, size_t cols, const float *a, const int32_t *labels,
                            float *out) {
   size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride)
@@ -127,7 +127,7 @@ __global__ void nll_kernel(size_t rows, size_t cols, const float *a, const float
 }
 
 /* out[r, labels[r]] = -g[r]; the rest of out was zeroed before. */
-__global__ void nll_scatter_kernel(size_t rows, size_t cols, const float *labels, const float *g,
+__global__ void nll_scatter_kernel(size_t rows, size_t cols, const int32_t *labels, const float *g,
                                    float *out) {
   size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride)
@@ -173,7 +173,7 @@ extern "C" cudaError_t clpar_cuda_softmax_backward(cudaStream_t stream, int log,
 }
 
 extern "C" cudaError_t clpar_cuda_nll(cudaStream_t stream, size_t rows, size_t cols, const float *a,
-                                      const float *labels, float *out) {
+                                      const int32_t *labels, float *out) {
   if (rows == 0) return cudaSuccess;
   (void)cudaGetLastError(); /* report this launch's error, not an older one */
   nll_kernel<<<grid_for(rows, nll_block), nll_block, 0, stream>>>(rows, cols, a, labels, out);
@@ -181,7 +181,7 @@ extern "C" cudaError_t clpar_cuda_nll(cudaStream_t stream, size_t rows, size_t c
 }
 
 extern "C" cudaError_t clpar_cuda_nll_backward(cudaStream_t stream, size_t rows, size_t cols,
-                                               const float *labels, const float *g, float *out) {
+                                               const int32_t *labels, const float *g, float *out) {
   if (rows == 0) return cudaSuccess;
   (void)cudaGetLastError(); /* report this launch's error, not an older one */
   nll_scatter_kernel<<<grid_for(rows, nll_block), nll_block, 0, stream>>>(rows, cols, labels, g,

@@ -69,16 +69,16 @@ __kernel void softmax_backward_f32(__global const float *y, ulong y_off, __globa
     o[c] = take_log ? gr[c] - exp(yr[c]) * dot : yr[c] * (gr[c] - dot);
 }
 
-/* out[r] = -a[r, labels[r]]; the labels are class indices stored as floats, checked by the
- * caller to lie in 0 .. cols-1. */
-__kernel void nll_f32(__global const float *a, ulong a_off, __global const float *labels,
+/* out[r] = -a[r, labels[r]]; the labels are int32 class indices (a float would be exact only
+ * up to 2^24), checked by the caller to lie in 0 .. cols-1. */
+__kernel void nll_f32(__global const float *a, ulong a_off, __global const int *labels,
                       ulong l_off, __global float *out, ulong out_off, ulong rows, ulong cols) {
   ulong r = get_global_id(0);
   if (r < rows) out[out_off + r] = -a[a_off + r * cols + (ulong)labels[l_off + r]];
 }
 
-/* out[r, c] = c == labels[r] ? -g[r] : 0 */
-__kernel void nll_backward_f32(__global const float *labels, ulong l_off, __global const float *g,
+/* out[r, c] = c == labels[r] ? -g[r] : 0 (int32 labels, as for nll_f32) */
+__kernel void nll_backward_f32(__global const int *labels, ulong l_off, __global const float *g,
                                ulong g_off, __global float *out, ulong out_off, ulong rows,
                                ulong cols) {
   ulong c = get_global_id(0), r = get_global_id(1);

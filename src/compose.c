@@ -1,0 +1,275 @@
+/* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, sgd_step,
+ * adam_step) built from primitive entries, for a device whose backend lacks them or refuses them
+ * (supports_op), so that a new backend can start with the primitives only.
+ *
+ * The dispatch (src/worker.c) calls clpar_compose_<entry> instead of posting the entry when
+ * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
+ * entry's posting would: it takes scratch memory from the device's cache, posts primitive
+ * entries (fill, copy, binary, scale, unary, gemm, pick) to the device's queue in order, and gives
+ * the scratch back at once (later work on the same queue runs after the primitives, and the
+ * allocator orders other queues' use of a cached buffer). It never waits.
+ *
+ * Each composition follows the fused entry's formula (backend.h) operation by operation, in
+ * the host backend's order of rounding, so that it matches the fused entry to a few ulps;
+ * the only difference is that the host's softmax backward sums rows in double and this one
+ * in float (a GEMM with a vector of ones). */
+#include <math.h>
+
+#include "internal.h"
+
+/* One scratch buffer from the device's cache, cut into regions of floats. */
+typedef struct {
+  clpar_device *dev;
+  void *buf;
+  size_t capacity;
+} scratch;
+
+/* parts regions of n floats, then extra floats (region(sc, n, parts) is where they start). */
+static clpar_status scratch_get(clpar_device *dev, const char *op, size_t n, size_t parts,
+                                size_t extra, scratch *sc) {
+  sc->dev = dev;
+  sc->buf = NULL;
+  size_t limit = SIZE_MAX / sizeof(float);
+  if (n > (limit - extra) / parts)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: %s: %zu x %zu floats of scratch overflow",
+                           dev->bd.info.id, op, parts, n);
+  return clpar_alloc_buffer(dev, (n * parts + extra) * sizeof(float), &sc->buf, &sc->capacity);
+}
+
+static clpar_bref region(const scratch *sc, size_t n, size_t i) {
+  clpar_bref r = {sc->buf, i * n};
+  return r;
+}
+
+static void scratch_put(scratch *sc) {
+  if (sc->buf) clpar_free_buffer(sc->dev, sc->buf, sc->capacity, NULL);
+  sc->buf = NULL;
+}
+
+/* Elementwise out = a (op) b over n elements: one row of n columns. */
+static clpar_status ew(clpar_device *dev, clpar_binary_kind kind, size_t n, clpar_bref a,
+                       clpar_bref b, clpar_bref out) {
+  return clpar_dev_binary(dev, kind, 1, n, a, b, 1, out);
+}
+
+static clpar_status copy_floats(clpar_device *dev, clpar_bref dst, clpar_bref src, size_t n) {
+  return clpar_dev_copy(dev, dst.buf, dst.off * sizeof(float), src.buf, src.off * sizeof(float),
+                        n * sizeof(float));
+}
+
+/* ---- softmax backward ----
+ *   softmax:     out = y * (g - rowsum(g * y))
+ *   log-softmax: out = g - exp(y) * rowsum(g)
+ * rowsum(x) is x @ ones (rows x 1), and s broadcast over a row is s @ ones^T (k = 1). */
+clpar_status clpar_compose_softmax_backward(clpar_device *dev, int log, size_t rows, size_t cols,
+                                            clpar_bref y, clpar_bref g, clpar_bref out) {
+  if (rows > SIZE_MAX / cols)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: softmax_backward: %zu x %zu overflows",
+                           dev->bd.info.id, rows, cols);
+  size_t n = rows * cols;
+  scratch sc; /* tmp, tmp2 (n each), then ones (cols) and sums (rows) */
+  clpar_status s = scratch_get(dev, "softmax_backward", n, 2, cols + rows, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref tmp = region(&sc, n, 0), tmp2 = region(&sc, n, 1), ones = region(&sc, n, 2);
+  clpar_bref sums = {sc.buf, ones.off + cols};
+  s = clpar_dev_fill(dev, ones, cols, 1.0f);
+  if (!log) {
+    if (s == CLPAR_OK) s = clpar_dev_binary(dev, CLPAR_BINARY_MUL, rows, cols, g, y, rows, tmp);
+    if (s == CLPAR_OK)
+      s = clpar_dev_gemm(dev, 0, 0, rows, 1, cols, 1.0f, tmp, cols, ones, 1, 0.0f, sums, 1);
+    if (s == CLPAR_OK) s = copy_floats(dev, tmp, g, n);
+    if (s == CLPAR_OK) /* tmp = g - sums @ ones^T */
+      s = clpar_dev_gemm(dev, 0, 0, rows, cols, 1, -1.0f, sums, 1, ones, cols, 1.0f, tmp, cols);
+    if (s == CLPAR_OK) s = clpar_dev_binary(dev, CLPAR_BINARY_MUL, rows, cols, y, tmp, rows, out);
+  } else {
+    if (s == CLPAR_OK)
+      s = clpar_dev_gemm(dev, 0, 0, rows, 1, cols, 1.0f, g, cols, ones, 1, 0.0f, sums, 1);
+    if (s == CLPAR_OK) s = clpar_dev_unary(dev, CLPAR_UNARY_EXP, n, y, tmp);
+    if (s == CLPAR_OK)
+      s = clpar_dev_gemm(dev, 0, 0, rows, cols, 1, 1.0f, sums, 1, ones, cols, 0.0f, tmp2, cols);
+    if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_MUL, n, tmp, tmp2, tmp);
+    if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_SUB, n, g, tmp, out);
+  }
+  scratch_put(&sc);
+  return s;
+}
+
+/* ---- SGD (torch.optim.SGD; clpar_sgd_args in backend.h) ----
+ *   g = grad + wd * p
+ *   momentum: buf = first ? g : momentum * buf + (1 - dampening) * g
+ *             g = nesterov ? g + momentum * buf : buf
+ *   p = p - lr * g
+ * grad is never written. */
+clpar_status clpar_compose_sgd_step(clpar_device *dev, size_t n, clpar_bref param, clpar_bref grad,
+                                    clpar_bref buf, clpar_sgd_args a) {
+  scratch sc;
+  clpar_status s = scratch_get(dev, "sgd_step", n, 2, 0, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref g2 = region(&sc, n, 0), t = region(&sc, n, 1), g = grad;
+  if (a.weight_decay != 0.0f) {
+    s = clpar_dev_scale(dev, n, a.weight_decay, param, g2);
+    if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, grad, g2, g2);
+    g = g2;
+  }
+  if (s == CLPAR_OK && a.momentum != 0.0f) {
+    if (a.first) {
+      s = copy_floats(dev, buf, g, n);
+    } else {
+      s = clpar_dev_scale(dev, n, a.momentum, buf, buf);
+      clpar_bref damped = g;
+      if (s == CLPAR_OK && a.dampening != 0.0f) {
+        s = clpar_dev_scale(dev, n, 1.0f - a.dampening, g, t);
+        damped = t;
+      }
+      if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, buf, damped, buf);
+    }
+    if (s == CLPAR_OK && a.nesterov) {
+      s = clpar_dev_scale(dev, n, a.momentum, buf, t);
+      if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, g, t, g2);
+      g = g2;
+    } else {
+      g = buf;
+    }
+  }
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.lr, g, t);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_SUB, n, param, t, param);
+  scratch_put(&sc);
+  return s;
+}
+
+/* ---- Adam and AdamW (torch.optim.Adam/AdamW; clpar_adam_args in backend.h) ----
+ *   AdamW: p = p * (1 - lr * wd);  Adam: g = grad + wd * p
+ *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
+ *   p = p - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps) */
+clpar_status clpar_compose_adam_step(clpar_device *dev, size_t n, clpar_bref param, clpar_bref grad,
+                                     clpar_bref m, clpar_bref v, clpar_adam_args a) {
+  scratch sc;
+  clpar_status s = scratch_get(dev, "adam_step", n, 3, 0, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref g2 = region(&sc, n, 0), t = region(&sc, n, 1), e = region(&sc, n, 2), g = grad;
+  float step = a.lr / a.bias1, root2 = sqrtf(a.bias2); /* as the host backend rounds them */
+  if (a.decoupled) {
+    float keep = 1.0f - a.lr * a.weight_decay;
+    if (keep != 1.0f) s = clpar_dev_scale(dev, n, keep, param, param);
+  } else if (a.weight_decay != 0.0f) {
+    s = clpar_dev_scale(dev, n, a.weight_decay, param, g2);
+    if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, grad, g2, g2);
+    g = g2;
+  }
+  /* m = beta1 * m + (1 - beta1) * g */
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.beta1, m, m);
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, 1.0f - a.beta1, g, t);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, m, t, m);
+  /* v = beta2 * v + ((1 - beta2) * g) * g */
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.beta2, v, v);
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, 1.0f - a.beta2, g, t);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_MUL, n, t, g, t);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, v, t, v);
+  /* t = sqrt(v) / root2 + eps (each a full-length operand: no scalar primitive needed) */
+  if (s == CLPAR_OK) s = clpar_dev_unary(dev, CLPAR_UNARY_SQRT, n, v, t);
+  if (s == CLPAR_OK) s = clpar_dev_fill(dev, e, n, root2);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_DIV, n, t, e, t);
+  if (s == CLPAR_OK) s = clpar_dev_fill(dev, e, n, a.eps);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, t, e, t);
+  /* p = p - (step * m) / t */
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, step, m, e);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_DIV, n, e, t, e);
+  if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_SUB, n, param, e, param);
+  scratch_put(&sc);
+  return s;
+}
+
+/* ---- nll (labels are int32 class indices, checked by the caller) ----
+ *   nll:          out[r] = -a[r, labels[r]]
+ *   nll_backward: out[r, c] = c == labels[r] ? -g[r] : 0 */
+clpar_status clpar_compose_nll(clpar_device *dev, size_t rows, size_t cols, clpar_bref a,
+                               clpar_bref labels, clpar_bref out) {
+  clpar_status s = clpar_dev_pick(dev, 0, rows, cols, labels, a, out);
+  if (s == CLPAR_OK) s = clpar_dev_unary(dev, CLPAR_UNARY_NEG, rows, out, out);
+  return s;
+}
+
+clpar_status clpar_compose_nll_backward(clpar_device *dev, size_t rows, size_t cols,
+                                        clpar_bref labels, clpar_bref g, clpar_bref out) {
+  if (rows > SIZE_MAX / cols)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: nll_backward: %zu x %zu overflows",
+                           dev->bd.info.id, rows, cols);
+  scratch sc; /* -g */
+  clpar_status s = scratch_get(dev, "nll_backward", rows, 1, 0, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref neg = region(&sc, rows, 0);
+  s = clpar_dev_fill(dev, out, rows * cols, 0.0f);
+  if (s == CLPAR_OK) s = clpar_dev_unary(dev, CLPAR_UNARY_NEG, rows, g, neg);
+  if (s == CLPAR_OK) s = clpar_dev_pick(dev, 1, rows, cols, labels, neg, out);
+  scratch_put(&sc);
+  return s;
+}
+
+/* ---- entries that cannot be composed ----
+ * The dispatch needs a composition for every optional queue entry, but these bits are never
+ * set (not in composable_mask): a backend without profile or copy_peer has the entry posted
+ * as before, and it fails on the worker naming the entry (profile), or is never called
+ * (copy_peer: transfer.c asks peer_access first). */
+
+static clpar_status refuse(const clpar_device *dev, const char *what) {
+  return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: the %s backend has no %s", dev->bd.info.id,
+                         dev->bd.info.backend, what);
+}
+
+clpar_status clpar_compose_profile(clpar_device *dev, int enable) {
+  (void)enable;
+  return refuse(dev, "profile");
+}
+
+clpar_status clpar_compose_profile_read(clpar_device *dev, double *seconds, uint64_t *ops) {
+  (void)seconds;
+  (void)ops;
+  return refuse(dev, "profile_read");
+}
+
+clpar_status clpar_compose_copy_peer(clpar_device *dev, void *peer, void *dst, size_t dst_off_bytes,
+                                     const void *src, size_t src_off_bytes, size_t bytes) {
+  (void)peer, (void)dst, (void)dst_off_bytes, (void)src, (void)src_off_bytes, (void)bytes;
+  return refuse(dev, "copy_peer");
+}
+
+/* ---- which entries are composed ---- */
+
+/* The entries composed above. */
+static uint64_t composable_mask(void) {
+  return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
+         (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
+         (uint64_t)1 << CLPAR_ENTRY_adam_step;
+}
+
+void clpar_compose_init(clpar_device *dev) {
+  const clpar_backend_iface *f = dev->bd.iface;
+  uint64_t natural = 0;
+#define NATURAL_(name, kind, required)                                                  \
+  if ((composable_mask() >> CLPAR_ENTRY_##name) & 1) {                                  \
+    int yes = f->name != NULL;                                                          \
+    if (yes && f->supports_op && clpar_dev_supports_op(dev, #name, &yes) != CLPAR_OK) { \
+      clpar_log(CLPAR_LOG_WARN, "%s: composing " #name ": %s", dev->bd.info.id,         \
+                clpar_last_error());                                                    \
+      yes = 0;                                                                          \
+    }                                                                                   \
+    if (!yes) natural |= (uint64_t)1 << CLPAR_ENTRY_##name;                             \
+  }
+  CLPAR_BACKEND_ENTRIES(NATURAL_)
+#undef NATURAL_
+  dev->natural = natural;
+  dev->composed = natural;
+}
+
+clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
+  if (!dev)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_compose_force: NULL device");
+  if (mask & ~composable_mask())
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_compose_force: mask 0x%llx names entries that cannot be "
+                           "composed (softmax_backward, nll, nll_backward, sgd_step and "
+                           "adam_step can)",
+                           (unsigned long long)mask);
+  __atomic_store_n(&dev->composed, dev->natural | mask, __ATOMIC_RELAXED);
+  return CLPAR_OK;
+}

@@ -1,0 +1,12 @@
+/* ocl_test_util.h — helpers shared by the OpenCL backend's own tests (program building and
+ * the kernel cache): running the one-kernel test program and checking what it computed. */
+#ifndef CLPAR_OCL_TEST_UTIL_H
+#define CLPAR_OCL_TEST_UTIL_H
+
+#include "opencl/ocl_internal.h"
+
+/* Runs the kernel twice_plus (x[i] = mul * x[i] + add) of prog on 64 values on d's queue and
+ * asserts that it computed exactly that: a cached binary of another program fails it. */
+void tu_ocl_check_twice_plus(clpar_ocl_device *d, cl_program prog, float mul, float add);
+
+#endif
