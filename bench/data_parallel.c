@@ -1,60 +1,123 @@
-/* data_parallel.c — samples per second of a compute-bound MLP training step (forward,
- * cross-entropy, backward, SGD step) with DataParallel over 1 and over 2 devices, in one run,
- * and the speedup; with the host time per step spent scattering, copying parameters to the
- * replicas, gathering and reducing gradients. One JSON object per device count. Rounds of
- * steps alternate between the two set-ups and the best round of each counts.
+/* data_parallel.c — DataParallel over 1 and over 2 devices, in one run, for two models: a
+ * compute-bound MLP (1024-1024-1024-16, batch 512) and a latency-bound one (48 Linear layers
+ * of width 64 with ReLU between, batch 32), each trained by steps of forward, cross-entropy,
+ * backward and SGD. For each model and device count one JSON object: time per step, the
+ * speedup of 2 devices over 1, the host time per step spent in each part of DataParallel,
+ * and, counted by the devices (clpar_device_counters_get, summed over the two devices and the
+ * host device), how often the calling thread blocked on a device per step and how many
+ * transfers the step made (copies into a device: from another device or from host memory,
+ * the batch's upload and the labels' included). Rounds of steps alternate between the two
+ * set-ups and the best round of each counts.
  *
  * On this 2-core machine, the meaningful set-up is two PoCL "basic" devices, each in its own
- * context and driven by its own host thread (DESIGN.md):
+ * context and driven by its own worker thread (DESIGN.md):
  *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_data_parallel [steps] */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
-enum { BATCH = 512, IN = 1024, HIDDEN = 1024, OUT = 16 };
+typedef struct {
+  const char *name;
+  int layers; /* Linear layers */
+  int64_t batch, in, hidden, out;
+  int steps_scale; /* steps per round: the command line's times this */
+} model_spec;
 
-static int step(clpar_module *m, clpar_optimizer *opt, clpar_device *dev, const float *x,
-                const int32_t *y) {
-  return bench_train_step(m, opt, dev, x, y, BATCH, IN);
+static const model_spec models[] = {
+    {"compute-bound MLP 1024-1024-1024-16", 3, 512, 1024, 1024, 16, 1},
+    {"latency-bound MLP 48 x Linear(64, 64)", 48, 32, 64, 64, 64, 10},
+};
+
+/* layers Linear layers in -> hidden -> ... -> out with ReLU between them, on dev. */
+static clpar_module *make_model(const model_spec *m, clpar_device *dev) {
+  if (m->layers == 3) return bench_mlp(m->in, m->hidden, m->out, dev);
+  clpar_module **l = calloc((size_t)(2 * m->layers), sizeof *l);
+  clpar_module *seq = NULL;
+  int n = 0, good = l != NULL;
+  clpar_manual_seed(3);
+  for (int i = 0; good && i < m->layers; i++) {
+    int64_t in = i == 0 ? m->in : m->hidden, out = i == m->layers - 1 ? m->out : m->hidden;
+    good = bench_ok(clpar_linear_create(in, out, 1, dev, &l[n++]), "Linear");
+    if (good && i < m->layers - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
+  }
+  if (good) bench_ok(clpar_sequential_create(l, n, &seq), "Sequential");
+  free(l);
+  return seq;
 }
 
 typedef struct {
+  uint64_t waits, transfers;
+} counts;
+
+/* Host waits and transfers into devices so far, over devices 0 and 1 and the host device. */
+static counts count_now(void) {
+  clpar_device *devs[3] = {clpar_device_get(0), clpar_device_get(1), clpar_device_host()};
+  counts c = {0, 0};
+  for (int i = 0; i < 3; i++) {
+    if ((i == 2 && (devs[2] == devs[0] || devs[2] == devs[1]))) continue;
+    clpar_device_counters k;
+    if (clpar_device_counters_get(devs[i], &k) != CLPAR_OK) continue;
+    c.waits += k.host_waits;
+    c.transfers += k.transfers_in;
+  }
+  return c;
+}
+
+typedef struct {
+  const model_spec *m;
   int n;
   clpar_module *dp;
   clpar_optimizer *opt;
+  float *x;
+  int32_t *y;
   double best;                  /* seconds per step, best round */
   clpar_data_parallel_stats st; /* of the best round */
+  double waits, transfers;      /* per step, in the best round */
 } config;
 
-static int setup(config *c, int n, const float *x, const int32_t *y) {
+static int step(config *c) {
+  return bench_train_step(c->dp, c->opt, clpar_device_get(0), c->x, c->y, c->m->batch, c->m->in);
+}
+
+static int setup(config *c, const model_spec *m, int n) {
   clpar_device *devs[2] = {clpar_device_get(0), clpar_device_get(1)};
   clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
-  clpar_module *model = bench_mlp(IN, HIDDEN, OUT, devs[0]);
+  c->m = m;
   c->n = n;
   c->best = 1e30;
+  c->x = malloc(sizeof(float) * (size_t)(m->batch * m->in));
+  c->y = malloc(sizeof(int32_t) * (size_t)m->batch);
+  if (!c->x || !c->y) return 0;
+  bench_batch(c->x, c->y, m->batch, m->in, (int32_t)m->out);
+  clpar_module *model = make_model(m, devs[0]);
   /* two warm-up steps: kernels compile, the allocators' caches fill */
   return model && bench_ok(clpar_data_parallel_create(model, &o, &c->dp), "DataParallel") &&
-         bench_ok(clpar_sgd_create_for(c->dp, &sgd, &c->opt), "SGD") &&
-         step(c->dp, c->opt, devs[0], x, y) && step(c->dp, c->opt, devs[0], x, y) &&
-         bench_ok(clpar_device_synchronize(devs[0]), "sync");
+         bench_ok(clpar_sgd_create_for(c->dp, &sgd, &c->opt), "SGD") && step(c) && step(c) &&
+         bench_ok(clpar_device_synchronize(devs[0]), "sync") &&
+         bench_ok(clpar_device_synchronize(devs[1]), "sync");
 }
 
 /* One round of steps steps; keeps it if it is the best so far. */
-static int round_of(config *c, int steps, const float *x, const int32_t *y) {
-  clpar_device *dev = clpar_device_get(0);
+static int round_of(config *c, int steps) {
   clpar_data_parallel_stats_reset(c->dp);
+  counts before = count_now();
   double t0 = bench_now();
   int good = 1;
-  for (int i = 0; good && i < steps; i++) good = step(c->dp, c->opt, dev, x, y);
-  good = good && bench_ok(clpar_device_synchronize(dev), "sync");
+  for (int i = 0; good && i < steps; i++) good = step(c);
+  counts after = count_now(); /* before the synchronizing below, which waits by design */
+  good = good && bench_ok(clpar_device_synchronize(clpar_device_get(0)), "sync") &&
+         bench_ok(clpar_device_synchronize(clpar_device_get(1)), "sync");
   double per = (bench_now() - t0) / steps;
   if (good && per < c->best) {
     c->best = per;
     clpar_data_parallel_stats_get(c->dp, &c->st);
+    c->waits = (double)(after.waits - before.waits) / steps;
+    c->transfers = (double)(after.transfers - before.transfers) / steps;
   }
   return good;
 }
@@ -62,48 +125,52 @@ static int round_of(config *c, int steps, const float *x, const int32_t *y) {
 static void report(const config *c, int steps, int rounds, double baseline) {
   const clpar_data_parallel_stats *st = &c->st;
   printf(
-      "{\"bench\": \"data_parallel\", \"devices\": %d, \"device_ids\": \"%s%s%s\", \"model\": "
-      "\"MLP %d-%d-%d-%d\", "
-      "\"batch\": %d, \"steps\": %d, \"rounds\": %d, \"ms_per_step\": %.1f, \"samples_per_s\": "
-      "%.1f, "
-      "\"speedup\": %.3f, \"per_step_ms\": {\"scatter\": %.2f, \"replicate\": %.2f, \"apply\": "
-      "%.2f, "
-      "\"gather\": %.2f, \"reduce\": %.2f}, \"parameters_copied_per_step\": %.1f}\n",
-      c->n, clpar_device_id(clpar_device_get(0)), c->n > 1 ? "," : "",
-      c->n > 1 ? clpar_device_id(clpar_device_get(1)) : "", IN, HIDDEN, HIDDEN, OUT, BATCH, steps,
-      rounds, c->best * 1e3, BATCH / c->best, baseline / c->best, st->scatter_seconds / steps * 1e3,
-      st->replicate_seconds / steps * 1e3, st->apply_seconds / steps * 1e3,
-      st->gather_seconds / steps * 1e3, st->reduce_seconds / steps * 1e3,
-      (double)st->parameters_copied / steps);
+      "{\"bench\": \"data_parallel\", \"model\": \"%s\", \"batch\": %lld, \"devices\": %d, "
+      "\"device_ids\": \"%s%s%s\", \"steps\": %d, \"rounds\": %d, \"ms_per_step\": %.2f, "
+      "\"samples_per_s\": %.1f, \"speedup\": %.3f, \"host_waits_per_step\": %.2f, "
+      "\"transfers_per_step\": %.2f, \"per_step_host_ms\": {\"scatter\": %.3f, \"replicate\": "
+      "%.3f, \"apply\": %.3f, \"gather\": %.3f, \"reduce\": %.3f}, "
+      "\"replica_parameter_copies_per_step\": %.2f}\n",
+      c->m->name, (long long)c->m->batch, c->n, clpar_device_id(clpar_device_get(0)),
+      c->n > 1 ? "," : "", c->n > 1 ? clpar_device_id(clpar_device_get(1)) : "", steps, rounds,
+      c->best * 1e3, (double)c->m->batch / c->best, baseline / c->best, c->waits, c->transfers,
+      st->scatter_seconds / steps * 1e3, st->replicate_seconds / steps * 1e3,
+      st->apply_seconds / steps * 1e3, st->gather_seconds / steps * 1e3,
+      st->reduce_seconds / steps * 1e3, (double)st->parameters_copied / steps);
+  fflush(stdout);
+}
+
+static void teardown(config *c) {
+  clpar_optimizer_free(c->opt);
+  clpar_module_free(c->dp);
+  free(c->x);
+  free(c->y);
 }
 
 int main(int argc, char **argv) {
-  int steps = argc > 1 ? atoi(argv[1]) : 5;
+  int steps_arg = argc > 1 ? atoi(argv[1]) : 5;
+  if (steps_arg < 1) steps_arg = 5;
   if (!bench_ok(clpar_init(), "clpar_init")) return 1;
   if (clpar_device_count() < 2) {
     fprintf(stderr, "bench_data_parallel needs two devices, e.g. POCL_DEVICES=\"basic basic\"\n");
     clpar_shutdown();
     return 1;
   }
-  float *x = malloc(sizeof(float) * BATCH * IN);
-  int32_t y[BATCH];
-  bench_batch(x, y, BATCH, IN, OUT);
-  /* Rounds alternate between one and two devices, so that the machine's other load falls on
-   * both; the best round of each counts. */
-  config one = {0}, two = {0};
-  int rounds = 3;
-  int good = setup(&one, 1, x, y) && setup(&two, 2, x, y);
-  for (int r = 0; good && r < rounds; r++)
-    good = round_of(&one, steps, x, y) && round_of(&two, steps, x, y);
-  if (good) {
-    report(&one, steps, rounds, one.best);
-    report(&two, steps, rounds, one.best);
+  int good = 1, rounds = 3;
+  for (size_t mi = 0; good && mi < sizeof models / sizeof models[0]; mi++) {
+    /* Rounds alternate between one and two devices, so that the machine's other load falls
+     * on both; the best round of each counts. */
+    int steps = steps_arg * models[mi].steps_scale;
+    config one = {0}, two = {0};
+    good = setup(&one, &models[mi], 1) && setup(&two, &models[mi], 2);
+    for (int r = 0; good && r < rounds; r++) good = round_of(&one, steps) && round_of(&two, steps);
+    if (good) {
+      report(&one, steps, rounds, one.best);
+      report(&two, steps, rounds, one.best);
+    }
+    teardown(&one);
+    teardown(&two);
   }
-  clpar_optimizer_free(one.opt);
-  clpar_optimizer_free(two.opt);
-  clpar_module_free(one.dp);
-  clpar_module_free(two.dp);
-  free(x);
   clpar_shutdown();
   return good ? 0 : 1;
 }

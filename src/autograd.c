@@ -176,7 +176,8 @@ clpar_status clpar_tensor_remove_grad_hook(clpar_tensor *t, clpar_grad_hook_fn f
  * only, and every device computes its part as soon as its queue gets it — the replicas of a
  * DataParallel step run their backward at once. Nodes that compute are posted before nodes
  * that copy between devices: a copy makes the destination's worker wait for the source, and
- * whatever the destination has queued before that wait is not held up by it. */
+ * whatever the destination has queued before that wait is not held up by it; a copy to a
+ * device with nothing else ready goes first (next_node). */
 
 typedef struct {
   void **items;
@@ -362,11 +363,35 @@ static clpar_status run_node(clpar_node *n, list *ready, list *ready_copy) {
   return s;
 }
 
+/* The next node to run. A copy goes first when no computation is ready on the device it
+ * copies to: its read is posted on the source's queue as early as possible and the
+ * destination, which has nothing else to do, starts sooner (DataParallel: the gradient of a
+ * replica's output reaches the replica before the main device's own backward is posted).
+ * A copy to a device with computation ready waits until that was posted, so that the
+ * destination's queue does not wait for the copy in front of work it can do meanwhile (the
+ * replica's flat gradient is added on the main device after its own backward). Otherwise
+ * computation, last ready first, so that a chain is followed to its end. */
+static clpar_node *next_node(list *ready, list *ready_copy) {
+  for (size_t i = ready_copy->count; i-- > 0;) {
+    clpar_node *c = ready_copy->items[i];
+    clpar_device *dst = c->n_inputs > 0 && c->inputs[0] ? c->inputs[0]->storage->dev : NULL;
+    int busy = 0;
+    for (size_t j = 0; j < ready->count && !busy; j++)
+      busy = ((clpar_node *)ready->items[j])->dev == dst;
+    if (busy) continue;
+    memmove(&ready_copy->items[i], &ready_copy->items[i + 1],
+            (ready_copy->count - i - 1) * sizeof *ready_copy->items);
+    ready_copy->count--;
+    return c;
+  }
+  return ready->count ? ready->items[--ready->count] : ready_copy->items[--ready_copy->count];
+}
+
 static clpar_status run_graph(clpar_node *root) {
   list ready = {0}, ready_copy = {0};
   clpar_status s = list_push(&ready, root) ? CLPAR_OK : oom();
   while (s == CLPAR_OK && (ready.count || ready_copy.count)) {
-    clpar_node *n = ready.count ? ready.items[--ready.count] : ready_copy.items[--ready_copy.count];
+    clpar_node *n = next_node(&ready, &ready_copy);
     s = run_node(n, &ready, &ready_copy);
   }
   free(ready.items);

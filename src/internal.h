@@ -152,6 +152,10 @@ void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, struct clp
 void clpar_allocator_destroy(clpar_device *dev);
 
 int clpar_is_initialized(void);
+/* Every probed device, selected or not (index 0 .. clpar_device_probed_count()-1), for tests
+ * that need a second device; NULL out of range. */
+int clpar_device_probed_count(void);
+clpar_device *clpar_device_probed(int i);
 /* Called by the core when a backend entry fails: prefixes the message with the device id. */
 clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s);
 /* Sets every device's mem_limit from its global memory and CLPAR_DEVICE_MEMORY_LIMIT
@@ -206,7 +210,9 @@ struct clpar_tensor {
   int requires_grad;
   clpar_tensor *grad;      /* leaves only: the accumulated gradient, owned */
   int grad_defined;        /* 0 while grad is memory set aside (zeros) that no backward filled */
-  clpar_tensor *flat;      /* a flattened parameter: the group's flat leaf (clpar_module_flatten) */
+  clpar_tensor *flat;      /* a flattened parameter: the group's flat leaf (clpar_module_flatten),
+                            * retained; its storage is the parameter's, its grad the grad's */
+  int flat_members;        /* a flat leaf: the parameters that are views of it (atomic) */
   struct clpar_node *node; /* the op that produced this tensor, or NULL for a leaf */
   /* leaves: gradients still to come in the running backward, the hooks to run when none is
    * left, and the backward that holds the leaf */
@@ -276,6 +282,12 @@ clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out);
 clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev);
 /* The tensor created (like every tensor) in the current scope is taken out of it. */
 void clpar_tensor_unscope(clpar_tensor *t);
+/* A view of t's memory at element offset (from t's start) with another shape (numel within
+ * t), no node, outside any scope. */
+clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim,
+                                  const int64_t *shape, clpar_tensor **out);
+/* Makes t a view of st at element offset (the storage it held is released). */
+void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset);
 
 static inline void clpar_tensor_touch(clpar_tensor *t) {
   __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);

@@ -28,6 +28,14 @@ clpar_device *clpar_device_host(void) {
   return clpar_is_initialized() ? host_device : NULL;
 }
 
+int clpar_device_probed_count(void) {
+  return clpar_is_initialized() ? all_count : 0;
+}
+
+clpar_device *clpar_device_probed(int i) {
+  return clpar_is_initialized() && i >= 0 && i < all_count ? all_devices[i] : NULL;
+}
+
 clpar_backend_device *clpar_backend_device_append(clpar_backend_device **devs, int *count) {
   clpar_backend_device *grown = realloc(*devs, (size_t)(*count + 1) * sizeof *grown);
   if (!grown) {

@@ -164,6 +164,10 @@ clpar_tensor *clpar_tensor_retain(clpar_tensor *t) {
 
 void clpar_tensor_release(clpar_tensor *t) {
   if (t && __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (t->flat) { /* a flattened parameter leaves its group */
+      __atomic_sub_fetch(&t->flat->flat_members, 1, __ATOMIC_RELAXED);
+      clpar_tensor_release(t->flat);
+    }
     clpar_node_release(t->node);
     clpar_tensor_free(t->grad);
     storage_release(t->storage);
@@ -359,6 +363,21 @@ clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out) {
   return make_view((clpar_tensor *)t, t->offset, t->ndim, t->shape, out);
 }
 
+clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim,
+                                  const int64_t *shape, clpar_tensor **out) {
+  clpar_status s = make_view((clpar_tensor *)t, t->offset + offset, ndim, shape, out);
+  if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  return s;
+}
+
+void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset) {
+  __atomic_add_fetch(&st->refcount, 1, __ATOMIC_RELAXED);
+  clpar_storage *old = t->storage;
+  t->storage = st;
+  t->offset = offset;
+  storage_release(old);
+}
+
 /* The view's rows of the input get g, added in place into the input's gradient at the rows'
  * offset (a partial node: the engine does the placing, the others rows keep zeros). */
 static clpar_status rows_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
@@ -420,6 +439,16 @@ clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "moving a tensor in place: it is the result of %s, not a leaf",
                            t->node->op);
+  if (t->flat) { /* a flattened parameter: its whole flat group moves, then it follows */
+    clpar_tensor *f = t->flat;
+    size_t at = t->offset - f->offset, grad_at = t->grad ? t->grad->offset - f->grad->offset : 0;
+    clpar_status s = clpar_tensor_move(f, dev);
+    if (s != CLPAR_OK) return s;
+    if (t->storage != f->storage) clpar_tensor_repoint(t, f->storage, f->offset + at);
+    if (t->grad && t->grad->storage != f->grad->storage)
+      clpar_tensor_repoint(t->grad, f->grad->storage, f->grad->offset + grad_at);
+    return CLPAR_OK;
+  }
   if (t->storage->dev == dev) return CLPAR_OK;
   int was = clpar_set_grad_enabled(0);
   clpar_tensor *moved = NULL, *grad = NULL;

@@ -8,9 +8,10 @@
  * the other recorded. Copies into the host device's memory skip staging: the source reads
  * straight into it. Two devices of one backend whose driver copies between them directly (CUDA
  * peer copies: the backend's peer_access and copy_peer) skip staging too: the source's queue
- * copies into the destination's buffer. Staging blocks are kept per device and reused; only the
- * first transfers of a size allocate (one wait for the worker each); transfers of up to 16 KiB use
- * plain host memory instead, and never wait. */
+ * copies into the destination's buffer. Staging blocks are kept per device and reused; when
+ * none is free, the transfer uses plain host memory and the worker allocates one more pinned
+ * block in the background, so no transfer waits for a worker; transfers of up to 16 KiB always
+ * use plain host memory. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,20 +34,53 @@ static size_t block_size(size_t bytes) {
   return size;
 }
 
-/* A staging block of at least bytes: small ones are plain host memory (a transfer of a few
- * KiB gains nothing from pinning, and must not wait for a worker to allocate); larger ones
- * come from dev's pool of pinned blocks, else are allocated by its worker. */
-static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_block **out) {
-  if (bytes <= SMALL) {
-    clpar_staging_block *b = malloc(sizeof *b + bytes);
-    if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
-    b->dev = dev;
-    b->handle = NULL;
-    b->ptr = b + 1;
-    b->size = bytes;
-    *out = b;
-    return CLPAR_OK;
+static clpar_status plain_block(clpar_device *dev, size_t bytes, clpar_staging_block **out) {
+  clpar_staging_block *b = malloc(sizeof *b + bytes);
+  if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+  b->dev = dev;
+  b->handle = NULL;
+  b->ptr = b + 1;
+  b->size = bytes;
+  *out = b;
+  return CLPAR_OK;
+}
+
+static void staging_put(void *user);
+
+/* Asks dev's worker for a pinned block of size for the pool, without waiting: the block joins
+ * the pool when the allocation ran. If the allocation fails on the worker, that error shows
+ * at the next call on the device. */
+static clpar_status refill(clpar_device *dev, size_t size) {
+  clpar_staging_block *b = calloc(1, sizeof *b);
+  if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+  b->dev = dev;
+  b->size = size;
+  clpar_event *done = NULL;
+  clpar_status s = clpar_dev_host_alloc(dev, size, &b->handle, &b->ptr);
+  if (s != CLPAR_OK) { /* an earlier asynchronous error of the device: the caller's to report */
+    free(b);
+    return s;
   }
+  s = clpar_event_record(dev, &done);
+  if (s == CLPAR_OK) s = clpar_event_then(done, staging_put, b);
+  if (s != CLPAR_OK) { /* the worker writes b: wait for it, then keep what it made */
+    if (done)
+      clpar_event_sync(done);
+    else
+      clpar_worker_drain(dev);
+    staging_put(b);
+  }
+  clpar_event_release(done);
+  return s;
+}
+
+/* A staging block of at least bytes: small ones are plain host memory (a transfer of a few
+ * KiB gains nothing from pinning); larger ones come from dev's pool of pinned blocks. When the
+ * pool has none free (the first transfers of a size, or the caller running ahead of the
+ * device), this transfer goes through plain host memory and the worker is asked for one more
+ * pinned block: the caller never waits for the worker to allocate. */
+static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_block **out) {
+  if (bytes <= SMALL) return plain_block(dev, bytes, out);
   size_t size = block_size(bytes);
   pthread_mutex_lock(&dev->staging_lock);
   clpar_staging_block **best = NULL;
@@ -59,17 +93,8 @@ static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_b
     *out = b;
     return CLPAR_OK;
   }
-  b = calloc(1, sizeof *b);
-  if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
-  clpar_status s = clpar_dev_host_alloc_sync(dev, size, &b->handle, &b->ptr);
-  if (s != CLPAR_OK) {
-    free(b);
-    return s;
-  }
-  b->dev = dev;
-  b->size = size;
-  *out = b;
-  return CLPAR_OK;
+  clpar_status s = refill(dev, size);
+  return s != CLPAR_OK ? s : plain_block(dev, bytes, out);
 }
 
 /* Back to its pool; runs when the last transfer through it completed (any thread). */
@@ -86,14 +111,20 @@ static void staging_put(void *user) {
 }
 
 clpar_status clpar_staging_reserve(clpar_device *dev, int blocks) {
-  clpar_staging_block *got[8];
   int n = blocks < 8 ? blocks : 8;
-  clpar_status s = CLPAR_OK;
-  int i = 0;
-  for (; i < n && s == CLPAR_OK; i++) s = staging_get(dev, MIN_BLOCK, &got[i]);
-  if (s != CLPAR_OK) i--;
-  while (i-- > 0) staging_put(got[i]);
-  return s;
+  for (int i = 0; i < n; i++) {
+    clpar_staging_block *b = calloc(1, sizeof *b);
+    if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+    clpar_status s = clpar_dev_host_alloc_sync(dev, MIN_BLOCK, &b->handle, &b->ptr);
+    if (s != CLPAR_OK) {
+      free(b);
+      return s;
+    }
+    b->dev = dev;
+    b->size = MIN_BLOCK;
+    staging_put(b);
+  }
+  return CLPAR_OK;
 }
 
 void clpar_staging_destroy(clpar_device *dev) {

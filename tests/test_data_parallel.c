@@ -1,21 +1,30 @@
 /* test_data_parallel.c — DataParallel against the same computation on one device: forward
  * outputs, and parameters after several SGD steps (a batch the device count does not divide,
  * the device order permuted, uneven weights); the split sizes; replicas that copy only what
- * changed; and an error inside one replica reported with its device, with nothing changed.
- * The devices are the selected ones, plus the host backend when fewer than two are selected
- * (DataParallel over a mix of backends). */
+ * changed; an error inside one replica reported with its device, with nothing changed; a
+ * training step that blocks the caller only to read the loss and makes a fixed number of
+ * transfers; backward after the wrapper was freed. The devices are the selected ones, plus a
+ * second one when one is selected (tu_second_device: the host backend, or, when host is the
+ * one selected, an unselected PoCL device), so every run spans two devices at least. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
 
-/* Up to four devices for DataParallel: the selected ones, else one of them and host. */
+/* Up to four devices for DataParallel: the selected ones, else the one and a second. */
 static int pick_devices(clpar_device **devs) {
   int n = 0;
   for (int i = 0; i < clpar_device_count() && n < 4; i++) devs[n++] = clpar_device_get(i);
-  if (n < 2 && devs[0] != tu_host()) devs[n++] = tu_host();
+  if (n < 2 && (devs[1] = tu_second_device(devs[0]))) n++;
   return n;
+}
+
+/* Only a build without OpenCL on a machine without CUDA has no second device. */
+static void no_second_device(void) {
+  fprintf(stderr, "skipped: this machine has no second device\n");
+  skip();
 }
 
 /* An MLP 5-16-3 with fixed weights (seeded), its parameters on dev. */
@@ -86,7 +95,7 @@ static void test_training_equals_one_device(void **state) {
   (void)state;
   clpar_device *devs[4];
   int n = pick_devices(devs);
-  if (n < 2) skip();
+  if (n < 2) no_second_device();
   compare_training(devs, n, NULL, 30, "DataParallel, batch 30");
   compare_training(devs, n, NULL, 31, "DataParallel, batch 31 (not divisible)");
   compare_training(devs, n, NULL, 3, "DataParallel, batch 3 (fewer chunks than devices)");
@@ -129,7 +138,7 @@ static void test_split_sizes(void **state) {
   (void)state;
   clpar_device *devs[4];
   int n = pick_devices(devs);
-  if (n < 2) skip();
+  if (n < 2) no_second_device();
   clpar_module *dp;
   float w[2] = {3, 1};
   clpar_data_parallel_options o = {.devices = devs, .n_devices = 2, .weights = w};
@@ -142,6 +151,13 @@ static void test_split_sizes(void **state) {
   assert_int_equal(sizes[0] + sizes[1], 30);
   assert_int_equal(sizes[0], 23); /* 22.5 and 7.5: the tie goes to the first */
   assert_int_equal(clpar_data_parallel_split(dp, 0, sizes), CLPAR_ERROR_EMPTY);
+  /* weighted, the largest batch there is: no endless loop, no overflow, 3:1 kept */
+  assert_int_equal(clpar_data_parallel_split(dp, INT64_MAX, sizes), 2);
+  int64_t sum;
+  assert_false(__builtin_add_overflow(sizes[0], sizes[1], &sum));
+  assert_int_equal(sum, INT64_MAX);
+  assert_true(sizes[0] > 0 && sizes[1] > 0);
+  assert_true(fabs((double)sizes[0] / (double)INT64_MAX - 0.75) < 1e-6);
   clpar_module_free(dp);
   /* torch.chunk sizes without weights, zero for devices left without rows */
   o.weights = NULL;
@@ -160,12 +176,13 @@ static void test_split_sizes(void **state) {
   clpar_module_free(dp);
 }
 
-/* Replicas persist: a forward copies each changed parameter once, an unchanged one never. */
+/* Replicas persist: a forward copies the flat parameters once to each replica after they
+ * changed (any of them), and never when none changed. */
 static void test_replicas_copy_only_what_changed(void **state) {
   (void)state;
   clpar_device *devs[4];
   int n = pick_devices(devs);
-  if (n < 2) skip();
+  if (n < 2) no_second_device();
   clpar_module *dp;
   clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
   tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
@@ -173,14 +190,14 @@ static void test_replicas_copy_only_what_changed(void **state) {
   clpar_scope *sc = clpar_scope_begin();
   clpar_tensor *x, *y, *loss;
   tu_ok(clpar_tensor_rand_normal(devs[0], 2, (int64_t[]){40, 5}, 1, 0, 1, &x));
-  tu_ok(clpar_module_forward(dp, x, &y)); /* first forward: every replica gets all 4 */
+  tu_ok(clpar_module_forward(dp, x, &y)); /* first forward: one flat copy per replica */
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
-  assert_int_equal(st.parameters_copied, 4 * (n - 1));
+  assert_int_equal(st.parameters_copied, n - 1);
   tu_ok(clpar_module_forward(dp, x, &y)); /* nothing changed: nothing copied */
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
-  assert_int_equal(st.parameters_copied, 4 * (n - 1));
+  assert_int_equal(st.parameters_copied, n - 1);
   assert_int_equal(st.forwards, 2);
-  /* an optimizer step on one parameter only: one copy per replica */
+  /* an optimizer step on one parameter only: again one flat copy per replica */
   tu_ok(clpar_sum(y, &loss));
   tu_ok(clpar_backward(loss));
   clpar_tensor *bias =
@@ -191,7 +208,7 @@ static void test_replicas_copy_only_what_changed(void **state) {
   tu_ok(clpar_optimizer_step(opt));
   tu_ok(clpar_module_forward(dp, x, &y));
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
-  assert_int_equal(st.parameters_copied, 5 * (n - 1));
+  assert_int_equal(st.parameters_copied, 2 * (n - 1));
   assert_true(st.reduce_seconds > 0);
   tu_ok(clpar_data_parallel_stats_reset(dp));
   tu_ok(clpar_data_parallel_stats_get(dp, &st));
@@ -223,7 +240,7 @@ static void test_replica_error_is_reported(void **state) {
   (void)state;
   clpar_device *devs[4];
   int n = pick_devices(devs);
-  if (n < 2) skip();
+  if (n < 2) no_second_device();
   clpar_module *m, *dp;
   clpar_tensor *w;
   tu_ok(clpar_tensor_rand_uniform(devs[0], 2, (int64_t[]){4, 2}, 5, -1, 1, &w));
@@ -305,6 +322,109 @@ static void test_one_device_makes_no_copies(void **state) {
   clpar_module_free(dp);
 }
 
+/* Host waits and transfers into devices so far, summed over devs and the host device. */
+static void count_now(clpar_device *const *devs, int n, uint64_t *waits, uint64_t *transfers) {
+  *waits = *transfers = 0;
+  int host_seen = 0;
+  for (int i = 0; i <= n; i++) {
+    clpar_device *d = i < n ? devs[i] : tu_host();
+    if (i == n && host_seen) break;
+    host_seen |= d == tu_host();
+    clpar_device_counters c;
+    tu_ok(clpar_device_counters_get(d, &c));
+    *waits += c.host_waits;
+    *transfers += c.transfers_in;
+  }
+}
+
+/* One DataParallel training step on two devices (after a warm-up step): the calling thread
+ * blocks once, to read the loss, and the step makes exactly five transfers, all for the
+ * second replica: its input chunk, one flat copy of the parameters (they changed in the
+ * last step), its output to the output device; in backward, that output's gradient back,
+ * and one flat copy of its parameters' gradient to the main device. With the parameters as
+ * separate tensors the step would make a parameter and a gradient copy per tensor. */
+static void test_step_waits_once_and_transfers_are_bounded(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  if (pick_devices(devs) < 2) no_second_device();
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = 2};
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  clpar_optimizer *opt;
+  clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+  tu_ok(clpar_sgd_create_for(dp, &so, &opt));
+  clpar_tensor *x, *target;
+  tu_ok(clpar_tensor_rand_normal(devs[0], 2, (int64_t[]){32, 5}, 71, 0, 1, &x));
+  tu_ok(clpar_tensor_rand_normal(devs[0], 2, (int64_t[]){32, 3}, 72, 0, 1, &target));
+  float losses[3];
+  for (int step = 0; step < 3; step++) { /* step 0 warms up: pinned memory, kernels */
+    uint64_t w0, t0, w1, t1, w2, t2;
+    count_now(devs, 2, &w0, &t0);
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *y, *loss;
+    tu_ok(clpar_optimizer_zero_grad(opt));
+    tu_ok(clpar_module_forward(dp, x, &y));
+    tu_ok(clpar_mse_loss(y, target, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_optimizer_step(opt));
+    count_now(devs, 2, &w1, &t1);
+    tu_ok(clpar_tensor_read(loss, &losses[step], 1));
+    count_now(devs, 2, &w2, &t2);
+    clpar_scope_end(sc);
+    if (step == 0) continue;
+    assert_int_equal(w1 - w0, 0); /* the step itself never blocks the caller */
+    assert_int_equal(w2 - w1, 1); /* reading the loss does, once */
+    assert_int_equal(t1 - t0, 5);
+  }
+  assert_true(losses[2] < losses[0]); /* and it trains */
+  clpar_data_parallel_stats st;
+  tu_ok(clpar_data_parallel_stats_get(dp, &st));
+  assert_int_equal(st.parameters_copied, 3); /* one flat copy per forward to the one replica */
+  clpar_tensor_free(x);
+  clpar_tensor_free(target);
+  clpar_optimizer_free(opt);
+  clpar_module_free(dp);
+}
+
+/* The graph of a DataParallel forward owns what its backward uses: freeing the wrapper (and
+ * the module it holds) before backward is safe, and the gradient still reaches a parameter
+ * the caller kept, equal to the one-device gradient. */
+static void test_backward_after_wrapper_freed(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) no_second_device();
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x, *y, *loss;
+  tu_ok(clpar_tensor_rand_normal(devs[0], 2, (int64_t[]){12, 5}, 81, 0, 1, &x));
+  /* the reference: the same module on one device */
+  clpar_module *single = make_mlp(devs[0]);
+  tu_ok(clpar_module_forward(single, x, &y));
+  tu_ok(clpar_sum(y, &loss));
+  tu_ok(clpar_backward(loss));
+  clpar_tensor *ref_w;
+  tu_ok(clpar_module_parameter_at(single, 0, NULL, &ref_w));
+  float *ref = tu_read(clpar_tensor_grad(ref_w));
+  clpar_module_free(single);
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
+  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  clpar_tensor *w;
+  tu_ok(clpar_module_parameter_at(dp, 0, NULL, &w));
+  clpar_tensor_retain(w);
+  tu_ok(clpar_module_forward(dp, x, &y));
+  tu_ok(clpar_sum(y, &loss));
+  clpar_module_free(dp); /* the wrapper, its replicas and the module go */
+  tu_ok(clpar_backward(loss));
+  assert_non_null(clpar_tensor_grad(w));
+  float *got = tu_read(clpar_tensor_grad(w));
+  tu_assert_close(got, ref, 80, 1e-5f, 1e-5f, "gradient after the wrapper was freed");
+  free(got);
+  free(ref);
+  clpar_scope_end(sc);
+  clpar_tensor_free(w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_equals_one_device),
@@ -314,6 +434,8 @@ int main(void) {
       cmocka_unit_test(test_replica_error_is_reported),
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_one_device_makes_no_copies),
+      cmocka_unit_test(test_step_waits_once_and_transfers_are_bounded),
+      cmocka_unit_test(test_backward_after_wrapper_freed),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -1,7 +1,8 @@
 /* test_module.c — modules as PyTorch users build them: a submodule used twice or shared by two
  * models (reference counted, freed once), cycles refused, a shared parameter listed and
  * stepped once, parameter names that stay valid while their module lives; and optimizers
- * that follow their parameters to another device. */
+ * that follow their parameters to another device; flat parameters (clpar_module_flatten)
+ * that keep values, names and gradients, train as before and move whole. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,9 +223,10 @@ static void expect_same_parameters(clpar_module *m, clpar_module *ref, const cha
  * moved: it stayed behind, and the next step handed one backend's memory to another. */
 static void test_optimizer_follows_module_to(void **state) {
   (void)state;
-  clpar_device *dev = tu_non_host(), *host = tu_host();
-  if (!dev) {
-    print_message("only the host device: nothing to move between\n");
+  /* the first device and the host device; when host is the one selected, another device */
+  clpar_device *dev = clpar_device_get(0), *host = tu_second_device(dev);
+  if (!host) {
+    print_message("no second device on this machine\n");
     skip();
   }
   for (int adam = 0; adam < 2; adam++)
@@ -250,9 +252,10 @@ static void test_optimizer_follows_module_to(void **state) {
 /* The same when DataParallel moves the parameters to its first device. */
 static void test_optimizer_follows_data_parallel(void **state) {
   (void)state;
-  clpar_device *dev = tu_non_host(), *host = tu_host();
-  if (!dev) {
-    print_message("only the host device: nothing to move between\n");
+  /* the first device and the host device; when host is the one selected, another device */
+  clpar_device *dev = clpar_device_get(0), *host = tu_second_device(dev);
+  if (!host) {
+    print_message("no second device on this machine\n");
     skip();
   }
   clpar_device *devices[2] = {dev, host};
@@ -276,6 +279,153 @@ static void test_optimizer_follows_data_parallel(void **state) {
   }
 }
 
+/* ---- flat parameters (clpar_module_flatten) ---- */
+
+static clpar_module *flat_mlp(clpar_device *dev) {
+  clpar_module *l[3], *m;
+  clpar_manual_seed(23);
+  tu_ok(clpar_linear_create(5, 16, 1, dev, &l[0]));
+  tu_ok(clpar_relu_create(&l[1]));
+  tu_ok(clpar_linear_create(16, 3, 1, dev, &l[2]));
+  tu_ok(clpar_sequential_create(l, 3, &m));
+  return m;
+}
+
+enum { FLAT_N = 5 * 16 + 16 + 16 * 3 + 3 };
+
+static void read_params(clpar_module *m, float *out) {
+  int at = 0;
+  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    tu_ok(clpar_tensor_read(p, out + at, (size_t)(FLAT_N - at)));
+    at += (int)clpar_tensor_numel(p);
+  }
+  assert_int_equal(at, FLAT_N);
+}
+
+/* Every parameter a view of one buffer, in order, and its grad a view of another. */
+static void assert_flat(clpar_module *m) {
+  clpar_tensor *first;
+  tu_ok(clpar_module_parameter_at(m, 0, NULL, &first));
+  size_t at = first->offset;
+  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    assert_non_null(p->flat);
+    assert_ptr_equal(p->storage, first->storage);
+    assert_ptr_equal(p->grad->storage, first->flat->grad->storage);
+    assert_int_equal(p->offset, at);
+    at += (size_t)p->numel;
+  }
+  assert_int_equal(at - first->offset, first->flat->numel);
+}
+
+/* Steps of SGD (momentum) or Adam; zero_grad through the module or the optimizer. */
+static void flat_train(clpar_module *m, clpar_optimizer *opt, clpar_device *dev, int steps) {
+  for (int step = 0; step < steps; step++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x, *t, *y, *loss;
+    tu_ok(clpar_tensor_rand_normal(dev, 2, (int64_t[]){8, 5}, 500 + (uint64_t)step, 0, 1, &x));
+    tu_ok(clpar_tensor_rand_normal(dev, 2, (int64_t[]){8, 3}, 600 + (uint64_t)step, 0, 1, &t));
+    tu_ok(step % 2 ? clpar_module_zero_grad(m) : clpar_optimizer_zero_grad(opt));
+    tu_ok(clpar_module_forward(m, x, &y));
+    tu_ok(clpar_mse_loss(y, t, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_optimizer_step(opt));
+    clpar_scope_end(sc);
+  }
+}
+
+/* A flattened module keeps its names, values and gradients, and trains exactly as before:
+ * with an optimizer made before flattening (its pointers stay valid) and one made after. */
+static void test_flatten_trains_as_before(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    if (d >= 0 && dev == tu_host()) continue;
+    for (int adam = 0; adam < 2; adam++) {
+      clpar_module *plain = flat_mlp(dev), *flat = flat_mlp(dev);
+      clpar_optimizer *o_plain, *o_flat;
+      clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+      clpar_adam_options ao = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+      tu_ok(adam ? clpar_adam_create_for(plain, &ao, &o_plain)
+                 : clpar_sgd_create_for(plain, &so, &o_plain));
+      if (!adam) tu_ok(clpar_sgd_create_for(flat, &so, &o_flat)); /* before flattening */
+      flat_train(plain, o_plain, dev, 1); /* a gradient before flattening is kept */
+      if (!adam) flat_train(flat, o_flat, dev, 1);
+      float before[FLAT_N], after[FLAT_N], a[FLAT_N], b[FLAT_N];
+      read_params(flat, before);
+      clpar_tensor *w0;
+      tu_ok(clpar_module_parameter_at(flat, 0, NULL, &w0));
+      float *g_before = adam ? NULL : tu_read(clpar_tensor_grad(w0));
+      tu_ok(clpar_module_flatten(flat));
+      assert_flat(flat);
+      const char *name;
+      tu_ok(clpar_module_parameter_at(flat, 3, &name, NULL));
+      assert_string_equal(name, "2.bias");
+      read_params(flat, after);
+      assert_memory_equal(before, after, sizeof before);
+      if (!adam) {
+        float *g_after = tu_read(clpar_tensor_grad(w0));
+        assert_memory_equal(g_before, g_after, 80 * sizeof(float));
+        free(g_after);
+        free(g_before);
+      }
+      clpar_storage *st = w0->storage;
+      tu_ok(clpar_module_flatten(flat)); /* already flat: nothing moves */
+      assert_ptr_equal(w0->storage, st);
+      if (adam) {
+        tu_ok(clpar_adam_create_for(flat, &ao, &o_flat)); /* after flattening */
+        flat_train(flat, o_flat, dev, 1);
+      }
+      flat_train(plain, o_plain, dev, 3);
+      flat_train(flat, o_flat, dev, 3);
+      read_params(plain, a);
+      read_params(flat, b);
+      tu_assert_close(b, a, FLAT_N, 1e-6f, 1e-7f, adam ? "flat Adam" : "flat SGD");
+      clpar_optimizer_free(o_plain);
+      clpar_optimizer_free(o_flat);
+      clpar_module_free(plain);
+      clpar_module_free(flat);
+    }
+  }
+}
+
+/* clpar_module_to moves a flat module's buffers whole (it stays flat and trains on the new
+ * device), and refuses to move part of a flat group, changing nothing. */
+static void test_flatten_and_module_to(void **state) {
+  (void)state;
+  clpar_device *a = clpar_device_get(0), *b = tu_second_device(a);
+  if (!b) skip();
+  clpar_module *m = flat_mlp(a);
+  clpar_optimizer *opt;
+  clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+  tu_ok(clpar_sgd_create_for(m, &so, &opt));
+  flat_train(m, opt, a, 1);
+  tu_ok(clpar_module_flatten(m));
+  float before[FLAT_N], after[FLAT_N];
+  read_params(m, before);
+  clpar_module *first = clpar_module_child(m, "0");
+  assert_int_equal(clpar_module_to(first, b), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "flat"));
+  clpar_tensor *w0;
+  tu_ok(clpar_module_parameter_at(m, 0, NULL, &w0));
+  assert_ptr_equal(clpar_tensor_device(w0), a); /* nothing moved */
+  tu_ok(clpar_module_to(m, b));
+  assert_ptr_equal(clpar_tensor_device(w0), b);
+  assert_ptr_equal(clpar_tensor_device(clpar_tensor_grad(w0)), b);
+  assert_flat(m);
+  read_params(m, after);
+  assert_memory_equal(before, after, sizeof before);
+  flat_train(m, opt, b, 2); /* the optimizer follows, the module trains on b */
+  tu_ok(clpar_module_to(m, a));
+  assert_flat(m);
+  flat_train(m, opt, a, 1);
+  clpar_optimizer_free(opt);
+  clpar_module_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_child_used_twice),
@@ -286,6 +436,8 @@ int main(void) {
       cmocka_unit_test(test_parameter_names_stay_valid),
       cmocka_unit_test(test_optimizer_follows_module_to),
       cmocka_unit_test(test_optimizer_follows_data_parallel),
+      cmocka_unit_test(test_flatten_trains_as_before),
+      cmocka_unit_test(test_flatten_and_module_to),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -1,7 +1,8 @@
 /* test_runtime.c — the runtime under the ops: device workers, asynchronous errors, transfers
  * between devices that do not block the caller, the allocator across queues, gradient hooks
  * and the claim that keeps two backward passes off one graph. Every test runs on two devices
- * at least: the first two selected, or the first one and the host device. */
+ * at least: the first two selected, or the first one and the host device, or (host is the one
+ * selected) host and an unselected device. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -10,11 +11,12 @@
 #include "internal.h"
 #include "test_util.h"
 
-/* Two different devices: the first two selected, else the first and the host. */
+/* Two different devices: the first two selected, else the first and the host, else (host is
+ * the one selected) host and an unselected device. */
 static int two_devices(clpar_device **a, clpar_device **b) {
   *a = clpar_device_get(0);
-  *b = clpar_device_count() > 1 ? clpar_device_get(1) : tu_host();
-  return *a != *b;
+  *b = tu_second_device(*a);
+  return *b != NULL;
 }
 
 /* A command that fails on the worker comes back from the next call on that device, naming

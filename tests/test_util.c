@@ -35,10 +35,20 @@ clpar_device *tu_non_host(void) {
   return NULL;
 }
 
-clpar_device *tu_second(const clpar_device *first) {
-  for (int d = 0; d < clpar_device_count(); d++)
-    if (clpar_device_get(d) != first) return clpar_device_get(d);
-  return first != tu_host() ? tu_host() : NULL;
+clpar_device *tu_second_device(const clpar_device *first) {
+  for (int i = 0; i < clpar_device_count(); i++)
+    if (clpar_device_get(i) != first) return clpar_device_get(i);
+  if (first != tu_host()) return tu_host();
+  for (int i = 0; i < clpar_device_probed_count(); i++) {
+    clpar_device *d = clpar_device_probed(i);
+    if (d == first) continue;
+    static int said;
+    if (!said++)
+      fprintf(stderr, "note: only %s is selected; %s (not selected) is the second device\n",
+              clpar_device_id(first), clpar_device_id(d));
+    return d;
+  }
+  return NULL;
 }
 
 float *tu_rand(size_t n, uint64_t seed) {

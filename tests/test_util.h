@@ -23,10 +23,10 @@ clpar_device *tu_host(void);
  * reference), or NULL when the host is the only one selected. */
 clpar_device *tu_non_host(void);
 
-/* A second device for a test that crosses devices: the first selected device other than
- * first, else the host when first is not the host (so one PoCL device still crosses), else
- * NULL (only the host is selected: there is nothing to cross). */
-clpar_device *tu_second(const clpar_device *first);
+/* A device other than first for tests that need two: another selected device, else the host
+ * device, else (first is the host, the only one selected) a probed device that is not
+ * selected (PoCL), said on stderr; NULL when the machine has no second device. */
+clpar_device *tu_second_device(const clpar_device *first);
 
 /* n floats uniform in [-1, 1) from seed, malloc'ed (never NULL). */
 float *tu_rand(size_t n, uint64_t seed);

@@ -97,10 +97,11 @@ typedef struct clpar_memory_stats {
 CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
 
 /* How often a thread, the program's or the library's, has blocked on the device: every read
- * of a tensor back to the host, every clpar_device_synchronize, the library's own waits (the
- * first transfers of a size, which allocate pinned memory) and the waits inside the backend
- * (counted apart in clpar_device_counters.backend_waits). A training step (forward, loss,
- * backward, optimizer step) adds none, on one device or with DataParallel over several. */
+ * of a tensor back to the host, every clpar_device_synchronize, the library's own waits
+ * (allocating a device's first pinned staging blocks at clpar_init; emptying its cache) and the
+ * waits inside the backend (counted apart in clpar_device_counters.backend_waits). A training
+ * step (forward, loss, backward, optimizer step) adds none, on one device or with
+ * DataParallel over several. */
 CLPAR_API uint64_t clpar_device_host_waits(const clpar_device *dev);
 /* What the device's queue did besides computing, since clpar_init. */
 typedef struct clpar_device_counters {

@@ -91,6 +91,18 @@ CLPAR_API int clpar_module_parameter_count(const clpar_module *m);
  * valid as long as m is. */
 CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char **name,
                                                  clpar_tensor **param);
+/* Flat parameters: places m's parameters that live on one device one after another in one
+ * buffer (per device), and their gradients in another buffer of the same layout. Each
+ * parameter stays the same tensor (pointers held by an optimizer stay valid, values and
+ * gradients are kept) but becomes a view of the flat buffer, so copying every parameter to
+ * another device is one copy, and adding up gradients one add. Optimizers, zero_grad,
+ * parameter_at and clpar_module_to work as before; clpar_module_to moves each flat buffer
+ * whole, and refuses (CLPAR_ERROR_INVALID_ARGUMENT) to move a submodule whose parameters
+ * share a flat buffer with parameters outside it. Flattening again re-packs only what changed
+ * (a flat module stays as it is). DataParallel flattens the module it wraps; a gradient it
+ * adds into the flat gradient counts as a gradient of every parameter of the buffer (one the
+ * step did not use gets zeros, and an optimizer steps it). On error nothing is changed. */
+CLPAR_API clpar_status clpar_module_flatten(clpar_module *m);
 /* Moves every parameter to dev (a differentiable module stays trainable there). A
  * DataParallel wrapper, or a module containing one, is refused (CLPAR_ERROR_INVALID_ARGUMENT):
  * its devices were fixed when it was made. */

@@ -1,10 +1,12 @@
 /* parallel.h — DataParallel: one module trained on several devices at once, as PyTorch's
  * nn.DataParallel. Forward splits the batch along dim 0 (torch.chunk sizes, or sizes in
- * proportion to per-device weights), runs one replica per device in parallel (one host thread
- * per device), and gathers the outputs on the output device. Backward sums the replicas'
- * gradients into the wrapped module's parameters; after an optimizer step every replica
- * computes with the new parameters. Replicas persist between steps: a forward copies to them
- * only the parameters that changed. */
+ * proportion to per-device weights), runs one replica per device in parallel (the calling
+ * thread issues them all; each device's worker runs its own), and gathers the outputs on the
+ * output device, without waiting for any device. Backward sums the replicas' gradients into
+ * the wrapped module's parameters, on the first device; after an optimizer step every replica
+ * computes with the new parameters. The wrapped module is flattened (clpar_module_flatten):
+ * replicas persist between steps, and a forward copies the parameters to a replica in one
+ * transfer, only when they changed. */
 #ifndef CLPAR_PARALLEL_H
 #define CLPAR_PARALLEL_H
 
@@ -45,15 +47,18 @@ CLPAR_API clpar_status clpar_data_parallel_create(clpar_module *module,
  * chunks (devices left without rows get none). Returns the count, or a negative status. */
 CLPAR_API int clpar_data_parallel_split(const clpar_module *dp, int64_t rows, int64_t *sizes);
 
-/* Host time spent per part of the data-parallel steps since the last reset, in seconds. */
+/* Host time the calling thread spent issuing each part of the data-parallel steps since the
+ * last reset, in seconds (the devices' work runs on their workers and is not in it: nothing
+ * here waits for a device, except where a device's memory had to be allocated). */
 typedef struct clpar_data_parallel_stats {
   uint64_t forwards;
-  double scatter_seconds;     /* splitting the batch and copying the chunks to the devices */
-  double replicate_seconds;   /* copying changed parameters to the replicas */
-  double apply_seconds;       /* the replicas' forwards, in parallel */
-  double gather_seconds;      /* copying the outputs to the output device and concatenating */
-  double reduce_seconds;      /* backward: summing replica gradients into the parameters */
-  uint64_t parameters_copied; /* parameter tensors copied to replicas */
+  double scatter_seconds;     /* splitting the batch and posting the chunks' copies */
+  double replicate_seconds;   /* posting the parameter copies and making the replicas' views */
+  double apply_seconds;       /* issuing the replicas' forwards */
+  double gather_seconds;      /* posting the outputs' copies and the concatenation */
+  double reduce_seconds;      /* backward: posting the replicas' flat gradient copies */
+  uint64_t parameters_copied; /* flat parameter copies to replicas: one per replica and forward
+                               * after any parameter changed (all parameters in one transfer) */
 } clpar_data_parallel_stats;
 
 CLPAR_API clpar_status clpar_data_parallel_stats_get(const clpar_module *dp,

@@ -399,6 +399,19 @@ clpar_status clpar_module_to(clpar_module *m, clpar_device *dev) {
                            "the module before wrapping it, or make a new wrapper",
                            dp == m ? "is" : "contains");
   clpar_status s = refresh_flat(m);
+  /* A flat group (clpar_module_flatten) moves whole: every member must be in m. */
+  for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) {
+    clpar_tensor *f = ((clpar_tensor *)m->flat[i].item)->flat;
+    if (!f || f->storage->dev == dev) continue;
+    int here = 0;
+    for (int j = 0; j < m->n_flat; j++) here += ((clpar_tensor *)m->flat[j].item)->flat == f;
+    if (here != __atomic_load_n(&f->flat_members, __ATOMIC_RELAXED))
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                          "clpar_module_to: \"%s\" shares a flat buffer (clpar_module_flatten) "
+                          "with %d parameters outside this module; move the module that was "
+                          "flattened",
+                          m->flat[i].name, f->flat_members - here);
+  }
   for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) s = clpar_tensor_move(m->flat[i].item, dev);
   return s;
 }
