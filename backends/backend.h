@@ -156,7 +156,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(adam_step, QUEUE, 0)         \
   X(profile, QUEUE, 0)           \
   X(profile_read, QUEUE, 0)      \
-  X(copy_peer, QUEUE, 0)
+  X(copy_peer, QUEUE, 0)         \
+  X(tune_gemm, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -278,6 +279,11 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_copy_peer(F)                                                     \
   F(void *, peer) F(void *, dst) F(size_t, dst_off_bytes) F(const void *, src)          \
   F(size_t, src_off_bytes) F(size_t, bytes)
+/* Tunes the device's GEMM for the shapes (see clpar_device_tune_gemm; arguments checked),
+ * applies the result and saves it; result is filled. Waits for the device. */
+#define CLPAR_BE_ARGS_tune_gemm(F)                                  \
+  F(const clpar_gemm_shape *, shapes)                               \
+  F(int, n_shapes) F(const clpar_tune_options *, options) F(clpar_tune_result *, result)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -1,5 +1,6 @@
 /* gemm.c — clpar's GEMM against the raw library call on the same device: CLBlastSgemm on an
- * OpenCL device, cublasSgemm on a CUDA device (when the CUDA module is built).
+ * OpenCL device, cublasSgemm on a CUDA device (when the CUDA module is built), OpenBLAS's
+ * cblas_sgemm on the host device (when the host backend is built on a BLAS).
  *
  * For each n in 256, 512, 1024, 2048: C = A @ B through clpar_gemm (in place, beta 0) and
  * through the library on a context/stream of our own on the same device, timed in interleaved
@@ -7,15 +8,21 @@
  * per n with both GFLOP/s figures and their ratio (clpar / raw).
  *
  *   POCL_DEVICES=pthread ./bench_gemm [device-index] [n ...]
- *   CLPAR_DEVICES=cuda:0 ./bench_gemm */
+ *   CLPAR_DEVICES=cuda:0 ./bench_gemm
+ *   CLPAR_DEVICES=host ./bench_gemm 0 512 1024 2048 */
+#ifdef BENCH_HAVE_OPENCL
 #include <CL/cl.h>
 #include <clblast_c.h>
+#endif
 #include <clpar/clpar.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_util.h"
+#ifdef BENCH_HAVE_BLAS
+#include <cblas.h>
+#endif
 #ifdef BENCH_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -31,6 +38,7 @@ typedef struct {
 } raw_impl;
 
 /* ---- CLBlast ---- */
+#ifdef BENCH_HAVE_OPENCL
 
 /* The cl_device_id behind "opencl:N": the backend numbers devices across platforms in
  * enumeration order, as we do here. */
@@ -97,6 +105,50 @@ static double cl_time(void *p, size_t n, int reps) {
 }
 
 static const raw_impl clblast_impl = {"clblast", cl_setup, cl_time, cl_release};
+#endif
+
+/* ---- OpenBLAS (the host backend's own BLAS), called on this thread ---- */
+
+#ifdef BENCH_HAVE_BLAS
+typedef struct {
+  float *a, *b, *c;
+} blas_raw;
+
+static void blas_release(void *p) {
+  blas_raw *r = p;
+  if (!r) return;
+  free(r->a);
+  free(r->b);
+  free(r->c);
+  free(r);
+}
+
+static void *blas_setup(int ordinal, size_t n, const float *ha, const float *hb) {
+  (void)ordinal;
+  blas_raw *r = calloc(1, sizeof *r);
+  size_t bytes = n * n * sizeof(float);
+  if (!r || posix_memalign((void **)&r->a, 64, bytes) ||
+      posix_memalign((void **)&r->b, 64, bytes) || posix_memalign((void **)&r->c, 64, bytes)) {
+    blas_release(r);
+    return NULL;
+  }
+  memcpy(r->a, ha, bytes);
+  memcpy(r->b, hb, bytes);
+  return r;
+}
+
+static double blas_time(void *p, size_t n, int reps) {
+  blas_raw *r = p;
+  int in = (int)n;
+  double t0 = bench_now();
+  for (int i = 0; i < reps; i++)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, in, in, in, 1.0f, r->a, in, r->b, in,
+                0.0f, r->c, in);
+  return (bench_now() - t0) / reps;
+}
+
+static const raw_impl blas_impl = {"openblas", blas_setup, blas_time, blas_release};
+#endif
 
 /* ---- cuBLAS ---- */
 
@@ -225,15 +277,20 @@ int main(int argc, char **argv) {
   clpar_device_info info;
   const raw_impl *impl = NULL;
   if (dev && clpar_device_get_info(dev, &info) == CLPAR_OK) {
+#ifdef BENCH_HAVE_OPENCL
     if (strcmp(info.backend, "opencl") == 0) impl = &clblast_impl;
+#endif
+#ifdef BENCH_HAVE_BLAS
+    if (strcmp(info.backend, "host") == 0) impl = &blas_impl;
+#endif
 #ifdef BENCH_HAVE_CUDA
     if (strcmp(info.backend, "cuda") == 0) impl = &cublas_impl;
 #endif
   }
   if (!impl) {
     fprintf(stderr,
-            "device %d is neither an OpenCL nor (with the CUDA module) a CUDA device; set "
-            "CLPAR_DEVICES\n",
+            "device %d is not an OpenCL device, a CUDA device (with the CUDA module) or the "
+            "host device on a BLAS; set CLPAR_DEVICES\n",
             index);
     clpar_shutdown();
     return 1;
@@ -245,7 +302,8 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc && ns < 16; i++) sizes[ns++] = atoll(argv[i]);
   }
   fprintf(stderr, "bench_gemm on %s (%s) against %s\n", info.id, info.name, impl->name);
-  int ordinal = atoi(strchr(info.id, ':') + 1);
+  const char *colon = strchr(info.id, ':');
+  int ordinal = colon ? atoi(colon + 1) : 0;
   int ok = 1;
   for (int i = 0; i < ns && ok; i++) ok = bench_n(dev, impl, ordinal, sizes[i]);
   clpar_shutdown();

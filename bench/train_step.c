@@ -1,79 +1,235 @@
-/* train_step.c — time per training step of an MLP 784-1024-1024-10 at batch 256 on one
- * device (forward, cross-entropy, backward, Adam step, the batch uploaded each step), and
- * the share of that time the device spent outside kernels: the library's own overhead.
- * Steps run back to back and the device is waited for once at the end, as a training loop
- * that reads its loss only now and then would. Prints one JSON object.
+/* train_step.c — time per training step on one device, and PyTorch's time for the same step
+ * on the CPU in the same run (bench/torch_step.py, when `import torch` works).
  *
- *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps] */
+ *   --model mlp (default): MLP 784-1024-1024-10 at batch 256, cross-entropy, Adam, the batch
+ *     uploaded each step; also the share of the step the device spent outside kernels (the
+ *     library's own overhead) and the driver allocations during timed steps.
+ *   --model small: the seeds' Linear(5, 2) at batch 30, MSE, SGD (lr 0.01), input and target
+ *     uploaded each step: a latency-bound step where per-op costs dominate.
+ *
+ * Steps run back to back and the device is waited for once at the end of a round, as a
+ * training loop that reads its loss only now and then would. clpar runs `rounds` rounds, then
+ * PyTorch its rounds, then clpar again; the best round of each counts. Prints one JSON object;
+ * "torch_ms_per_step" and "ratio_to_torch" (clpar / PyTorch: below 1 is faster) are there when
+ * PyTorch ran, "torch": "missing" when it could not be imported.
+ *
+ *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps] [--model mlp|small]
+ *                        [--rounds R] [--no-torch]
+ *   CLPAR_DEVICES=host ./bench_train_step 0 10
+ *   CLPAR_BENCH_PYTHON=/usr/bin/python3 picks the interpreter (default: python3, then
+ *   /usr/bin/python3, the first that imports torch). */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
-enum { BATCH = 256, IN = 784, HIDDEN = 1024, OUT = 10 };
+#ifndef BENCH_TORCH_SCRIPT
+#define BENCH_TORCH_SCRIPT "torch_step.py"
+#endif
 
-static int step(clpar_module *m, clpar_optimizer *opt, clpar_device *dev, const float *x,
-                const int32_t *y) {
-  return bench_train_step(m, opt, dev, x, y, BATCH, IN);
+enum { BATCH = 256, IN = 784, HIDDEN = 1024, OUT = 10 };
+enum { SMALL_BATCH = 30, SMALL_IN = 5, SMALL_OUT = 2 };
+
+typedef struct {
+  int small;
+  clpar_module *model;
+  clpar_optimizer *opt;
+  clpar_device *dev;
+  float *x, *target; /* target: small model only */
+  int32_t y[BATCH];
+} bench_case;
+
+/* The small model's step: upload input and target, zero_grad, forward, MSE, backward, SGD. */
+static int small_step(bench_case *c) {
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *xt, *tt, *out, *loss;
+  int64_t xs[2] = {SMALL_BATCH, SMALL_IN}, ts[2] = {SMALL_BATCH, SMALL_OUT};
+  int good = bench_ok(clpar_tensor_from_host(c->dev, 2, xs, c->x, &xt), "upload") &&
+             bench_ok(clpar_tensor_from_host(c->dev, 2, ts, c->target, &tt), "upload") &&
+             bench_ok(clpar_optimizer_zero_grad(c->opt), "zero_grad") &&
+             bench_ok(clpar_module_forward(c->model, xt, &out), "forward") &&
+             bench_ok(clpar_mse_loss(out, tt, CLPAR_REDUCTION_MEAN, &loss), "loss") &&
+             bench_ok(clpar_backward(loss), "backward") &&
+             bench_ok(clpar_optimizer_step(c->opt), "step");
+  clpar_scope_end(scope);
+  return good;
+}
+
+static int one_step(bench_case *c) {
+  return c->small ? small_step(c)
+                  : bench_train_step(c->model, c->opt, c->dev, c->x, c->y, BATCH, IN);
 }
 
 /* Wall seconds per step over steps steps, the device waited for at the end. */
-static double timed(clpar_module *mlp, clpar_optimizer *opt, clpar_device *dev, const float *x,
-                    const int32_t *y, int steps) {
+static double timed(bench_case *c, int steps) {
   double t0 = bench_now();
   for (int i = 0; i < steps; i++)
-    if (!step(mlp, opt, dev, x, y)) return -1;
-  if (!bench_ok(clpar_device_synchronize(dev), "synchronize")) return -1;
+    if (!one_step(c)) return -1;
+  if (!bench_ok(clpar_device_synchronize(c->dev), "synchronize")) return -1;
   return (bench_now() - t0) / steps;
 }
 
+/* Best of rounds rounds (or -1 on failure), folded into *best. */
+static int best_of(bench_case *c, int steps, int rounds, double *best) {
+  for (int r = 0; r < rounds; r++) {
+    double t = timed(c, steps);
+    if (t < 0) return 0;
+    if (*best < 0 || t < *best) *best = t;
+  }
+  return 1;
+}
+
+/* An interpreter that imports torch, or NULL. */
+static const char *find_python(void) {
+  static char chosen[512];
+  const char *env = getenv("CLPAR_BENCH_PYTHON");
+  const char *candidates[] = {env, "python3", "/usr/bin/python3"};
+  for (size_t i = 0; i < sizeof candidates / sizeof *candidates; i++) {
+    const char *p = candidates[i];
+    if (!p || !*p || strchr(p, '\'') || strlen(p) > 400) continue;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", p);
+    if (system(cmd) == 0) {
+      snprintf(chosen, sizeof chosen, "%s", p);
+      return chosen;
+    }
+  }
+  return NULL;
+}
+
+/* Runs bench/torch_step.py; fills ms per step and PyTorch's thread count. 1 on success. */
+static int run_torch(const char *python, const char *model, int steps, int rounds, double *ms,
+                     int *threads) {
+  char cmd[1200], line[1024] = "";
+  snprintf(cmd, sizeof cmd, "'%s' '%s' --model %s --steps %d --rounds %d", python,
+           BENCH_TORCH_SCRIPT, model, steps, rounds);
+  FILE *f = popen(cmd, "r");
+  if (!f) return 0;
+  int got = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *m = strstr(line, "\"ms_per_step\": "), *t = strstr(line, "\"threads\": ");
+    if (m && t && sscanf(m + 15, "%lf", ms) == 1 && sscanf(t + 11, "%d", threads) == 1) got = 1;
+  }
+  return pclose(f) == 0 && got;
+}
+
+static clpar_module *small_model(clpar_device *dev) {
+  clpar_module *m = NULL;
+  clpar_manual_seed(3);
+  return bench_ok(clpar_linear_create(SMALL_IN, SMALL_OUT, 1, dev, &m), "Linear") ? m : NULL;
+}
+
 int main(int argc, char **argv) {
-  int index = argc > 1 ? atoi(argv[1]) : 0, steps = argc > 2 ? atoi(argv[2]) : 10;
+  int index = 0, steps = -1, rounds = 3, use_torch = 1, small = 0, positional = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+      small = strcmp(argv[++i], "small") == 0;
+    else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+      rounds = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--no-torch") == 0)
+      use_torch = 0;
+    else if (positional++ == 0)
+      index = atoi(argv[i]);
+    else
+      steps = atoi(argv[i]);
+  }
+  if (steps <= 0) steps = small ? 2000 : 10;
+  if (rounds <= 0) rounds = 1;
   if (!bench_ok(clpar_init(), "clpar_init")) return 1;
-  clpar_device *dev = clpar_device_get(index);
-  if (!dev) {
+  bench_case c = {.small = small, .dev = clpar_device_get(index)};
+  if (!c.dev) {
     fprintf(stderr, "%s\n", clpar_last_error());
     clpar_shutdown();
     return 1;
   }
-  float *x = malloc(sizeof(float) * BATCH * IN);
-  int32_t y[BATCH];
-  bench_batch(x, y, BATCH, IN, OUT);
-  clpar_module *mlp = bench_mlp(IN, HIDDEN, OUT, dev);
-  clpar_optimizer *opt = NULL;
-  clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-  int good = mlp && bench_ok(clpar_adam_create_for(mlp, &adam, &opt), "Adam");
-  /* Two warm-up steps: kernels compile and the allocator's cache fills. */
-  good = good && timed(mlp, opt, dev, x, y, 2) > 0;
+  int good;
+  if (small) {
+    c.x = malloc(sizeof(float) * SMALL_BATCH * SMALL_IN);
+    c.target = malloc(sizeof(float) * SMALL_BATCH * SMALL_OUT);
+    for (int i = 0; i < SMALL_BATCH * SMALL_IN; i++)
+      c.x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    for (int i = 0; i < SMALL_BATCH * SMALL_OUT; i++) c.target[i] = (float)((i * 11) % 7) / 7.0f;
+    c.model = small_model(c.dev);
+    clpar_sgd_options sgd = {.lr = 0.01f};
+    good = c.model && bench_ok(clpar_sgd_create_for(c.model, &sgd, &c.opt), "SGD");
+  } else {
+    c.x = malloc(sizeof(float) * BATCH * IN);
+    bench_batch(c.x, c.y, BATCH, IN, OUT);
+    c.model = bench_mlp(IN, HIDDEN, OUT, c.dev);
+    clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    good = c.model && bench_ok(clpar_adam_create_for(c.model, &adam, &c.opt), "Adam");
+  }
+  /* Warm-up: kernels compile and the allocator's cache fills. */
+  good = good && timed(&c, small ? 100 : 2) > 0;
   clpar_memory_stats m0, m1;
-  clpar_device_memory_stats(dev, &m0);
-  double plain = good ? timed(mlp, opt, dev, x, y, steps) : -1;
-  clpar_device_memory_stats(dev, &m1);
+  clpar_device_memory_stats(c.dev, &m0);
+  double plain = -1;
+  good = good && best_of(&c, steps, rounds, &plain);
+  clpar_device_memory_stats(c.dev, &m1);
+  const char *python = use_torch && good ? find_python() : NULL;
+  double torch_ms = -1;
+  int torch_threads = 0;
+  if (python &&
+      !run_torch(python, small ? "small" : "mlp", steps, rounds, &torch_ms, &torch_threads)) {
+    fprintf(stderr, "bench/torch_step.py failed under %s\n", python);
+    torch_ms = -1;
+  }
+  if (use_torch && !python) fprintf(stderr, "PyTorch is missing: no python3 here imports torch\n");
+  good = good && best_of(&c, steps, rounds, &plain); /* clpar again, after PyTorch */
   clpar_profile prof = {0};
   double profiled = -1;
-  if (good && plain > 0 && bench_ok(clpar_device_profile_start(dev), "profile")) {
-    profiled = timed(mlp, opt, dev, x, y, steps);
-    good = profiled > 0 && bench_ok(clpar_device_profile_read(dev, &prof), "profile read");
-    clpar_device_profile_stop(dev);
+  /* Device time, where the device records it (the host backend does not). */
+  if (good && !small && clpar_device_profile_start(c.dev) == CLPAR_OK) {
+    profiled = timed(&c, steps);
+    good = profiled > 0 && bench_ok(clpar_device_profile_read(c.dev, &prof), "profile read");
+    clpar_device_profile_stop(c.dev);
   }
-  if (good && plain > 0) {
-    double kernel = prof.device_seconds / steps;
-    printf(
-        "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"MLP %d-%d-%d-%d\", "
-        "\"batch\": %d, "
-        "\"optimizer\": \"Adam\", \"steps\": %d, \"ms_per_step\": %.2f, \"ms_per_step_profiled\": "
-        "%.2f, "
-        "\"kernel_ms_per_step\": %.2f, \"ops_per_step\": %.1f, \"outside_kernels_share\": %.4f, "
-        "\"driver_allocs_during_timed_steps\": %llu}\n",
-        clpar_device_id(dev), IN, HIDDEN, HIDDEN, OUT, BATCH, steps, plain * 1e3, profiled * 1e3,
-        kernel * 1e3, (double)prof.ops / steps, profiled > 0 ? 1.0 - kernel / profiled : -1.0,
-        (unsigned long long)(m1.driver_allocs - m0.driver_allocs));
+  if (good) {
+    /* The host backend's OpenMP threads spin between ops unless told not to; on a machine
+     * shared with other work that decides its speed (docs/DESIGN.md), so say which. */
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    char torch_part[256];
+    if (torch_ms > 0)
+      snprintf(torch_part, sizeof torch_part,
+               "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f, "
+               "\"omp_wait_policy\": \"%.20s\"",
+               torch_ms, torch_threads, plain * 1e3 / torch_ms, wait ? wait : "default");
+    else
+      snprintf(torch_part, sizeof torch_part, "\"torch\": \"%s\", \"omp_wait_policy\": \"%.20s\"",
+               !use_torch ? "not run"
+               : python   ? "failed"
+                          : "missing",
+               wait ? wait : "default");
+    if (small) {
+      printf(
+          "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"Linear 5-2\", "
+          "\"batch\": %d, \"loss\": \"MSE\", \"optimizer\": \"SGD\", \"steps\": %d, "
+          "\"rounds\": %d, \"ms_per_step\": %.4f, %s}\n",
+          clpar_device_id(c.dev), SMALL_BATCH, steps, rounds, plain * 1e3, torch_part);
+    } else {
+      char prof_part[256] = "\"ms_per_step_profiled\": null";
+      double kernel = prof.device_seconds / steps;
+      if (profiled > 0)
+        snprintf(prof_part, sizeof prof_part,
+                 "\"ms_per_step_profiled\": %.2f, \"kernel_ms_per_step\": %.2f, "
+                 "\"ops_per_step\": %.1f, \"outside_kernels_share\": %.4f",
+                 profiled * 1e3, kernel * 1e3, (double)prof.ops / steps,
+                 prof.device_seconds > 0 ? 1.0 - kernel / profiled : -1.0);
+      printf(
+          "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"MLP %d-%d-%d-%d\", "
+          "\"batch\": %d, \"optimizer\": \"Adam\", \"steps\": %d, \"rounds\": %d, "
+          "\"ms_per_step\": %.2f, %s, \"driver_allocs_during_timed_steps\": %llu, %s}\n",
+          clpar_device_id(c.dev), IN, HIDDEN, HIDDEN, OUT, BATCH, steps, rounds, plain * 1e3,
+          prof_part, (unsigned long long)(m1.driver_allocs - m0.driver_allocs), torch_part);
+    }
   }
-  clpar_optimizer_free(opt);
-  clpar_module_free(mlp);
-  free(x);
+  clpar_optimizer_free(c.opt);
+  clpar_module_free(c.model);
+  free(c.x);
+  free(c.target);
   clpar_shutdown();
   return good ? 0 : 1;
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # deps.sh — installs the Debian 12 packages clpar needs to build, test and run on PoCL, when
 # they are missing. Sourced by test.sh and demo.sh; runs apt-get as root (or through sudo).
+# OpenBLAS's OpenMP build (the host backend's GEMM): its threads are the OpenMP threads the host
+# backend's own loops use, where the pthread build would add a second pool of spinning threads.
 clpar_deps=(build-essential cmake pkg-config binutils ocl-icd-opencl-dev opencl-headers
-  pocl-opencl-icd libclblast-dev libcmocka-dev clinfo openmpi-bin libopenmpi-dev)
+  pocl-opencl-icd libclblast-dev libcmocka-dev libjansson-dev clinfo clang libclang-rt-14-dev
+  libopenblas-dev libopenblas-openmp-dev openmpi-bin libopenmpi-dev)
 
 clpar_install_deps() {
   local missing=()

@@ -207,9 +207,9 @@ clpar_status clpar_compose_nll_backward(clpar_device *dev, size_t rows, size_t c
 
 /* ---- entries that cannot be composed ----
  * The dispatch needs a composition for every optional queue entry, but these bits are never
- * set (not in composable_mask): a backend without profile or copy_peer has the entry posted
- * as before, and it fails on the worker naming the entry (profile), or is never called
- * (copy_peer: transfer.c asks peer_access first). */
+ * set (not in composable_mask): a backend without profile, copy_peer or tune_gemm has the
+ * entry posted as before, and it fails on the worker naming the entry (profile), or is never
+ * called (copy_peer: transfer.c asks peer_access first; tune_gemm: tune.c checks the table). */
 
 static clpar_status refuse(const clpar_device *dev, const char *what) {
   return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: the %s backend has no %s", dev->bd.info.id,
@@ -231,6 +231,13 @@ clpar_status clpar_compose_copy_peer(clpar_device *dev, void *peer, void *dst, s
                                      const void *src, size_t src_off_bytes, size_t bytes) {
   (void)peer, (void)dst, (void)dst_off_bytes, (void)src, (void)src_off_bytes, (void)bytes;
   return refuse(dev, "copy_peer");
+}
+
+clpar_status clpar_compose_tune_gemm(clpar_device *dev, const clpar_gemm_shape *shapes,
+                                     int n_shapes, const clpar_tune_options *options,
+                                     clpar_tune_result *result) {
+  (void)shapes, (void)n_shapes, (void)options, (void)result;
+  return refuse(dev, "tune_gemm");
 }
 
 /* ---- which entries are composed ---- */

@@ -75,8 +75,8 @@ CLPAR_BACKEND_ENTRIES(CLPAR_DISPATCH_DECL_)
  *
  * For each optional QUEUE entry, clpar_compose_<entry>(dev, args...) posts the same result
  * from primitive entries (softmax_backward, nll, nll_backward, sgd_step, adam_step; the
- * others refuse and are never composed); the dispatch calls it instead of the backend when the entry's bit is set
- * in dev->composed. */
+ * others refuse and are never composed); the dispatch calls it instead of the backend when the
+ * entry's bit is set in dev->composed. */
 #define CLPAR_COMPOSE_DECL_(name, kind, required) CLPAR_COMPOSE_DECL_##kind##_##required(name)
 #define CLPAR_COMPOSE_DECL_DIRECT_0(name)
 #define CLPAR_COMPOSE_DECL_DIRECT_1(name)
@@ -365,5 +365,48 @@ void clpar_weighted_sizes(int64_t rows, const float *weights, int n, int64_t *si
 
 /* Counter-based generator shared by every backend: the value for (seed, index). */
 float clpar_rng_uniform01(uint64_t seed, uint64_t index);
+
+/* ---- crash-safe files (src/trusted_file.c) ---- */
+
+/* Part i of a file being written: its bytes, valid until the next call (so a producer can
+ * fill one buffer again and again). An error stops the write and is returned. */
+typedef clpar_status (*clpar_part_fn)(void *user, int i, const void **data, size_t *size);
+/* Writes parts 0 .. n-1 (total bytes in all) one after another to path as one new file: a
+ * temporary file in the same directory, synced, renamed over path, and the directory synced;
+ * a crash at any point leaves either the old file or the new one, whole (a temporary file may
+ * be left behind). */
+clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
+                                     void *user);
+/* Test-only: called at each point of an atomic write (NULL outside tests). */
+typedef enum clpar_write_stage {
+  CLPAR_WRITE_CREATED, /* the temporary file exists, empty */
+  CLPAR_WRITE_HALFWAY, /* half the bytes written */
+  CLPAR_WRITE_WRITTEN, /* all written, not synced */
+  CLPAR_WRITE_SYNCED,  /* synced and closed, not renamed */
+  CLPAR_WRITE_RENAMED, /* renamed over the old file, the directory not synced */
+  CLPAR_WRITE_STAGE_COUNT
+} clpar_write_stage;
+extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
+
+/* The parameter generator's state (clpar_manual_seed), for training checkpoints. */
+void clpar_rng_state_get(uint64_t *seed, uint64_t *counter);
+void clpar_rng_state_set(uint64_t seed, uint64_t counter);
+
+/* An optimizer's state, for training checkpoints (src/optim.c): "SGD", "Adam" or "AdamW"; the
+ * parameters in creation order; state k of parameter i (SGD: 0 the momentum buffer; Adam: 0
+ * and 1 the moments), NULL until the first step makes it. restore takes s0 and s1 (unscoped,
+ * on the parameter's device, or NULL) and frees the state they replace. */
+const char *clpar_optimizer_kind(const clpar_optimizer *o);
+int clpar_optimizer_size(const clpar_optimizer *o);
+clpar_tensor *clpar_optimizer_param_at(const clpar_optimizer *o, int i);
+clpar_tensor *clpar_optimizer_state_at(const clpar_optimizer *o, int i, int k);
+int64_t clpar_optimizer_steps_at(const clpar_optimizer *o, int i);
+void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
+                             clpar_adam_options *adam);
+void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,
+                             int64_t steps);
+/* Checks the options for o's kind and, when apply, sets them. */
+clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_options *sgd,
+                                         const clpar_adam_options *adam, int apply);
 
 #endif

@@ -258,3 +258,52 @@ void clpar_optimizer_free(clpar_optimizer *o) {
   free(o->params);
   free(o);
 }
+
+/* ---- what a training checkpoint saves and restores (src/io/checkpoint.c) ---- */
+
+const char *clpar_optimizer_kind(const clpar_optimizer *o) {
+  return o->kind == OPT_SGD ? "SGD" : o->kind == OPT_ADAM ? "Adam" : "AdamW";
+}
+
+int clpar_optimizer_size(const clpar_optimizer *o) {
+  return o->n;
+}
+
+clpar_tensor *clpar_optimizer_param_at(const clpar_optimizer *o, int i) {
+  return o->params[i].param;
+}
+
+clpar_tensor *clpar_optimizer_state_at(const clpar_optimizer *o, int i, int k) {
+  return o->params[i].state[k];
+}
+
+int64_t clpar_optimizer_steps_at(const clpar_optimizer *o, int i) {
+  return o->params[i].steps;
+}
+
+void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
+                             clpar_adam_options *adam) {
+  *sgd = o->sgd;
+  *adam = o->adam;
+}
+
+void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,
+                             int64_t steps) {
+  param_state *ps = &o->params[i];
+  clpar_tensor_free(ps->state[0]);
+  clpar_tensor_free(ps->state[1]);
+  ps->state[0] = s0;
+  ps->state[1] = s1;
+  ps->steps = steps;
+}
+
+clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_options *sgd,
+                                         const clpar_adam_options *adam, int apply) {
+  clpar_status s = o->kind == OPT_SGD ? check_sgd(sgd) : check_adam(adam);
+  if (s != CLPAR_OK || !apply) return s;
+  if (o->kind == OPT_SGD)
+    o->sgd = *sgd;
+  else
+    o->adam = *adam;
+  return CLPAR_OK;
+}

@@ -222,38 +222,129 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
   return 0;
 }
 
-clpar_status clpar_trusted_file_write(int dirfd, const char *name, const void *data, size_t size) {
+void (*clpar_atomic_write_hook)(clpar_write_stage stage);
+
+static void stage(clpar_write_stage st) {
+  if (clpar_atomic_write_hook) clpar_atomic_write_hook(st);
+}
+
+/* The parts, asked for and written in order; the hook sees the point halfway through the
+ * total bytes. CLPAR_ERROR_IO with errno set when a write fails; a producer's own error. */
+static clpar_status write_parts(int fd, int n, uint64_t total, clpar_part_fn part, void *user) {
+  uint64_t done = 0;
+  int halfway = 0;
+  for (int i = 0; i < n; i++) {
+    const uint8_t *p = NULL;
+    size_t left = 0;
+    clpar_status s = part(user, i, (const void **)&p, &left);
+    if (s != CLPAR_OK) return s;
+    while (left > 0) {
+      size_t chunk = left;
+      if (!halfway && done + chunk > total / 2) chunk = (size_t)(total / 2 - done);
+      if (chunk > 0 && write_all(fd, p, chunk) != 0) return CLPAR_ERROR_IO;
+      p += chunk;
+      left -= chunk;
+      done += chunk;
+      if (!halfway && done >= total / 2) {
+        halfway = 1;
+        stage(CLPAR_WRITE_HALFWAY);
+      }
+    }
+  }
+  if (!halfway) stage(CLPAR_WRITE_HALFWAY);
+  return CLPAR_OK;
+}
+
+/* A new file (O_EXCL, mode before umask) next to name, written, synced, renamed over name, and
+ * the directory synced so that the rename itself survives a crash. what names the file's
+ * kind in messages. */
+static clpar_status write_in_dir(int dirfd, const char *what, const char *name, int n,
+                                 uint64_t total, clpar_part_fn part, void *user, mode_t mode) {
   static unsigned counter; /* atomic */
-  clpar_status s = check_name(name);
-  if (s != CLPAR_OK) return s;
-  if (!data && size > 0)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_trusted_file_write: NULL data");
   char tmp[300];
   int fd = -1;
   for (int attempt = 0; fd < 0 && attempt < 100; attempt++) {
     unsigned k = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    int n = snprintf(tmp, sizeof tmp, ".tmp-%ld-%u-%.200s", (long)getpid(), k, name);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "cache entry name %s is too long", name);
-    fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int len = snprintf(tmp, sizeof tmp, ".tmp-%ld-%u-%.200s", (long)getpid(), k, name);
+    if (len < 0 || (size_t)len >= sizeof tmp)
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s name %s is too long", what, name);
+    fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0)
-    return clpar_set_error(CLPAR_ERROR_IO, "cannot create a temporary file for cache entry %s: %s",
+    return clpar_set_error(CLPAR_ERROR_IO, "cannot create a temporary file for %s %s: %s", what,
                            name, strerror(errno));
-  int ok = write_all(fd, data, size) == 0 && fsync(fd) == 0;
-  int err = errno;
+  stage(CLPAR_WRITE_CREATED);
+  clpar_status ps = write_parts(fd, n, total, part, user);
+  int ok = ps == CLPAR_OK, err = errno;
+  if (ok) stage(CLPAR_WRITE_WRITTEN);
+  if (ok && fsync(fd) != 0) {
+    ok = 0;
+    err = errno;
+  }
   if (close(fd) != 0 && ok) {
     ok = 0;
     err = errno;
   }
+  if (ok) stage(CLPAR_WRITE_SYNCED);
   if (ok && renameat(dirfd, tmp, dirfd, name) != 0) {
     ok = 0;
     err = errno;
   }
   if (!ok) {
     unlinkat(dirfd, tmp, 0);
-    return clpar_set_error(CLPAR_ERROR_IO, "cannot write cache entry %s: %s", name, strerror(err));
+    if (ps != CLPAR_OK && ps != CLPAR_ERROR_IO) return ps; /* the producer's, with its message */
+    return clpar_set_error(CLPAR_ERROR_IO, "cannot write %s %s: %s", what, name, strerror(err));
   }
+  stage(CLPAR_WRITE_RENAMED);
+  /* Some file systems refuse fsync on a directory (EINVAL); the rename is then as durable as
+   * they make it, and the data itself is already synced. */
+  if (fsync(dirfd) != 0 && errno != EINVAL && errno != EROFS)
+    return clpar_set_error(CLPAR_ERROR_IO, "%s %s: syncing its directory failed: %s", what, name,
+                           strerror(errno));
   return CLPAR_OK;
+}
+
+typedef struct {
+  const void *const *parts;
+  const size_t *sizes;
+} parts_list;
+
+static clpar_status from_list(void *user, int i, const void **data, size_t *size) {
+  const parts_list *l = user;
+  *data = l->parts[i];
+  *size = l->sizes[i];
+  return CLPAR_OK;
+}
+
+clpar_status clpar_trusted_file_write(int dirfd, const char *name, const void *data, size_t size) {
+  clpar_status s = check_name(name);
+  if (s != CLPAR_OK) return s;
+  if (!data && size > 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_trusted_file_write: NULL data");
+  const void *parts[1] = {data};
+  parts_list l = {parts, &size};
+  return write_in_dir(dirfd, "cache entry", name, 1, size, from_list, &l, 0600);
+}
+
+clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
+                                     void *user) {
+  if (!path || !*path || n < 0 || !part)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_file_write_atomic: bad arguments");
+  const char *slash = strrchr(path, '/');
+  const char *name = slash ? slash + 1 : path;
+  if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s does not name a file", path);
+  char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+  if (!dir) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", path);
+  int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  clpar_status s = CLPAR_OK;
+  if (dirfd < 0)
+    s = clpar_set_error(CLPAR_ERROR_IO, "cannot open the directory %s of %s: %s", dir, path,
+                        strerror(errno));
+  free(dir);
+  if (s != CLPAR_OK) return s;
+  s = write_in_dir(dirfd, "file", name, n, total, part, user, 0666);
+  close(dirfd);
+  return s;
 }

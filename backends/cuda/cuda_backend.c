@@ -397,6 +397,7 @@ static clpar_status cuda_event_free(void *dev, void *ev) {
 
 /* Every optional entry is implemented on every CUDA device. */
 #define cuda_supports_op NULL
+#define cuda_tune_gemm NULL
 
 /* ---- host staging memory and transfers ---- */
 

@@ -12,10 +12,11 @@
 #include <string.h>
 
 #include "ocl_internal.h"
+#include "ocl_tune.h"
 
 /* CLBlast compiles its kernels on the first call on a device, and that compilation races
  * when it runs for two devices at once: the first GEMM of each device runs alone. */
-static pthread_mutex_t gemm_warmup_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t clpar_ocl_gemm_warmup_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Devices alive; CLBlast's caches (which keep contexts alive) are cleared with the last. */
 static atomic_int live_devices;
 
@@ -453,7 +454,7 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
   if (profile_slot(d, &ev) && clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
     marker = NULL;
   int warm = atomic_load(&d->gemm_warm);
-  if (!warm) pthread_mutex_lock(&gemm_warmup_lock);
+  if (!warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
   CLBlastStatusCode st = CLBlastSgemm(
       CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
       trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
@@ -464,7 +465,7 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
     clReleaseEvent(marker);
   if (!warm) {
     if (st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
-    pthread_mutex_unlock(&gemm_warmup_lock);
+    pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
   }
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemm(%zux%zux%zu): %s", m, n, k,
@@ -782,6 +783,7 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   device_string(device, CL_DRIVER_VERSION, d->driver_version, sizeof d->driver_version);
   platform_string(platform, CL_PLATFORM_NAME, d->platform_name, sizeof d->platform_name);
   platform_string(platform, CL_PLATFORM_VERSION, d->platform_version, sizeof d->platform_version);
+  clpar_ocl_tune_apply(d); /* a saved GEMM tuning entry (ocl_tune.c); never fails the open */
   atomic_fetch_add(&live_devices, 1);
   return d;
 }

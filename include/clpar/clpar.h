@@ -15,5 +15,6 @@
 #include "optim.h"
 #include "parallel.h"
 #include "dist.h"
+#include "checkpoint.h"
 
 #endif

@@ -118,6 +118,44 @@ CLPAR_API clpar_status clpar_device_counters_get(const clpar_device *dev,
 /* Gives every cached (unused) buffer back to the driver. */
 CLPAR_API clpar_status clpar_device_empty_cache(clpar_device *dev);
 
+/* ---- GEMM tuning (OpenCL devices: CLBlast's parameters for this device) ---- */
+
+/* One GEMM a model runs, row-major: C (m x n) = op(A) (m x k) op(B) (k x n). */
+typedef struct clpar_gemm_shape {
+  int64_t m, n, k;
+  int trans_a, trans_b;
+} clpar_gemm_shape;
+
+/* Called on the device's worker thread after each candidate: done of total, and what was
+ * just timed ("Xgemm 3/24"). It must not call into clpar. */
+typedef void (*clpar_tune_progress_fn)(void *user, int done, int total, const char *what);
+
+typedef struct clpar_tune_options {
+  int quick;                       /* a small grid (a few candidates per kernel): for CI */
+  int candidates;                  /* candidates per kernel; 0 picks 24 (quick: 2) */
+  clpar_tune_progress_fn progress; /* may be NULL */
+  void *user;
+} clpar_tune_options;
+
+typedef struct clpar_tune_result {
+  double default_seconds; /* the shapes' GEMMs once each with CLBlast's own parameters */
+  double tuned_seconds;   /* the same with the parameters kept (never more than default) */
+  int candidates_tried, candidates_failed; /* failed: build error or wrong results */
+  char path[512];                          /* the tuning entry written under CLPAR_CACHE_DIR */
+} clpar_tune_result;
+
+/* Tunes CLBlast's GEMM kernels (Xgemm, XgemmDirect, and the size where it switches between
+ * them) for dev on the given shapes: times whole GEMMs with each candidate, checking every
+ * candidate's results against double-precision sums, keeps the fastest (CLBlast's defaults
+ * when nothing beats them), applies it at once and saves it under CLPAR_CACHE_DIR, keyed
+ * by device, driver and CLBlast version; every later clpar_init applies it when it opens
+ * the device (CLPAR_TUNE=off ignores saved entries). CLBlast keeps parameters per device for
+ * the whole process. Takes seconds per candidate. CLPAR_ERROR_UNSUPPORTED on a device that
+ * is not OpenCL. options may be NULL; result may be NULL. */
+CLPAR_API clpar_status clpar_device_tune_gemm(clpar_device *dev, const clpar_gemm_shape *shapes,
+                                              int n_shapes, const clpar_tune_options *options,
+                                              clpar_tune_result *result);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,16 @@ void clpar_manual_seed(uint64_t seed) {
   __atomic_store_n(&seed_counter, 0, __ATOMIC_RELAXED);
 }
 
+void clpar_rng_state_get(uint64_t *seed, uint64_t *counter) {
+  *seed = __atomic_load_n(&seed_base, __ATOMIC_RELAXED);
+  *counter = __atomic_load_n(&seed_counter, __ATOMIC_RELAXED);
+}
+
+void clpar_rng_state_set(uint64_t seed, uint64_t counter) {
+  __atomic_store_n(&seed_base, seed, __ATOMIC_RELAXED);
+  __atomic_store_n(&seed_counter, counter, __ATOMIC_RELAXED);
+}
+
 /* A fresh stream for the next parameter initialization: deterministic after manual_seed. */
 static uint64_t next_seed(void) {
   uint64_t c = __atomic_fetch_add(&seed_counter, 1, __ATOMIC_RELAXED);

@@ -1,0 +1,72 @@
+/* checkpoint.h — a module's weights in the safetensors format (the file PyTorch users pass
+ * around: safetensors.torch.save_file / load_file), under PyTorch's state_dict names
+ * ("0.weight", "fc.bias"); and resumable training checkpoints (model, optimizer state,
+ * generator state, step and epoch). Every file is written crash-safe: to a temporary file in
+ * the same directory, synced, renamed over the old one, and the directory synced, so a process
+ * killed in the middle of a save leaves the previous file intact. */
+#ifndef CLPAR_CHECKPOINT_H
+#define CLPAR_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "export.h"
+#include "nn.h"
+#include "optim.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a load did not take, for a non-strict load (and for the message of a strict one). Each
+ * list is the names, comma separated ("" when none); owned by the report. */
+typedef struct clpar_load_report {
+  int loaded;       /* tensors copied into the module */
+  char *missing;    /* the module's names that the file lacks */
+  char *unexpected; /* the file's names that the module lacks */
+  char *mismatched; /* in both, with another shape or dtype: "0.weight (F32 [4, 3] in the file,
+                       F32 [4, 2] in the module)" */
+} clpar_load_report;
+
+/* Frees the lists (the struct itself is the caller's); accepts NULL. */
+CLPAR_API void clpar_load_report_free(clpar_load_report *report);
+
+/* Writes every parameter of m (clpar_module_parameter_at's names and order, each tensor once)
+ * to path as safetensors. metadata: NULL, or n_metadata key/value pairs (keys[i], values[i])
+ * written as the header's "__metadata__" strings. */
+CLPAR_API clpar_status clpar_safetensors_save(const clpar_module *m, const char *path,
+                                              const char *const *keys, const char *const *values,
+                                              int n_metadata);
+
+/* Loads path into m's parameters. strict (as PyTorch's load_state_dict(strict=True)): a name
+ * missing from the file, a name the module lacks, or an entry of another shape or dtype is
+ * CLPAR_ERROR_SHAPE_MISMATCH whose message lists the names, and nothing is changed; not
+ * strict: the entries that match are loaded and report (may be NULL) lists the rest. The
+ * "module." prefix of a DataParallel wrapper is matched either way: a file saved from a
+ * wrapper loads into the bare module and the other way round. A file that breaks the format
+ * is CLPAR_ERROR_CORRUPT naming what is wrong, and nothing is changed. The whole header is
+ * checked first and the data then read one tensor at a time (no copy of the file in memory):
+ * a file that another program truncates during the load gives CLPAR_ERROR_IO, and the
+ * parameters read before that keep their new values. */
+CLPAR_API clpar_status clpar_safetensors_load(clpar_module *m, const char *path, int strict,
+                                              clpar_load_report *report);
+
+/* A resumable training checkpoint, itself a safetensors file: the model's parameters as
+ * "model.<name>", the optimizer's state under PyTorch's names
+ * ("optimizer.state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq"), and in the metadata
+ * the optimizer's kind, options and per-parameter step counts, the parameter generator's
+ * state (clpar_manual_seed) and the caller's step and epoch. opt may be NULL. */
+CLPAR_API clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
+                                             const clpar_optimizer *opt, int64_t step,
+                                             int64_t epoch);
+/* Restores a checkpoint into a model and optimizer built as those that were saved (same
+ * architecture, same optimizer kind over the same parameters): strict, all or nothing. The
+ * optimizer's options (lr, ...) are restored too, as PyTorch's optimizer.load_state_dict
+ * does. step and epoch may be NULL. */
+CLPAR_API clpar_status clpar_checkpoint_load(const char *path, clpar_module *m,
+                                             clpar_optimizer *opt, int64_t *step, int64_t *epoch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

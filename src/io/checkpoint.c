@@ -1,0 +1,610 @@
+/* checkpoint.c — what a module and an optimizer keep in a safetensors file: parameters under
+ * PyTorch's state_dict names (with or without DataParallel's "module." prefix), and for a
+ * training checkpoint the optimizer's state under the names of PyTorch's optimizer state_dict,
+ * the generator's state and the step counters in the metadata. A load checks the whole file
+ * (its header) against the module before it changes anything, then reads the data tensor by
+ * tensor. Parameters are read and written through the public tensor API (clpar_tensor_read /
+ * write / from_host), whatever memory they live in.
+ *
+ * Other dtypes and module buffers: an entry carries its safetensors dtype (clpar_st_dtype);
+ * today every tensor is F32, so set_add writes F32 and check_entry accepts only F32, reporting
+ * other dtypes as mismatched. When tensors get a dtype, both map it to the CLPAR_ST_* of the
+ * same name; buffers become more named entries, added by add_module and matched by plan_make
+ * next to the parameters. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/safetensors.h"
+
+#define TRAIN_FORMAT "clpar.train.v1"
+#define NOMEM(what) clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what)
+
+/* ---- a growing, comma-separated list of names ---- */
+
+typedef struct {
+  char *s;
+  size_t len, cap;
+  int oom;
+} name_list;
+
+static void list_add(name_list *l, const char *fmt, ...) CLPAR_PRINTF(2, 3);
+static void list_add(name_list *l, const char *fmt, ...) {
+  char item[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(item, sizeof item, fmt, ap);
+  va_end(ap);
+  size_t need = l->len + strlen(item) + 3;
+  if (need > l->cap) {
+    size_t cap = need * 2;
+    char *s = realloc(l->s, cap);
+    if (!s) {
+      l->oom = 1;
+      return;
+    }
+    l->s = s;
+    l->cap = cap;
+  }
+  l->len += (size_t)sprintf(l->s + l->len, "%s%s", l->len ? ", " : "", item);
+}
+
+static const char *list_str(const name_list *l) {
+  return l->len ? l->s : "";
+}
+
+/* The list as a malloc'ed string ("" when empty); NULL when out of memory. */
+static char *list_take(name_list *l) {
+  char *s = l->len ? l->s : strdup("");
+  if (!l->len) free(l->s);
+  l->s = NULL;
+  l->len = l->cap = 0;
+  return s;
+}
+
+void clpar_load_report_free(clpar_load_report *r) {
+  if (!r) return;
+  free(r->missing);
+  free(r->unexpected);
+  free(r->mismatched);
+  r->missing = r->unexpected = r->mismatched = NULL;
+}
+
+/* ---- a set of tensors to write ---- */
+
+typedef struct {
+  clpar_st_entry *e;
+  int64_t (*shapes)[CLPAR_MAX_DIMS];
+  int n, cap;
+  char **keys, **values;
+  int n_meta, cap_meta;
+} write_set;
+
+static void set_free(write_set *w) {
+  for (int i = 0; i < w->n; i++) free((void *)w->e[i].name);
+  for (int i = 0; i < w->n_meta; i++) {
+    free(w->keys[i]);
+    free(w->values[i]);
+  }
+  free(w->e);
+  free(w->shapes);
+  free(w->keys);
+  free(w->values);
+}
+
+static clpar_status read_tensor(const void *src, void *dst, size_t bytes) {
+  return clpar_tensor_read(src, dst, bytes / sizeof(float));
+}
+
+/* Adds t under prefix + name; its values are read from its device as the file is written. */
+static clpar_status set_add(write_set *w, const char *prefix, const char *name,
+                            const clpar_tensor *t) {
+  if (w->n == w->cap) {
+    int cap = w->cap ? 2 * w->cap : 16;
+    clpar_st_entry *e = realloc(w->e, (size_t)cap * sizeof *e);
+    if (e) w->e = e;
+    int64_t(*sh)[CLPAR_MAX_DIMS] = realloc(w->shapes, (size_t)cap * sizeof *sh);
+    if (sh) w->shapes = sh;
+    if (!e || !sh) return NOMEM("checkpoint");
+    w->cap = cap;
+  }
+  char *full = malloc(strlen(prefix) + strlen(name) + 1);
+  if (!full) return NOMEM("checkpoint");
+  sprintf(full, "%s%s", prefix, name);
+  int nd = clpar_tensor_ndim(t);
+  for (int k = 0; k < nd; k++) w->shapes[w->n][k] = clpar_tensor_dim(t, k);
+  w->e[w->n] = (clpar_st_entry){full, CLPAR_ST_F32, nd, NULL, NULL, read_tensor, t};
+  w->n++;
+  return CLPAR_OK;
+}
+
+static clpar_status meta_add(write_set *w, const char *key, const char *fmt, ...)
+    CLPAR_PRINTF(3, 4);
+static clpar_status meta_add(write_set *w, const char *key, const char *fmt, ...) {
+  if (w->n_meta == w->cap_meta) {
+    int cap = w->cap_meta ? 2 * w->cap_meta : 16;
+    char **k = realloc(w->keys, (size_t)cap * sizeof *k);
+    if (k) w->keys = k;
+    char **v = realloc(w->values, (size_t)cap * sizeof *v);
+    if (v) w->values = v;
+    if (!k || !v) return NOMEM("checkpoint");
+    w->cap_meta = cap;
+  }
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int len = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *value = len >= 0 ? malloc((size_t)len + 1) : NULL;
+  if (value) vsnprintf(value, (size_t)len + 1, fmt, ap2);
+  va_end(ap2);
+  if (!value) return NOMEM("checkpoint");
+  char *kk = strdup(key), *vv = value;
+  if (!kk) {
+    free(vv);
+    return NOMEM("checkpoint");
+  }
+  w->keys[w->n_meta] = kk;
+  w->values[w->n_meta] = vv;
+  w->n_meta++;
+  return CLPAR_OK;
+}
+
+static clpar_status set_write(write_set *w, const char *path) {
+  for (int i = 0; i < w->n; i++) w->e[i].shape = w->shapes[i]; /* shapes may have moved */
+  return clpar_st_write(path, w->e, w->n, (const char *const *)w->keys,
+                        (const char *const *)w->values, w->n_meta);
+}
+
+static clpar_status add_module(write_set *w, const clpar_module *m, const char *prefix) {
+  int n = clpar_module_parameter_count(m);
+  for (int i = 0; i < n; i++) {
+    const char *name;
+    clpar_tensor *p;
+    clpar_status s = clpar_module_parameter_at(m, i, &name, &p);
+    if (s == CLPAR_OK) s = set_add(w, prefix, name, p);
+    if (s != CLPAR_OK) return s;
+  }
+  return CLPAR_OK;
+}
+
+clpar_status clpar_safetensors_save(const clpar_module *m, const char *path,
+                                    const char *const *keys, const char *const *values,
+                                    int n_metadata) {
+  if (!m || !path || n_metadata < 0 || (n_metadata > 0 && (!keys || !values)))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_safetensors_save: NULL module or path, or bad metadata");
+  write_set w = {0};
+  clpar_status s = add_module(&w, m, "");
+  for (int i = 0; s == CLPAR_OK && i < n_metadata; i++) {
+    if (!keys[i] || !values[i])
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: metadata pair %d is NULL", path, i);
+    else
+      s = meta_add(&w, keys[i], "%s", values[i]);
+  }
+  if (s == CLPAR_OK) s = set_write(&w, path);
+  set_free(&w);
+  return s;
+}
+
+/* ---- matching a file against a module ---- */
+
+static int same_shape(const clpar_st_tensor *e, const clpar_tensor *t) {
+  if (e->ndim != clpar_tensor_ndim(t)) return 0;
+  for (int k = 0; k < e->ndim; k++)
+    if (e->shape[k] != (uint64_t)clpar_tensor_dim(t, k)) return 0;
+  return 1;
+}
+
+static void shape_str(const clpar_st_tensor *e, char *buf, size_t size) {
+  size_t at = (size_t)snprintf(buf, size, "[");
+  for (int k = 0; k < e->ndim && at < size; k++)
+    at += (size_t)snprintf(buf + at, size - at, "%s%llu", k ? ", " : "",
+                           (unsigned long long)e->shape[k]);
+  if (at < size) snprintf(buf + at, size - at, "]");
+}
+
+/* Whether file tensor idx can be loaded into t (F32 of t's shape); adds it to bad if not. */
+static int check_entry(const clpar_st_file *f, int idx, const clpar_tensor *t, name_list *bad) {
+  const clpar_st_tensor *e = &f->tensors[idx];
+  if (e->dtype == CLPAR_ST_F32 && same_shape(e, t)) return 1;
+  char fs[160], ms[160];
+  shape_str(e, fs, sizeof fs);
+  clpar_tensor_shape_str(t, ms, sizeof ms);
+  list_add(bad, "%s (%s %s in the file, F32 %s in the module)", e->name,
+           clpar_st_dtype_name(e->dtype), fs, ms);
+  return 0;
+}
+
+static int starts_with(const char *s, const char *prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* The file tensor for a module name under prefix: the name itself, else the other form of
+ * DataParallel's "module." prefix (with it dropped, or added). -1 when none, -2 when out of
+ * memory. */
+static int find_for(const clpar_st_file *f, const char *prefix, const char *name) {
+  size_t len = strlen(prefix) + strlen("module.") + strlen(name) + 1;
+  char *buf = malloc(len);
+  if (!buf) return -2;
+  snprintf(buf, len, "%s%s", prefix, name);
+  int idx = clpar_st_find(f, buf);
+  if (idx < 0 && starts_with(name, "module.")) {
+    snprintf(buf, len, "%s%s", prefix, name + strlen("module."));
+    idx = clpar_st_find(f, buf);
+  } else if (idx < 0) {
+    snprintf(buf, len, "%smodule.%s", prefix, name);
+    idx = clpar_st_find(f, buf);
+  }
+  free(buf);
+  return idx;
+}
+
+typedef struct {
+  int n; /* the module's parameters */
+  clpar_tensor **params;
+  int *entry; /* per parameter: the file tensor to load, or -1 */
+  char *used; /* per file tensor: claimed by a parameter */
+  name_list missing, unexpected, mismatched;
+  int loaded;
+} plan;
+
+static void plan_free(plan *p) {
+  free(p->params);
+  free(p->entry);
+  free(p->used);
+  free(p->missing.s);
+  free(p->unexpected.s);
+  free(p->mismatched.s);
+}
+
+/* Which file tensor (named under prefix) goes into which parameter of m. */
+static clpar_status plan_make(const clpar_module *m, const clpar_st_file *f, const char *prefix,
+                              plan *p) {
+  memset(p, 0, sizeof *p);
+  p->n = clpar_module_parameter_count(m);
+  p->params = calloc((size_t)p->n + 1, sizeof *p->params);
+  p->entry = calloc((size_t)p->n + 1, sizeof *p->entry);
+  p->used = calloc((size_t)f->n + 1, 1);
+  if (!p->params || !p->entry || !p->used) return NOMEM("load");
+  for (int i = 0; i < p->n; i++) {
+    const char *name;
+    clpar_status s = clpar_module_parameter_at(m, i, &name, &p->params[i]);
+    if (s != CLPAR_OK) return s;
+    int idx = find_for(f, prefix, name);
+    if (idx == -2) return NOMEM("load");
+    p->entry[i] = -1;
+    if (idx >= 0 && p->used[idx]) idx = -1; /* both forms in the module: the first has it */
+    if (idx < 0) {
+      list_add(&p->missing, "%s%s", prefix, name);
+      continue;
+    }
+    p->used[idx] = 1;
+    if (check_entry(f, idx, p->params[i], &p->mismatched)) p->entry[i] = idx;
+  }
+  for (int j = 0; j < f->n; j++)
+    if (!p->used[j] && starts_with(f->tensors[j].name, prefix))
+      list_add(&p->unexpected, "%s", f->tensors[j].name);
+  if (p->missing.oom || p->unexpected.oom || p->mismatched.oom) return NOMEM("load");
+  return CLPAR_OK;
+}
+
+static int plan_clean(const plan *p) {
+  return !p->missing.len && !p->unexpected.len && !p->mismatched.len;
+}
+
+static clpar_status plan_error(const char *path, const plan *p) {
+  return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                         "%s does not match the module (nothing was loaded): missing: [%s]; "
+                         "unexpected: [%s]; mismatched: [%s]",
+                         path, list_str(&p->missing), list_str(&p->unexpected),
+                         list_str(&p->mismatched));
+}
+
+/* A buffer for the largest of the file's tensors that will be loaded (entry[i] >= 0 for n
+ * of them), read one after the other: no copy of the whole file is held. */
+static float *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
+  uint64_t most = 4;
+  for (int i = 0; i < n; i++)
+    if (entry[i] >= 0 && f->tensors[entry[i]].end - f->tensors[entry[i]].begin > most)
+      most = f->tensors[entry[i]].end - f->tensors[entry[i]].begin;
+  return most <= SIZE_MAX ? malloc((size_t)most) : NULL;
+}
+
+static clpar_status plan_apply(const clpar_st_file *f, plan *p) {
+  float *buf = tensor_buffer(f, p->entry, p->n);
+  if (!buf) return NOMEM("load");
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; s == CLPAR_OK && i < p->n; i++) {
+    if (p->entry[i] < 0) continue;
+    s = clpar_st_tensor_read(f, p->entry[i], buf);
+    if (s == CLPAR_OK)
+      s = clpar_tensor_write(p->params[i], buf, (size_t)clpar_tensor_numel(p->params[i]));
+    if (s == CLPAR_OK) p->loaded++;
+  }
+  free(buf);
+  return s;
+}
+
+clpar_status clpar_safetensors_load(clpar_module *m, const char *path, int strict,
+                                    clpar_load_report *report) {
+  if (report) memset(report, 0, sizeof *report);
+  if (!m || !path)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_safetensors_load: NULL module or path");
+  clpar_st_file f;
+  clpar_status s = clpar_st_read(path, &f);
+  if (s != CLPAR_OK) return s;
+  plan p;
+  s = plan_make(m, &f, "", &p);
+  if (s == CLPAR_OK && strict && !plan_clean(&p)) s = plan_error(path, &p);
+  if (s == CLPAR_OK) s = plan_apply(&f, &p);
+  if (s == CLPAR_OK && report) {
+    report->loaded = p.loaded;
+    report->missing = list_take(&p.missing);
+    report->unexpected = list_take(&p.unexpected);
+    report->mismatched = list_take(&p.mismatched);
+    if (!report->missing || !report->unexpected || !report->mismatched) {
+      clpar_load_report_free(report);
+      s = NOMEM(path);
+    }
+  }
+  plan_free(&p);
+  clpar_st_free(&f);
+  return s;
+}
+
+/* ---- training checkpoints ---- */
+
+/* PyTorch's names for an optimizer's state k of parameter i. */
+static const char *state_name(const char *kind, int k) {
+  if (strcmp(kind, "SGD") == 0) return k == 0 ? "momentum_buffer" : NULL;
+  return k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+static clpar_status add_optimizer(write_set *w, const clpar_optimizer *o) {
+  const char *kind = clpar_optimizer_kind(o);
+  int n = clpar_optimizer_size(o);
+  clpar_sgd_options sgd;
+  clpar_adam_options ad;
+  clpar_optimizer_options(o, &sgd, &ad);
+  clpar_status s = meta_add(w, "optimizer.kind", "%s", kind);
+  if (s == CLPAR_OK) s = meta_add(w, "optimizer.params", "%d", n);
+  if (s == CLPAR_OK && strcmp(kind, "SGD") == 0) {
+    s = meta_add(w, "optimizer.lr", "%.9g", (double)sgd.lr);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.momentum", "%.9g", (double)sgd.momentum);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.dampening", "%.9g", (double)sgd.dampening);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.weight_decay", "%.9g", (double)sgd.weight_decay);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.nesterov", "%d", sgd.nesterov);
+  } else if (s == CLPAR_OK) {
+    s = meta_add(w, "optimizer.lr", "%.9g", (double)ad.lr);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.beta1", "%.9g", (double)ad.beta1);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.beta2", "%.9g", (double)ad.beta2);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.eps", "%.9g", (double)ad.eps);
+    if (s == CLPAR_OK) s = meta_add(w, "optimizer.weight_decay", "%.9g", (double)ad.weight_decay);
+  }
+  for (int i = 0; s == CLPAR_OK && i < n; i++) {
+    char key[96];
+    snprintf(key, sizeof key, "optimizer.state.%d.step", i);
+    s = meta_add(w, key, "%lld", (long long)clpar_optimizer_steps_at(o, i));
+    for (int k = 0; s == CLPAR_OK && k < 2; k++) {
+      const clpar_tensor *t = clpar_optimizer_state_at(o, i, k);
+      if (!t) continue;
+      snprintf(key, sizeof key, "optimizer.state.%d.%s", i, state_name(kind, k));
+      s = set_add(w, "", key, t);
+    }
+  }
+  return s;
+}
+
+clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
+                                   const clpar_optimizer *opt, int64_t step, int64_t epoch) {
+  if (!path || !m)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_checkpoint_save: NULL path or module");
+  write_set w = {0};
+  uint64_t seed, counter;
+  clpar_rng_state_get(&seed, &counter);
+  clpar_status s = meta_add(&w, "format", "%s", TRAIN_FORMAT);
+  if (s == CLPAR_OK) s = meta_add(&w, "step", "%lld", (long long)step);
+  if (s == CLPAR_OK) s = meta_add(&w, "epoch", "%lld", (long long)epoch);
+  if (s == CLPAR_OK) s = meta_add(&w, "rng.seed", "%llu", (unsigned long long)seed);
+  if (s == CLPAR_OK) s = meta_add(&w, "rng.counter", "%llu", (unsigned long long)counter);
+  if (s == CLPAR_OK) s = add_module(&w, m, "model.");
+  if (s == CLPAR_OK && opt) s = add_optimizer(&w, opt);
+  if (s == CLPAR_OK) s = set_write(&w, path);
+  set_free(&w);
+  return s;
+}
+
+/* Metadata value key as a number; CLPAR_ERROR_CORRUPT when absent or malformed. */
+static clpar_status meta_i64(const clpar_st_file *f, const char *path, const char *key, int64_t lo,
+                             int64_t *out) {
+  const char *v = clpar_st_meta(f, key);
+  char *end = NULL;
+  errno = 0;
+  long long x = v ? strtoll(v, &end, 10) : 0;
+  if (!v || !*v || *end || errno || x < lo)
+    return clpar_set_error(CLPAR_ERROR_CORRUPT,
+                           "%s: metadata \"%s\" is %s%s%s, not an integer >= %lld", path, key,
+                           v ? "\"" : "missing", v ? v : "", v ? "\"" : "", (long long)lo);
+  *out = x;
+  return CLPAR_OK;
+}
+
+static clpar_status meta_u64(const clpar_st_file *f, const char *path, const char *key,
+                             uint64_t *out) {
+  const char *v = clpar_st_meta(f, key);
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = v && *v != '-' ? strtoull(v, &end, 10) : 0;
+  if (!v || !*v || *v == '-' || *end || errno)
+    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is not an unsigned integer",
+                           path, key);
+  *out = x;
+  return CLPAR_OK;
+}
+
+static clpar_status meta_float(const clpar_st_file *f, const char *path, const char *key,
+                               float *out) {
+  const char *v = clpar_st_meta(f, key);
+  char *end = NULL;
+  float x = v ? strtof(v, &end) : 0.0f;
+  if (!v || !*v || *end)
+    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is not a number", path, key);
+  *out = x;
+  return CLPAR_OK;
+}
+
+static clpar_status read_options(const clpar_st_file *f, const char *path, const char *kind,
+                                 clpar_sgd_options *sgd, clpar_adam_options *ad) {
+  memset(sgd, 0, sizeof *sgd);
+  memset(ad, 0, sizeof *ad);
+  if (strcmp(kind, "SGD") == 0) {
+    int64_t nesterov = 0;
+    clpar_status s = meta_float(f, path, "optimizer.lr", &sgd->lr);
+    if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.momentum", &sgd->momentum);
+    if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.dampening", &sgd->dampening);
+    if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.weight_decay", &sgd->weight_decay);
+    if (s == CLPAR_OK) s = meta_i64(f, path, "optimizer.nesterov", 0, &nesterov);
+    sgd->nesterov = nesterov != 0;
+    return s;
+  }
+  clpar_status s = meta_float(f, path, "optimizer.lr", &ad->lr);
+  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.beta1", &ad->beta1);
+  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.beta2", &ad->beta2);
+  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.eps", &ad->eps);
+  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.weight_decay", &ad->weight_decay);
+  return s;
+}
+
+/* The optimizer's part of a checkpoint, checked whole: the state tensors (made on each
+ * parameter's device, not yet given to the optimizer) and step counts. */
+typedef struct {
+  int n;
+  clpar_tensor *(*state)[2];
+  int64_t *steps;
+  clpar_sgd_options sgd;
+  clpar_adam_options adam;
+} opt_plan;
+
+static void opt_plan_free(opt_plan *q) {
+  for (int i = 0; q->state && i < q->n; i++) {
+    clpar_tensor_free(q->state[i][0]);
+    clpar_tensor_free(q->state[i][1]);
+  }
+  free(q->state);
+  free(q->steps);
+}
+
+static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
+                                  const clpar_optimizer *o, opt_plan *q) {
+  memset(q, 0, sizeof *q);
+  const char *kind = clpar_optimizer_kind(o), *fkind = clpar_st_meta(f, "optimizer.kind");
+  int n = clpar_optimizer_size(o);
+  int64_t fn = 0;
+  if (!fkind)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s holds no optimizer state", path);
+  if (strcmp(fkind, kind) != 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s holds the state of %s, not of %s",
+                           path, fkind, kind);
+  clpar_status s = meta_i64(f, path, "optimizer.params", 0, &fn);
+  if (s == CLPAR_OK && fn != n)
+    s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                        "%s holds an optimizer of %lld parameters; this one has %d", path,
+                        (long long)fn, n);
+  if (s == CLPAR_OK) s = read_options(f, path, kind, &q->sgd, &q->adam);
+  if (s == CLPAR_OK) s = clpar_optimizer_set_options((clpar_optimizer *)o, &q->sgd, &q->adam, 0);
+  if (s != CLPAR_OK) return s;
+  q->state = calloc((size_t)n + 1, sizeof *q->state);
+  q->steps = calloc((size_t)n + 1, sizeof *q->steps);
+  char *used = calloc((size_t)f->n + 1, 1);
+  if (!q->state || !q->steps || !used) s = NOMEM(path);
+  q->n = n;
+  name_list bad = {0};
+  for (int i = 0; s == CLPAR_OK && i < n; i++) {
+    char key[96];
+    snprintf(key, sizeof key, "optimizer.state.%d.step", i);
+    s = meta_i64(f, path, key, 0, &q->steps[i]);
+    clpar_tensor *p = clpar_optimizer_param_at(o, i);
+    for (int k = 0; s == CLPAR_OK && k < 2 && state_name(kind, k); k++) {
+      snprintf(key, sizeof key, "optimizer.state.%d.%s", i, state_name(kind, k));
+      int idx = clpar_st_find(f, key);
+      if (idx < 0) continue; /* not made yet when saved: made at the next step */
+      used[idx] = 1;
+      if (!check_entry(f, idx, p, &bad)) continue;
+      float *v = malloc((size_t)clpar_tensor_numel(p) * sizeof *v);
+      int64_t shape[CLPAR_MAX_DIMS];
+      int nd = clpar_tensor_ndim(p);
+      for (int d = 0; d < nd; d++) shape[d] = clpar_tensor_dim(p, d);
+      s = v ? clpar_st_tensor_read(f, idx, v) : NOMEM(path);
+      if (s == CLPAR_OK)
+        s = clpar_tensor_from_host(clpar_tensor_device(p), nd, shape, v, &q->state[i][k]);
+      if (s == CLPAR_OK) clpar_tensor_unscope(q->state[i][k]);
+      free(v);
+    }
+  }
+  for (int j = 0; s == CLPAR_OK && j < f->n; j++)
+    if (!used[j] && starts_with(f->tensors[j].name, "optimizer."))
+      list_add(&bad, "%s (unexpected)", f->tensors[j].name);
+  if (s == CLPAR_OK && bad.len)
+    s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                        "%s: the optimizer's state does not match (nothing was loaded): %s", path,
+                        bad.s);
+  free(bad.s);
+  free(used);
+  return s;
+}
+
+static clpar_status read_counters(const clpar_st_file *f, const char *path, int64_t *step,
+                                  int64_t *epoch, uint64_t *seed, uint64_t *counter) {
+  const char *format = clpar_st_meta(f, "format");
+  if (!format || strcmp(format, TRAIN_FORMAT) != 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s is not a clpar training checkpoint (metadata format \"%s\", "
+                           "expected \"%s\")",
+                           path, format ? format : "(none)", TRAIN_FORMAT);
+  clpar_status s = meta_i64(f, path, "step", INT64_MIN, step);
+  if (s == CLPAR_OK) s = meta_i64(f, path, "epoch", INT64_MIN, epoch);
+  if (s == CLPAR_OK) s = meta_u64(f, path, "rng.seed", seed);
+  if (s == CLPAR_OK) s = meta_u64(f, path, "rng.counter", counter);
+  return s;
+}
+
+clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_optimizer *opt,
+                                   int64_t *step, int64_t *epoch) {
+  if (!path || !m)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_checkpoint_load: NULL path or module");
+  clpar_st_file f;
+  clpar_status s = clpar_st_read(path, &f);
+  if (s != CLPAR_OK) return s;
+  int64_t st = 0, ep = 0;
+  uint64_t seed = 0, counter = 0;
+  plan p;
+  opt_plan q = {0};
+  memset(&p, 0, sizeof p);
+  s = read_counters(&f, path, &st, &ep, &seed, &counter);
+  if (s == CLPAR_OK) s = plan_make(m, &f, "model.", &p);
+  if (s == CLPAR_OK && !plan_clean(&p)) s = plan_error(path, &p);
+  if (s == CLPAR_OK && opt) s = opt_plan_make(&f, path, opt, &q);
+  if (s == CLPAR_OK) s = plan_apply(&f, &p);
+  if (s == CLPAR_OK && opt) {
+    s = clpar_optimizer_set_options(opt, &q.sgd, &q.adam, 1);
+    for (int i = 0; s == CLPAR_OK && i < q.n; i++) {
+      clpar_optimizer_restore(opt, i, q.state[i][0], q.state[i][1], q.steps[i]);
+      q.state[i][0] = q.state[i][1] = NULL;
+    }
+  }
+  if (s == CLPAR_OK) {
+    clpar_rng_state_set(seed, counter);
+    if (step) *step = st;
+    if (epoch) *epoch = ep;
+  }
+  opt_plan_free(&q);
+  plan_free(&p);
+  clpar_st_free(&f);
+  return s;
+}

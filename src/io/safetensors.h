@@ -1,0 +1,103 @@
+/* safetensors.h — the safetensors container (github.com/huggingface/safetensors), read and
+ * written byte for byte as the reference implementation does; what the tensors mean (module
+ * parameters, optimizer state) is src/io/checkpoint.c's business. Not installed.
+ *
+ * The reader knows every byte-sized dtype of the format, so that a file is validated whole
+ * whatever it holds; tensors are float32 only today, so loading takes F32 entries and reports
+ * any other dtype as a mismatch. When tensors of other dtypes exist (int64, issue 10), they
+ * only need a mapping from clpar's dtype to CLPAR_ST_* in src/io/checkpoint.c; module buffers
+ * are more named entries next to the parameters. Nothing here changes for either. */
+#ifndef CLPAR_IO_SAFETENSORS_H
+#define CLPAR_IO_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* The reference's limit on the JSON header (safetensors' MAX_HEADER_SIZE). */
+#define CLPAR_ST_MAX_HEADER 100000000u
+
+typedef enum clpar_st_dtype {
+  CLPAR_ST_BOOL,
+  CLPAR_ST_U8,
+  CLPAR_ST_I8,
+  CLPAR_ST_F8_E5M2,
+  CLPAR_ST_F8_E4M3,
+  CLPAR_ST_I16,
+  CLPAR_ST_U16,
+  CLPAR_ST_F16,
+  CLPAR_ST_BF16,
+  CLPAR_ST_I32,
+  CLPAR_ST_U32,
+  CLPAR_ST_F32,
+  CLPAR_ST_F64,
+  CLPAR_ST_I64,
+  CLPAR_ST_U64,
+  CLPAR_ST_DTYPE_COUNT
+} clpar_st_dtype;
+
+const char *clpar_st_dtype_name(clpar_st_dtype d);
+size_t clpar_st_dtype_size(clpar_st_dtype d);
+
+typedef struct clpar_st_tensor {
+  char *name;
+  clpar_st_dtype dtype;
+  int ndim;
+  uint64_t *shape;     /* ndim entries (NULL for a scalar) */
+  uint64_t begin, end; /* byte offsets in the data block */
+  const uint8_t *data; /* parsed from memory: the bytes at begin (not aligned in general);
+                          read from a path: NULL (clpar_st_tensor_read) */
+} clpar_st_tensor;
+
+typedef struct clpar_st_file {
+  uint8_t *buf;             /* the whole file, when parsed from memory */
+  int fd;                   /* the open file, when read from a path; else -1 */
+  char *path;               /* for messages, when read from a path */
+  uint64_t size;            /* of the file */
+  uint64_t data_start;      /* 8 + the header's size */
+  clpar_st_tensor *tensors; /* in the header's order */
+  int n;
+  char **meta_keys, **meta_values; /* "__metadata__" */
+  int n_meta;
+} clpar_st_file;
+
+/* Validates a whole file held in memory, with every check of the reference's
+ * SafeTensors::read_metadata and Metadata::validate; what names the file in messages. On
+ * success f owns buf; on error (CLPAR_ERROR_CORRUPT naming the fault, or out of memory) f is
+ * empty and buf is still the caller's. */
+clpar_status clpar_st_parse(const char *what, uint8_t *buf, size_t size, clpar_st_file *f);
+/* Opens path and validates it the same way from its header and its size, without reading
+ * the data: that is read tensor by tensor (clpar_st_tensor_read), so a load needs no copy of
+ * the whole file in memory. A file that changes after this (truncated by another program)
+ * gives CLPAR_ERROR_IO at the read. */
+clpar_status clpar_st_read(const char *path, clpar_st_file *f);
+/* Copies tensor i's end - begin bytes into dst. */
+clpar_status clpar_st_tensor_read(const clpar_st_file *f, int i, void *dst);
+void clpar_st_free(clpar_st_file *f);
+/* The index of the tensor named name, or -1. */
+int clpar_st_find(const clpar_st_file *f, const char *name);
+/* The metadata value of key, or NULL. */
+const char *clpar_st_meta(const clpar_st_file *f, const char *key);
+
+/* One tensor to write: numel * dtype size bytes, little endian, either held in data or, when
+ * data is NULL, produced by fill(src, dst, bytes) into a buffer that the writer reuses from
+ * one tensor to the next (so a save needs no host copy of the whole model). */
+typedef struct clpar_st_entry {
+  const char *name;
+  clpar_st_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+  const void *data;
+  clpar_status (*fill)(const void *src, void *dst, size_t bytes);
+  const void *src;
+} clpar_st_entry;
+
+/* Writes the entries to path crash-safe (clpar_file_write_atomic), laid out as the reference
+ * writer does: tensors sorted by dtype (the reference's Dtype order, last first) then name
+ * (so the enum above keeps the reference's order), the header's
+ * "__metadata__" first, the JSON padded with spaces to a multiple of 8. */
+clpar_status clpar_st_write(const char *path, const clpar_st_entry *entries, int n,
+                            const char *const *keys, const char *const *values, int n_meta);
+
+#endif

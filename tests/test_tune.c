@@ -1,0 +1,225 @@
+/* test_tune.c — CLBlast GEMM tuning (clpar_device_tune_gemm, backends/opencl/ocl_tune.c): bad
+ * arguments are refused and a device without CLBlast says so; a real tuning run on a small
+ * grid (one candidate per kernel, two tiny shapes) writes an entry that is applied when the
+ * device is opened, after which GEMMs still match the host; CLPAR_TUNE=off ignores it; and a
+ * corrupt, truncated, stale, out-of-range, linked or group-writable entry is ignored with a
+ * warning, never applied, never a crash. Skips the OpenCL parts without an OpenCL device. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test_util.h"
+#include "internal.h"
+#include "opencl/ocl_internal.h"
+#include "opencl/ocl_tune.h"
+
+static char cache_dir[256];
+
+static clpar_device *ocl_device(void) {
+  for (int i = 0; i < clpar_device_count(); i++) {
+    clpar_device *d = clpar_device_get(i);
+    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
+  }
+  return NULL;
+}
+
+static int setup(void **state) {
+  snprintf(cache_dir, sizeof cache_dir, "/tmp/clpar-test-tune-XXXXXX");
+  if (!mkdtemp(cache_dir)) return -1;
+  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  unsetenv("CLPAR_TUNE");
+  return tu_setup(state);
+}
+
+static int teardown(void **state) {
+  int r = tu_teardown(state);
+  DIR *dir = opendir(cache_dir);
+  if (dir) {
+    char path[512];
+    for (struct dirent *e; (e = readdir(dir));) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      snprintf(path, sizeof path, "%s/%s", cache_dir, e->d_name);
+      unlink(path);
+    }
+    closedir(dir);
+  }
+  rmdir(cache_dir);
+  return r;
+}
+
+static void test_tune_arguments(void **state) {
+  (void)state;
+  clpar_gemm_shape ok = {16, 16, 16, 0, 0}, bad[] = {
+                                                {0, 16, 16, 0, 0},
+                                                {16, 16, 1 << 20, 0, 0},
+                                                {16, 16, 16, 2, 0},
+                                            };
+  clpar_tune_result r;
+  assert_int_equal(clpar_device_tune_gemm(NULL, &ok, 1, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_device_tune_gemm(tu_host(), &ok, 1, NULL, &r), CLPAR_ERROR_UNSUPPORTED);
+  assert_non_null(strstr(clpar_last_error(), "OpenCL"));
+  clpar_device *dev = ocl_device() ? ocl_device() : tu_host();
+  assert_int_equal(clpar_device_tune_gemm(dev, NULL, 1, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_device_tune_gemm(dev, &ok, 0, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    assert_int_equal(clpar_device_tune_gemm(dev, &bad[i], 1, NULL, &r),
+                     CLPAR_ERROR_INVALID_ARGUMENT);
+  clpar_tune_options neg = {.candidates = -1};
+  assert_int_equal(clpar_device_tune_gemm(dev, &ok, 1, &neg, &r), CLPAR_ERROR_INVALID_ARGUMENT);
+}
+
+/* GEMMs on dev in all four transposes match the host's. */
+static void expect_gemms_match_host(clpar_device *dev) {
+  const int64_t m = 37, n = 29, k = 41;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {tb ? n : k, tb ? k : n};
+      clpar_tensor *a = tu_make(dev, 2, sa, 11 + ta), *b = tu_make(dev, 2, sb, 13 + tb);
+      clpar_tensor *ha = tu_make(tu_host(), 2, sa, 11 + ta),
+                   *hb = tu_make(tu_host(), 2, sb, 13 + tb);
+      clpar_tensor *c = NULL, *hc = NULL;
+      tu_ok(clpar_matmul(a, b, ta, tb, &c));
+      tu_ok(clpar_matmul(ha, hb, ta, tb, &hc));
+      tu_expect_equal(c, hc, 1e-4f, 1e-4f, "tuned GEMM vs host");
+      clpar_tensor_free(a);
+      clpar_tensor_free(b);
+      clpar_tensor_free(ha);
+      clpar_tensor_free(hb);
+      clpar_tensor_free(c);
+      clpar_tensor_free(hc);
+    }
+}
+
+typedef struct {
+  int calls, last_done, last_total;
+} progress_seen;
+
+static void on_progress(void *user, int done, int total, const char *what) {
+  progress_seen *p = user;
+  assert_non_null(what);
+  p->calls++;
+  p->last_done = done;
+  p->last_total = total;
+}
+
+static int warnings;
+static void count_warnings(clpar_log_level level, const char *msg, void *user) {
+  (void)user;
+  if (level == CLPAR_LOG_WARN && strstr(msg, "ignoring GEMM tuning entry")) warnings++;
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  char *buf = calloc(1, 65536);
+  assert_non_null(buf);
+  size_t n = fread(buf, 1, 65535, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static void put(const char *path, const char *text, mode_t mode) {
+  unlink(path);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+  assert_int_equal(chmod(path, mode), 0);
+}
+
+/* Applies the entry at path as an open device would: expect what it did, and one warning
+ * exactly when it was ignored. */
+static void expect_apply(clpar_ocl_device *d, clpar_ocl_tune_applied want, const char *what) {
+  warnings = 0;
+  clpar_ocl_tune_applied got = clpar_ocl_tune_apply(d);
+  if (got != want) fail_msg("%s: apply gave %d, expected %d", what, (int)got, (int)want);
+  assert_int_equal(warnings, want == CLPAR_OCL_TUNE_IGNORED ? 1 : 0);
+}
+
+static void test_tune_run_and_entries(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) {
+    print_message("no OpenCL device: skipping\n");
+    skip();
+  }
+  clpar_ocl_device *d = dev->bd.ctx;
+  clpar_gemm_shape shapes[] = {{40, 24, 33, 0, 1}, {17, 9, 40, 1, 0}};
+  progress_seen seen = {0};
+  clpar_tune_options opt = {.quick = 1, .candidates = 1, .progress = on_progress, .user = &seen};
+  clpar_tune_result r;
+  tu_ok(clpar_device_tune_gemm(dev, shapes, 2, &opt, &r));
+  assert_true(r.default_seconds > 0);
+  assert_true(r.tuned_seconds > 0 && r.tuned_seconds <= r.default_seconds);
+  assert_true(r.candidates_tried >= 2); /* CLBlast's own and one more, per kernel */
+  assert_true(seen.calls >= 4);
+  assert_int_equal(seen.last_done, seen.last_total);
+  struct stat st;
+  assert_int_equal(lstat(r.path, &st), 0);
+  assert_true(S_ISREG(st.st_mode));
+  assert_int_equal(st.st_mode & 0777, 0600);
+  char path[4300];
+  assert_int_equal(clpar_ocl_tune_path(d, path, sizeof path), 0);
+  assert_string_equal(path, r.path);
+  expect_gemms_match_host(dev);
+
+  clpar_log_set_callback(count_warnings, NULL);
+  char *good = slurp(path);
+  expect_apply(d, CLPAR_OCL_TUNE_APPLIED, "the entry just written");
+  expect_gemms_match_host(dev);
+  setenv("CLPAR_TUNE", "off", 1);
+  expect_apply(d, CLPAR_OCL_TUNE_OFF, "CLPAR_TUNE=off");
+  unsetenv("CLPAR_TUNE");
+
+  /* Each a copy of the good entry with one thing wrong. */
+  char *bad = calloc(1, 65536);
+  assert_non_null(bad);
+  put(path, "garbage\n", 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "garbage");
+  snprintf(bad, 65536, "%s", good);
+  *strstr(bad, "end\n") = '\0';
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "truncated");
+  snprintf(bad, 65536, "%s", good);
+  memcpy(strstr(bad, "\ndriver ") + 8, "0.0-old", 7);
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "stale driver");
+  snprintf(bad, 65536, "%s", good);
+  char *eq = strstr(strstr(bad, "\nXgemm "), "=");
+  memcpy(eq, "=99999999", 9);
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "value out of range");
+  snprintf(bad, 65536, "%s", good);
+  memcpy(strstr(bad, "\nXgemmDirect ") + 1, "XgemmDiXect", 11);
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "unknown kernel");
+  put(path, good, 0620);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "group-writable");
+  char target[4400];
+  snprintf(target, sizeof target, "%s.real", path);
+  put(target, good, 0600);
+  unlink(path);
+  assert_int_equal(symlink(target, path), 0);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "symbolic link");
+  unlink(path);
+  unlink(target);
+  expect_apply(d, CLPAR_OCL_TUNE_NONE, "no entry");
+  expect_gemms_match_host(dev);
+  put(path, good, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_APPLIED, "the good entry again");
+  clpar_log_set_callback(NULL, NULL);
+  free(bad);
+  free(good);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_tune_arguments),
+      cmocka_unit_test(test_tune_run_and_entries),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,137 @@
+/* clpar_tune.c — the clpar-tune program: tunes CLBlast's GEMM for an OpenCL device on the
+ * GEMM shapes of a model (clpar_device_tune_gemm) and saves the result under CLPAR_CACHE_DIR,
+ * where every later clpar_init finds it. A progress bar goes to stderr, the result to stdout.
+ *
+ *   clpar-tune [--device ID|INDEX] [--quick] [--candidates N]
+ *              [--mlp 784,1024,1024,10] [--batch 256] [--shape m,n,k[,trans_a,trans_b]]...
+ *
+ * --mlp lists the GEMMs of a stack of Linear layers (forward x W^T, and backward's dX and dW)
+ * at --batch rows; without --shape or --mlp, the MLP 784-1024-1024-10 at batch 256 of
+ * bench/train_step. --quick tries 2 candidates per kernel (CI). */
+#include <clpar/clpar.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_SHAPES 64
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: clpar-tune [--device ID|INDEX] [--quick] [--candidates N]\n"
+          "                  [--mlp IN,H,...,OUT] [--batch B] [--shape m,n,k[,ta,tb]]...\n");
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* user: the start time. */
+static void bar(void *user, int done, int total, const char *what) {
+  int width = 40, filled = total > 0 ? done * width / total : 0;
+  fprintf(stderr, "\r[%.*s%*s] %3d/%d %-20s %6.0f s", filled,
+          "########################################", width - filled, "", done, total, what,
+          now_s() - *(double *)user);
+  if (done >= total) fputc('\n', stderr);
+  fflush(stderr);
+}
+
+/* The GEMMs of Linear layers dims[0] -> dims[1] -> ... at batch rows: forward y = x W^T
+ * (batch, out, in), dW = g^T x (out, in, batch), and dX = g W (batch, in, out) but for the
+ * first layer, whose input needs no gradient. */
+static int mlp_shapes(const long *dims, int nd, long batch, clpar_gemm_shape *out, int max) {
+  int n = 0;
+  for (int l = 0; l + 1 < nd && n + 3 <= max; l++) {
+    long in = dims[l], o = dims[l + 1];
+    out[n++] = (clpar_gemm_shape){batch, o, in, 0, 1};
+    out[n++] = (clpar_gemm_shape){o, in, batch, 1, 0};
+    if (l > 0) out[n++] = (clpar_gemm_shape){batch, in, o, 0, 0};
+  }
+  return n;
+}
+
+int main(int argc, char **argv) {
+  const char *device = NULL;
+  clpar_tune_options opt = {.progress = bar};
+  clpar_gemm_shape shapes[MAX_SHAPES];
+  int n = 0;
+  long dims[16] = {784, 1024, 1024, 10}, batch = 256;
+  int nd = 4, explicit_shapes = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--quick") == 0) {
+      opt.quick = 1;
+    } else if (strcmp(a, "--device") == 0 && v) {
+      device = v, i++;
+    } else if (strcmp(a, "--candidates") == 0 && v) {
+      opt.candidates = atoi(v), i++;
+    } else if (strcmp(a, "--batch") == 0 && v) {
+      batch = atol(v), i++;
+    } else if (strcmp(a, "--mlp") == 0 && v) {
+      nd = 0;
+      for (const char *p = v; *p && nd < 16; nd++) {
+        char *end;
+        dims[nd] = strtol(p, &end, 10);
+        if (end == p || dims[nd] < 1) {
+          usage();
+          return 2;
+        }
+        p = *end == ',' ? end + 1 : end;
+      }
+      i++;
+    } else if (strcmp(a, "--shape") == 0 && v && n < MAX_SHAPES) {
+      long m = 0, nn = 0, k = 0;
+      int ta = 0, tb = 0;
+      if (sscanf(v, "%ld,%ld,%ld,%d,%d", &m, &nn, &k, &ta, &tb) < 3) {
+        usage();
+        return 2;
+      }
+      shapes[n++] = (clpar_gemm_shape){m, nn, k, ta, tb};
+      explicit_shapes = 1;
+      i++;
+    } else {
+      usage();
+      return 2;
+    }
+  }
+  if (!explicit_shapes) n = mlp_shapes(dims, nd, batch, shapes, MAX_SHAPES);
+  if (clpar_init() != CLPAR_OK) {
+    fprintf(stderr, "clpar-tune: %s\n", clpar_last_error());
+    return 1;
+  }
+  clpar_device *dev = NULL;
+  if (!device)
+    dev = clpar_device_get(0);
+  else if (strchr(device, ':') || strcmp(device, "host") == 0)
+    clpar_device_find(device, &dev);
+  else
+    dev = clpar_device_get(atoi(device));
+  if (!dev) {
+    fprintf(stderr, "clpar-tune: no device %s: %s\n", device ? device : "0", clpar_last_error());
+    clpar_shutdown();
+    return 1;
+  }
+  clpar_device_info info;
+  clpar_device_get_info(dev, &info);
+  fprintf(stderr, "clpar-tune: %s (%s), %d GEMM shapes%s\n", info.id, info.name, n,
+          opt.quick ? ", quick grid" : "");
+  double start = now_s();
+  opt.user = &start;
+  clpar_tune_result r;
+  clpar_status s = clpar_device_tune_gemm(dev, shapes, n, &opt, &r);
+  if (s != CLPAR_OK) {
+    fprintf(stderr, "clpar-tune: %s: %s\n", clpar_status_name(s), clpar_last_error());
+    clpar_shutdown();
+    return 1;
+  }
+  printf(
+      "{\"device\": \"%s\", \"shapes\": %d, \"candidates_tried\": %d, \"candidates_failed\": %d, "
+      "\"default_ms\": %.3f, \"tuned_ms\": %.3f, \"speedup\": %.3f, \"entry\": \"%s\"}\n",
+      info.id, n, r.candidates_tried, r.candidates_failed, r.default_seconds * 1e3,
+      r.tuned_seconds * 1e3, r.tuned_seconds > 0 ? r.default_seconds / r.tuned_seconds : 0.0,
+      r.path);
+  clpar_shutdown();
+  return 0;
+}
