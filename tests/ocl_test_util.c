@@ -1,7 +1,30 @@
 /* ocl_test_util.c — helpers shared by the OpenCL backend's own tests (ocl_test_util.h). */
 #include "ocl_test_util.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "test_util.h"
+
+clpar_ocl_program_stats tu_ocl_stats(void) {
+  clpar_ocl_program_stats s;
+  clpar_ocl_program_stats_get(&s);
+  return s;
+}
+
+void tu_ocl_twice_plus_source(char *buf, size_t size, const char *tag, float mul, float add) {
+  snprintf(buf, size,
+           "/* %s */\n__kernel void twice_plus(__global float *x) {\n"
+           "  size_t i = get_global_id(0);\n  x[i] = %.1ff * x[i] + %.1ff;\n}\n",
+           tag, mul, add);
+}
+
+cl_program tu_ocl_get(clpar_ocl_device *d, const char *name, const char *src) {
+  cl_program p = NULL;
+  tu_ok(clpar_ocl_program_get(d, name, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, &p));
+  assert_non_null(p);
+  return p;
+}
 
 void tu_ocl_check_twice_plus(clpar_ocl_device *d, cl_program prog, float mul, float add) {
   enum { N = 64 };

@@ -320,26 +320,6 @@ static clpar_device *ocl_device(void) {
   }                                                \
   clpar_ocl_device *d = d##_dev->bd.ctx
 
-static clpar_ocl_program_stats stats(void) {
-  clpar_ocl_program_stats s;
-  clpar_ocl_program_stats_get(&s);
-  return s;
-}
-
-static void make_source(char *buf, size_t size, const char *tag, float mul, float add) {
-  snprintf(buf, size,
-           "/* %s */\n__kernel void twice_plus(__global float *x) {\n"
-           "  size_t i = get_global_id(0);\n  x[i] = %.1ff * x[i] + %.1ff;\n}\n",
-           tag, mul, add);
-}
-
-static cl_program get(clpar_ocl_device *d, const char *name, const char *src) {
-  cl_program p = NULL;
-  tu_ok(clpar_ocl_program_get(d, name, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, &p));
-  assert_non_null(p);
-  return p;
-}
-
 static void cache_file(clpar_ocl_device *d, const char *src, char *path, size_t size) {
   tu_ok(clpar_ocl_cache_file(d, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, path, size));
 }
@@ -353,10 +333,10 @@ static void test_planted_entry_not_loaded(void **state) {
   char dir[512], victim[512], other[512], vpath[1024], opath[1024], spare[512], spath[1024];
   path_in(dir, sizeof dir, base, "cache");
   setenv("CLPAR_CACHE_DIR", dir, 1);
-  make_source(victim, sizeof victim, "planted victim", 3.0f, -1.0f);
-  make_source(other, sizeof other, "planted payload", 5.0f, 7.0f);
-  (void)get(d, "victim", victim);
-  (void)get(d, "payload", other);
+  tu_ocl_twice_plus_source(victim, sizeof victim, "planted victim", 3.0f, -1.0f);
+  tu_ocl_twice_plus_source(other, sizeof other, "planted payload", 5.0f, 7.0f);
+  (void)tu_ocl_get(d, "victim", victim);
+  (void)tu_ocl_get(d, "payload", other);
   cache_file(d, victim, vpath, sizeof vpath);
   cache_file(d, other, opath, sizeof opath);
   size_t vn, on;
@@ -367,20 +347,20 @@ static void test_planted_entry_not_loaded(void **state) {
   free(v);
 
   clpar_ocl_program_cache_clear(d);
-  clpar_ocl_program_stats s0 = stats();
-  tu_ocl_check_twice_plus(d, get(d, "victim", victim), 5.0f,
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
+  tu_ocl_check_twice_plus(d, tu_ocl_get(d, "victim", victim), 5.0f,
                           7.0f); /* trusted directory: the entry runs */
-  assert_int_equal(stats().disk_loads, s0.disk_loads + 1);
+  assert_int_equal(tu_ocl_stats().disk_loads, s0.disk_loads + 1);
 
   assert_int_equal(chmod(dir, 0770), 0); /* now anyone in the group could have planted it */
   clpar_ocl_program_cache_clear(d);
   capture_start();
-  clpar_ocl_program_stats s1 = stats();
-  cl_program p = get(d, "victim", victim);
-  make_source(spare, sizeof spare, "planted spare", 2.0f, 2.0f);
-  (void)get(d, "spare", spare);
+  clpar_ocl_program_stats s1 = tu_ocl_stats();
+  cl_program p = tu_ocl_get(d, "victim", victim);
+  tu_ocl_twice_plus_source(spare, sizeof spare, "planted spare", 2.0f, 2.0f);
+  (void)tu_ocl_get(d, "spare", spare);
   capture_stop();
-  clpar_ocl_program_stats s2 = stats();
+  clpar_ocl_program_stats s2 = tu_ocl_stats();
   tu_ocl_check_twice_plus(d, p, 3.0f, -1.0f); /* compiled from source, not the planted binary */
   assert_int_equal(s2.disk_loads, s1.disk_loads);
   assert_int_equal(s2.source_builds, s1.source_builds + 2);
@@ -404,17 +384,17 @@ static void test_fifo_at_entry_path(void **state) {
   char dir[512], src[512], path[1024];
   path_in(dir, sizeof dir, base, "cache");
   setenv("CLPAR_CACHE_DIR", dir, 1);
-  make_source(src, sizeof src, "fifo", 4.0f, 1.0f);
+  tu_ocl_twice_plus_source(src, sizeof src, "fifo", 4.0f, 1.0f);
   cache_file(d, src, path, sizeof path); /* creates the directory */
   assert_int_equal(mkfifo(path, 0600), 0);
-  clpar_ocl_program_stats s0 = stats();
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
   capture_start();
   alarm(120); /* before the fix the build blocked forever opening the FIFO */
-  cl_program p = get(d, "fifo", src);
+  cl_program p = tu_ocl_get(d, "fifo", src);
   alarm(0);
   capture_stop();
   tu_ocl_check_twice_plus(d, p, 4.0f, 1.0f);
-  clpar_ocl_program_stats s1 = stats();
+  clpar_ocl_program_stats s1 = tu_ocl_stats();
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
   assert_int_equal(s1.disk_rejects, s0.disk_rejects + 1);
   assert_true(warnings >= 1);
@@ -423,8 +403,8 @@ static void test_fifo_at_entry_path(void **state) {
   assert_int_equal(lstat(path, &st), 0);
   assert_true(S_ISREG(st.st_mode));
   clpar_ocl_program_cache_clear(d);
-  tu_ocl_check_twice_plus(d, get(d, "fifo", src), 4.0f, 1.0f);
-  assert_int_equal(stats().disk_loads, s1.disk_loads + 1);
+  tu_ocl_check_twice_plus(d, tu_ocl_get(d, "fifo", src), 4.0f, 1.0f);
+  assert_int_equal(tu_ocl_stats().disk_loads, s1.disk_loads + 1);
 }
 
 static void test_symlink_at_entry_path(void **state) {
@@ -434,8 +414,8 @@ static void test_symlink_at_entry_path(void **state) {
   path_in(dir, sizeof dir, base, "cache");
   path_in(target, sizeof target, base, "elsewhere.clbin");
   setenv("CLPAR_CACHE_DIR", dir, 1);
-  make_source(src, sizeof src, "symlink", 6.0f, 0.0f);
-  (void)get(d, "symlink", src);
+  tu_ocl_twice_plus_source(src, sizeof src, "symlink", 6.0f, 0.0f);
+  (void)tu_ocl_get(d, "symlink", src);
   cache_file(d, src, path, sizeof path);
   /* The genuine entry moves out, and a link to it takes its place: a valid entry, reached by
    * a link that whoever can write there could point anywhere. */
@@ -444,11 +424,11 @@ static void test_symlink_at_entry_path(void **state) {
   size_t n0;
   unsigned char *before = slurp(target, &n0);
   clpar_ocl_program_cache_clear(d);
-  clpar_ocl_program_stats s0 = stats();
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
   capture_start();
-  cl_program p = get(d, "symlink", src);
+  cl_program p = tu_ocl_get(d, "symlink", src);
   capture_stop();
-  clpar_ocl_program_stats s1 = stats();
+  clpar_ocl_program_stats s1 = tu_ocl_stats();
   tu_ocl_check_twice_plus(d, p, 6.0f, 0.0f);
   assert_int_equal(s1.disk_loads, s0.disk_loads); /* not followed */
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
@@ -475,17 +455,17 @@ static void test_other_users_entry_not_loaded(void **state) {
   char dir[512], src[512], path[1024];
   path_in(dir, sizeof dir, base, "cache");
   setenv("CLPAR_CACHE_DIR", dir, 1);
-  make_source(src, sizeof src, "chowned", 1.0f, 9.0f);
-  (void)get(d, "chowned", src);
+  tu_ocl_twice_plus_source(src, sizeof src, "chowned", 1.0f, 9.0f);
+  (void)tu_ocl_get(d, "chowned", src);
   cache_file(d, src, path, sizeof path);
   assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
   clpar_ocl_program_cache_clear(d);
-  clpar_ocl_program_stats s0 = stats();
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
   capture_start();
-  cl_program p = get(d, "chowned", src);
+  cl_program p = tu_ocl_get(d, "chowned", src);
   capture_stop();
   tu_ocl_check_twice_plus(d, p, 1.0f, 9.0f);
-  assert_int_equal(stats().disk_loads, s0.disk_loads);
+  assert_int_equal(tu_ocl_stats().disk_loads, s0.disk_loads);
   assert_non_null(strstr(last_warning, "owned by uid 65534"));
 }
 
@@ -496,13 +476,13 @@ static void test_cache_path_is_regular_file(void **state) {
   path_in(file, sizeof file, base, "cache-is-a-file");
   write_file(file, "not a directory", 15, 0600);
   setenv("CLPAR_CACHE_DIR", file, 1);
-  make_source(src, sizeof src, "regular file", 2.0f, 3.0f);
-  clpar_ocl_program_stats s0 = stats();
+  tu_ocl_twice_plus_source(src, sizeof src, "regular file", 2.0f, 3.0f);
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
   capture_start();
-  cl_program p = get(d, "regular_file", src); /* still works, compiled */
+  cl_program p = tu_ocl_get(d, "regular_file", src); /* still works, compiled */
   capture_stop();
   tu_ocl_check_twice_plus(d, p, 2.0f, 3.0f);
-  assert_int_equal(stats().source_builds, s0.source_builds + 1);
+  assert_int_equal(tu_ocl_stats().source_builds, s0.source_builds + 1);
   assert_int_equal(warnings, 1);
   assert_non_null(strstr(last_warning, "is a regular file, not a directory"));
   assert_null(strstr(last_warning, "Permission denied"));

@@ -48,70 +48,38 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   int r = tu_teardown(state);
-  DIR *dir = opendir(cache_dir);
-  if (dir) {
-    char path[512];
-    for (struct dirent *e; (e = readdir(dir));) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      snprintf(path, sizeof path, "%s/%s", cache_dir, e->d_name);
-      unlink(path);
-    }
-    closedir(dir);
-  }
-  rmdir(cache_dir);
+  tu_remove_dir(cache_dir);
   unsetenv("CLPAR_CACHE_DIR");
   return r;
-}
-
-static clpar_ocl_program_stats stats(void) {
-  clpar_ocl_program_stats s;
-  clpar_ocl_program_stats_get(&s);
-  return s;
-}
-
-/* A source of one kernel, twice_plus: x[i] = mul * x[i] + add. The tag makes each test's
- * program (and disk entry) its own. */
-static void make_source(char *buf, size_t size, const char *tag, float mul, float add) {
-  snprintf(buf, size,
-           "/* %s */\n__kernel void twice_plus(__global float *x) {\n"
-           "  size_t i = get_global_id(0);\n  x[i] = %.1ff * x[i] + %.1ff;\n}\n",
-           tag, mul, add);
-}
-
-static cl_program get(clpar_ocl_device *d, const char *name, const char *src) {
-  cl_program p = NULL;
-  tu_ok(clpar_ocl_program_get(d, name, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, &p));
-  assert_non_null(p);
-  return p;
 }
 
 static void test_build_error_has_log(void **state) {
   (void)state;
   NEED_DEVICE(d);
   const char *src = "__kernel void broken(__global float *x) { x[0] = undeclared_thingy; }\n";
-  clpar_ocl_program_stats before = stats();
+  clpar_ocl_program_stats before = tu_ocl_stats();
   cl_program p = NULL;
   clpar_status s = clpar_ocl_program_get(d, "broken", src, strlen(src), "", &p);
   assert_int_equal(s, CLPAR_ERROR_BUILD);
   assert_null(p);
   assert_non_null(strstr(clpar_last_error(), "clBuildProgram(broken)"));
   assert_non_null(strstr(clpar_last_error(), "undeclared_thingy"));
-  assert_int_equal(stats().source_builds, before.source_builds);
+  assert_int_equal(tu_ocl_stats().source_builds, before.source_builds);
 }
 
 static void test_memory_then_disk(void **state) {
   (void)state;
   NEED_DEVICE(d);
   char src[512], path[1024];
-  make_source(src, sizeof src, "memory_then_disk", 2.0f, 1.0f);
-  clpar_ocl_program_stats s0 = stats();
-  cl_program p1 = get(d, "t1", src);
-  clpar_ocl_program_stats s1 = stats();
+  tu_ocl_twice_plus_source(src, sizeof src, "memory_then_disk", 2.0f, 1.0f);
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
+  cl_program p1 = tu_ocl_get(d, "t1", src);
+  clpar_ocl_program_stats s1 = tu_ocl_stats();
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
   assert_int_equal(s1.disk_loads, s0.disk_loads);
 
-  cl_program p2 = get(d, "t1", src);
-  clpar_ocl_program_stats s2 = stats();
+  cl_program p2 = tu_ocl_get(d, "t1", src);
+  clpar_ocl_program_stats s2 = tu_ocl_stats();
   assert_ptr_equal(p1, p2);
   assert_int_equal(s2.memory_hits, s1.memory_hits + 1);
   assert_int_equal(s2.source_builds, s1.source_builds);
@@ -121,8 +89,8 @@ static void test_memory_then_disk(void **state) {
   assert_int_equal(access(path, R_OK), 0);
 
   clpar_ocl_program_cache_clear(d);
-  cl_program p3 = get(d, "t1", src);
-  clpar_ocl_program_stats s3 = stats();
+  cl_program p3 = tu_ocl_get(d, "t1", src);
+  clpar_ocl_program_stats s3 = tu_ocl_stats();
   assert_int_equal(s3.disk_loads, s2.disk_loads + 1);
   assert_int_equal(s3.source_builds, s2.source_builds);
   tu_ocl_check_twice_plus(d, p3, 2.0f, 1.0f);
@@ -156,27 +124,28 @@ static void damage_file(const char *path, damage how, const char *other_path) {
 static void check_rebuilt(damage how, const char *tag) {
   NEED_DEVICE(d);
   char src[512], other[512], path[1024], other_path[1024];
-  make_source(src, sizeof src, tag, 3.0f, -1.0f);
-  make_source(other, sizeof other, tag, 5.0f, 7.0f); /* same kernel name, other values */
-  (void)get(d, tag, src);
-  (void)get(d, "other", other);
+  tu_ocl_twice_plus_source(src, sizeof src, tag, 3.0f, -1.0f);
+  tu_ocl_twice_plus_source(other, sizeof other, tag, 5.0f,
+                           7.0f); /* same kernel name, other values */
+  (void)tu_ocl_get(d, tag, src);
+  (void)tu_ocl_get(d, "other", other);
   tu_ok(clpar_ocl_cache_file(d, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, path, sizeof path));
   tu_ok(clpar_ocl_cache_file(d, other, strlen(other), CLPAR_OCL_BUILD_OPTIONS, other_path,
                              sizeof other_path));
   damage_file(path, how, other_path);
   clpar_ocl_program_cache_clear(d);
 
-  clpar_ocl_program_stats s0 = stats();
-  cl_program p = get(d, tag, src);
-  clpar_ocl_program_stats s1 = stats();
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
+  cl_program p = tu_ocl_get(d, tag, src);
+  clpar_ocl_program_stats s1 = tu_ocl_stats();
   assert_int_equal(s1.source_builds, s0.source_builds + 1);
   assert_int_equal(s1.disk_rejects, s0.disk_rejects + 1);
   assert_int_equal(s1.disk_loads, s0.disk_loads);
   tu_ocl_check_twice_plus(d, p, 3.0f, -1.0f);
 
   clpar_ocl_program_cache_clear(d); /* the rewritten entry is good again */
-  p = get(d, tag, src);
-  clpar_ocl_program_stats s2 = stats();
+  p = tu_ocl_get(d, tag, src);
+  clpar_ocl_program_stats s2 = tu_ocl_stats();
   assert_int_equal(s2.disk_loads, s1.disk_loads + 1);
   assert_int_equal(s2.source_builds, s1.source_builds);
   tu_ocl_check_twice_plus(d, p, 3.0f, -1.0f);
@@ -213,15 +182,15 @@ static void test_unusable_cache_dir(void **state) {
   (void)state;
   NEED_DEVICE(d);
   char src[512];
-  make_source(src, sizeof src, "no_disk", 1.0f, 2.0f);
+  tu_ocl_twice_plus_source(src, sizeof src, "no_disk", 1.0f, 2.0f);
   setenv("CLPAR_CACHE_DIR", "/proc/clpar-cannot-be-here/cache", 1);
   warnings = 0;
   clpar_log_set_callback(count_warnings, NULL);
-  clpar_ocl_program_stats s0 = stats();
-  cl_program p = get(d, "no_disk", src);
+  clpar_ocl_program_stats s0 = tu_ocl_stats();
+  cl_program p = tu_ocl_get(d, "no_disk", src);
   clpar_log_set_callback(NULL, NULL);
   setenv("CLPAR_CACHE_DIR", cache_dir, 1);
-  assert_int_equal(stats().source_builds, s0.source_builds + 1);
+  assert_int_equal(tu_ocl_stats().source_builds, s0.source_builds + 1);
   assert_true(warnings >= 1);
   tu_ocl_check_twice_plus(d, p, 1.0f, 2.0f);
 }

@@ -36,17 +36,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   int r = tu_teardown(state);
-  DIR *dir = opendir(cache_dir);
-  if (dir) {
-    char path[512];
-    for (struct dirent *e; (e = readdir(dir));) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      snprintf(path, sizeof path, "%s/%s", cache_dir, e->d_name);
-      unlink(path);
-    }
-    closedir(dir);
-  }
-  rmdir(cache_dir);
+  tu_remove_dir(cache_dir);
   return r;
 }
 

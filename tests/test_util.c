@@ -1,6 +1,11 @@
 /* test_util.c — shared helpers of the cmocka tests (see test_util.h). */
 #include "test_util.h"
 
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,4 +101,18 @@ void tu_expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol,
   tu_assert_close(a, b, (size_t)clpar_tensor_numel(t), rtol, atol, what);
   free(a);
   free(b);
+}
+
+void tu_remove_dir(const char *path) {
+  DIR *dir = opendir(path);
+  if (dir) {
+    char entry[512];
+    for (struct dirent *e; (e = readdir(dir));) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      snprintf(entry, sizeof entry, "%s/%s", path, e->d_name);
+      unlink(entry);
+    }
+    closedir(dir);
+  }
+  rmdir(path);
 }

@@ -28,6 +28,9 @@ clpar_device *tu_non_host(void);
  * selected (PoCL), said on stderr; NULL when the machine has no second device. */
 clpar_device *tu_second_device(const clpar_device *first);
 
+/* Removes the files in the directory path (not subdirectories), then the directory. */
+void tu_remove_dir(const char *path);
+
 /* n floats uniform in [-1, 1) from seed, malloc'ed (never NULL). */
 float *tu_rand(size_t n, uint64_t seed);
 
