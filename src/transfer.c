@@ -47,23 +47,14 @@ static clpar_status plain_block(clpar_device *dev, size_t bytes, clpar_staging_b
 
 static void staging_put(void *user);
 
-/* Asks dev's worker for a pinned block of size for the pool, without waiting: the block joins
- * the pool when the allocation ran. If the allocation fails on the worker, that error shows
- * at the next call on the device. */
-static clpar_status refill(clpar_device *dev, size_t size) {
-  clpar_staging_block *b = calloc(1, sizeof *b);
-  if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
-  b->dev = dev;
-  b->size = size;
+/* Gives staging block b back to its pool once the work posted to dev so far (which uses b) has
+ * completed, without waiting; if that cannot be arranged, waits for the worker first, so that b
+ * is never reused while queued work still reads or writes it. */
+static clpar_status put_when_done(clpar_device *dev, clpar_staging_block *b) {
   clpar_event *done = NULL;
-  clpar_status s = clpar_dev_host_alloc(dev, size, &b->handle, &b->ptr);
-  if (s != CLPAR_OK) { /* an earlier asynchronous error of the device: the caller's to report */
-    free(b);
-    return s;
-  }
-  s = clpar_event_record(dev, &done);
+  clpar_status s = clpar_event_record(dev, &done);
   if (s == CLPAR_OK) s = clpar_event_then(done, staging_put, b);
-  if (s != CLPAR_OK) { /* the worker writes b: wait for it, then keep what it made */
+  if (s != CLPAR_OK) {
     if (done)
       clpar_event_sync(done);
     else
@@ -72,6 +63,22 @@ static clpar_status refill(clpar_device *dev, size_t size) {
   }
   clpar_event_release(done);
   return s;
+}
+
+/* Asks dev's worker for a pinned block of size for the pool, without waiting: the block joins
+ * the pool when the allocation ran. If the allocation fails on the worker, that error shows
+ * at the next call on the device. */
+static clpar_status refill(clpar_device *dev, size_t size) {
+  clpar_staging_block *b = calloc(1, sizeof *b);
+  if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+  b->dev = dev;
+  b->size = size;
+  clpar_status s = clpar_dev_host_alloc(dev, size, &b->handle, &b->ptr);
+  if (s != CLPAR_OK) { /* an earlier asynchronous error of the device: the caller's to report */
+    free(b);
+    return s;
+  }
+  return put_when_done(dev, b);
 }
 
 /* A staging block of at least bytes: small ones are plain host memory (a transfer of a few
@@ -287,18 +294,9 @@ clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const 
     clpar_status s = staging_get(dev, n, &b);
     if (s != CLPAR_OK) return s;
     memcpy(b->ptr, (const char *)src + at, n);
-    clpar_event *done = NULL;
     s = clpar_dev_write(dev, buf, off_bytes + at, b->ptr, n);
-    if (s == CLPAR_OK) s = clpar_event_record(dev, &done);
-    if (s == CLPAR_OK) s = clpar_event_then(done, staging_put, b);
-    if (s != CLPAR_OK) {
-      if (done)
-        clpar_event_sync(done);
-      else
-        clpar_worker_drain(dev);
-      staging_put(b);
-    }
-    clpar_event_release(done);
+    clpar_status put = put_when_done(dev, b);
+    if (s == CLPAR_OK) s = put;
     if (s != CLPAR_OK) return s;
   }
   return CLPAR_OK;

@@ -389,6 +389,20 @@ static int set(clpar_ocl_params *p, const char *name, size_t value) {
   return 0;
 }
 
+/* Moves count candidates (or all n, if fewer) chosen at random by a fixed seed from all[0..n)
+ * to out, frees all, and returns how many. */
+static int pick_some(clpar_ocl_params *all, int n, clpar_ocl_params *out, int count,
+                     uint64_t seed) {
+  int chosen = 0;
+  for (int i = 0; i < count && n > 0; i++) {
+    int pick = (int)(lcg(&seed) % (uint64_t)n);
+    out[chosen++] = all[pick];
+    all[pick] = all[--n];
+  }
+  free(all);
+  return chosen;
+}
+
 /* Valid Xgemm parameter sets (GEMMK 0, no strided access, local memory off: on a CPU the
  * cache is the local memory), count of them at most, spread over the grid. */
 static int xgemm_candidates(const clpar_ocl_params *base, size_t max_wg, clpar_ocl_params *out,
@@ -426,15 +440,7 @@ static int xgemm_candidates(const clpar_ocl_params *base, size_t max_wg, clpar_o
                 }
                 all[n++] = p;
               }
-  int chosen = 0;
-  uint64_t seed = 12345;
-  for (int i = 0; i < count && n > 0; i++) {
-    int pick = (int)(lcg(&seed) % (uint64_t)n);
-    out[chosen++] = all[pick];
-    all[pick] = all[--n];
-  }
-  free(all);
-  return chosen;
+  return pick_some(all, n, out, count, 12345);
 }
 
 static int direct_candidates(const clpar_ocl_params *base, size_t max_wg, clpar_ocl_params *out,
@@ -467,15 +473,7 @@ static int direct_candidates(const clpar_ocl_params *base, size_t max_wg, clpar_
                 }
                 all[n++] = p;
               }
-  int chosen = 0;
-  uint64_t seed = 6789;
-  for (int i = 0; i < count && n > 0; i++) {
-    int pick = (int)(lcg(&seed) % (uint64_t)n);
-    out[chosen++] = all[pick];
-    all[pick] = all[--n];
-  }
-  free(all);
-  return chosen;
+  return pick_some(all, n, out, count, 6789);
 }
 
 /* ---- the search ---- */
