@@ -326,7 +326,7 @@ static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int
       return CLPAR_OK;
   flat_state *fs = flat_state_for(o, leaf);
   if (!fs) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
-  int first = 0;
+  int first = o->kind == OPT_SGD && n_states(o) == 0; /* as step_one: no buffer, first */
   for (int j = 0; j < n_states(o); j++) {
     /* the members' state[j]: none yet, views of fs->state[j] in place, or their own */
     int none = 0, viewed = 0;
