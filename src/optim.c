@@ -387,6 +387,15 @@ clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   for (int i = 0; i < o->n; i++) /* all or nothing: none may have outlived clpar_shutdown */
     if (clpar_check_alive("clpar_optimizer_step", o->params[i].param) != CLPAR_OK)
       return CLPAR_ERROR_NOT_INITIALIZED;
+  /* A group flattened again (clpar_module_flatten) left its old leaf without members: its
+   * record goes (the members' views keep what they use of the old flat state). */
+  for (int k = 0; k < o->n_flats; k++)
+    if (__atomic_load_n(&o->flats[k].leaf->flat_members, __ATOMIC_RELAXED) == 0) {
+      clpar_tensor_release(o->flats[k].leaf);
+      clpar_tensor_free(o->flats[k].state[0]);
+      clpar_tensor_free(o->flats[k].state[1]);
+      o->flats[k--] = o->flats[--o->n_flats];
+    }
   /* Whole flat groups first, one kernel each; o->counts is reused for the members' indices. */
   int n_groups = clpar_flat_whole_groups(o->ptrs, o->n, o->group_of, o->leaves, o->counts);
   for (int k = 0; k < n_groups; k++) {

@@ -548,6 +548,48 @@ static void test_flat_group_stepped_whole(void **state) {
   }
 }
 
+/* A group flattened again into a larger one (a child first, then the whole module): the
+ * optimizer's state, flat for the child's group, is gathered into the new group's flat state
+ * and the steps stay those of per-parameter steps, bit for bit. */
+static void test_flat_group_state_follows_reflatten(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_adam_options ao = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  clpar_module *whole = flat_mlp(dev), *part = flat_mlp(dev);
+  clpar_tensor *pw[4], *pp[4];
+  for (int i = 0; i < 4; i++) {
+    tu_ok(clpar_module_parameter_at(whole, i, NULL, &pw[i]));
+    tu_ok(clpar_module_parameter_at(part, i, NULL, &pp[i]));
+  }
+  clpar_optimizer *ow, *op[4];
+  tu_ok(clpar_adam_create(pw, 4, &ao, &ow));
+  for (int i = 0; i < 4; i++) tu_ok(clpar_adam_create(pp + i, 1, &ao, &op[i]));
+  tu_ok(clpar_module_flatten(clpar_module_child(whole, "0")));
+  tu_ok(clpar_module_flatten(clpar_module_child(part, "0")));
+  uint64_t bits = (uint64_t)1 << CLPAR_ENTRY_adam_step;
+  tu_ok(clpar_compose_force(dev, bits));
+  uint64_t before = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+  flat_train_opts(whole, &ow, 1, dev, 2); /* the child's group whole, the rest one by one */
+  assert_int_equal(__atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED) - before, 2 * 3);
+  flat_train_opts(part, op, 4, dev, 2);
+  tu_ok(clpar_module_flatten(whole));
+  tu_ok(clpar_module_flatten(part));
+  assert_flat(whole);
+  before = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+  flat_train_opts(whole, &ow, 1, dev, 3);
+  assert_int_equal(__atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED) - before, 3);
+  flat_train_opts(part, op, 4, dev, 3);
+  tu_ok(clpar_compose_force(dev, 0));
+  float a[FLAT_N], b[FLAT_N];
+  read_params(whole, a);
+  read_params(part, b);
+  assert_memory_equal(a, b, sizeof a);
+  clpar_optimizer_free(ow);
+  for (int i = 0; i < 4; i++) clpar_optimizer_free(op[i]);
+  clpar_module_free(whole);
+  clpar_module_free(part);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_child_used_twice),
@@ -561,6 +603,7 @@ int main(void) {
       cmocka_unit_test(test_flatten_trains_as_before),
       cmocka_unit_test(test_flatten_and_module_to),
       cmocka_unit_test(test_flat_group_stepped_whole),
+      cmocka_unit_test(test_flat_group_state_follows_reflatten),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
