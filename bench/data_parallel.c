@@ -11,7 +11,8 @@
  *
  * On this 2-core machine, the meaningful set-up is two PoCL "basic" devices, each in its own
  * context and driven by its own worker thread (DESIGN.md):
- *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_data_parallel [steps] */
+ *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_data_parallel [steps [model]]
+ * where model, when given, runs only the models whose name contains it ("compute", "latency"). */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
@@ -158,6 +159,7 @@ int main(int argc, char **argv) {
   }
   int good = 1, rounds = 3;
   for (size_t mi = 0; good && mi < sizeof models / sizeof models[0]; mi++) {
+    if (argc > 2 && !strstr(models[mi].name, argv[2])) continue;
     /* Rounds alternate between one and two devices, so that the machine's other load falls
      * on both; the best round of each counts. */
     int steps = steps_arg * models[mi].steps_scale;

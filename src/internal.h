@@ -289,6 +289,17 @@ clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim
 /* Makes t a view of st at element offset (the storage it held is released). */
 void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset);
 
+/* The flat groups (clpar_module_flatten) that ts[0..n) cover whole, each tensor given at most
+ * once (src/nn/flatten.c): the groups' leaves in leaves[0..return value), and group_of[i] the
+ * group of ts[i] when ts[i] is a member in place (a view of the leaf's memory, its grad the
+ * same slice of the leaf's grad) of a group all of whose members are among ts, else -1.
+ * group_of, leaves and counts (scratch) hold n entries each. Cannot fail. */
+int clpar_flat_whole_groups(clpar_tensor *const *ts, int n, int *group_of, clpar_tensor **leaves,
+                            int *counts);
+/* Zeroes the gradients of ts[0..n) (each given once): one fill over a flat group's gradient
+ * when every member of the group is among them, one fill per other tensor. */
+clpar_status clpar_zero_grads(const char *fn, clpar_tensor *const *ts, int n);
+
 static inline void clpar_tensor_touch(clpar_tensor *t) {
   __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
 }

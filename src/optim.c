@@ -1,7 +1,15 @@
 /* optim.c — SGD, Adam and AdamW with PyTorch's update rules (torch.optim). Each step is one
  * fused backend kernel per parameter on the parameter's device; the state (momentum buffer,
  * Adam's moments) lives next to the parameter, is made on the first step, and moves with the
- * parameter when it was moved to another device (clpar_module_to, DataParallel). */
+ * parameter when it was moved to another device (clpar_module_to, DataParallel).
+ *
+ * Flat groups (clpar_module_flatten): when the optimizer holds every member of a group, the
+ * group is stepped with one kernel over the flat buffer, its flat gradient and a flat state
+ * of the same layout; each parameter's state tensors are then views of the flat state at the
+ * parameter's offset, so the state stays readable per parameter (param_state). The update is
+ * element-wise, so this gives the same bits as one kernel per parameter. A group whose members
+ * disagree (one without a gradient, different step counts, state made apart) is stepped per
+ * parameter, as is a parameter outside any group or in a group the optimizer holds part of. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +20,16 @@ typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
 
 typedef struct {
   clpar_tensor *param;
-  clpar_tensor *state[2]; /* SGD: momentum buffer; Adam: m, v */
+  clpar_tensor *state[2]; /* SGD: momentum buffer; Adam: m, v (views of a flat_state's when the
+                           * parameter's group is stepped whole) */
   int64_t steps;
 } param_state;
+
+/* The state of a flat group stepped whole: tensors of the flat leaf's numel, on its device. */
+typedef struct {
+  clpar_tensor *leaf; /* retained */
+  clpar_tensor *state[2];
+} flat_state;
 
 struct clpar_optimizer {
   opt_kind kind;
@@ -22,6 +37,11 @@ struct clpar_optimizer {
   clpar_adam_options adam;
   param_state *params;
   int n;
+  flat_state *flats;
+  int n_flats;
+  /* scratch for clpar_flat_whole_groups, n entries each */
+  clpar_tensor **ptrs, **leaves;
+  int *group_of, *counts;
 };
 
 static clpar_status check_sgd(const clpar_sgd_options *o) {
@@ -95,17 +115,29 @@ static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, co
   if (s != CLPAR_OK) return s;
   clpar_optimizer *o = calloc(1, sizeof *o);
   param_state *ps = calloc((size_t)n, sizeof *ps);
-  if (!o || !ps) {
+  clpar_tensor **ptrs = malloc((size_t)n * sizeof *ptrs),
+               **leaves = malloc((size_t)n * sizeof *leaves);
+  int *group_of = malloc((size_t)n * sizeof *group_of),
+      *counts = malloc((size_t)n * sizeof *counts);
+  if (!o || !ps || !ptrs || !leaves || !group_of || !counts) {
     free(o);
     free(ps);
+    free(ptrs);
+    free(leaves);
+    free(group_of);
+    free(counts);
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
   }
+  o->ptrs = ptrs;
+  o->leaves = leaves;
+  o->group_of = group_of;
+  o->counts = counts;
   o->kind = kind;
   if (kind == OPT_SGD)
     o->sgd = *(const clpar_sgd_options *)options;
   else
     o->adam = *(const clpar_adam_options *)options;
-  for (int i = 0; i < n; i++) ps[i].param = clpar_tensor_retain(params[i]);
+  for (int i = 0; i < n; i++) ptrs[i] = ps[i].param = clpar_tensor_retain(params[i]);
   o->params = ps;
   o->n = n;
   *out = o;
@@ -222,13 +254,162 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
   return CLPAR_OK;
 }
 
+/* The number of state tensors a step keeps per parameter. */
+static int n_states(const clpar_optimizer *o) {
+  return o->kind == OPT_SGD ? (o->sgd.momentum != 0.0f) : 2;
+}
+
+/* The record of leaf's flat state, made (empty) when there is none; NULL when out of memory. */
+static flat_state *flat_state_for(clpar_optimizer *o, clpar_tensor *leaf) {
+  for (int k = 0; k < o->n_flats; k++)
+    if (o->flats[k].leaf == leaf) return &o->flats[k];
+  flat_state *f = realloc(o->flats, (size_t)(o->n_flats + 1) * sizeof *f);
+  if (!f) return NULL;
+  o->flats = f;
+  f += o->n_flats++;
+  *f = (flat_state){clpar_tensor_retain(leaf), {NULL, NULL}};
+  return f;
+}
+
+/* The element offset of member p in its flat leaf. */
+static size_t rel(const clpar_tensor *p) {
+  return p->offset - p->flat->offset;
+}
+
+/* Makes fs->state[j] anew (F's numel, on dev) and every member's state[j] a view of it; with
+ * copy, the members' own state is copied into it first. Nothing changes on error. */
+static clpar_status flat_state_build(clpar_optimizer *o, flat_state *fs, int j, const int *members,
+                                     int n, clpar_device *dev, int copy) {
+  clpar_tensor *f = fs->leaf, *st = NULL;
+  int zero = o->kind != OPT_SGD && !copy; /* Adam's moments start at zero */
+  clpar_status s = zero ? clpar_tensor_zeros(dev, 1, &f->numel, &st)
+                        : clpar_tensor_empty(dev, 1, &f->numel, &st);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_unscope(st);
+  clpar_tensor **views = calloc((size_t)n, sizeof *views);
+  if (!views) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  for (int i = 0; s == CLPAR_OK && i < n; i++) {
+    param_state *ps = &o->params[members[i]];
+    clpar_tensor *p = ps->param, *old = ps->state[j];
+    if (copy)
+      s = clpar_transfer(dev, st->storage, rel(p) * sizeof(float), old->storage->dev, old->storage,
+                         old->offset * sizeof(float), (size_t)p->numel * sizeof(float));
+    if (s == CLPAR_OK) s = clpar_tensor_view_at(st, rel(p), p->ndim, p->shape, &views[i]);
+  }
+  if (s != CLPAR_OK) {
+    for (int i = 0; views && i < n; i++) clpar_tensor_free(views[i]);
+    free(views);
+    clpar_tensor_free(st);
+    return s;
+  }
+  for (int i = 0; i < n; i++) {
+    param_state *ps = &o->params[members[i]];
+    clpar_tensor_free(ps->state[j]);
+    ps->state[j] = views[i];
+  }
+  free(views);
+  clpar_tensor_free(fs->state[j]);
+  fs->state[j] = st;
+  return CLPAR_OK;
+}
+
+/* Steps the flat group `leaf`, whose members are o->params[members[0..n)], with one kernel
+ * when they agree; *done tells whether it did (else they are stepped one by one). */
+static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int *members, int n,
+                               int *done) {
+  *done = 0;
+  clpar_device *dev = leaf->storage->dev;
+  if (leaf->grad->storage->dev != dev) return CLPAR_OK; /* step_one names the error */
+  int64_t steps = o->params[members[0]].steps;
+  for (int i = 0; i < n; i++)
+    if (!clpar_tensor_has_grad(o->params[members[i]].param) || o->params[members[i]].steps != steps)
+      return CLPAR_OK;
+  flat_state *fs = flat_state_for(o, leaf);
+  if (!fs) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  int first = o->kind == OPT_SGD && n_states(o) == 0; /* as step_one: no buffer, first */
+  for (int j = 0; j < n_states(o); j++) {
+    /* the members' state[j]: none yet, views of fs->state[j] in place, or their own */
+    int none = 0, viewed = 0;
+    for (int i = 0; i < n; i++) {
+      param_state *ps = &o->params[members[i]];
+      clpar_tensor *t = ps->state[j], *ft = fs->state[j];
+      none += t == NULL;
+      viewed += t && ft && t->storage == ft->storage && t->offset == ft->offset + rel(ps->param);
+    }
+    if (none != 0 && none != n) return CLPAR_OK; /* some have state, some not: one by one */
+    clpar_status s = CLPAR_OK;
+    if (none == n && o->kind == OPT_SGD) first = 1; /* buf = g on the first step */
+    if (viewed == n && fs->state[j]->storage->dev != dev) {
+      s = clpar_tensor_move(fs->state[j], dev); /* the state follows the group's moves */
+      for (int i = 0; s == CLPAR_OK && i < n; i++) {
+        param_state *ps = &o->params[members[i]];
+        clpar_tensor_repoint(ps->state[j], fs->state[j]->storage,
+                             fs->state[j]->offset + rel(ps->param));
+      }
+    } else if (viewed != n) {
+      if (none == 0) /* state made apart (a step before flattening): gathered onto dev */
+        for (int i = 0; s == CLPAR_OK && i < n; i++) s = follow_param(&o->params[members[i]], dev);
+      if (s == CLPAR_OK) s = flat_state_build(o, fs, j, members, n, dev, none == 0);
+    }
+    if (s != CLPAR_OK) return s;
+  }
+  clpar_status s;
+  clpar_bref p = clpar_tensor_bref(leaf), g = clpar_tensor_bref(leaf->grad);
+  if (o->kind == OPT_SGD) {
+    clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
+                        o->sgd.weight_decay, o->sgd.nesterov, first};
+    s = clpar_dev_sgd_step(dev, (size_t)leaf->numel, p, g,
+                           fs->state[0] && n_states(o) ? clpar_tensor_bref(fs->state[0]) : p, a);
+  } else {
+    int64_t t = steps + 1;
+    const clpar_adam_options *ad = &o->adam;
+    clpar_adam_args a = {ad->lr,
+                         ad->beta1,
+                         ad->beta2,
+                         ad->eps,
+                         ad->weight_decay,
+                         (float)(1.0 - pow(ad->beta1, (double)t)),
+                         (float)(1.0 - pow(ad->beta2, (double)t)),
+                         o->kind == OPT_ADAMW};
+    s = clpar_dev_adam_step(dev, (size_t)leaf->numel, p, g, clpar_tensor_bref(fs->state[0]),
+                            clpar_tensor_bref(fs->state[1]), a);
+  }
+  clpar_tensor_touch(leaf);
+  if (s != CLPAR_OK) return clpar_device_fail(dev, s);
+  for (int i = 0; i < n; i++) o->params[members[i]].steps++;
+  *done = 1;
+  return CLPAR_OK;
+}
+
 clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_optimizer_step: optimizer is NULL");
   for (int i = 0; i < o->n; i++) /* all or nothing: none may have outlived clpar_shutdown */
     if (clpar_check_alive("clpar_optimizer_step", o->params[i].param) != CLPAR_OK)
       return CLPAR_ERROR_NOT_INITIALIZED;
+  /* A group flattened again (clpar_module_flatten) left its old leaf without members: its
+   * record goes (the members' views keep what they use of the old flat state). */
+  for (int k = 0; k < o->n_flats; k++)
+    if (__atomic_load_n(&o->flats[k].leaf->flat_members, __ATOMIC_RELAXED) == 0) {
+      clpar_tensor_release(o->flats[k].leaf);
+      clpar_tensor_free(o->flats[k].state[0]);
+      clpar_tensor_free(o->flats[k].state[1]);
+      o->flats[k--] = o->flats[--o->n_flats];
+    }
+  /* Whole flat groups first, one kernel each; o->counts is reused for the members' indices. */
+  int n_groups = clpar_flat_whole_groups(o->ptrs, o->n, o->group_of, o->leaves, o->counts);
+  for (int k = 0; k < n_groups; k++) {
+    int n = 0;
+    for (int i = 0; i < o->n; i++)
+      if (o->group_of[i] == k) o->counts[n++] = i;
+    if (n == 0) continue;
+    int done;
+    clpar_status s = step_group(o, o->leaves[k], o->counts, n, &done);
+    if (s != CLPAR_OK) return s;
+    for (int i = 0; !done && i < n; i++) o->group_of[o->counts[i]] = -1; /* one by one below */
+  }
   for (int i = 0; i < o->n; i++) {
+    if (o->group_of[i] >= 0) continue; /* stepped with its group */
     if (!clpar_tensor_has_grad(o->params[i].param))
       continue; /* as PyTorch: no gradient, no update */
     clpar_status s = step_one(o, &o->params[i]);
@@ -241,11 +422,7 @@ clpar_status clpar_optimizer_zero_grad(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_optimizer_zero_grad: optimizer is NULL");
-  for (int i = 0; i < o->n; i++) {
-    clpar_status s = clpar_tensor_zero_grad(o->params[i].param);
-    if (s != CLPAR_OK) return s;
-  }
-  return CLPAR_OK;
+  return clpar_zero_grads("clpar_optimizer_zero_grad", o->ptrs, o->n);
 }
 
 void clpar_optimizer_free(clpar_optimizer *o) {
@@ -255,7 +432,17 @@ void clpar_optimizer_free(clpar_optimizer *o) {
     clpar_tensor_free(o->params[i].state[0]);
     clpar_tensor_free(o->params[i].state[1]);
   }
+  for (int k = 0; k < o->n_flats; k++) {
+    clpar_tensor_release(o->flats[k].leaf);
+    clpar_tensor_free(o->flats[k].state[0]);
+    clpar_tensor_free(o->flats[k].state[1]);
+  }
+  free(o->flats);
   free(o->params);
+  free(o->ptrs);
+  free(o->leaves);
+  free(o->group_of);
+  free(o->counts);
   free(o);
 }
 

@@ -426,6 +426,170 @@ static void test_flatten_and_module_to(void **state) {
   clpar_module_free(m);
 }
 
+/* Steps of the flat MLP with optimizers opts[0..n_opts) (zero_grad through the module or the
+ * optimizers, in turn). */
+static void flat_train_opts(clpar_module *m, clpar_optimizer **opts, int n_opts, clpar_device *dev,
+                            int steps) {
+  for (int step = 0; step < steps; step++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x, *t, *y, *loss;
+    tu_ok(clpar_tensor_rand_normal(dev, 2, (int64_t[]){8, 5}, 700 + (uint64_t)step, 0, 1, &x));
+    tu_ok(clpar_tensor_rand_normal(dev, 2, (int64_t[]){8, 3}, 800 + (uint64_t)step, 0, 1, &t));
+    if (step % 2)
+      tu_ok(clpar_module_zero_grad(m));
+    else
+      for (int k = 0; k < n_opts; k++) tu_ok(clpar_optimizer_zero_grad(opts[k]));
+    tu_ok(clpar_module_forward(m, x, &y));
+    tu_ok(clpar_mse_loss(y, t, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_backward(loss));
+    for (int k = 0; k < n_opts; k++) tu_ok(clpar_optimizer_step(opts[k]));
+    clpar_scope_end(sc);
+  }
+}
+
+typedef struct {
+  int adam; /* 0: SGD, 1: Adam, 2: AdamW */
+  clpar_sgd_options sgd;
+  clpar_adam_options ad;
+  const char *what;
+} opt_case;
+
+static clpar_status make_opt(const opt_case *c, clpar_tensor *const *ps, int n,
+                             clpar_optimizer **out) {
+  return c->adam == 0   ? clpar_sgd_create(ps, n, &c->sgd, out)
+         : c->adam == 1 ? clpar_adam_create(ps, n, &c->ad, out)
+                        : clpar_adamw_create(ps, n, &c->ad, out);
+}
+
+/* An optimizer holding a whole flat group steps it with one kernel over the flat buffer (one
+ * sgd_step or adam_step per step, counted on the composed path) and gives the same bits as
+ * per-parameter steps: two optimizers each holding part of the group (one kernel per parameter,
+ * which is what every optimizer did before). Zero_grad zeroes every member's gradient. */
+static void test_flat_group_stepped_whole(void **state) {
+  (void)state;
+  const opt_case cases[] = {
+      {.sgd = {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = 1},
+       .what = "nesterov"},
+      {.sgd = {.lr = 0.1f, .momentum = 0.8f, .dampening = 0.25f, .weight_decay = 0.02f},
+       .what = "momentum"},
+      {.sgd = {.lr = 0.05f, .weight_decay = 0.01f}, .what = "plain SGD"},
+      {.adam = 1,
+       .ad = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f},
+       .what = "Adam"},
+      {.adam = 2,
+       .ad = {.lr = 0.01f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.1f},
+       .what = "AdamW"},
+  };
+  const uint64_t steps_bits =
+      ((uint64_t)1 << CLPAR_ENTRY_sgd_step) | ((uint64_t)1 << CLPAR_ENTRY_adam_step);
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    if (d >= 0 && dev == tu_host()) continue;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+      for (int composed = 0; composed < 2; composed++) {
+        tu_ok(clpar_compose_force(dev, composed ? steps_bits : 0));
+        clpar_module *whole = flat_mlp(dev), *part = flat_mlp(dev);
+        tu_ok(clpar_module_flatten(whole));
+        tu_ok(clpar_module_flatten(part));
+        clpar_tensor *pw[4], *pp[4];
+        for (int i = 0; i < 4; i++) {
+          tu_ok(clpar_module_parameter_at(whole, i, NULL, &pw[i]));
+          tu_ok(clpar_module_parameter_at(part, i, NULL, &pp[i]));
+        }
+        clpar_optimizer *ow, *op[2];
+        tu_ok(make_opt(&cases[c], pw, 4, &ow));
+        tu_ok(make_opt(&cases[c], pp, 3, &op[0])); /* part of the group, and the rest */
+        tu_ok(make_opt(&cases[c], pp + 3, 1, &op[1]));
+        uint64_t before = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+        flat_train_opts(whole, &ow, 1, dev, 4);
+        uint64_t mid = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+        flat_train_opts(part, op, 2, dev, 4);
+        uint64_t after = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+        tu_ok(clpar_compose_force(dev, 0));
+        if (composed) { /* one step of the flat buffer vs one per parameter */
+          assert_int_equal(mid - before, 4);
+          assert_int_equal(after - mid, 4 * 4);
+        }
+        float a[FLAT_N], b[FLAT_N];
+        read_params(whole, a);
+        read_params(part, b);
+        if (memcmp(a, b, sizeof a) != 0)
+          fail_msg("%s on %s (%s): the flat step differs from per-parameter steps", cases[c].what,
+                   clpar_device_id(dev), composed ? "composed" : "fused");
+        clpar_device *other = tu_second_device(dev);
+        if (other && !composed) { /* the flat state follows the group there and back */
+          for (int there = 1; there >= 0; there--) {
+            clpar_device *to = there ? other : dev;
+            tu_ok(clpar_module_to(whole, to));
+            tu_ok(clpar_module_to(part, to));
+            flat_train_opts(whole, &ow, 1, to, 2);
+            flat_train_opts(part, op, 2, to, 2);
+            read_params(whole, a);
+            read_params(part, b);
+            if (memcmp(a, b, sizeof a) != 0)
+              fail_msg("%s on %s: the flat step differs from per-parameter steps after a move",
+                       cases[c].what, clpar_device_id(to));
+          }
+        }
+        /* one more step each, then zero_grad: every member's gradient reads zeros */
+        flat_train_opts(whole, &ow, 1, dev, 1);
+        tu_ok(clpar_optimizer_zero_grad(ow));
+        for (int i = 0; i < 4; i++) {
+          float *g = tu_read(clpar_tensor_grad(pw[i]));
+          for (int64_t e = 0; e < clpar_tensor_numel(pw[i]); e++) assert_true(g[e] == 0.0f);
+          free(g);
+        }
+        clpar_optimizer_free(ow);
+        clpar_optimizer_free(op[0]);
+        clpar_optimizer_free(op[1]);
+        clpar_module_free(whole);
+        clpar_module_free(part);
+      }
+  }
+}
+
+/* A group flattened again into a larger one (a child first, then the whole module): the
+ * optimizer's state, flat for the child's group, is gathered into the new group's flat state
+ * and the steps stay those of per-parameter steps, bit for bit. */
+static void test_flat_group_state_follows_reflatten(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_adam_options ao = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  clpar_module *whole = flat_mlp(dev), *part = flat_mlp(dev);
+  clpar_tensor *pw[4], *pp[4];
+  for (int i = 0; i < 4; i++) {
+    tu_ok(clpar_module_parameter_at(whole, i, NULL, &pw[i]));
+    tu_ok(clpar_module_parameter_at(part, i, NULL, &pp[i]));
+  }
+  clpar_optimizer *ow, *op[4];
+  tu_ok(clpar_adam_create(pw, 4, &ao, &ow));
+  for (int i = 0; i < 4; i++) tu_ok(clpar_adam_create(pp + i, 1, &ao, &op[i]));
+  tu_ok(clpar_module_flatten(clpar_module_child(whole, "0")));
+  tu_ok(clpar_module_flatten(clpar_module_child(part, "0")));
+  uint64_t bits = (uint64_t)1 << CLPAR_ENTRY_adam_step;
+  tu_ok(clpar_compose_force(dev, bits));
+  uint64_t before = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+  flat_train_opts(whole, &ow, 1, dev, 2); /* the child's group whole, the rest one by one */
+  assert_int_equal(__atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED) - before, 2 * 3);
+  flat_train_opts(part, op, 4, dev, 2);
+  tu_ok(clpar_module_flatten(whole));
+  tu_ok(clpar_module_flatten(part));
+  assert_flat(whole);
+  before = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+  flat_train_opts(whole, &ow, 1, dev, 3);
+  assert_int_equal(__atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED) - before, 3);
+  flat_train_opts(part, op, 4, dev, 3);
+  tu_ok(clpar_compose_force(dev, 0));
+  float a[FLAT_N], b[FLAT_N];
+  read_params(whole, a);
+  read_params(part, b);
+  assert_memory_equal(a, b, sizeof a);
+  clpar_optimizer_free(ow);
+  for (int i = 0; i < 4; i++) clpar_optimizer_free(op[i]);
+  clpar_module_free(whole);
+  clpar_module_free(part);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_child_used_twice),
@@ -438,6 +602,8 @@ int main(void) {
       cmocka_unit_test(test_optimizer_follows_data_parallel),
       cmocka_unit_test(test_flatten_trains_as_before),
       cmocka_unit_test(test_flatten_and_module_to),
+      cmocka_unit_test(test_flat_group_stepped_whole),
+      cmocka_unit_test(test_flat_group_state_follows_reflatten),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

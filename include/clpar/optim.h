@@ -1,7 +1,9 @@
 /* optim.h — optimizers with PyTorch's update rules: SGD (momentum, dampening, nesterov,
  * weight decay), Adam and AdamW. A step enqueues one fused kernel per parameter on the
- * parameter's device and does not wait. An optimizer stays valid when its parameters move
- * (clpar_module_to, clpar_data_parallel_create): its state moves with them at the next step. */
+ * parameter's device and does not wait; when the optimizer holds every parameter of a flat
+ * buffer (clpar_module_flatten, DataParallel), one kernel over the whole buffer, with the same
+ * result. An optimizer stays valid when its parameters move (clpar_module_to,
+ * clpar_data_parallel_create): its state moves with them at the next step. */
 #ifndef CLPAR_OPTIM_H
 #define CLPAR_OPTIM_H
 

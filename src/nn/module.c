@@ -430,7 +430,14 @@ clpar_status clpar_module_zero_grad(clpar_module *m) {
   if (!m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_zero_grad: module is NULL");
   clpar_status s = refresh_flat(m);
-  for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) s = clpar_tensor_zero_grad(m->flat[i].item);
+  if (s != CLPAR_OK || m->n_flat == 0) return s;
+  /* one fill per flat buffer the module covers whole (clpar_module_flatten) */
+  clpar_tensor **ts = malloc((size_t)m->n_flat * sizeof *ts);
+  if (!ts)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_zero_grad: out of host memory");
+  for (int i = 0; i < m->n_flat; i++) ts[i] = m->flat[i].item;
+  s = clpar_zero_grads("clpar_module_zero_grad", ts, m->n_flat);
+  free(ts);
   return s;
 }
 
