@@ -448,59 +448,69 @@ static float *next_init(size_t *n) {
   return v;
 }
 
+/* The model of the resume test; flat: its parameters in one buffer (clpar_module_flatten), so
+ * that the optimizer steps the whole group with flat state. */
+static clpar_module *make_resume_model(int flat) {
+  clpar_module *m = make_seq(clpar_device_get(0));
+  if (flat) tu_ok(clpar_module_flatten(m));
+  return m;
+}
+
 static void test_resume_bit_exact(void **state) {
   (void)state;
   const int N = 5;
   char path[128];
   path_in(path, sizeof path, "train.safetensors");
-  for (opt_kind k = RUN_SGD; k <= RUN_ADAMW; k++) {
-    clpar_manual_seed(1);
-    clpar_module *a = make_seq(clpar_device_get(0));
-    clpar_optimizer *oa = make_opt(a, k, 0.05f);
-    train(a, oa, 0, 2 * N);
-    size_t na, ni;
-    float *va = read_all(a, &na), *ia = next_init(&ni);
-    clpar_optimizer_free(oa);
-    clpar_module_free(a);
+  for (int flat = 0; flat < 2; flat++)
+    for (opt_kind k = RUN_SGD; k <= RUN_ADAMW; k++) {
+      clpar_manual_seed(1);
+      clpar_module *a = make_resume_model(flat);
+      clpar_optimizer *oa = make_opt(a, k, 0.05f);
+      train(a, oa, 0, 2 * N);
+      size_t na, ni;
+      float *va = read_all(a, &na), *ia = next_init(&ni);
+      clpar_optimizer_free(oa);
+      clpar_module_free(a);
 
-    clpar_manual_seed(1);
-    clpar_module *b = make_seq(clpar_device_get(0));
-    clpar_optimizer *ob = make_opt(b, k, 0.05f);
-    train(b, ob, 0, N);
-    tu_ok(clpar_checkpoint_save(path, b, ob, N, 7));
-    clpar_optimizer_free(ob);
-    clpar_module_free(b);
-    /* a fresh runtime, a model of other weights and an optimizer of another lr */
-    clpar_shutdown();
-    tu_ok(clpar_init());
-    clpar_manual_seed(99);
-    clpar_module *c = make_seq(clpar_device_get(0));
-    clpar_optimizer *oc = make_opt(c, k, 0.5f);
-    int64_t step = -1, epoch = -1;
-    tu_ok(clpar_checkpoint_load(path, c, oc, &step, &epoch));
-    assert_int_equal(step, N);
-    assert_int_equal(epoch, 7);
-    train(c, oc, (int)step, 2 * N);
-    size_t nc, nic;
-    float *vc = read_all(c, &nc), *ic = next_init(&nic);
-    assert_int_equal(na, nc);
-    if (memcmp(va, vc, na * sizeof *va) != 0) fail_msg("optimizer %d: resumed weights differ", k);
-    assert_memory_equal(ia, ic, ni * sizeof *ia); /* the generator's state came back too */
-    /* a wrong optimizer kind is refused and changes nothing */
-    clpar_optimizer *wrong = make_opt(c, k == RUN_SGD ? RUN_ADAM : RUN_SGD, 0.1f);
-    assert_int_equal(clpar_checkpoint_load(path, c, wrong, NULL, NULL),
-                     CLPAR_ERROR_INVALID_ARGUMENT);
-    free(vc);
-    vc = read_all(c, &nc);
-    if (memcmp(va, vc, na * sizeof *va) != 0) fail_msg("a refused load changed the model");
-    clpar_optimizer_free(wrong);
-    free(va);
-    free(vc);
-    free(ia);
-    free(ic);
-    clpar_optimizer_free(oc);
-    clpar_module_free(c);
-  }
+      clpar_manual_seed(1);
+      clpar_module *b = make_resume_model(flat);
+      clpar_optimizer *ob = make_opt(b, k, 0.05f);
+      train(b, ob, 0, N);
+      tu_ok(clpar_checkpoint_save(path, b, ob, N, 7));
+      clpar_optimizer_free(ob);
+      clpar_module_free(b);
+      /* a fresh runtime, a model of other weights and an optimizer of another lr */
+      clpar_shutdown();
+      tu_ok(clpar_init());
+      clpar_manual_seed(99);
+      clpar_module *c = make_resume_model(flat);
+      clpar_optimizer *oc = make_opt(c, k, 0.5f);
+      int64_t step = -1, epoch = -1;
+      tu_ok(clpar_checkpoint_load(path, c, oc, &step, &epoch));
+      assert_int_equal(step, N);
+      assert_int_equal(epoch, 7);
+      train(c, oc, (int)step, 2 * N);
+      size_t nc, nic;
+      float *vc = read_all(c, &nc), *ic = next_init(&nic);
+      assert_int_equal(na, nc);
+      if (memcmp(va, vc, na * sizeof *va) != 0)
+        fail_msg("optimizer %d, flat %d: resumed weights differ", k, flat);
+      assert_memory_equal(ia, ic, ni * sizeof *ia); /* the generator's state came back too */
+      /* a wrong optimizer kind is refused and changes nothing */
+      clpar_optimizer *wrong = make_opt(c, k == RUN_SGD ? RUN_ADAM : RUN_SGD, 0.1f);
+      assert_int_equal(clpar_checkpoint_load(path, c, wrong, NULL, NULL),
+                       CLPAR_ERROR_INVALID_ARGUMENT);
+      free(vc);
+      vc = read_all(c, &nc);
+      if (memcmp(va, vc, na * sizeof *va) != 0) fail_msg("a refused load changed the model");
+      clpar_optimizer_free(wrong);
+      free(va);
+      free(vc);
+      free(ia);
+      free(ic);
+      clpar_optimizer_free(oc);
+      clpar_module_free(c);
+    }
 }
 
 static int make_dir(void **state) {
