@@ -4,7 +4,7 @@
 # OpenBLAS's OpenMP build (the host backend's GEMM): its threads are the OpenMP threads the host
 # backend's own loops use, where the pthread build would add a second pool of spinning threads.
 clpar_deps=(build-essential cmake pkg-config binutils ocl-icd-opencl-dev opencl-headers
-  pocl-opencl-icd libclblast-dev libcmocka-dev libjansson-dev clinfo clang libclang-rt-14-dev
+  pocl-opencl-icd libclblast-dev libcmocka-dev libjansson-dev zlib1g-dev clinfo clang libclang-rt-14-dev
   libopenblas-dev libopenblas-openmp-dev openmpi-bin libopenmpi-dev)
 
 clpar_install_deps() {

@@ -16,5 +16,6 @@
 #include "parallel.h"
 #include "dist.h"
 #include "checkpoint.h"
+#include "data.h"
 
 #endif
