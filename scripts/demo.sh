@@ -31,3 +31,8 @@ echo "== samples/data_parallel (PyTorch's DataParallel tutorial)"
 echo
 echo "== samples/train_data_parallel (an MLP trained with DataParallel, then on one device)"
 ./build-demo/samples/train_data_parallel 3
+echo
+echo "== samples/train_digits (the UCI handwritten digits from gzip CSV, DataParallel, a checkpoint per epoch)"
+ckpt_dir=$(mktemp -d)
+./build-demo/samples/train_digits --epochs 30 --checkpoint "$ckpt_dir/digits.safetensors"
+rm -rf "$ckpt_dir"
