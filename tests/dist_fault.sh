@@ -3,7 +3,7 @@
 # job printed (ctest: test_dist_fault_<scenario>, label mpi). Each survivor prints
 # "RESULT rank R: <status>: <message>"; CLPAR_DIST_TIMEOUT is 3 s, so a run takes seconds,
 # and `timeout` makes a hang a failure rather than a stuck ctest.
-# Usage: dist_fault.sh exit|skip|badenv TEST_BINARY MPIEXEC [MPIEXEC FLAGS...]
+# Usage: dist_fault.sh exit|skip|debug|badenv TEST_BINARY MPIEXEC [MPIEXEC FLAGS...]
 scenario=$1 bin=$2
 shift 2
 out=$(mktemp)
@@ -57,7 +57,19 @@ skip)
       fail "rank $r logged no stall warning"
   done
   ;;
+debug)
+  CLPAR_DIST_DEBUG=1 run 3 "$@"
+  [ $rc -eq 0 ] || fail "mpirun exited with $rc"
+  for r in 0 1 2; do
+    has "^RESULT rank $r: CLPAR_ERROR_INVALID_ARGUMENT: CLPAR_DIST_DEBUG: the ranks are not running the same collective: rank 0 runs clpar_dist_all_reduce_sum \(1 floats\) \(collective #2, 4 bytes\) but rank 1 runs clpar_dist_barrier \(collective #2, 0 bytes\)" ||
+      fail "rank $r did not name the mismatch"
+    has "^rank $r: in step after the mismatch" || fail "rank $r fell out of step"
+  done
+  ;;
 badenv)
+  CLPAR_DIST_DEBUG=yes run 1 "$@"
+  has '^RESULT init: CLPAR_ERROR_INVALID_ARGUMENT: clpar_dist_init: CLPAR_DIST_DEBUG="yes": give 0 or 1' ||
+    fail "CLPAR_DIST_DEBUG=yes was not refused"
   for bad in abc 0 -1 1e99 nan; do
     CLPAR_DIST_TIMEOUT=$bad run 1 "$@"
     has "^RESULT init: CLPAR_ERROR_INVALID_ARGUMENT: clpar_dist_init: CLPAR_DIST_TIMEOUT=\"$bad\" is not a timeout" ||

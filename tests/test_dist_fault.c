@@ -4,6 +4,8 @@
  *   exit     rank 1 _exits after 2 DistributedDataParallel steps; the others go on training
  *            (mpirun ends the job, or with --enable-recovery the others time out);
  *   skip     rank 1 skips a clpar_dist_all_reduce_sum that the others make;
+ *   debug    with CLPAR_DIST_DEBUG=1, rank 1 skips an all-reduce and calls a barrier: every
+ *            rank fails naming both, and the ranks stay in step (a last all-reduce works);
  *   badenv   CLPAR_DIST_TIMEOUT is not a number: clpar_dist_init must fail, naming it.
  * A rank that gets the error it should prints "RESULT rank R: <status>: <message>" and ends
  * the job with clpar_dist_abort; the script then finds those lines in mpirun's output. */
@@ -94,6 +96,25 @@ static void scenario_skip(void) {
   got(s);
 }
 
+static void scenario_debug(void) {
+  float v = 1;
+  OK(clpar_dist_all_reduce_sum(&v, 1)); /* #1 */
+  clpar_status s = clpar_dist_rank() == 1 ? clpar_dist_barrier() : clpar_dist_all_reduce_sum(&v, 1);
+  printf("RESULT rank %d: %s: %s\n", clpar_dist_rank(), clpar_status_name(s),
+         s ? clpar_last_error() : "");
+  fflush(stdout);
+  v = 1;
+  OK(clpar_dist_all_reduce_sum(&v, 1)); /* #3: still in step */
+  if (v != (float)clpar_dist_world_size()) {
+    fprintf(stderr, "FAIL rank %d: the last all-reduce gave %g\n", clpar_dist_rank(), v);
+    _exit(6);
+  }
+  printf("rank %d: in step after the mismatch\n", clpar_dist_rank());
+  fflush(stdout);
+  clpar_dist_finalize();
+  exit(0);
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "";
   clpar_status s = clpar_dist_init();
@@ -107,7 +128,8 @@ int main(int argc, char **argv) {
           clpar_dist_timeout());
   if (!strcmp(which, "exit")) scenario_exit();
   if (!strcmp(which, "skip")) scenario_skip();
-  fprintf(stderr, "usage: test_dist_fault exit|skip|badenv\n");
+  if (!strcmp(which, "debug")) scenario_debug();
+  fprintf(stderr, "usage: test_dist_fault exit|skip|debug|badenv\n");
   clpar_dist_finalize();
   return 2;
 }

@@ -117,15 +117,18 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
   snprintf(what, sizeof what, "DistributedDataParallel's all-reduce of bucket %d (%lld floats)",
            (int)(b - st->buckets), (long long)b->numel);
   clpar_status s;
+  uint64_t seq = ++st->seq;
   if (clpar_dist_check_broken()) {
     s = CLPAR_ERROR_TIMEOUT;
+  } else if ((s = clpar_dist_debug_check(st->comm, what, seq, b->numel * 4)) != CLPAR_OK) {
+    if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;
   } else {
     MPI_Request req = MPI_REQUEST_NULL;
     clpar_mpi_lock();
     int rc =
         MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, MPI_FLOAT, MPI_SUM, st->comm, &req);
     clpar_mpi_unlock();
-    s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, ++st->seq) : clpar_mpi_error(rc, what);
+    s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
     if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1; /* MPI may still write b->buf */
   }
   double t2 = now();
@@ -484,12 +487,13 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   st->world = clpar_dist_world_size();
   double cap_mb = o && o->bucket_cap_mb > 0 ? o->bucket_cap_mb : 25.0;
   /* MPI_Comm_idup is a collective too: with the deadline, as the others */
+  const char *dup = "clpar_ddp_create: duplicating the communicator";
   clpar_status s = clpar_dist_check_broken() ? CLPAR_ERROR_TIMEOUT : CLPAR_OK;
+  if (s == CLPAR_OK) s = clpar_dist_debug_check(clpar_dist_comm(), dup, 0, 0);
   MPI_Request req = MPI_REQUEST_NULL;
   clpar_mpi_lock();
   int rc = s == CLPAR_OK ? MPI_Comm_idup(clpar_dist_comm(), &st->comm, &req) : MPI_SUCCESS;
   clpar_mpi_unlock();
-  const char *dup = "clpar_ddp_create: duplicating the communicator";
   if (s == CLPAR_OK)
     s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, dup, ++st->seq) : clpar_mpi_error(rc, dup);
   if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;

@@ -98,6 +98,7 @@ static struct {
   int rank, size, local_rank, local_size;
   clpar_device *device;
   double timeout; /* CLPAR_DIST_TIMEOUT, seconds */
+  int debug;      /* CLPAR_DIST_DEBUG */
   uint64_t seq;   /* collectives on world so far */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER,
        .world = MPI_COMM_NULL,
@@ -222,6 +223,18 @@ static clpar_status read_timeout(double *out) {
   return CLPAR_OK;
 }
 
+/* CLPAR_DIST_DEBUG: 0 or 1; 0 when unset. */
+static clpar_status read_debug(int *out) {
+  const char *v = getenv("CLPAR_DIST_DEBUG");
+  *out = 0;
+  if (!v || !*v) return CLPAR_OK;
+  if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_dist_init: CLPAR_DIST_DEBUG=\"%.64s\": give 0 or 1", v);
+  *out = v[0] == '1';
+  return CLPAR_OK;
+}
+
 double clpar_dist_timeout(void) {
   return g.refs > 0 ? g.timeout : -1;
 }
@@ -233,6 +246,9 @@ clpar_status clpar_dist_init(void) {
     double timeout;
     s = read_timeout(&timeout);
     if (s == CLPAR_OK) g.timeout = timeout;
+    int debug;
+    if (s == CLPAR_OK) s = read_debug(&debug);
+    if (s == CLPAR_OK) g.debug = debug;
     if (s == CLPAR_OK) s = join_job();
     if (s == CLPAR_OK) {
       s = clpar_init();
@@ -305,12 +321,15 @@ clpar_status clpar_dist_barrier(void) {
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
                            "clpar_dist_barrier: call clpar_dist_init first");
   if (clpar_dist_check_broken()) return CLPAR_ERROR_TIMEOUT;
+  uint64_t seq = ++g.seq;
+  clpar_status s = clpar_dist_debug_check(g.world, "clpar_dist_barrier", seq, 0);
+  if (s != CLPAR_OK) return s;
   MPI_Request req = MPI_REQUEST_NULL;
   clpar_mpi_lock();
   int rc = MPI_Ibarrier(g.world, &req);
   clpar_mpi_unlock();
   if (rc != MPI_SUCCESS) return clpar_mpi_error(rc, "clpar_dist_barrier");
-  return clpar_dist_wait(&req, "clpar_dist_barrier", ++g.seq);
+  return clpar_dist_wait(&req, "clpar_dist_barrier", seq);
 }
 
 clpar_status clpar_dist_abort(int code) {
@@ -499,6 +518,53 @@ clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq) {
   }
 }
 
+/* What a rank is about to run, for CLPAR_DIST_DEBUG. */
+typedef struct {
+  uint64_t seq;
+  int64_t bytes;
+  char what[WHAT_SIZE];
+} call_msg;
+
+clpar_status clpar_dist_debug_check(MPI_Comm comm, const char *what, uint64_t seq, int64_t bytes) {
+  if (!g.debug) return CLPAR_OK;
+  if (clpar_dist_check_broken()) return CLPAR_ERROR_TIMEOUT;
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  call_msg mine = {seq, bytes, ""};
+  snprintf(mine.what, sizeof mine.what, "%s", what);
+  call_msg *all = calloc((size_t)n, sizeof *all);
+  if (!all) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
+  char check[WHAT_SIZE + 40];
+  snprintf(check, sizeof check, "CLPAR_DIST_DEBUG's check before %s", what);
+  MPI_Request req = MPI_REQUEST_NULL;
+  clpar_mpi_lock();
+  int rc = MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, comm,
+                          &req);
+  clpar_mpi_unlock();
+  clpar_status s =
+      rc == MPI_SUCCESS ? clpar_dist_wait(&req, check, seq) : clpar_mpi_error(rc, check);
+  if (s != CLPAR_OK) {
+    if (s != CLPAR_ERROR_TIMEOUT) free(all); /* else MPI may still write it */
+    return s;
+  }
+  /* every rank sees the same table, so every rank reports the same first difference */
+  for (int r = 1; r < n; r++) {
+    all[r].what[WHAT_SIZE - 1] = all[0].what[WHAT_SIZE - 1] = '\0';
+    if (all[r].seq != all[0].seq || all[r].bytes != all[0].bytes ||
+        strcmp(all[r].what, all[0].what) != 0) {
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                          "CLPAR_DIST_DEBUG: the ranks are not running the same collective: rank "
+                          "0 runs %s (collective #%llu, %lld bytes) but rank %d runs %s "
+                          "(collective #%llu, %lld bytes); none of them ran it",
+                          all[0].what, (unsigned long long)all[0].seq, (long long)all[0].bytes, r,
+                          all[r].what, (unsigned long long)all[r].seq, (long long)all[r].bytes);
+      break;
+    }
+  }
+  free(all);
+  return s;
+}
+
 /* op "allreduce" (MPI_Iallreduce with op) or "bcast" (MPI_Ibcast from root). */
 static clpar_status staged(int bcast, void *buf, int count, MPI_Datatype type, MPI_Op op, int root,
                            MPI_Comm comm, const char *what, uint64_t seq) {
@@ -506,6 +572,8 @@ static clpar_status staged(int bcast, void *buf, int count, MPI_Datatype type, M
   int size = 0;
   MPI_Type_size(type, &size);
   size_t bytes = (size_t)count * (size_t)size;
+  clpar_status s = clpar_dist_debug_check(comm, what, seq, (int64_t)bytes);
+  if (s != CLPAR_OK) return s;
   void *stage = malloc(bytes ? bytes : 1);
   if (!stage) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
   memcpy(stage, buf, bytes);
@@ -514,7 +582,7 @@ static clpar_status staged(int bcast, void *buf, int count, MPI_Datatype type, M
   int rc = bcast ? MPI_Ibcast(stage, count, type, root, comm, &req)
                  : MPI_Iallreduce(MPI_IN_PLACE, stage, count, type, op, comm, &req);
   clpar_mpi_unlock();
-  clpar_status s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
+  s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
   if (s == CLPAR_OK) memcpy(buf, stage, bytes);
   if (s != CLPAR_ERROR_TIMEOUT) free(stage); /* else MPI may still write it: left allocated */
   return s;

@@ -28,6 +28,11 @@ clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq);
 int clpar_dist_check_broken(void);
 /* The same, without setting the status. */
 int clpar_dist_is_broken(void);
+/* With CLPAR_DIST_DEBUG=1, before a collective on comm: every rank's (what, seq, bytes) is
+ * all-gathered and the first rank whose entry differs from rank 0's makes every rank fail
+ * with the same message (CLPAR_ERROR_INVALID_ARGUMENT), before any runs the collective, so
+ * the ranks stay in step. CLPAR_OK at once without the debug mode. */
+clpar_status clpar_dist_debug_check(MPI_Comm comm, const char *what, uint64_t seq, int64_t bytes);
 /* MPI_Allreduce / MPI_Bcast with the deadline, through a staging copy that is left allocated
  * when the collective times out, so that buf is free to reuse whatever happens. */
 clpar_status clpar_dist_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
