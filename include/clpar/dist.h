@@ -89,7 +89,9 @@ typedef struct clpar_ddp_options {
  *
  * Every backward must reach every parameter: a parameter that got no gradient leaves its
  * bucket waiting, and the next forward fails (CLPAR_ERROR_NO_GRADIENT) naming it. Uneven
- * inputs and timeouts are not supported yet. */
+ * inputs are not supported yet. A bucket's all-reduce that times out (clpar_dist_timeout)
+ * makes clpar_ddp_synchronize and the next forward return CLPAR_ERROR_TIMEOUT; backward
+ * itself returns after the deadline. */
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
                                         clpar_module **out);
 /* Returns the first error of the communication thread since the last call (CLPAR_OK when

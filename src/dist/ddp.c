@@ -9,9 +9,10 @@
  * parameter's gradient is final; the bucket whose last parameter that was is handed to the
  * communication thread, which takes buckets strictly in order 0, 1, ... on every rank (MPI
  * collectives must match across ranks), copies the bucket's gradients to its buffer, sums
- * it over the ranks with MPI_Allreduce, divides by the world size and writes the averages
- * back into the gradients. Open MPI makes no progress in the background, hence a thread of
- * our own that sits in the blocking call while backward goes on posting work. The hook that
+ * it over the ranks with MPI_Iallreduce polled against the job's deadline (clpar_dist_wait),
+ * divides by the world size and writes the averages back into the gradients. Open MPI makes
+ * no progress in the background, hence a thread of our own that polls the request while
+ * backward goes on posting work. The hook that
  * makes the last bucket ready waits for the thread to finish every bucket: clpar_backward
  * returns with reduced gradients, so the optimizer step needs no extra call, and the writes
  * are posted to the devices' queues before anything the program posts next.

@@ -4,7 +4,12 @@
  *
  * The library talks over its own duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN: a
  * failed call becomes a clpar_status, never an abort, and the program's own collectives on
- * MPI_COMM_WORLD cannot interleave with the library's. */
+ * MPI_COMM_WORLD cannot interleave with the library's.
+ *
+ * Every collective is non-blocking MPI polled against CLPAR_DIST_TIMEOUT (clpar_dist_wait);
+ * a second duplicate carries "where are you?" questions and answers between waiting ranks,
+ * so that a timeout names the ranks that did not arrive. CLPAR_DIST_DEBUG all-gathers what
+ * each rank is about to run before each collective. */
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
