@@ -378,13 +378,13 @@ typedef struct {
 /* Answers every "where are you?" that has come in; the mpi lock held. */
 static void answer_questions(const char *what, uint64_t seq) {
   for (;;) {
-    int flag = 0;
+    /* matched probes: two threads waiting at once cannot take each other's message */
+    int flag = 0, dummy;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_ASK, g.ask, &flag, &st) != MPI_SUCCESS || !flag) return;
-    int dummy;
-    if (MPI_Recv(&dummy, 1, MPI_INT, st.MPI_SOURCE, TAG_ASK, g.ask, MPI_STATUS_IGNORE) !=
-        MPI_SUCCESS)
+    MPI_Message msg;
+    if (MPI_Improbe(MPI_ANY_SOURCE, TAG_ASK, g.ask, &flag, &msg, &st) != MPI_SUCCESS || !flag)
       return;
+    if (MPI_Mrecv(&dummy, 1, MPI_INT, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
     where_msg m = {seq, ""};
     snprintf(m.what, sizeof m.what, "%s", what);
     /* a few bytes: sent eagerly, so this does not wait for the asker */
@@ -397,11 +397,11 @@ static void take_answers(where_msg *answers, int *answered) {
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_ANSWER, g.ask, &flag, &st) != MPI_SUCCESS || !flag) return;
-    where_msg m;
-    if (MPI_Recv(&m, (int)sizeof m, MPI_BYTE, st.MPI_SOURCE, TAG_ANSWER, g.ask,
-                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    MPI_Message msg;
+    if (MPI_Improbe(MPI_ANY_SOURCE, TAG_ANSWER, g.ask, &flag, &msg, &st) != MPI_SUCCESS || !flag)
       return;
+    where_msg m;
+    if (MPI_Mrecv(&m, (int)sizeof m, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
     if (answers && st.MPI_SOURCE >= 0 && st.MPI_SOURCE < g.size) {
       m.what[WHAT_SIZE - 1] = '\0';
       answers[st.MPI_SOURCE] = m;
