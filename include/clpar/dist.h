@@ -47,6 +47,21 @@ CLPAR_API clpar_status clpar_dist_all_reduce_sum(float *data, int64_t n);
 CLPAR_API clpar_status clpar_dist_all_reduce_mean(float *data, int64_t n);
 CLPAR_API clpar_status clpar_dist_barrier(void);
 
+/* Timeouts. Every collective clpar makes (these helpers, and DistributedDataParallel's checks,
+ * broadcasts and bucket all-reduces) is non-blocking MPI polled against a deadline,
+ * CLPAR_DIST_TIMEOUT seconds (default 600; a value that is not a positive number makes
+ * clpar_dist_init fail). After min(60 s, half the deadline) a waiting rank logs a warning
+ * naming the collective and asks every rank where it is; at the deadline it returns
+ * CLPAR_ERROR_TIMEOUT naming the collective, its sequence number, the ranks that did not
+ * answer (dead, hung, or not in a clpar collective) and where the others wait. MPI cannot
+ * cancel a collective, so after a timeout every later collective of clpar fails at once,
+ * clpar_dist_finalize leaves MPI unfinalized, and the program should end the job with
+ * clpar_dist_abort. The deadline in seconds; -1 before clpar_dist_init. */
+CLPAR_API double clpar_dist_timeout(void);
+/* MPI_Abort on MPI_COMM_WORLD with code: ends every process of the job. Returns only if MPI
+ * is not running or could not abort. */
+CLPAR_API clpar_status clpar_dist_abort(int code);
+
 /* ---- DistributedDataParallel ---- */
 
 typedef struct clpar_ddp_options {
@@ -74,7 +89,9 @@ typedef struct clpar_ddp_options {
  *
  * Every backward must reach every parameter: a parameter that got no gradient leaves its
  * bucket waiting, and the next forward fails (CLPAR_ERROR_NO_GRADIENT) naming it. Uneven
- * inputs and timeouts are not supported yet. */
+ * inputs are not supported yet. A bucket's all-reduce that times out (clpar_dist_timeout)
+ * makes clpar_ddp_synchronize and the next forward return CLPAR_ERROR_TIMEOUT; backward
+ * itself returns after the deadline. */
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
                                         clpar_module **out);
 /* Returns the first error of the communication thread since the last call (CLPAR_OK when

@@ -30,7 +30,8 @@ extern "C" {
   X(CLPAR_ERROR_NO_GRADIENT, -15, "tensor does not require a gradient")                  \
   X(CLPAR_ERROR_INDEX, -16, "index out of range")                                        \
   X(CLPAR_ERROR_INTERNAL, -17, "internal error")                                         \
-  X(CLPAR_ERROR_BUSY, -18, "in use by another thread")
+  X(CLPAR_ERROR_BUSY, -18, "in use by another thread")                                   \
+  X(CLPAR_ERROR_TIMEOUT, -19, "a collective did not complete within the deadline")
 
 typedef enum clpar_status {
 #define CLPAR_STATUS_ENUM_(name, value, msg) name = value,

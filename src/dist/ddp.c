@@ -9,9 +9,10 @@
  * parameter's gradient is final; the bucket whose last parameter that was is handed to the
  * communication thread, which takes buckets strictly in order 0, 1, ... on every rank (MPI
  * collectives must match across ranks), copies the bucket's gradients to its buffer, sums
- * it over the ranks with MPI_Allreduce, divides by the world size and writes the averages
- * back into the gradients. Open MPI makes no progress in the background, hence a thread of
- * our own that sits in the blocking call while backward goes on posting work. The hook that
+ * it over the ranks with MPI_Iallreduce polled against the job's deadline (clpar_dist_wait),
+ * divides by the world size and writes the averages back into the gradients. Open MPI makes
+ * no progress in the background, hence a thread of our own that polls the request while
+ * backward goes on posting work. The hook that
  * makes the last bucket ready waits for the thread to finish every bucket: clpar_backward
  * returns with reduced gradients, so the optimizer step needs no extra call, and the writes
  * are posted to the devices' queues before anything the program posts next.
@@ -53,6 +54,8 @@ typedef struct {
 
 struct ddp_state {
   MPI_Comm comm; /* the job's communicator duplicated for this module's collectives */
+  uint64_t seq;  /* collectives on comm so far (the timeout's message names the number) */
+  int abandoned; /* a collective on comm timed out: its buffers stay allocated */
   int world;
   int n_params;
   ddp_param *params; /* in bucket order: the module's parameters reversed */
@@ -111,12 +114,27 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
     }
   }
   double t1 = now();
-  clpar_mpi_lock();
-  int rc = MPI_Allreduce(MPI_IN_PLACE, b->buf, (int)b->numel, MPI_FLOAT, MPI_SUM, st->comm);
-  clpar_mpi_unlock();
+  char what[120];
+  snprintf(what, sizeof what, "DistributedDataParallel's all-reduce of bucket %d (%lld floats)",
+           (int)(b - st->buckets), (long long)b->numel);
+  clpar_status s;
+  uint64_t seq = ++st->seq;
+  if (clpar_dist_check_broken()) {
+    s = CLPAR_ERROR_TIMEOUT;
+  } else if ((s = clpar_dist_debug_check(st->comm, what, seq, b->numel * 4)) != CLPAR_OK) {
+    if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;
+  } else {
+    MPI_Request req = MPI_REQUEST_NULL;
+    clpar_mpi_lock();
+    int rc =
+        MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, MPI_FLOAT, MPI_SUM, st->comm, &req);
+    clpar_mpi_unlock();
+    s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
+    if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1; /* MPI may still write b->buf */
+  }
   double t2 = now();
-  if (rc != MPI_SUCCESS) {
-    record_error(st, clpar_mpi_error(rc, "MPI_Allreduce"), "all-reducing a bucket");
+  if (s != CLPAR_OK) {
+    record_error(st, s, "all-reducing a bucket");
   } else {
     float scale = 1.0f / (float)st->world;
     for (int64_t k = 0; k < b->numel; k++) b->buf[k] *= scale;
@@ -257,10 +275,13 @@ static void ddp_free(void *user) {
     }
     free(p->name);
   }
+  /* after a timeout, a pending collective may still write the buffers (and st->comm, for
+   * MPI_Comm_idup): they stay allocated, as MPI cannot cancel a collective */
+  if (st->abandoned) return;
   for (int k = 0; k < st->n_buckets; k++) free(st->buckets[k].buf);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && st->comm != MPI_COMM_NULL) {
+  if (!finalized && st->comm != MPI_COMM_NULL && !clpar_dist_is_broken()) {
     clpar_mpi_lock();
     MPI_Comm_free(&st->comm);
     clpar_mpi_unlock();
@@ -281,12 +302,18 @@ static clpar_status agree(ddp_state *st, clpar_status mine, const char *what) {
   if (mine != CLPAR_OK) snprintf(msg, sizeof msg, "%s", clpar_last_error());
   int bad = mine != CLPAR_OK ? clpar_dist_rank() : INT_MAX, first_bad = INT_MAX;
   int code = mine;
-  int rc = MPI_Allreduce(&bad, &first_bad, 1, MPI_INT, MPI_MIN, st->comm);
-  if (rc != MPI_SUCCESS) return clpar_mpi_error(rc, what);
+  clpar_status s =
+      clpar_dist_allreduce(&bad, 1, MPI_INT, MPI_MIN, st->comm,
+                           "clpar_ddp_create: checking every rank succeeded", ++st->seq);
+  if (s != CLPAR_OK) return s;
+  first_bad = bad;
   if (first_bad == INT_MAX) return CLPAR_OK;
-  rc = MPI_Bcast(msg, sizeof msg, MPI_CHAR, first_bad, st->comm);
-  if (rc == MPI_SUCCESS) rc = MPI_Bcast(&code, 1, MPI_INT, first_bad, st->comm);
-  if (rc != MPI_SUCCESS) return clpar_mpi_error(rc, what);
+  s = clpar_dist_bcast(msg, sizeof msg, MPI_CHAR, first_bad, st->comm,
+                       "clpar_ddp_create: broadcasting a rank's error", ++st->seq);
+  if (s == CLPAR_OK)
+    s = clpar_dist_bcast(&code, 1, MPI_INT, first_bad, st->comm,
+                         "clpar_ddp_create: broadcasting a rank's error", ++st->seq);
+  if (s != CLPAR_OK) return s;
   msg[sizeof msg - 1] = '\0';
   return clpar_set_error((clpar_status)code, "%s: %s", what, msg);
 }
@@ -348,16 +375,20 @@ static clpar_status check_same_parameters(ddp_state *st) {
   char *mine = signature(st), *root = NULL;
   unsigned long long len = mine ? strlen(mine) + 1 : 0;
   clpar_status s = agree(st, mine ? CLPAR_OK : oom(), "clpar_ddp_create");
-  int rc = MPI_SUCCESS;
-  if (s == CLPAR_OK) rc = MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, st->comm);
-  if (s == CLPAR_OK && rc == MPI_SUCCESS) {
+  if (s == CLPAR_OK)
+    s = clpar_dist_bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, st->comm,
+                         "clpar_ddp_create: broadcasting the size of rank 0's parameter list",
+                         ++st->seq);
+  if (s == CLPAR_OK) {
     root = clpar_dist_rank() == 0 ? mine : malloc(len);
     s = agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
   }
-  if (s == CLPAR_OK && rc == MPI_SUCCESS && len > INT_MAX)
+  if (s == CLPAR_OK && len > INT_MAX)
     s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_ddp_create: too many parameters");
-  if (s == CLPAR_OK && rc == MPI_SUCCESS) rc = MPI_Bcast(root, (int)len, MPI_CHAR, 0, st->comm);
-  if (s == CLPAR_OK && rc == MPI_SUCCESS) {
+  if (s == CLPAR_OK)
+    s = clpar_dist_bcast(root, (int)len, MPI_CHAR, 0, st->comm,
+                         "clpar_ddp_create: broadcasting rank 0's parameter list", ++st->seq);
+  if (s == CLPAR_OK) {
     char msg[MESSAGE_SIZE];
     root[len - 1] = '\0';
     clpar_status mine_s = compare_signatures(mine, root, clpar_dist_rank(), msg, sizeof msg)
@@ -365,7 +396,6 @@ static clpar_status check_same_parameters(ddp_state *st) {
                               : CLPAR_OK;
     s = agree(st, mine_s, what);
   }
-  if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, "clpar_ddp_create: comparing the parameters");
   if (root != mine) free(root);
   free(mine);
   return s;
@@ -385,8 +415,9 @@ static clpar_status broadcast_parameters(ddp_state *st) {
     int64_t n = clpar_tensor_numel(p);
     clpar_status mine = clpar_dist_rank() == 0 ? clpar_tensor_read(p, buf, (size_t)n) : CLPAR_OK;
     s = agree(st, mine, "clpar_ddp_create: reading a parameter on rank 0");
-    int rc = s == CLPAR_OK ? MPI_Bcast(buf, (int)n, MPI_FLOAT, 0, st->comm) : MPI_SUCCESS;
-    if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, "clpar_ddp_create: broadcasting parameters");
+    if (s == CLPAR_OK)
+      s = clpar_dist_bcast(buf, (int)n, MPI_FLOAT, 0, st->comm,
+                           "clpar_ddp_create: broadcasting parameters from rank 0", ++st->seq);
     if (s == CLPAR_OK && clpar_dist_rank() != 0) s = clpar_tensor_write(p, buf, (size_t)n);
   }
   free(buf);
@@ -456,18 +487,28 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   st->comm = MPI_COMM_NULL;
   st->world = clpar_dist_world_size();
   double cap_mb = o && o->bucket_cap_mb > 0 ? o->bucket_cap_mb : 25.0;
+  /* MPI_Comm_idup is a collective too: with the deadline, as the others */
+  const char *dup = "clpar_ddp_create: duplicating the communicator";
+  clpar_status s = clpar_dist_check_broken() ? CLPAR_ERROR_TIMEOUT : CLPAR_OK;
+  if (s == CLPAR_OK) s = clpar_dist_debug_check(clpar_dist_comm(), dup, 0, 0);
+  MPI_Request req = MPI_REQUEST_NULL;
   clpar_mpi_lock();
-  int rc = MPI_Comm_dup(clpar_dist_comm(), &st->comm);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
-  clpar_status s = rc == MPI_SUCCESS
-                       ? CLPAR_OK
-                       : clpar_mpi_error(rc, "clpar_ddp_create: duplicating the communicator");
+  int rc = s == CLPAR_OK ? MPI_Comm_idup(clpar_dist_comm(), &st->comm, &req) : MPI_SUCCESS;
+  clpar_mpi_unlock();
+  if (s == CLPAR_OK)
+    s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, dup, ++st->seq) : clpar_mpi_error(rc, dup);
+  if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;
+  if (s == CLPAR_OK) {
+    clpar_mpi_lock();
+    rc = MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
+    clpar_mpi_unlock();
+    if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, dup);
+  }
   if (s == CLPAR_OK) s = agree(st, take_parameters(st, module), "clpar_ddp_create");
   if (s == CLPAR_OK) s = check_same_parameters(st);
   if (s == CLPAR_OK && st->n_params == 0)
     s = clpar_set_error(CLPAR_ERROR_EMPTY, "clpar_ddp_create: the module has no parameters");
   if (s == CLPAR_OK) s = broadcast_parameters(st);
-  clpar_mpi_unlock();
   if (s == CLPAR_OK) s = make_buckets(st, cap_mb);
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
     s = clpar_tensor_add_grad_hook(st->params[i].param, grad_ready, &st->params[i]);

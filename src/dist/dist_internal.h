@@ -16,4 +16,28 @@ void clpar_mpi_unlock(void);
 /* Sets the thread's error from an MPI error code: "what: <MPI's message>". */
 clpar_status clpar_mpi_error(int code, const char *what);
 
+/* Waits for a non-blocking collective's request with the job's deadline (CLPAR_DIST_TIMEOUT):
+ * polls MPI_Test (taking the lock above for each call) with short sleeps, answers other ranks'
+ * "where are you?" questions, logs a warning naming the collective after min(60 s, half the
+ * timeout), and at the deadline asks every rank where it is and returns CLPAR_ERROR_TIMEOUT
+ * naming `what`, its sequence number seq and the ranks that did not answer. After a timeout
+ * the request is left pending (MPI cannot cancel a collective): the caller must not free or
+ * reuse the buffers it gave, and every later collective of clpar fails at once. */
+clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq);
+/* Nonzero once a collective has timed out; with the status set naming that collective. */
+int clpar_dist_check_broken(void);
+/* The same, without setting the status. */
+int clpar_dist_is_broken(void);
+/* With CLPAR_DIST_DEBUG=1, before a collective on comm: every rank's (what, seq, bytes) is
+ * all-gathered and the first rank whose entry differs from rank 0's makes every rank fail
+ * with the same message (CLPAR_ERROR_INVALID_ARGUMENT), before any runs the collective, so
+ * the ranks stay in step. CLPAR_OK at once without the debug mode. */
+clpar_status clpar_dist_debug_check(MPI_Comm comm, const char *what, uint64_t seq, int64_t bytes);
+/* MPI_Allreduce / MPI_Bcast with the deadline, through a staging copy that is left allocated
+ * when the collective times out, so that buf is free to reuse whatever happens. */
+clpar_status clpar_dist_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                                  const char *what, uint64_t seq);
+clpar_status clpar_dist_bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
+                              const char *what, uint64_t seq);
+
 #endif
