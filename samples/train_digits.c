@@ -86,8 +86,12 @@ static int evaluate(clpar_module *m, clpar_device *dev, const clpar_dataset *ds,
   return ok;
 }
 
+/* Redrawn in place on a terminal; elsewhere (a log, a pipe) only the epoch's last state. */
 static void bar(int epoch, int epochs, int64_t done, int64_t total, double loss, double acc,
                 double rate) {
+  static int tty = -1;
+  if (tty < 0) tty = isatty(fileno(stderr));
+  if (!tty && done < total) return;
   char b[31];
   int fill = (int)(30 * done / total);
   for (int i = 0; i < 30; i++) b[i] = i < fill ? '#' : '.';
