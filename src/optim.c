@@ -212,6 +212,27 @@ static clpar_status follow_param(param_state *ps, clpar_device *dev) {
   return CLPAR_OK;
 }
 
+/* The fused step's arguments from the optimizer's options: SGD's, with first set on the step
+ * that starts the momentum buffer, and Adam's for step t (1-based), bias corrections included. */
+static clpar_sgd_args sgd_args(const clpar_optimizer *o, int first) {
+  clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
+                      o->sgd.weight_decay, o->sgd.nesterov, first};
+  return a;
+}
+
+static clpar_adam_args adam_args(const clpar_optimizer *o, int64_t t) {
+  const clpar_adam_options *ad = &o->adam;
+  clpar_adam_args a = {ad->lr,
+                       ad->beta1,
+                       ad->beta2,
+                       ad->eps,
+                       ad->weight_decay,
+                       (float)(1.0 - pow(ad->beta1, (double)t)),
+                       (float)(1.0 - pow(ad->beta2, (double)t)),
+                       o->kind == OPT_ADAMW};
+  return a;
+}
+
 static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
   clpar_tensor *p = ps->param, *g = p->grad;
   clpar_device *dev = p->storage->dev;
@@ -226,8 +247,7 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
     if (first && o->sgd.momentum != 0.0f)
       s = make_state(p, 0, &ps->state[0]); /* buf = g on the first step */
     if (s != CLPAR_OK) return s;
-    clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
-                        o->sgd.weight_decay, o->sgd.nesterov, first};
+    clpar_sgd_args a = sgd_args(o, first);
     clpar_bref buf = ps->state[0] ? clpar_tensor_bref(ps->state[0]) : clpar_tensor_bref(p);
     s = clpar_dev_sgd_step(dev, (size_t)p->numel, clpar_tensor_bref(p), clpar_tensor_bref(g), buf,
                            a);
@@ -235,16 +255,7 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
     if (!ps->state[0]) s = make_state(p, 1, &ps->state[0]);
     if (s == CLPAR_OK && !ps->state[1]) s = make_state(p, 1, &ps->state[1]);
     if (s != CLPAR_OK) return s;
-    int64_t t = ps->steps + 1;
-    const clpar_adam_options *ad = &o->adam;
-    clpar_adam_args a = {ad->lr,
-                         ad->beta1,
-                         ad->beta2,
-                         ad->eps,
-                         ad->weight_decay,
-                         (float)(1.0 - pow(ad->beta1, (double)t)),
-                         (float)(1.0 - pow(ad->beta2, (double)t)),
-                         o->kind == OPT_ADAMW};
+    clpar_adam_args a = adam_args(o, ps->steps + 1);
     s = clpar_dev_adam_step(dev, (size_t)p->numel, clpar_tensor_bref(p), clpar_tensor_bref(g),
                             clpar_tensor_bref(ps->state[0]), clpar_tensor_bref(ps->state[1]), a);
   }
@@ -356,21 +367,11 @@ static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int
   clpar_status s;
   clpar_bref p = clpar_tensor_bref(leaf), g = clpar_tensor_bref(leaf->grad);
   if (o->kind == OPT_SGD) {
-    clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
-                        o->sgd.weight_decay, o->sgd.nesterov, first};
+    clpar_sgd_args a = sgd_args(o, first);
     s = clpar_dev_sgd_step(dev, (size_t)leaf->numel, p, g,
                            fs->state[0] && n_states(o) ? clpar_tensor_bref(fs->state[0]) : p, a);
   } else {
-    int64_t t = steps + 1;
-    const clpar_adam_options *ad = &o->adam;
-    clpar_adam_args a = {ad->lr,
-                         ad->beta1,
-                         ad->beta2,
-                         ad->eps,
-                         ad->weight_decay,
-                         (float)(1.0 - pow(ad->beta1, (double)t)),
-                         (float)(1.0 - pow(ad->beta2, (double)t)),
-                         o->kind == OPT_ADAMW};
+    clpar_adam_args a = adam_args(o, steps + 1);
     s = clpar_dev_adam_step(dev, (size_t)leaf->numel, p, g, clpar_tensor_bref(fs->state[0]),
                             clpar_tensor_bref(fs->state[1]), a);
   }
