@@ -297,8 +297,11 @@ void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset);
 int clpar_flat_whole_groups(clpar_tensor *const *ts, int n, int *group_of, clpar_tensor **leaves,
                             int *counts);
 /* Zeroes the gradients of ts[0..n) (each given once): one fill over a flat group's gradient
- * when every member of the group is among them, one fill per other tensor. */
-clpar_status clpar_zero_grads(const char *fn, clpar_tensor *const *ts, int n);
+ * when every member of the group is among them, one fill per other tensor. group_of, leaves
+ * and counts: scratch of n entries each (an optimizer's, so a step allocates nothing), or
+ * NULL for the call to allocate its own. */
+clpar_status clpar_zero_grads(const char *fn, clpar_tensor *const *ts, int n, int *group_of,
+                              clpar_tensor **leaves, int *counts);
 
 static inline void clpar_tensor_touch(clpar_tensor *t) {
   __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);

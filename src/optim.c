@@ -423,7 +423,8 @@ clpar_status clpar_optimizer_zero_grad(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_optimizer_zero_grad: optimizer is NULL");
-  return clpar_zero_grads("clpar_optimizer_zero_grad", o->ptrs, o->n);
+  return clpar_zero_grads("clpar_optimizer_zero_grad", o->ptrs, o->n, o->group_of, o->leaves,
+                          o->counts);
 }
 
 void clpar_optimizer_free(clpar_optimizer *o) {

@@ -101,7 +101,8 @@ CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_
  * (allocating a device's first pinned staging blocks at clpar_init; emptying its cache) and the
  * waits inside the backend (counted apart in clpar_device_counters.backend_waits). A training
  * step (forward, loss, backward, optimizer step) adds none, on one device or with
- * DataParallel over several. */
+ * DataParallel over several; with DistributedDataParallel, backward reads each gradient back
+ * for MPI and so does wait (include/clpar/dist.h). */
 CLPAR_API uint64_t clpar_device_host_waits(const clpar_device *dev);
 /* What the device's queue did besides computing, since clpar_init. */
 typedef struct clpar_device_counters {

@@ -176,11 +176,15 @@ int clpar_flat_whole_groups(clpar_tensor *const *ts, int n, int *group_of, clpar
   return n_groups;
 }
 
-clpar_status clpar_zero_grads(const char *fn, clpar_tensor *const *ts, int n) {
+clpar_status clpar_zero_grads(const char *fn, clpar_tensor *const *ts, int n, int *group_of,
+                              clpar_tensor **leaves, int *counts) {
   if (n < 1) return CLPAR_OK;
-  int *group_of = malloc((size_t)n * sizeof *group_of),
-      *counts = malloc((size_t)n * sizeof *counts);
-  clpar_tensor **leaves = malloc((size_t)n * sizeof *leaves);
+  int own = !group_of; /* no scratch given: this call's own */
+  if (own) {
+    group_of = malloc((size_t)n * sizeof *group_of);
+    counts = malloc((size_t)n * sizeof *counts);
+    leaves = malloc((size_t)n * sizeof *leaves);
+  }
   clpar_status s = CLPAR_OK;
   if (!group_of || !counts || !leaves)
     s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -195,8 +199,10 @@ clpar_status clpar_zero_grads(const char *fn, clpar_tensor *const *ts, int n) {
       counts[k] = 1;
     }
   }
-  free(group_of);
-  free(counts);
-  free(leaves);
+  if (own) {
+    free(group_of);
+    free(counts);
+    free(leaves);
+  }
   return s;
 }

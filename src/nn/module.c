@@ -436,7 +436,7 @@ clpar_status clpar_module_zero_grad(clpar_module *m) {
   if (!ts)
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_zero_grad: out of host memory");
   for (int i = 0; i < m->n_flat; i++) ts[i] = m->flat[i].item;
-  s = clpar_zero_grads("clpar_module_zero_grad", ts, m->n_flat);
+  s = clpar_zero_grads("clpar_module_zero_grad", ts, m->n_flat, NULL, NULL, NULL);
   free(ts);
   return s;
 }
