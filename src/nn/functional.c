@@ -10,6 +10,7 @@
 
 clpar_status clpar_sum(const clpar_tensor *x, clpar_tensor **out) {
   if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_sum: NULL argument");
+  if (clpar_check_float("clpar_sum", "x", x) != CLPAR_OK) return CLPAR_ERROR_DTYPE;
   int64_t column[2] = {x->numel, 1};
   clpar_tensor *v;
   clpar_status s = clpar_tensor_reshape((clpar_tensor *)x, 2, column, &v);
@@ -21,6 +22,7 @@ clpar_status clpar_sum(const clpar_tensor *x, clpar_tensor **out) {
 
 clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
   if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mean: NULL argument");
+  if (clpar_check_float("clpar_mean", "x", x) != CLPAR_OK) return CLPAR_ERROR_DTYPE;
   clpar_tensor *sum;
   clpar_status s = clpar_sum(x, &sum);
   if (s != CLPAR_OK) return s;
@@ -33,6 +35,10 @@ clpar_status clpar_linear(const clpar_tensor *x, const clpar_tensor *weight,
                           const clpar_tensor *bias, clpar_tensor **out) {
   if (!x || !weight || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear: NULL argument");
+  if (clpar_check_float("clpar_linear", "input", x) != CLPAR_OK ||
+      clpar_check_float("clpar_linear", "weight", weight) != CLPAR_OK ||
+      (bias && clpar_check_float("clpar_linear", "bias", bias) != CLPAR_OK))
+    return CLPAR_ERROR_DTYPE;
   char a[128], b[128];
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
     return clpar_set_error(
@@ -72,6 +78,8 @@ clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *targe
   if (!input || !target || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mse_loss: NULL argument");
   clpar_status s = check_reduction("clpar_mse_loss", reduction);
+  if (s == CLPAR_OK) s = clpar_check_float("clpar_mse_loss", "input", input);
+  if (s == CLPAR_OK) s = clpar_check_float("clpar_mse_loss", "target", target);
   if (s != CLPAR_OK) return s;
   char a[128], b[128];
   int same = input->ndim == target->ndim;
@@ -147,6 +155,7 @@ clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labe
   if (!logits || !labels || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_cross_entropy: NULL argument");
   clpar_status s = check_reduction("clpar_cross_entropy", reduction);
+  if (s == CLPAR_OK) s = clpar_check_float("clpar_cross_entropy", "logits", logits);
   if (s != CLPAR_OK) return s;
   char a[128];
   if (logits->ndim != 2)
