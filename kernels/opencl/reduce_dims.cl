@@ -51,8 +51,8 @@ __kernel void reduce_sum_group_f32(__global const float *a, ulong a_off, ulong r
   }
   part[lid] = sum;
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint half = ls / 2; half > 0; half /= 2) {
-    if (lid < half) part[lid] += part[lid + half];
+  for (uint step = ls / 2; step > 0; step /= 2) {
+    if (lid < step) part[lid] += part[lid + step];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   if (lid == 0) out[out_off + g] = part[0];
