@@ -116,20 +116,18 @@ static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **
   return CLPAR_OK;
 }
 
-/* The labels travel to the device as int32, as the user gave them: a float holds a class
- * index exactly only up to 2^24 (issue 9 item 12). Tensors are float-only, so they ride in a
- * float tensor's storage of the same element size; only nll and nll_backward read it, as the
- * int32 it is, and the node keeps it for the backward. */
-_Static_assert(sizeof(int32_t) == sizeof(float), "int32 labels sit in 4-byte elements");
+/* The labels travel to the device as an int32 tensor, as the user gave them: a float holds a
+ * class index exactly only up to 2^24 (issue 9 item 12). Only nll and nll_backward read it,
+ * and the node keeps it for the backward. */
 
 /* Per-row -logp[r, label[r]]. */
 static clpar_status nll(clpar_tensor *logp, const int32_t *labels, clpar_tensor **out) {
   clpar_device *dev = logp->storage->dev;
   int64_t rows = logp->shape[0];
   clpar_tensor *lab, *per = NULL;
-  clpar_status s = clpar_tensor_empty(dev, 1, &rows, &lab);
+  clpar_status s = clpar_tensor_empty_dtype(dev, CLPAR_INT32, 1, &rows, &lab);
   if (s != CLPAR_OK) return s;
-  s = clpar_upload(dev, lab->storage->buf, 0, labels, (size_t)rows * sizeof *labels);
+  s = clpar_upload(dev, lab->storage->buf, 0, labels, clpar_tensor_bytes(lab));
   if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &rows, &per);
   if (s == CLPAR_OK)
     s = clpar_dev_nll(dev, (size_t)rows, (size_t)logp->shape[1], clpar_tensor_bref(logp),
