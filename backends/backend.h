@@ -25,7 +25,10 @@
  * - Every entry returns a clpar_status and, on error, sets the thread-local message with
  *   clpar_set_error naming what failed and the driver's error name
  *   ("clEnqueueNDRangeKernel(binary): CL_OUT_OF_RESOURCES"); the core prefixes the device id.
- * - Offsets and counts are in float elements unless the name says bytes.
+ * - Offsets and counts are in float elements (4-byte words) unless the name says bytes. Int
+ *   tensors (int32, int64) keep that unit: an int64 element is two words, its offsets even;
+ *   the entries that move memory (fill with 0, copy, read, write) serve every dtype, and the
+ *   compute entries see float32 only (pick, nll, nll_backward also read int32 indices).
  * - The core validates shapes before calling: a backend may assume counts >= 1 and buffers
  *   large enough.
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
@@ -46,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 6
+#define CLPAR_BACKEND_ABI_VERSION 7
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -145,6 +148,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(sum_rows, QUEUE, 1)          \
   X(gemm, QUEUE, 1)              \
   X(broadcast_rows, QUEUE, 1)    \
+  X(reduce_sum, QUEUE, 1)        \
+  X(expand, QUEUE, 1)            \
   X(unary, QUEUE, 1)             \
   X(unary_backward, QUEUE, 1)    \
   X(softmax, QUEUE, 1)           \
@@ -226,6 +231,15 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* out[r, c] = a[c], r < rows, c < cols: one row repeated (cols == 1: a scalar). */
 #define CLPAR_BE_ARGS_broadcast_rows(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* Reductions along dimensions, with a seen as [outer, red, inner] (row-major):
+ *   reduce_sum: out[o * inner + i] = sum over r < red of a[(o * red + r) * inner + i]
+ *   expand:     out[(o * red + r) * inner + i] = a[o * inner + i]   (its gradient's broadcast)
+ * o < outer, i < inner. reduce_sum's order of summation is the backend's (the host sums in
+ * double); out does not alias a. */
+#define CLPAR_BE_ARGS_reduce_sum(F) \
+  F(size_t, outer) F(size_t, red) F(size_t, inner) F(clpar_bref, a) F(clpar_bref, out)
+#define CLPAR_BE_ARGS_expand(F) \
+  F(size_t, outer) F(size_t, red) F(size_t, inner) F(clpar_bref, a) F(clpar_bref, out)
 /* out[i] = f(a[i]), i < n: relu max(x, 0), sigmoid 1/(1+exp(-x)), tanh, exp, sqrt, -x.
  * out may alias a. */
 #define CLPAR_BE_ARGS_unary(F) \

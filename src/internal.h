@@ -197,10 +197,20 @@ clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t);
 /* Records an in-place change of t's memory. */
 static inline void clpar_tensor_touch(clpar_tensor *t);
 
+/* Offsets (t->offset, clpar_bref.off, partial_offset, view_at) count 4-byte words whatever
+ * the dtype, so that every backend entry keeps its float-element offsets: an int64 element is
+ * two words, and an int64 tensor's offset is always even (its views start at whole elements).
+ * Bytes are words * 4. */
+#define CLPAR_WORD_BYTES 4
+static inline size_t clpar_dtype_words(clpar_dtype d) {
+  return d == CLPAR_INT64 ? 2 : 1;
+}
+
 struct clpar_tensor {
   int refcount; /* atomic */
   clpar_storage *storage;
-  size_t offset; /* in floats, into storage */
+  size_t offset; /* in 4-byte words (floats), into storage */
+  clpar_dtype dtype;
   int ndim;
   int64_t shape[CLPAR_MAX_DIMS];
   int64_t numel;
@@ -282,8 +292,8 @@ clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out);
 clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev);
 /* The tensor created (like every tensor) in the current scope is taken out of it. */
 void clpar_tensor_unscope(clpar_tensor *t);
-/* A view of t's memory at element offset (from t's start) with another shape (numel within
- * t), no node, outside any scope. */
+/* A view of t's memory at word offset (from t's start) with another shape (numel within
+ * t), t's dtype, no node, outside any scope. */
 clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim,
                                   const int64_t *shape, clpar_tensor **out);
 /* Makes t a view of st at element offset (the storage it held is released). */
@@ -347,9 +357,22 @@ int clpar_module_entry_count(const clpar_module *m);
  * hold. Internal holders must use this one: a scope's reference is not theirs to take. */
 void clpar_tensor_release(clpar_tensor *t);
 
-/* A new contiguous tensor with uninitialized contents, registered with the current scope. */
+/* A new contiguous float32 tensor with uninitialized contents, registered with the current
+ * scope; _dtype: of any dtype. */
 clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shape,
                                 clpar_tensor **out);
+clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                      const int64_t *shape, clpar_tensor **out);
+/* The one check every float op makes of its tensor inputs: CLPAR_ERROR_DTYPE naming fn, the
+ * argument's name and its dtype unless t is float32 (t must not be NULL). */
+clpar_status clpar_check_float(const char *fn, const char *name, const clpar_tensor *t);
+/* Words (4 bytes) and bytes of t's elements. */
+static inline size_t clpar_tensor_words(const clpar_tensor *t) {
+  return (size_t)t->numel * clpar_dtype_words(t->dtype);
+}
+static inline size_t clpar_tensor_bytes(const clpar_tensor *t) {
+  return clpar_tensor_words(t) * CLPAR_WORD_BYTES;
+}
 static inline clpar_bref clpar_tensor_bref(const clpar_tensor *t) {
   clpar_bref r = {t->storage->buf, t->offset};
   return r;

@@ -614,6 +614,30 @@ static clpar_status cuda_broadcast_rows(void *dev, size_t rows, size_t cols, clp
   return op_end(d, &prof, s);
 }
 
+/* outer == 1 with a wide inner is sum_rows' shape, whose narrow path has a scratch pass. */
+static clpar_status cuda_reduce_sum(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                                    clpar_bref out) {
+  if (outer == 1 && inner >= 16) return cuda_sum_rows(dev, red, inner, a, out);
+  cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_reduce_sum(d->stream, outer, red, inner, at(a), at(out)),
+                   "reduce_sum kernel launch");
+  return op_end(d, &prof, s);
+}
+
+static clpar_status cuda_expand(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                                clpar_bref out) {
+  cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_expand(d->stream, outer, red, inner, at(a), at(out)),
+                   "expand kernel launch");
+  return op_end(d, &prof, s);
+}
+
 static clpar_status cuda_unary(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a,
                                clpar_bref out) {
   cuda_dev *d = dev;

@@ -86,6 +86,14 @@ cudaError_t clpar_cuda_sgd_step(cudaStream_t stream, size_t n, float *param, con
 cudaError_t clpar_cuda_adam_step(cudaStream_t stream, size_t n, float *param, const float *grad,
                                  float *m, float *v, const clpar_adam_args *args);
 
+/* With a seen as [outer, red, inner]: reduce_sum out[o * inner + i] = sum over r of
+ * a[(o * red + r) * inner + i]; expand out[(o * red + r) * inner + i] = a[o * inner + i]
+ * (kernels/cuda/reduce_dims.cu). */
+cudaError_t clpar_cuda_reduce_sum(cudaStream_t stream, size_t outer, size_t red, size_t inner,
+                                  const float *a, float *out);
+cudaError_t clpar_cuda_expand(cudaStream_t stream, size_t outer, size_t red, size_t inner,
+                              const float *a, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -495,6 +495,39 @@ static clpar_status ocl_broadcast_rows(void *dev, size_t rows, size_t cols, clpa
   return launch(dev, "elementwise.cl", "broadcast_rows_f32", args, 6, 2, global, local);
 }
 
+/* Reductions along dimensions (kernels/opencl/reduce_dims.cl). A narrow inner with a long
+ * red takes a work-group per output; outer == 1 with a wide inner is sum_rows' shape (its
+ * chunked two-pass path); everything else a work-item per output. */
+#define REDUCE_NARROW 16 /* inner below this is narrow */
+#define REDUCE_LONG 64   /* red from this on is long */
+
+static clpar_status ocl_reduce_sum(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                                   clpar_bref out) {
+  clpar_ocl_device *d = dev;
+  if (outer == 1 && inner >= REDUCE_NARROW) return ocl_sum_rows(dev, red, inner, a, out);
+  cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
+  cl_ulong aoff = a.off, ooff = out.off, o = outer, r = red, in = inner;
+  if (inner < REDUCE_NARROW && red >= REDUCE_LONG) {
+    size_t most = d->max_wg_size < 64 ? d->max_wg_size : 64, local = 1; /* RD_GROUP */
+    while (local * 2 <= most) local *= 2;
+    size_t global = outer * inner * local;
+    karg args[] = {KARG(am), KARG(aoff), KARG(r), KARG(in), KARG(om), KARG(ooff)};
+    return launch(d, "reduce_dims.cl", "reduce_sum_group_f32", args, 6, 1, &global, &local);
+  }
+  size_t global[2], local[2];
+  shape_2d(d, inner, outer, global, local);
+  karg args[] = {KARG(am), KARG(aoff), KARG(o), KARG(r), KARG(in), KARG(om), KARG(ooff)};
+  return launch(d, "reduce_dims.cl", "reduce_sum_items_f32", args, 7, 2, global, local);
+}
+
+static clpar_status ocl_expand(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                               clpar_bref out) {
+  cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
+  cl_ulong aoff = a.off, ooff = out.off, r = red, in = inner, n = outer * red * inner;
+  karg args[] = {KARG(am), KARG(aoff), KARG(r), KARG(in), KARG(om), KARG(ooff), KARG(n)};
+  return launch_1d(dev, "reduce_dims.cl", "expand_f32", args, 7, (size_t)n);
+}
+
 static clpar_status ocl_unary(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a,
                               clpar_bref out) {
   cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);

@@ -3,14 +3,15 @@
  * training checkpoint the optimizer's state under the names of PyTorch's optimizer state_dict,
  * the generator's state and the step counters in the metadata. A load checks the whole file
  * (its header) against the module before it changes anything, then reads the data tensor by
- * tensor. Parameters are read and written through the public tensor API (clpar_tensor_read /
- * write / from_host), whatever memory they live in.
+ * tensor. Parameters are read and written through the public tensor API (clpar_tensor_read_raw
+ * / write_raw / from_host), whatever memory they live in.
  *
- * Other dtypes and module buffers: an entry carries its safetensors dtype (clpar_st_dtype);
- * today every tensor is F32, so set_add writes F32 and check_entry accepts only F32, reporting
- * other dtypes as mismatched. When tensors get a dtype, both map it to the CLPAR_ST_* of the
- * same name; buffers become more named entries, added by add_module and matched by plan_make
- * next to the parameters. */
+ * Dtypes: an entry carries the safetensors dtype of its tensor's clpar_dtype (F32, I32, I64:
+ * clpar_st_dtype_of); check_entry accepts a file tensor only of the module tensor's dtype
+ * and shape, and reports anything else as mismatched, naming both dtypes. Values travel as
+ * raw bytes (clpar_tensor_read_raw / write_raw), little endian as the format's. Module
+ * buffers become more named entries, added by add_module and matched by plan_make next to
+ * the parameters. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,8 +95,12 @@ static void set_free(write_set *w) {
   free(w->values);
 }
 
-static clpar_status read_tensor(const void *src, void *dst, size_t bytes) {
-  return clpar_tensor_read(src, dst, bytes / sizeof(float));
+clpar_st_dtype clpar_st_dtype_of(clpar_dtype d) {
+  return d == CLPAR_INT32 ? CLPAR_ST_I32 : d == CLPAR_INT64 ? CLPAR_ST_I64 : CLPAR_ST_F32;
+}
+
+clpar_status clpar_st_tensor_fill(const void *tensor, void *dst, size_t bytes) {
+  return clpar_tensor_read_raw(tensor, dst, bytes);
 }
 
 /* Adds t under prefix + name; its values are read from its device as the file is written. */
@@ -115,7 +120,8 @@ static clpar_status set_add(write_set *w, const char *prefix, const char *name,
   sprintf(full, "%s%s", prefix, name);
   int nd = clpar_tensor_ndim(t);
   for (int k = 0; k < nd; k++) w->shapes[w->n][k] = clpar_tensor_dim(t, k);
-  w->e[w->n] = (clpar_st_entry){full, CLPAR_ST_F32, nd, NULL, NULL, read_tensor, t};
+  w->e[w->n] = (clpar_st_entry){
+      full, clpar_st_dtype_of(clpar_tensor_dtype(t)), nd, NULL, NULL, clpar_st_tensor_fill, t};
   w->n++;
   return CLPAR_OK;
 }
@@ -206,15 +212,16 @@ static void shape_str(const clpar_st_tensor *e, char *buf, size_t size) {
   if (at < size) snprintf(buf + at, size - at, "]");
 }
 
-/* Whether file tensor idx can be loaded into t (F32 of t's shape); adds it to bad if not. */
+/* Whether file tensor idx can be loaded into t (t's dtype and shape); adds it to bad if not. */
 static int check_entry(const clpar_st_file *f, int idx, const clpar_tensor *t, name_list *bad) {
   const clpar_st_tensor *e = &f->tensors[idx];
-  if (e->dtype == CLPAR_ST_F32 && same_shape(e, t)) return 1;
+  clpar_st_dtype want = clpar_st_dtype_of(clpar_tensor_dtype(t));
+  if (e->dtype == want && same_shape(e, t)) return 1;
   char fs[160], ms[160];
   shape_str(e, fs, sizeof fs);
   clpar_tensor_shape_str(t, ms, sizeof ms);
-  list_add(bad, "%s (%s %s in the file, F32 %s in the module)", e->name,
-           clpar_st_dtype_name(e->dtype), fs, ms);
+  list_add(bad, "%s (%s %s in the file, %s %s in the module)", e->name,
+           clpar_st_dtype_name(e->dtype), fs, clpar_st_dtype_name(want), ms);
   return 0;
 }
 
@@ -305,7 +312,7 @@ static clpar_status plan_error(const char *path, const plan *p) {
 
 /* A buffer for the largest of the file's tensors that will be loaded (entry[i] >= 0 for n
  * of them), read one after the other: no copy of the whole file is held. */
-static float *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
+static void *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
   uint64_t most = 4;
   for (int i = 0; i < n; i++)
     if (entry[i] >= 0 && f->tensors[entry[i]].end - f->tensors[entry[i]].begin > most)
@@ -314,14 +321,14 @@ static float *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
 }
 
 static clpar_status plan_apply(const clpar_st_file *f, plan *p) {
-  float *buf = tensor_buffer(f, p->entry, p->n);
+  void *buf = tensor_buffer(f, p->entry, p->n);
   if (!buf) return NOMEM("load");
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < p->n; i++) {
     if (p->entry[i] < 0) continue;
+    const clpar_st_tensor *e = &f->tensors[p->entry[i]];
     s = clpar_st_tensor_read(f, p->entry[i], buf);
-    if (s == CLPAR_OK)
-      s = clpar_tensor_write(p->params[i], buf, (size_t)clpar_tensor_numel(p->params[i]));
+    if (s == CLPAR_OK) s = clpar_tensor_write_raw(p->params[i], buf, (size_t)(e->end - e->begin));
     if (s == CLPAR_OK) p->loaded++;
   }
   free(buf);
