@@ -149,8 +149,8 @@ static clpar_status replica_buffer(buffer_map *map, clpar_tensor *b, clpar_devic
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(copy);
   map->src[map->n] = b;
-  map->dst[map->n++] = copy;
-  *out = copy;
+  map->dst[map->n++] = copy; /* the map's reference, dropped once the replica holds it */
+  *out = clpar_tensor_retain(copy);
   return CLPAR_OK;
 }
 
