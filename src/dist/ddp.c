@@ -25,9 +25,9 @@
  * Buffers (BatchNorm's running statistics) are broadcast from rank 0 at creation and before a
  * forward, as PyTorch's broadcast_buffers=True: all of them in one host block, one broadcast,
  * whose header carries rank 0's status (a rank 0 that could not read its buffers fails every
- * rank with its message). As in PyTorch, a forward broadcasts only when the previous forward
- * ran with gradients enabled and synchronized (not under clpar_ddp_set_sync(0)): a forward in
- * evaluation (clpar_no_grad) or accumulation does not change what the next one gets. */
+ * rank with its message). As in PyTorch (require_forward_param_sync), a forward broadcasts
+ * only when the previous forward ran with gradients enabled and synchronized: the forward after
+ * one under clpar_set_grad_enabled(0) or clpar_ddp_set_sync(0) keeps each rank's own buffers. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
