@@ -228,14 +228,14 @@ static clpar_status shifted_forward(clpar_module *self, clpar_tensor *x, clpar_t
 }
 
 static void set_buffer(clpar_module *m, const char *name, float base, float step, int n) {
-  float v[OUT];
+  float v[8];
   for (int j = 0; j < n; j++) v[j] = base + step * (float)j;
   tu_ok(clpar_tensor_write(clpar_module_buffer(m, name), v, (size_t)n));
 }
 
 static void expect_buffer(clpar_module *m, const char *name, float base, float step, int n,
                           const char *when) {
-  float v[OUT], want[OUT];
+  float v[8], want[8];
   for (int j = 0; j < n; j++) want[j] = base + step * (float)j;
   tu_ok(clpar_tensor_read(clpar_module_buffer(m, name), v, (size_t)n));
   char what[160];
