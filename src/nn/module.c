@@ -176,6 +176,7 @@ static clpar_status add_named(const char *fn, clpar_named **list, int *count, co
   }
   grown[*count].name = copy;
   grown[*count].item = item;
+  grown[*count].is_buffer = 0; /* meaningful in the flat lists only */
   (*count)++;
   __atomic_add_fetch(&tree_generation, 1, __ATOMIC_RELAXED);
   return CLPAR_OK;
