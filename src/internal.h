@@ -321,31 +321,54 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 
 typedef struct {
   char *name;
-  void *item; /* clpar_module * or clpar_tensor * */
+  void *item;    /* clpar_module * or clpar_tensor * */
+  int is_buffer; /* in a module's flat state list: the tensor is a buffer */
 } clpar_named;
+
+/* A module tree's parameters, buffers, or state_dict entries (a module's parameters, then its
+ * buffers, then its children's), each tensor once, under the first name met. */
+typedef enum {
+  CLPAR_LIST_PARAMS = 0,
+  CLPAR_LIST_BUFFERS = 1,
+  CLPAR_LIST_STATE = 2
+} clpar_listing_kind;
+typedef struct {
+  clpar_named *items;
+  int n;
+  uint64_t generation;
+  int names_lent;
+} clpar_listing;
 
 struct clpar_module {
   char *type;
   clpar_forward_fn forward;
   void *user;
   void (*free_user)(void *);
-  clpar_named *children, *params;
-  int n_children, n_params;
+  clpar_named *children, *params, *buffers;
+  int n_children, n_params, n_buffers;
+  int training; /* clpar_module_train; 1 when made, as PyTorch's */
   /* references: one per place it is a child of, plus the creator's until a parent adopts it
    * (atomic); a module may be a child of several modules, or twice of one */
   int refs;
   int adopted;
-  /* the flattened parameter list of parameter_at (each parameter once), rebuilt when some
-   * tree changed; names it lent out stay allocated until the module is freed */
-  clpar_named *flat;
-  int n_flat;
-  uint64_t flat_generation;
-  int names_lent;
+  /* the flattened lists of parameter_at, buffer_at and state_at (clpar_listing_kind), each
+   * rebuilt when some tree changed; names they lent out stay allocated until the module is
+   * freed */
+  clpar_listing lists[3];
   char **retired;
   int n_retired;
   /* DataParallel: the wrapper's state, and the hook that frees it */
   void *parallel;
 };
+
+/* A module buffer's bytes and their byte offset in its storage: buffers are moved, copied
+ * between replicas and broadcast as bytes, whatever their dtype (offsets count 4-byte words). */
+static inline size_t clpar_tensor_nbytes(const clpar_tensor *t) {
+  return (size_t)t->numel * clpar_dtype_words(t->dtype) * CLPAR_WORD_BYTES;
+}
+static inline size_t clpar_tensor_byte_offset(const clpar_tensor *t) {
+  return t->offset * CLPAR_WORD_BYTES;
+}
 
 /* The parameter entries of m's tree counted at every place they appear (as a walk of params
  * and children meets them), up to INT_MAX; more than clpar_module_parameter_count when a

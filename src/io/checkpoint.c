@@ -1,5 +1,6 @@
-/* checkpoint.c — what a module and an optimizer keep in a safetensors file: parameters under
- * PyTorch's state_dict names (with or without DataParallel's "module." prefix), and for a
+/* checkpoint.c — what a module and an optimizer keep in a safetensors file: parameters and
+ * buffers under PyTorch's state_dict names, in state_dict order (clpar_module_state_at; with or
+ * without DataParallel's "module." prefix), and for a
  * training checkpoint the optimizer's state under the names of PyTorch's optimizer state_dict,
  * the generator's state and the step counters in the metadata. A load checks the whole file
  * (its header) against the module before it changes anything, then reads the data tensor by
@@ -164,12 +165,13 @@ static clpar_status set_write(write_set *w, const char *path) {
                         (const char *const *)w->values, w->n_meta);
 }
 
+/* m's state_dict: its parameters and buffers, in PyTorch's order. */
 static clpar_status add_module(write_set *w, const clpar_module *m, const char *prefix) {
-  int n = clpar_module_parameter_count(m);
+  int n = clpar_module_state_count(m);
   for (int i = 0; i < n; i++) {
     const char *name;
     clpar_tensor *p;
-    clpar_status s = clpar_module_parameter_at(m, i, &name, &p);
+    clpar_status s = clpar_module_state_at(m, i, &name, &p, NULL);
     if (s == CLPAR_OK) s = set_add(w, prefix, name, p);
     if (s != CLPAR_OK) return s;
   }
@@ -250,10 +252,10 @@ static int find_for(const clpar_st_file *f, const char *prefix, const char *name
 }
 
 typedef struct {
-  int n; /* the module's parameters */
+  int n; /* the module's state_dict entries: parameters and buffers */
   clpar_tensor **params;
-  int *entry; /* per parameter: the file tensor to load, or -1 */
-  char *used; /* per file tensor: claimed by a parameter */
+  int *entry; /* per entry: the file tensor to load, or -1 */
+  char *used; /* per file tensor: claimed by an entry */
   name_list missing, unexpected, mismatched;
   int loaded;
 } plan;
@@ -267,18 +269,18 @@ static void plan_free(plan *p) {
   free(p->mismatched.s);
 }
 
-/* Which file tensor (named under prefix) goes into which parameter of m. */
+/* Which file tensor (named under prefix) goes into which parameter or buffer of m. */
 static clpar_status plan_make(const clpar_module *m, const clpar_st_file *f, const char *prefix,
                               plan *p) {
   memset(p, 0, sizeof *p);
-  p->n = clpar_module_parameter_count(m);
+  p->n = clpar_module_state_count(m);
   p->params = calloc((size_t)p->n + 1, sizeof *p->params);
   p->entry = calloc((size_t)p->n + 1, sizeof *p->entry);
   p->used = calloc((size_t)f->n + 1, 1);
   if (!p->params || !p->entry || !p->used) return NOMEM("load");
   for (int i = 0; i < p->n; i++) {
     const char *name;
-    clpar_status s = clpar_module_parameter_at(m, i, &name, &p->params[i]);
+    clpar_status s = clpar_module_state_at(m, i, &name, &p->params[i], NULL);
     if (s != CLPAR_OK) return s;
     int idx = find_for(f, prefix, name);
     if (idx == -2) return NOMEM("load");
