@@ -309,6 +309,10 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 
 /* ---- modules (src/nn/module.c), for the parallel wrappers ---- */
 
+/* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
+ * made outside module.c (src/nn/conv.c). */
+uint64_t clpar_param_seed_next(void);
+
 typedef struct {
   char *name;
   void *item; /* clpar_module * or clpar_tensor * */
