@@ -103,11 +103,6 @@ typedef struct clpar_sgd_args {
   int nesterov, first;
 } clpar_sgd_args;
 
-/* One Adam/AdamW update with PyTorch's rule, per element (step t >= 1):
- *   decoupled (AdamW): p = p * (1 - lr * weight_decay);  else g = grad + weight_decay * p
- *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
- *   p = p - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps)
- * with bias1 = 1 - beta1^t and bias2 = 1 - beta2^t computed by the caller. */
 /* The geometry of a 2-D convolution or pooling over a chunk of n images (planes for the
  * pools), as the core passes it to im2col, col2im and the pools (src/nn/conv.c, pool.c).
  * x's image b, channel ci starts at element b * img_stride + ci * h * w of x's bref; the
@@ -120,6 +115,11 @@ typedef struct clpar_conv_geom {
   int64_t oh, ow;
 } clpar_conv_geom;
 
+/* One Adam/AdamW update with PyTorch's rule, per element (step t >= 1):
+ *   decoupled (AdamW): p = p * (1 - lr * weight_decay);  else g = grad + weight_decay * p
+ *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
+ *   p = p - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps)
+ * with bias1 = 1 - beta1^t and bias2 = 1 - beta2^t computed by the caller. */
 typedef struct clpar_adam_args {
   float lr, beta1, beta2, eps, weight_decay;
   float bias1, bias2;
@@ -135,52 +135,52 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * CLPAR_BACKEND_ENTRIES(X) calls X(name, kind, required) once per entry, in table order;
  * CLPAR_BE_ARGS_<name>(F) calls F(type, field) once per argument after `void *dev`. Every
  * entry returns clpar_status. */
-#define CLPAR_BACKEND_ENTRIES(X)            \
-  X(destroy, DIRECT, 1)                     \
-  X(alloc, DIRECT, 1)                       \
-  X(release, DIRECT, 1)                     \
-  X(event_query, DIRECT, 1)                 \
-  X(event_then, DIRECT, 1)                  \
-  X(event_free, DIRECT, 1)                  \
-  X(supports_op, DIRECT, 0)                 \
-  X(peer_access, DIRECT, 0)                 \
-  X(host_alloc, QUEUE, 1)                   \
-  X(host_free, QUEUE, 1)                    \
-  X(write, QUEUE, 1)                        \
-  X(read, QUEUE, 1)                         \
-  X(copy, QUEUE, 1)                         \
-  X(finish, QUEUE, 1)                       \
-  X(event_record, QUEUE, 1)                 \
-  X(fill, QUEUE, 1)                         \
-  X(binary, QUEUE, 1)                       \
-  X(scale, QUEUE, 1)                        \
-  X(sum_rows, QUEUE, 1)                     \
-  X(gemm, QUEUE, 1)                         \
-  X(broadcast_rows, QUEUE, 1)               \
-  X(unary, QUEUE, 1)                        \
-  X(unary_backward, QUEUE, 1)               \
-  X(softmax, QUEUE, 1)                      \
-  X(pick, QUEUE, 1)                         \
-  X(softmax_backward, QUEUE, 0)             \
-  X(nll, QUEUE, 0)                          \
-  X(nll_backward, QUEUE, 0)                 \
-  X(sgd_step, QUEUE, 0)                     \
-  X(adam_step, QUEUE, 0)                    \
-  X(profile, QUEUE, 0)                      \
-  X(profile_read, QUEUE, 0)                 \
-  X(copy_peer, QUEUE, 0)                    \
-  X(tune_gemm, QUEUE, 0)                    \
-  X(im2col, QUEUE, 1)                       \
-  X(col2im, QUEUE, 1)                       \
-  X(swap01, QUEUE, 1)                       \
-  X(max_pool2d, QUEUE, 1)                   \
-  X(max_pool2d_backward, QUEUE, 1)          \
-  X(avg_pool2d_adaptive, QUEUE, 1)          \
-  X(avg_pool2d_adaptive_backward, QUEUE, 1) \
-  X(bn_stats, QUEUE, 1)                     \
-  X(bn_apply, QUEUE, 1)                     \
-  X(bn_backward_reduce, QUEUE, 1)           \
-  X(bn_backward_apply, QUEUE, 1)
+#define CLPAR_BACKEND_ENTRIES(X) \
+  X(destroy, DIRECT, 1)          \
+  X(alloc, DIRECT, 1)            \
+  X(release, DIRECT, 1)          \
+  X(event_query, DIRECT, 1)      \
+  X(event_then, DIRECT, 1)       \
+  X(event_free, DIRECT, 1)       \
+  X(supports_op, DIRECT, 0)      \
+  X(peer_access, DIRECT, 0)      \
+  X(host_alloc, QUEUE, 1)        \
+  X(host_free, QUEUE, 1)         \
+  X(write, QUEUE, 1)             \
+  X(read, QUEUE, 1)              \
+  X(copy, QUEUE, 1)              \
+  X(finish, QUEUE, 1)            \
+  X(event_record, QUEUE, 1)      \
+  X(fill, QUEUE, 1)              \
+  X(binary, QUEUE, 1)            \
+  X(scale, QUEUE, 1)             \
+  X(sum_rows, QUEUE, 1)          \
+  X(gemm, QUEUE, 1)              \
+  X(broadcast_rows, QUEUE, 1)    \
+  X(unary, QUEUE, 1)             \
+  X(unary_backward, QUEUE, 1)    \
+  X(softmax, QUEUE, 1)           \
+  X(pick, QUEUE, 1)              \
+  X(softmax_backward, QUEUE, 0)  \
+  X(nll, QUEUE, 0)               \
+  X(nll_backward, QUEUE, 0)      \
+  X(sgd_step, QUEUE, 0)          \
+  X(adam_step, QUEUE, 0)         \
+  X(profile, QUEUE, 0)           \
+  X(profile_read, QUEUE, 0)      \
+  X(copy_peer, QUEUE, 0)         \
+  X(tune_gemm, QUEUE, 0)         \
+  X(im2col, QUEUE, 1)            \
+  X(col2im, QUEUE, 1)            \
+  X(swap01, QUEUE, 1)            \
+  X(maxpool, QUEUE, 1)           \
+  X(maxpool_backward, QUEUE, 1)  \
+  X(avgpool, QUEUE, 1)           \
+  X(avgpool_backward, QUEUE, 1)  \
+  X(bn_stats, QUEUE, 1)          \
+  X(bn_apply, QUEUE, 1)          \
+  X(bn_backward_sums, QUEUE, 1)  \
+  X(bn_backward, QUEUE, 1)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -323,16 +323,16 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(size_t, a) F(size_t, b) F(size_t, p) F(clpar_bref, in) F(clpar_bref, bias) F(clpar_bref, out)
 /* y = the maximum over each window of each of g.n planes (padding never wins), idx its
  * position y * w + x in the plane as an int32 (the first maximum in scan order; NaN wins). */
-#define CLPAR_BE_ARGS_max_pool2d(F) \
+#define CLPAR_BE_ARGS_maxpool(F) \
   F(clpar_conv_geom, g) F(clpar_bref, x) F(clpar_bref, y) F(clpar_bref, idx)
 /* dx[b, q] = the sum of dy over the windows whose idx is q (dx written whole). */
-#define CLPAR_BE_ARGS_max_pool2d_backward(F) \
+#define CLPAR_BE_ARGS_maxpool_backward(F) \
   F(clpar_conv_geom, g) F(clpar_bref, dy) F(clpar_bref, idx) F(clpar_bref, dx)
 /* PyTorch's adaptive average pooling: bin i of oh covers rows floor(i h / oh) to
  * ceil((i + 1) h / oh) - 1 (columns likewise); y = the mean over the bin. */
-#define CLPAR_BE_ARGS_avg_pool2d_adaptive(F) F(clpar_conv_geom, g) F(clpar_bref, x) F(clpar_bref, y)
+#define CLPAR_BE_ARGS_avgpool(F) F(clpar_conv_geom, g) F(clpar_bref, x) F(clpar_bref, y)
 /* dx[b, y, x] = sum over the bins holding (y, x) of dy / the bin's size (dx written whole). */
-#define CLPAR_BE_ARGS_avg_pool2d_adaptive_backward(F) \
+#define CLPAR_BE_ARGS_avgpool_backward(F) \
   F(clpar_conv_geom, g) F(clpar_bref, dy) F(clpar_bref, dx)
 /* Per channel ch of x [n, c, p]: mean[ch] and the biased variance var[ch] over n and p
  * (two passes: the variance sums squared deviations from the mean). With running_mean.buf
@@ -348,12 +348,12 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(clpar_bref, weight) F(clpar_bref, bias) F(float, eps) F(clpar_bref, y)
 /* Per channel: sum_g = sum of g, sum_gxhat = sum of g * xhat, xhat = (x - mean) / sqrt(var +
  * eps), over n and p (the gradients of bias and weight). */
-#define CLPAR_BE_ARGS_bn_backward_reduce(F)                                                \
+#define CLPAR_BE_ARGS_bn_backward_sums(F)                                                \
   F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, g) F(clpar_bref, mean) \
   F(clpar_bref, var) F(float, eps) F(clpar_bref, sum_g) F(clpar_bref, sum_gxhat)
 /* dx = w istd (g - sum_g / M - xhat sum_gxhat / M) when training (the statistics were the
  * batch's), dx = w istd g otherwise; istd = 1 / sqrt(var + eps), w = weight[ch] or 1. */
-#define CLPAR_BE_ARGS_bn_backward_apply(F)                                                 \
+#define CLPAR_BE_ARGS_bn_backward(F)                                                 \
   F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, g) F(clpar_bref, mean) \
   F(clpar_bref, var) F(clpar_bref, weight) F(float, eps) F(clpar_bref, sum_g)                 \
   F(clpar_bref, sum_gxhat) F(int, training) F(clpar_bref, dx)

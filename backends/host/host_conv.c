@@ -95,7 +95,7 @@ clpar_status clpar_host_swap01(void *dev, size_t a, size_t b, size_t p, clpar_br
   return CLPAR_OK;
 }
 
-clpar_status clpar_host_max_pool2d(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
+clpar_status clpar_host_maxpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
                                    clpar_bref idx) {
   (void)dev;
   const float *px = at(x);
@@ -136,7 +136,7 @@ static void windows_of(int64_t i, int64_t k, int64_t s, int64_t pad, int64_t out
   *hi = h < out ? h : out;
 }
 
-clpar_status clpar_host_max_pool2d_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
+clpar_status clpar_host_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
                                             clpar_bref idx, clpar_bref dx) {
   (void)dev;
   const float *pg = at(dy);
@@ -169,7 +169,7 @@ static int64_t bin_end(int64_t i, int64_t in, int64_t out) {
   return ((i + 1) * in + out - 1) / out;
 }
 
-clpar_status clpar_host_avg_pool2d_adaptive(void *dev, clpar_conv_geom g, clpar_bref x,
+clpar_status clpar_host_avgpool(void *dev, clpar_conv_geom g, clpar_bref x,
                                             clpar_bref y) {
   (void)dev;
   const float *px = at(x);
@@ -200,7 +200,7 @@ static void bins_of(int64_t i, int64_t in, int64_t out, int64_t *lo, int64_t *hi
   *hi = h;
 }
 
-clpar_status clpar_host_avg_pool2d_adaptive_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
+clpar_status clpar_host_avgpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
                                                      clpar_bref dx) {
   (void)dev;
   const float *pg = at(dy);
@@ -277,7 +277,7 @@ clpar_status clpar_host_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar_
   return CLPAR_OK;
 }
 
-clpar_status clpar_host_bn_backward_reduce(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
+clpar_status clpar_host_bn_backward_sums(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
                                            clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
                                            clpar_bref sum_g, clpar_bref sum_gxhat) {
   (void)dev;
@@ -297,7 +297,7 @@ clpar_status clpar_host_bn_backward_reduce(void *dev, size_t n, size_t c, size_t
   return CLPAR_OK;
 }
 
-clpar_status clpar_host_bn_backward_apply(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
+clpar_status clpar_host_bn_backward(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
                                           clpar_bref g, clpar_bref mean, clpar_bref var,
                                           clpar_bref weight, float eps, clpar_bref sum_g,
                                           clpar_bref sum_gxhat, int training, clpar_bref dx) {

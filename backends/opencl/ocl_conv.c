@@ -86,7 +86,7 @@ static pool32 pool_geom(clpar_conv_geom g) {
   return r;
 }
 
-clpar_status clpar_ocl_max_pool2d(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
+clpar_status clpar_ocl_maxpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
                                   clpar_bref idx) {
   pool32 k = pool_geom(g);
   cl_mem xm = AS_MEM(x.buf), ym = AS_MEM(y.buf), im = AS_MEM(idx.buf);
@@ -97,7 +97,7 @@ clpar_status clpar_ocl_max_pool2d(void *dev, clpar_conv_geom g, clpar_bref x, cl
   return clpar_ocl_launch_1d(dev, "pool.cl", "max_pool2d_f32", args, 17, total);
 }
 
-clpar_status clpar_ocl_max_pool2d_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
+clpar_status clpar_ocl_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
                                            clpar_bref idx, clpar_bref dx) {
   pool32 k = pool_geom(g);
   cl_mem gm = AS_MEM(dy.buf), im = AS_MEM(idx.buf), dm = AS_MEM(dx.buf);
@@ -108,7 +108,7 @@ clpar_status clpar_ocl_max_pool2d_backward(void *dev, clpar_conv_geom g, clpar_b
   return clpar_ocl_launch_1d(dev, "pool.cl", "max_pool2d_backward_f32", args, 17, total);
 }
 
-clpar_status clpar_ocl_avg_pool2d_adaptive(void *dev, clpar_conv_geom g, clpar_bref x,
+clpar_status clpar_ocl_avgpool(void *dev, clpar_conv_geom g, clpar_bref x,
                                            clpar_bref y) {
   pool32 k = pool_geom(g);
   cl_mem xm = AS_MEM(x.buf), ym = AS_MEM(y.buf);
@@ -118,7 +118,7 @@ clpar_status clpar_ocl_avg_pool2d_adaptive(void *dev, clpar_conv_geom g, clpar_b
   return clpar_ocl_launch_1d(dev, "pool.cl", "avg_pool2d_adaptive_f32", args, 9, total);
 }
 
-clpar_status clpar_ocl_avg_pool2d_adaptive_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
+clpar_status clpar_ocl_avgpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
                                                     clpar_bref dx) {
   pool32 k = pool_geom(g);
   cl_mem gm = AS_MEM(dy.buf), dm = AS_MEM(dx.buf);
@@ -156,7 +156,7 @@ clpar_status clpar_ocl_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar_b
   return launch_2d(dev, "batchnorm.cl", "bn_apply_f32", args, 17, p, n * c);
 }
 
-clpar_status clpar_ocl_bn_backward_reduce(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
+clpar_status clpar_ocl_bn_backward_sums(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
                                           clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
                                           clpar_bref sum_g, clpar_bref sum_gxhat) {
   cl_mem xm = AS_MEM(x.buf), gm = AS_MEM(g.buf), mm = AS_MEM(mean.buf), vm = AS_MEM(var.buf);
@@ -169,7 +169,7 @@ clpar_status clpar_ocl_bn_backward_reduce(void *dev, size_t n, size_t c, size_t 
   return launch_channels(dev, "bn_backward_reduce_f32", args, 17, c);
 }
 
-clpar_status clpar_ocl_bn_backward_apply(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
+clpar_status clpar_ocl_bn_backward(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
                                          clpar_bref g, clpar_bref mean, clpar_bref var,
                                          clpar_bref weight, float eps, clpar_bref sum_g,
                                          clpar_bref sum_gxhat, int training, clpar_bref dx) {

@@ -93,26 +93,26 @@ clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const ch
 CLPAR_OCL_CONV_DECL_(im2col)
 CLPAR_OCL_CONV_DECL_(col2im)
 CLPAR_OCL_CONV_DECL_(swap01)
-CLPAR_OCL_CONV_DECL_(max_pool2d)
-CLPAR_OCL_CONV_DECL_(max_pool2d_backward)
-CLPAR_OCL_CONV_DECL_(avg_pool2d_adaptive)
-CLPAR_OCL_CONV_DECL_(avg_pool2d_adaptive_backward)
+CLPAR_OCL_CONV_DECL_(maxpool)
+CLPAR_OCL_CONV_DECL_(maxpool_backward)
+CLPAR_OCL_CONV_DECL_(avgpool)
+CLPAR_OCL_CONV_DECL_(avgpool_backward)
 CLPAR_OCL_CONV_DECL_(bn_stats)
 CLPAR_OCL_CONV_DECL_(bn_apply)
-CLPAR_OCL_CONV_DECL_(bn_backward_reduce)
-CLPAR_OCL_CONV_DECL_(bn_backward_apply)
+CLPAR_OCL_CONV_DECL_(bn_backward_sums)
+CLPAR_OCL_CONV_DECL_(bn_backward)
 #undef CLPAR_OCL_CONV_DECL_
 #define ocl_im2col clpar_ocl_im2col
 #define ocl_col2im clpar_ocl_col2im
 #define ocl_swap01 clpar_ocl_swap01
-#define ocl_max_pool2d clpar_ocl_max_pool2d
-#define ocl_max_pool2d_backward clpar_ocl_max_pool2d_backward
-#define ocl_avg_pool2d_adaptive clpar_ocl_avg_pool2d_adaptive
-#define ocl_avg_pool2d_adaptive_backward clpar_ocl_avg_pool2d_adaptive_backward
+#define ocl_maxpool clpar_ocl_maxpool
+#define ocl_maxpool_backward clpar_ocl_maxpool_backward
+#define ocl_avgpool clpar_ocl_avgpool
+#define ocl_avgpool_backward clpar_ocl_avgpool_backward
 #define ocl_bn_stats clpar_ocl_bn_stats
 #define ocl_bn_apply clpar_ocl_bn_apply
-#define ocl_bn_backward_reduce clpar_ocl_bn_backward_reduce
-#define ocl_bn_backward_apply clpar_ocl_bn_backward_apply
+#define ocl_bn_backward_sums clpar_ocl_bn_backward_sums
+#define ocl_bn_backward clpar_ocl_bn_backward
 
 /* ---- ocl_errors.c ---- */
 

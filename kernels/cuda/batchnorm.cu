@@ -122,7 +122,7 @@ extern "C" cudaError_t clpar_cuda_bn_apply(cudaStream_t stream, size_t n, size_t
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t clpar_cuda_bn_backward_reduce(cudaStream_t stream, size_t n, size_t c,
+extern "C" cudaError_t clpar_cuda_bn_backward_sums(cudaStream_t stream, size_t n, size_t c,
                                                      size_t p, const float *x, const float *g,
                                                      const float *mean, const float *var, float eps,
                                                      float *sum_g, float *sum_gxhat) {
@@ -133,7 +133,7 @@ extern "C" cudaError_t clpar_cuda_bn_backward_reduce(cudaStream_t stream, size_t
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t clpar_cuda_bn_backward_apply(cudaStream_t stream, size_t n, size_t c,
+extern "C" cudaError_t clpar_cuda_bn_backward(cudaStream_t stream, size_t n, size_t c,
                                                     size_t p, const float *x, const float *g,
                                                     const float *mean, const float *var,
                                                     const float *weight, float eps,

@@ -103,14 +103,14 @@ __global__ void adaptive_backward_kernel(clpar_conv_geom g, const float *dy, flo
 
 }  // namespace
 
-extern "C" cudaError_t clpar_cuda_max_pool2d(cudaStream_t stream, clpar_conv_geom g, const float *x,
+extern "C" cudaError_t clpar_cuda_maxpool(cudaStream_t stream, clpar_conv_geom g, const float *x,
                                              float *y, int32_t *idx) {
   (void)cudaGetLastError();
   max_pool_kernel<<<blocks_for((size_t)(g.n * g.oh * g.ow)), block_size, 0, stream>>>(g, x, y, idx);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t clpar_cuda_max_pool2d_backward(cudaStream_t stream, clpar_conv_geom g,
+extern "C" cudaError_t clpar_cuda_maxpool_backward(cudaStream_t stream, clpar_conv_geom g,
                                                       const float *dy, const int32_t *idx,
                                                       float *dx) {
   (void)cudaGetLastError();
@@ -119,14 +119,14 @@ extern "C" cudaError_t clpar_cuda_max_pool2d_backward(cudaStream_t stream, clpar
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t clpar_cuda_avg_pool2d_adaptive(cudaStream_t stream, clpar_conv_geom g,
+extern "C" cudaError_t clpar_cuda_avgpool(cudaStream_t stream, clpar_conv_geom g,
                                                       const float *x, float *y) {
   (void)cudaGetLastError();
   adaptive_kernel<<<blocks_for((size_t)(g.n * g.oh * g.ow)), block_size, 0, stream>>>(g, x, y);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t clpar_cuda_avg_pool2d_adaptive_backward(cudaStream_t stream,
+extern "C" cudaError_t clpar_cuda_avgpool_backward(cudaStream_t stream,
                                                                clpar_conv_geom g, const float *dy,
                                                                float *dx) {
   (void)cudaGetLastError();
