@@ -312,6 +312,9 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 /* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
  * made outside module.c (src/nn/conv.c). */
 uint64_t clpar_param_seed_next(void);
+/* The floats a convolution's column buffer may take per chunk of images (src/nn/conv.c;
+ * 64 MiB): tests lower it to run the chunked path over several chunks. */
+extern int64_t clpar_conv_chunk_floats;
 
 typedef struct {
   char *name;

@@ -20,8 +20,8 @@ static float group_sum(float v, __local float *scratch) {
   uint lid = get_local_id(0), n = get_local_size(0);
   scratch[lid] = v;
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint half = n / 2; half > 0; half /= 2) {
-    if (lid < half) scratch[lid] += scratch[lid + half];
+  for (uint s = n / 2; s > 0; s /= 2) {
+    if (lid < s) scratch[lid] += scratch[lid + s];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   float r = scratch[0];

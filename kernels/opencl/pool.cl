@@ -11,16 +11,16 @@ __kernel void max_pool2d_f32(__global const float *x, ulong x_off, __global floa
   int p = (int)(o - b * P), oy = p / ow, ox = p - oy * ow;
   int y0 = oy * sh - ph, x0 = ox * sw - pw, best = -1;
   __global const float *plane = x + x_off + b * (ulong)h * w;
-  float max = -INFINITY;
+  float top = -INFINITY;
   for (int yy = max(y0, 0); yy < min(y0 + kh, h); yy++)
     for (int xx = max(x0, 0); xx < min(x0 + kw, w); xx++) {
       float v = plane[yy * w + xx];
-      if (best < 0 || (!isnan(max) && (v > max || isnan(v)))) {
-        max = v;
+      if (best < 0 || (!isnan(top) && (v > top || isnan(v)))) {
+        top = v;
         best = yy * w + xx;
       }
     }
-  y[y_off + o] = max;
+  y[y_off + o] = top;
   idx[i_off + o] = best;
 }
 

@@ -24,6 +24,8 @@
 
 #define SHAPE(t, buf) clpar_tensor_shape_str((t), (buf), sizeof(buf))
 #define CONV_CHUNK_FLOATS ((int64_t)16 * 1024 * 1024) /* 64 MiB of columns */
+
+int64_t clpar_conv_chunk_floats = CONV_CHUNK_FLOATS;
 #define DIRECT_MIN_P 256
 
 typedef struct conv_plan {
@@ -94,7 +96,7 @@ static clpar_status plan_conv(const clpar_tensor *x, const clpar_tensor *wt,
   p->direct = p->kh == 1 && p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0 &&
               p->P >= DIRECT_MIN_P;
   int64_t rows = p->K > p->o ? p->K : p->o;
-  p->chunk = CONV_CHUNK_FLOATS / (rows * p->P);
+  p->chunk = __atomic_load_n(&clpar_conv_chunk_floats, __ATOMIC_RELAXED) / (rows * p->P);
   if (p->chunk < 1) p->chunk = 1;
   if (p->chunk > p->n) p->chunk = p->n;
   return CLPAR_OK;
