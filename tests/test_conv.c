@@ -154,7 +154,9 @@ static op_case conv_case(const char *name, int64_t n, int64_t C, int64_t H, int6
 }
 
 #define OPT(s0, s1, p0, p1, d0, d1, g) \
-  (clpar_conv2d_options) { {s0, s1}, {p0, p1}, {d0, d1}, g }
+  (clpar_conv2d_options) {             \
+    {s0, s1}, {p0, p1}, {d0, d1}, g    \
+  }
 
 static void conv_cases(op_case *cs) {
   cs[0] = conv_case("conv 3x3 pad 1", 2, 3, 7, 6, 4, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1), 1);
@@ -278,9 +280,12 @@ static op_case adaptive_case(int64_t H, int64_t W, int64_t oh, int64_t ow) {
 }
 
 static void pool_on(clpar_device *dev) {
-  op_case cs[] = {maxpool_case(9, 8, 3, 3, 2, 2, 1, 1), maxpool_case(7, 11, 2, 3, 1, 2, 0, 1),
-                  maxpool_case(5, 5, 5, 5, 1, 1, 2, 2), adaptive_case(7, 5, 3, 2),
-                  adaptive_case(9, 6, 1, 1),          adaptive_case(4, 5, 6, 7)};
+  op_case cs[] = {maxpool_case(9, 8, 3, 3, 2, 2, 1, 1),
+                  maxpool_case(7, 11, 2, 3, 1, 2, 0, 1),
+                  maxpool_case(5, 5, 5, 5, 1, 1, 2, 2),
+                  adaptive_case(7, 5, 3, 2),
+                  adaptive_case(9, 6, 1, 1),
+                  adaptive_case(4, 5, 6, 7)};
   for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) check_case(dev, &cs[i], 300 + i);
 }
 
@@ -320,7 +325,8 @@ static void bn_ref(const op_case *c, double *const *in, double *out) {
 static clpar_status bn_run(const op_case *c, clpar_tensor **in, clpar_tensor **out) {
   int64_t C = c->shape[0][1];
   float rm[64], rv[64];
-  for (int64_t ch = 0; ch < C; ch++) rm[ch] = 0.25f * (float)ch - 0.3f, rv[ch] = 0.5f + 0.4f * (float)ch;
+  for (int64_t ch = 0; ch < C; ch++)
+    rm[ch] = 0.25f * (float)ch - 0.3f, rv[ch] = 0.5f + 0.4f * (float)ch;
   clpar_tensor *m, *v;
   clpar_status s = clpar_tensor_from_host(clpar_tensor_device(in[0]), 1, &C, rm, &m);
   if (s == CLPAR_OK) s = clpar_tensor_from_host(clpar_tensor_device(in[0]), 1, &C, rv, &v);
@@ -404,26 +410,26 @@ static void backward_with(clpar_tensor *y, const float *gy) {
   tu_ok(clpar_backward(l));
 }
 
-#define TORCH_CONV(tag, bias_, s0, s1, p0, p1, d0, d1, g)                                     \
-  do {                                                                                        \
-    clpar_scope *sc = clpar_scope_begin();                                                    \
-    clpar_conv2d_options o = OPT(s0, s1, p0, p1, d0, d1, g);                                  \
-    clpar_tensor *x = up(dev, 4, tag##_xs, tag##_x), *w = up(dev, 4, tag##_ws, tag##_w), *b = NULL, \
-                 *y;                                                                          \
-    tu_ok(clpar_tensor_set_requires_grad(x, 1));                                              \
-    tu_ok(clpar_tensor_set_requires_grad(w, 1));                                              \
-    bias_;                                                                                    \
-    tu_ok(clpar_conv2d(x, w, b, &o, &y));                                                     \
-    expect(y, tag##_y, sizeof tag##_y / 4, #tag " y");                                        \
-    backward_with(y, tag##_gy);                                                               \
-    expect(clpar_tensor_grad(x), tag##_dx, sizeof tag##_dx / 4, #tag " dx");                  \
-    expect(clpar_tensor_grad(w), tag##_dw, sizeof tag##_dw / 4, #tag " dw");                  \
-    clpar_scope_end(sc);                                                                      \
+#define TORCH_CONV(tag, bias_, s0, s1, p0, p1, d0, d1, g)                                \
+  do {                                                                                   \
+    clpar_scope *sc = clpar_scope_begin();                                               \
+    clpar_conv2d_options o = OPT(s0, s1, p0, p1, d0, d1, g);                             \
+    clpar_tensor *x = up(dev, 4, tag##_xs, tag##_x), *w = up(dev, 4, tag##_ws, tag##_w), \
+                 *b = NULL, *y;                                                          \
+    tu_ok(clpar_tensor_set_requires_grad(x, 1));                                         \
+    tu_ok(clpar_tensor_set_requires_grad(w, 1));                                         \
+    bias_;                                                                               \
+    tu_ok(clpar_conv2d(x, w, b, &o, &y));                                                \
+    expect(y, tag##_y, sizeof tag##_y / 4, #tag " y");                                   \
+    backward_with(y, tag##_gy);                                                          \
+    expect(clpar_tensor_grad(x), tag##_dx, sizeof tag##_dx / 4, #tag " dx");             \
+    expect(clpar_tensor_grad(w), tag##_dw, sizeof tag##_dw / 4, #tag " dw");             \
+    clpar_scope_end(sc);                                                                 \
   } while (0)
 
-#define WITH_BIAS(tag)                                            \
-  int64_t nb = tag##_ws[0];                                       \
-  b = up(dev, 1, &nb, tag##_b);                                   \
+#define WITH_BIAS(tag)          \
+  int64_t nb = tag##_ws[0];     \
+  b = up(dev, 1, &nb, tag##_b); \
   tu_ok(clpar_tensor_set_requires_grad(b, 1))
 
 static void torch_on(clpar_device *dev) {
@@ -434,7 +440,8 @@ static void torch_on(clpar_device *dev) {
   { /* the bias gradients, once more with the bias alone requiring one */
     clpar_scope *sc = clpar_scope_begin();
     int64_t nb = c1_ws[0];
-    clpar_tensor *x = up(dev, 4, c1_xs, c1_x), *w = up(dev, 4, c1_ws, c1_w), *b = up(dev, 1, &nb, c1_b), *y;
+    clpar_tensor *x = up(dev, 4, c1_xs, c1_x), *w = up(dev, 4, c1_ws, c1_w),
+                 *b = up(dev, 1, &nb, c1_b), *y;
     clpar_conv2d_options o = OPT(1, 1, 1, 1, 1, 1, 1);
     tu_ok(clpar_tensor_set_requires_grad(b, 1));
     tu_ok(clpar_conv2d(x, w, b, &o, &y));
@@ -522,7 +529,8 @@ static void test_modules(void **state) {
   clpar_manual_seed(3);
   tu_ok(clpar_conv2d_create(3, 8, 3, 3, &o, 1, dev, &conv));
   assert_string_equal(clpar_module_type(conv), "Conv2d");
-  clpar_tensor *w = clpar_module_parameter(conv, "weight"), *b = clpar_module_parameter(conv, "bias");
+  clpar_tensor *w = clpar_module_parameter(conv, "weight"),
+               *b = clpar_module_parameter(conv, "bias");
   assert_int_equal(clpar_tensor_ndim(w), 4);
   assert_int_equal(clpar_tensor_dim(w, 1), 3);
   float *wv = tu_read(w), bound = 1.0f / sqrtf(27.0f), mx = 0;
@@ -560,8 +568,10 @@ static void test_bad_input(void **state) {
     clpar_scope *sc = clpar_scope_begin();
     int64_t xs[4] = {2, 3, 5, 5}, ws[4] = {4, 3, 3, 3}, w2[4] = {4, 2, 3, 3}, big[4] = {4, 3, 9, 9};
     int64_t x3[3] = {3, 5, 5}, bs[1] = {5};
-    clpar_tensor *x = tu_make(dev, 4, xs, 1), *w = tu_make(dev, 4, ws, 2), *wc = tu_make(dev, 4, w2, 3);
-    clpar_tensor *wb = tu_make(dev, 4, big, 4), *xx = tu_make(dev, 3, x3, 5), *b5 = tu_make(dev, 1, bs, 6);
+    clpar_tensor *x = tu_make(dev, 4, xs, 1), *w = tu_make(dev, 4, ws, 2),
+                 *wc = tu_make(dev, 4, w2, 3);
+    clpar_tensor *wb = tu_make(dev, 4, big, 4), *xx = tu_make(dev, 3, x3, 5),
+                 *b5 = tu_make(dev, 1, bs, 6);
     clpar_memory_stats before, after;
     tu_ok(clpar_device_memory_stats(dev, &before));
     clpar_tensor *sentinel = (clpar_tensor *)(uintptr_t)0x1234, *out = sentinel;
@@ -587,8 +597,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(clpar_max_pool2d(x, k3, NULL, p2, &out), CLPAR_ERROR_INVALID_ARGUMENT);
     assert_int_equal(clpar_max_pool2d(x, NULL, NULL, NULL, &out), CLPAR_ERROR_INVALID_ARGUMENT);
     assert_int_equal(clpar_adaptive_avg_pool2d(x, 0, 1, &out), CLPAR_ERROR_INVALID_ARGUMENT);
-    assert_int_equal(clpar_adaptive_avg_pool2d(b5, 1, 1, &out),
-                     CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_int_equal(clpar_adaptive_avg_pool2d(b5, 1, 1, &out), CLPAR_ERROR_SHAPE_MISMATCH);
     assert_int_equal(clpar_batch_norm(x, NULL, NULL, NULL, NULL, 0, 0.1f, 1e-5f, &out),
                      CLPAR_ERROR_INVALID_ARGUMENT);
     assert_int_equal(clpar_batch_norm(x, NULL, NULL, b5, NULL, 1, 0.1f, 1e-5f, &out),
@@ -599,7 +608,8 @@ static void test_bad_input(void **state) {
     assert_int_equal(after.bytes_in_use, before.bytes_in_use);
     assert_int_equal(after.driver_allocs, before.driver_allocs);
     clpar_module *m = NULL;
-    assert_int_equal(clpar_conv2d_create(3, 4, 3, 3, &bad, 1, dev, &m), CLPAR_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(clpar_conv2d_create(3, 4, 3, 3, &bad, 1, dev, &m),
+                     CLPAR_ERROR_INVALID_ARGUMENT);
     assert_null(m);
     clpar_scope_end(sc);
   }
