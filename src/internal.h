@@ -319,6 +319,13 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 
 /* ---- modules (src/nn/module.c), for the parallel wrappers ---- */
 
+/* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
+ * made outside module.c (src/nn/conv.c). */
+uint64_t clpar_param_seed_next(void);
+/* The floats a convolution's column buffer may take per chunk of images (src/nn/conv.c;
+ * 64 MiB): tests lower it to run the chunked path over several chunks. */
+extern int64_t clpar_conv_chunk_floats;
+
 typedef struct {
   char *name;
   void *item;    /* clpar_module * or clpar_tensor * */

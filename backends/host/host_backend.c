@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "host/host_conv.h"
 
 #ifdef CLPAR_HAVE_BLAS
 #include <cblas.h>

@@ -48,13 +48,7 @@ static size_t round_up(size_t n, size_t m) {
 
 /* ---- kernel launches ---- */
 
-typedef struct {
-  size_t size;
-  const void *value;
-} karg;
-
-#define KARG(x) \
-  { sizeof(x), &(x) }
+/* karg and KARG are in ocl_internal.h (ocl_conv.c launches kernels too). */
 
 /* Where the next enqueue should put its event: NULL unless profiling is on. */
 static cl_event *profile_slot(clpar_ocl_device *d, cl_event *ev) {
@@ -122,6 +116,17 @@ static clpar_status launch_1d(clpar_ocl_device *d, const char *file, const char 
   size_t local = d->max_wg_size < WG_1D ? d->max_wg_size : WG_1D;
   size_t global = round_up(n, local);
   return launch(d, file, name, args, nargs, 1, &global, &local);
+}
+
+clpar_status clpar_ocl_launch(clpar_ocl_device *d, const char *file, const char *name,
+                              const karg *args, int nargs, cl_uint dims, const size_t *global,
+                              const size_t *local) {
+  return launch(d, file, name, args, nargs, dims, global, local);
+}
+
+clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const char *name,
+                                 const karg *args, int nargs, size_t n) {
+  return launch_1d(d, file, name, args, nargs, n);
 }
 
 /* (cols, rows) work-items in groups of WG_2D, shaped to waste little on narrow matrices. */
