@@ -603,6 +603,19 @@ static void test_bad_input(void **state) {
     assert_int_equal(clpar_batch_norm(x, NULL, NULL, b5, NULL, 1, 0.1f, 1e-5f, &out),
                      CLPAR_ERROR_SHAPE_MISMATCH);
     assert_non_null(strstr(clpar_last_error(), "weight"));
+    /* an int tensor where floats are needed */
+    clpar_tensor *xi = NULL, *wi = NULL;
+    tu_ok(clpar_tensor_zeros_dtype(dev, CLPAR_INT32, 4, xs, &xi));
+    tu_ok(clpar_tensor_zeros_dtype(dev, CLPAR_INT64, 4, ws, &wi));
+    tu_ok(clpar_device_memory_stats(dev, &before));
+    assert_int_equal(clpar_conv2d(xi, w, NULL, NULL, &out), CLPAR_ERROR_DTYPE);
+    assert_non_null(strstr(clpar_last_error(), "int32"));
+    assert_int_equal(clpar_conv2d(x, wi, NULL, NULL, &out), CLPAR_ERROR_DTYPE);
+    assert_non_null(strstr(clpar_last_error(), "int64"));
+    assert_int_equal(clpar_max_pool2d(xi, k3, NULL, NULL, &out), CLPAR_ERROR_DTYPE);
+    assert_int_equal(clpar_adaptive_avg_pool2d(xi, 1, 1, &out), CLPAR_ERROR_DTYPE);
+    assert_int_equal(clpar_batch_norm(xi, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f, &out),
+                     CLPAR_ERROR_DTYPE);
     assert_ptr_equal(out, sentinel);
     tu_ok(clpar_device_memory_stats(dev, &after));
     assert_int_equal(after.bytes_in_use, before.bytes_in_use);

@@ -72,6 +72,7 @@ static clpar_status check_channel(const char *fn, const char *name, const clpar_
                                   const clpar_tensor *x) {
   if (!t) return CLPAR_OK;
   clpar_status s = clpar_check_alive(fn, t);
+  if (s == CLPAR_OK) s = clpar_check_float(fn, name, t);
   if (s != CLPAR_OK) return s;
   char a[128], b[128];
   if (t->ndim != 1 || t->shape[0] != x->shape[1])
@@ -90,6 +91,7 @@ static clpar_status check_bn(const clpar_tensor *x, const clpar_tensor *rm, cons
   if (!x || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: input or out is NULL", fn);
   clpar_status s = clpar_check_alive(fn, x);
+  if (s == CLPAR_OK) s = clpar_check_float(fn, "input", x);
   if (s != CLPAR_OK) return s;
   char a[128];
   if (x->ndim < 2)

@@ -37,7 +37,8 @@ typedef struct conv_plan {
 
 static clpar_status check_alive(const char *fn, const char *name, const clpar_tensor *t) {
   if (!t) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
-  return clpar_check_alive(fn, t);
+  clpar_status s = clpar_check_alive(fn, t);
+  return s == CLPAR_OK ? clpar_check_float(fn, name, t) : s;
 }
 
 /* Checks options and shapes and fills the plan; every message names the shapes. */
@@ -291,7 +292,7 @@ clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
   const char *fn = "clpar_conv2d";
   clpar_status s = check_alive(fn, "input", x);
   if (s == CLPAR_OK) s = check_alive(fn, "weight", weight);
-  if (s == CLPAR_OK && bias) s = clpar_check_alive(fn, bias);
+  if (s == CLPAR_OK && bias) s = check_alive(fn, "bias", bias);
   if (s == CLPAR_OK && !out)
     s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   conv_plan plan;

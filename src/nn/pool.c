@@ -15,6 +15,7 @@ _Static_assert(sizeof(int32_t) == sizeof(float), "argmax indices sit in 4-byte e
 static clpar_status check_image(const char *fn, const clpar_tensor *x, clpar_tensor **out) {
   if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
   clpar_status s = clpar_check_alive(fn, x);
+  if (s == CLPAR_OK) s = clpar_check_float(fn, "input", x);
   if (s != CLPAR_OK) return s;
   char a[128];
   if (x->ndim != 3 && x->ndim != 4)
