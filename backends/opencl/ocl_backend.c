@@ -155,6 +155,13 @@ static void shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t globa
  * CL_OUT_OF_RESOURCES, also CLPAR_ERROR_OUT_OF_MEMORY), returned by the next call. */
 static clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
   clpar_ocl_device *d = dev;
+  /* The specification makes a larger buffer CL_INVALID_BUFFER_SIZE, but some drivers
+   * (NVIDIA's) accept one; the limit is enforced here so that every driver behaves the same. */
+  if (d->max_alloc && bytes > d->max_alloc)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                           "clCreateBuffer(%zu bytes): over the device's "
+                           "CL_DEVICE_MAX_MEM_ALLOC_SIZE (%llu bytes)",
+                           bytes, (unsigned long long)d->max_alloc);
   cl_int err;
   cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes ? bytes : sizeof(float), NULL, &err);
   if (err != CL_SUCCESS) {
@@ -764,6 +771,7 @@ static void fill_info(clpar_ocl_device *d, clpar_device_info *info) {
   info->global_mem_bytes = mem;
   info->max_alloc_bytes = max_alloc;
   info->compute_units = (int)cu;
+  d->max_alloc = max_alloc;
 }
 
 /* A context and queue of its own for one device; NULL (error set) on failure. */

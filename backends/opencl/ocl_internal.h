@@ -47,6 +47,7 @@ typedef struct clpar_ocl_device {
   pthread_mutex_t prog_lock;
   clpar_ocl_program *programs;
   atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
+  cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE, enforced by ocl_alloc */
   size_t max_wg_size;
   cl_mem_flags buffer_flags; /* tensors' buffers: see ocl_alloc */
   cl_mem scratch;            /* partial sums of sum_rows, grown on demand; guarded by lock */
