@@ -333,7 +333,7 @@ struct clpar_module {
   int names_lent;
   char **retired;
   int n_retired;
-  /* DataParallel: the wrapper's state, and the hook that frees it */
+  /* DataParallel, Pipeline: the wrapper's state (its type says which; freed by free_user) */
   void *parallel;
 };
 

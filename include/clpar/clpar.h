@@ -14,6 +14,7 @@
 #include "nn.h"
 #include "optim.h"
 #include "parallel.h"
+#include "pipeline.h"
 #include "dist.h"
 #include "checkpoint.h"
 #include "data.h"
