@@ -364,7 +364,7 @@ struct clpar_module {
   clpar_listing lists[3];
   char **retired;
   int n_retired;
-  /* DataParallel: the wrapper's state, and the hook that frees it */
+  /* DataParallel, Pipeline: the wrapper's state (its type says which; freed by free_user) */
   void *parallel;
 };
 

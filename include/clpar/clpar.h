@@ -15,6 +15,7 @@
 #include "conv.h"
 #include "optim.h"
 #include "parallel.h"
+#include "pipeline.h"
 #include "dist.h"
 #include "checkpoint.h"
 #include "data.h"

@@ -509,8 +509,8 @@ clpar_status clpar_module_state_at(const clpar_module *m, int i, const char **na
   return list_at("clpar_module_state_at", m, CLPAR_LIST_STATE, i, name, t, is_buffer);
 }
 
-/* 1 with *found = the first DataParallel wrapper in root's tree (root included), 0 when there
- * is none, -1 when out of memory; each shared submodule is visited once. */
+/* 1 with *found = the first parallel wrapper (DataParallel, Pipeline) in root's tree (root
+ * included), 0 when there is none, -1 when out of memory; each shared submodule is visited once. */
 static int find_parallel(const clpar_module *root, ptr_set *seen, const clpar_module **found) {
   if (root->parallel) {
     *found = root;
@@ -536,10 +536,10 @@ clpar_status clpar_module_to(clpar_module *m, clpar_device *dev) {
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_to: out of host memory");
   if (r > 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_module_to: the module %s a DataParallel wrapper, whose "
+                           "clpar_module_to: the module %s a %s wrapper, whose "
                            "parameters and replicas stay on the devices it was created with; move "
                            "the module before wrapping it, or make a new wrapper",
-                           dp == m ? "is" : "contains");
+                           dp == m ? "is" : "contains", dp->type);
   clpar_status s = refresh_flat(m);
   const clpar_listing *l = &m->lists[CLPAR_LIST_PARAMS];
   /* A flat group (clpar_module_flatten) moves whole: every member must be in m. */

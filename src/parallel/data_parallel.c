@@ -83,6 +83,11 @@ static void stats_release(void *p) {
   free(b);
 }
 
+/* A DataParallel wrapper (the `parallel` state of another wrapper is not ours). */
+static int is_dp(const clpar_module *m) {
+  return m && m->parallel && strcmp(m->type, "DataParallel") == 0;
+}
+
 /* ---- splitting ---- */
 
 /* Rows per device: torch.chunk sizes (ceil(rows / n) each, fewer chunks than devices when rows
@@ -98,7 +103,7 @@ static void split_rows(const dp_state *st, int64_t rows, int64_t *sizes) {
 }
 
 int clpar_data_parallel_split(const clpar_module *dp, int64_t rows, int64_t *sizes) {
-  if (!dp || !dp->parallel || !sizes)
+  if (!is_dp(dp) || !sizes)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_data_parallel_split: not a DataParallel module");
   if (rows < 1)
@@ -559,7 +564,7 @@ clpar_status clpar_data_parallel_create(clpar_module *module,
 }
 
 clpar_status clpar_data_parallel_stats_get(const clpar_module *dp, clpar_data_parallel_stats *out) {
-  if (!dp || !dp->parallel || !out)
+  if (!is_dp(dp) || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_data_parallel_stats_get: not a DataParallel module");
   dp_stats *b = ((dp_state *)dp->parallel)->stats;
@@ -570,7 +575,7 @@ clpar_status clpar_data_parallel_stats_get(const clpar_module *dp, clpar_data_pa
 }
 
 clpar_status clpar_data_parallel_stats_reset(clpar_module *dp) {
-  if (!dp || !dp->parallel)
+  if (!is_dp(dp))
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_data_parallel_stats_reset: not a DataParallel module");
   dp_stats *b = ((dp_state *)dp->parallel)->stats;
