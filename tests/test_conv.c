@@ -158,6 +158,8 @@ static op_case conv_case(const char *name, int64_t n, int64_t C, int64_t H, int6
     {s0, s1}, {p0, p1}, {d0, d1}, g    \
   }
 
+#define N_CONV_CASES 8
+
 static void conv_cases(op_case *cs) {
   cs[0] = conv_case("conv 3x3 pad 1", 2, 3, 7, 6, 4, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1), 1);
   cs[1] = conv_case("conv stride (2,1) pad (1,0) dilation (2,1) groups 2", 3, 4, 9, 8, 6, 3, 2,
@@ -167,6 +169,8 @@ static void conv_cases(op_case *cs) {
   cs[4] = conv_case("1x1 stride 2", 2, 6, 7, 5, 4, 1, 1, OPT(2, 2, 0, 0, 1, 1, 1), 0);
   cs[5] = conv_case("5x5 stride 3 pad 2", 1, 2, 11, 13, 3, 5, 5, OPT(3, 3, 2, 2, 1, 1, 1), 1);
   cs[6] = conv_case("1x1 direct groups 3", 1, 6, 16, 16, 9, 1, 1, OPT(1, 1, 0, 0, 1, 1, 3), 0);
+  cs[7] = conv_case("3x3 dilation 2 pad 3 (whole taps in the padding)", 2, 2, 4, 5, 3, 3, 3,
+                    OPT(1, 2, 3, 3, 2, 2, 1), 1);
 }
 
 static void each_device(void (*fn)(clpar_device *)) {
@@ -179,9 +183,9 @@ static void each_device(void (*fn)(clpar_device *)) {
 }
 
 static void conv_on(clpar_device *dev) {
-  op_case cs[7];
+  op_case cs[N_CONV_CASES];
   conv_cases(cs);
-  for (int i = 0; i < 7; i++) check_case(dev, &cs[i], 100 + (uint64_t)i * 10);
+  for (int i = 0; i < N_CONV_CASES; i++) check_case(dev, &cs[i], 100 + (uint64_t)i * 10);
 }
 
 static void test_conv_against_reference(void **state) {
@@ -192,7 +196,7 @@ static void test_conv_against_reference(void **state) {
 /* A few floats of columns per chunk: every image (and the last, partial chunk) on its own. */
 static void conv_chunked_on(clpar_device *dev) {
   int64_t keep = clpar_conv_chunk_floats;
-  op_case cs[7];
+  op_case cs[N_CONV_CASES];
   conv_cases(cs);
   clpar_conv_chunk_floats = 600;
   for (int i = 0; i < 3; i++) check_case(dev, &cs[i], 200 + (uint64_t)i);
