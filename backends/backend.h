@@ -49,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 9
+#define CLPAR_BACKEND_ABI_VERSION 10
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -95,6 +95,15 @@ typedef enum clpar_unary_kind {
   CLPAR_UNARY_SQRT = 4, /* forward only */
   CLPAR_UNARY_NEG = 5   /* forward only */
 } clpar_unary_kind;
+
+/* The activation of the fused bias entries (bias_act, bias_act_backward): none, relu
+ * max(x, 0), sigmoid, tanh. */
+typedef enum clpar_act_kind {
+  CLPAR_ACT_NONE = 0,
+  CLPAR_ACT_RELU = 1,
+  CLPAR_ACT_SIGMOID = 2,
+  CLPAR_ACT_TANH = 3
+} clpar_act_kind;
 
 /* One SGD update with PyTorch's rule (torch.optim.SGD), per element:
  *   g = grad + weight_decay * p
@@ -186,7 +195,9 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bn_stats, QUEUE, 1)          \
   X(bn_apply, QUEUE, 1)          \
   X(bn_backward_sums, QUEUE, 1)  \
-  X(bn_backward, QUEUE, 1)
+  X(bn_backward, QUEUE, 1)       \
+  X(bias_act, QUEUE, 0)          \
+  X(bias_act_backward, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -380,6 +391,22 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, g) F(clpar_bref, mean) \
   F(clpar_bref, var) F(clpar_bref, weight) F(float, eps) F(clpar_bref, sum_g)                 \
   F(clpar_bref, sum_gxhat) F(int, training) F(clpar_bref, dx)
+
+
+/* ---- fused Linear epilogues (src/nn/functional.c: clpar_linear, clpar_linear_act) ---- */
+/* out[r, c] = f(a[r, c] + bias[c]), r < rows, c < cols (f: clpar_act_kind; the sum is
+ * rounded to float before f, as an add then the activation). out may alias a. */
+#define CLPAR_BE_ARGS_bias_act(F) \
+  F(clpar_act_kind, act) F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, bias) F(clpar_bref, out)
+/* d[r, c] = g[r, c] * f'(.) from the forward's output y (relu: 1 where y > 0, else 0;
+ * sigmoid y (1 - y); tanh 1 - y^2; none: d = g, y unused), then
+ *   out[r, c] = d[r, c]                                   when out.buf != NULL (may alias g)
+ *   db[c] = (accumulate ? db[c] : 0) + sum over r of d[r, c]   when db.buf != NULL
+ * the sum rounded to float before it is added to db (as sum_rows then an add), in the
+ * backend's sum_rows order. */
+#define CLPAR_BE_ARGS_bias_act_backward(F)                                                   \
+  F(clpar_act_kind, act) F(size_t, rows) F(size_t, cols) F(clpar_bref, g) F(clpar_bref, y)    \
+  F(clpar_bref, out) F(clpar_bref, db) F(int, accumulate)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

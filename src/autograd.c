@@ -337,6 +337,28 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   return s;
 }
 
+clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot) {
+  *slot = NULL;
+  clpar_tensor *t = i >= 0 && i < n->n_inputs && i < 32 ? n->inputs[i] : NULL;
+  if (!t || !t->requires_grad) return CLPAR_OK;
+  clpar_tensor *acc = NULL;
+  size_t offset = 0;
+  clpar_status s = CLPAR_OK;
+  if (!t->node) {
+    acc = t->grad; /* a leaf's first gradient is a copy (deliver): no slot yet */
+  } else if (t->node->partial_offset >= 0 && t->node->n_inputs == 1 && t->node->inputs[0]) {
+    clpar_tensor *base = t->node->inputs[0];
+    clpar_tensor **bacc = base->node ? &base->node->grad : base->requires_grad ? &base->grad : NULL;
+    if (bacc && !*bacc) s = zeros_like(base, bacc); /* as deliver does for a slice */
+    acc = bacc ? *bacc : NULL;
+    offset = (size_t)t->node->partial_offset;
+  }
+  if (s != CLPAR_OK || !acc) return s;
+  s = clpar_tensor_view_at(acc, offset, t->ndim, t->shape, slot);
+  if (s == CLPAR_OK) n->slotted |= 1u << i;
+  return s;
+}
+
 static void run_hooks(clpar_tensor *leaf) {
   for (clpar_grad_hook *h = leaf->hooks; h; h = h->next) h->fn(leaf, h->user);
 }
@@ -348,8 +370,17 @@ static clpar_status run_node(clpar_node *n, list *ready, list *ready_copy) {
   if (n->n_inputs > 4 && !(grad_in = calloc((size_t)n->n_inputs, sizeof *grad_in))) return oom();
   clpar_tensor *g = n->grad;
   n->grad = NULL;
+  n->slotted = 0;
   clpar_status s = g ? n->backward(n, g, grad_in) : CLPAR_OK;
   clpar_tensor_free(g);
+  for (int i = 0; s == CLPAR_OK && i < n->n_inputs && n->slotted; i++) {
+    clpar_tensor *in = n->inputs[i];
+    if (!((n->slotted >> i) & 1)) continue;
+    if (!in->node) /* a leaf has a gradient now, as after deliver; so has a view's base leaf */
+      in->grad_defined = 1;
+    else if (!in->node->inputs[0]->node)
+      in->node->inputs[0]->grad_defined = 1;
+  }
   for (int i = 0; i < n->n_inputs; i++) {
     clpar_tensor *in = n->inputs[i];
     if (s == CLPAR_OK && grad_in[i] && in && (in->node || in->requires_grad))

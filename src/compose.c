@@ -1,6 +1,7 @@
 /* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, sgd_step,
- * adam_step) built from primitive entries, for a device whose backend lacks them or refuses them
- * (supports_op), so that a new backend can start with the primitives only.
+ * adam_step, bias_act, bias_act_backward) built from primitive entries, for a device whose
+ * backend lacks them or refuses them (supports_op), so that a new backend can start with the
+ * primitives only.
  *
  * The dispatch (src/worker.c) calls clpar_compose_<entry> instead of posting the entry when
  * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
@@ -205,6 +206,61 @@ clpar_status clpar_compose_nll_backward(clpar_device *dev, size_t rows, size_t c
   return s;
 }
 
+/* ---- the fused Linear epilogues ----
+ *   bias_act:          out = f(a + bias)                  (a row add, then the activation)
+ *   bias_act_backward: d = g * f'(y); out = d; db (+)= sum_rows(d)
+ * relu's unary_backward reads the input's sign; the output's is the same (y > 0 iff x > 0). */
+
+static clpar_unary_kind unary_of(clpar_act_kind act) {
+  return act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+         : act == CLPAR_ACT_TANH  ? CLPAR_UNARY_TANH
+                                  : CLPAR_UNARY_RELU;
+}
+
+static clpar_status check_act(const clpar_device *dev, const char *entry, clpar_act_kind act) {
+  if ((int)act >= CLPAR_ACT_NONE && act <= CLPAR_ACT_TANH) return CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: %s: activation %d", dev->bd.info.id,
+                         entry, (int)act);
+}
+
+clpar_status clpar_compose_bias_act(clpar_device *dev, clpar_act_kind act, size_t rows, size_t cols,
+                                    clpar_bref a, clpar_bref bias, clpar_bref out) {
+  clpar_status s = check_act(dev, "bias_act", act);
+  if (s == CLPAR_OK) s = clpar_dev_binary(dev, CLPAR_BINARY_ADD, rows, cols, a, bias, 1, out);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = clpar_dev_unary(dev, unary_of(act), rows * cols, out, out);
+  return s;
+}
+
+clpar_status clpar_compose_bias_act_backward(clpar_device *dev, clpar_act_kind act, size_t rows,
+                                             size_t cols, clpar_bref g, clpar_bref y,
+                                             clpar_bref out, clpar_bref db, int accumulate) {
+  clpar_status s = check_act(dev, "bias_act_backward", act);
+  if (s != CLPAR_OK || (!out.buf && !db.buf)) return s;
+  if (cols && rows > SIZE_MAX / cols)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: bias_act_backward: %zu x %zu overflows",
+                           dev->bd.info.id, rows, cols);
+  size_t n = rows * cols;
+  /* scratch: d when out is not wanted (n), the column sums when they are added (cols) */
+  int need_d = !out.buf && act != CLPAR_ACT_NONE, need_sum = db.buf && accumulate;
+  scratch sc = {dev, NULL, 0};
+  if (need_d || need_sum)
+    s = scratch_get(dev, "bias_act_backward", need_d ? n : 0, 1, need_sum ? cols : 0, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref d = act == CLPAR_ACT_NONE ? g : need_d ? region(&sc, n, 0) : out;
+  if (act != CLPAR_ACT_NONE)
+    s = clpar_dev_unary_backward(dev, unary_of(act), n, g, y, d);
+  else if (out.buf && (out.buf != g.buf || out.off != g.off))
+    s = copy_floats(dev, out, g, n);
+  if (s == CLPAR_OK && db.buf) {
+    clpar_bref sums = need_sum ? region(&sc, need_d ? n : 0, 1) : db;
+    s = clpar_dev_sum_rows(dev, rows, cols, d, sums);
+    if (s == CLPAR_OK && need_sum) s = ew(dev, CLPAR_BINARY_ADD, cols, db, sums, db);
+  }
+  scratch_put(&sc);
+  return s;
+}
+
 /* ---- entries that cannot be composed ----
  * The dispatch needs a composition for every optional queue entry, but these bits are never
  * set (not in composable_mask): a backend without profile, copy_peer or tune_gemm has the
@@ -246,7 +302,8 @@ clpar_status clpar_compose_tune_gemm(clpar_device *dev, const clpar_gemm_shape *
 static uint64_t composable_mask(void) {
   return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
          (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
-         (uint64_t)1 << CLPAR_ENTRY_adam_step;
+         (uint64_t)1 << CLPAR_ENTRY_adam_step | (uint64_t)1 << CLPAR_ENTRY_bias_act |
+         (uint64_t)1 << CLPAR_ENTRY_bias_act_backward;
 }
 
 void clpar_compose_init(clpar_device *dev) {
@@ -274,8 +331,8 @@ clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
   if (mask & ~composable_mask())
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_compose_force: mask 0x%llx names entries that cannot be "
-                           "composed (softmax_backward, nll, nll_backward, sgd_step and "
-                           "adam_step can)",
+                           "composed (softmax_backward, nll, nll_backward, sgd_step, "
+                           "adam_step, bias_act and bias_act_backward can)",
                            (unsigned long long)mask);
   __atomic_store_n(&dev->composed, dev->natural | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;

@@ -265,13 +265,30 @@ struct clpar_node {
   /* >= 0: the node's output is a slice of its one input starting at this element, and its
    * backward's gradient is added into that slice of the input's gradient (views, scatter) */
   int64_t partial_offset;
-  int transfer; /* backward copies between devices: run after the nodes that compute */
+  int transfer;     /* backward copies between devices: run after the nodes that compute */
+  unsigned slotted; /* bit i: this backward added input i's gradient into its slot itself */
   /* backward bookkeeping */
   clpar_device *dev;  /* where the output lives */
   clpar_tensor *grad; /* the output's gradient being accumulated */
   int pending;        /* consumers that have not delivered their gradient yet */
   int claimed;        /* atomic: a backward is running through the node */
 };
+
+/* For a backward function: where input i (< 32) of n accumulates its gradient, when the
+ * backward may add its share there itself (acc += grad, e.g. a GEMM with beta 1) instead of
+ * returning it in grad_in[i]: a leaf's grad memory once it has some (a flat group's slice
+ * included), or the slice of the base's gradient that a view (a partial node, whose backward
+ * passes the gradient through) stands for. *slot is then a new view of that memory with the
+ * input's shape, outside any scope, and grad_in[i] must stay NULL; otherwise *slot is NULL
+ * and the gradient goes through grad_in[i] as usual. (src/autograd.c) */
+clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot);
+
+/* clpar_linear followed by an activation (none, relu, sigmoid, tanh) as one node: a GEMM and
+ * a fused bias-and-activation kernel forward, gradients straight into their slots backward;
+ * errors name clpar_linear (src/nn/functional.c). Sequential runs a Linear followed by a ReLU
+ * through it. */
+clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
+                              const clpar_tensor *bias, clpar_act_kind act, clpar_tensor **out);
 
 /* Runs when a leaf's gradient is final in a backward (src/autograd.c). */
 typedef struct clpar_grad_hook {

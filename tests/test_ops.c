@@ -74,6 +74,9 @@ static void test_gemm(void **state) {
     for (int t = 0; t < 4; t++) {
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 37, 53, 29);
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 1, 7, 64);
+      /* n and k multiples of 8: the OpenCL backend's small kernels on a CPU device */
+      check_gemm(clpar_device_get(d), t & 1, t >> 1, 19, 24, 40);
+      check_gemm(clpar_device_get(d), t & 1, t >> 1, 3, 8, 8);
     }
 }
 

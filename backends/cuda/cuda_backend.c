@@ -700,6 +700,36 @@ static clpar_status cuda_unary_backward(void *dev, clpar_unary_kind kind, size_t
   return op_end(d, &prof, s);
 }
 
+static clpar_status cuda_bias_act(void *dev, clpar_act_kind act, size_t rows, size_t cols,
+                                  clpar_bref a, clpar_bref bias, clpar_bref out) {
+  cuda_dev *d = dev;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "bias_act: activation %d", (int)act);
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(clpar_cuda_bias_act(d->stream, act, rows, cols, at(a), at(bias), at(out)),
+                   "bias_act kernel launch");
+  return op_end(d, &prof, s);
+}
+
+static clpar_status cuda_bias_act_backward(void *dev, clpar_act_kind act, size_t rows, size_t cols,
+                                           clpar_bref g, clpar_bref y, clpar_bref out,
+                                           clpar_bref db, int accumulate) {
+  cuda_dev *d = dev;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "bias_act_backward: activation %d",
+                           (int)act);
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s == CLPAR_OK)
+    s = cuda_check(
+        clpar_cuda_bias_act_backward(d->stream, act, rows, cols, at(g), y.buf ? at(y) : NULL,
+                                     out.buf ? at(out) : NULL, db.buf ? at(db) : NULL, accumulate),
+        "bias_act_backward kernel launch");
+  return op_end(d, &prof, s);
+}
+
 static clpar_status cuda_softmax(void *dev, int log, size_t rows, size_t cols, clpar_bref a,
                                  clpar_bref out) {
   cuda_dev *d = dev;

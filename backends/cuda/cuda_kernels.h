@@ -64,6 +64,16 @@ cudaError_t clpar_cuda_unary(cudaStream_t stream, clpar_unary_kind kind, size_t 
 cudaError_t clpar_cuda_unary_backward(cudaStream_t stream, clpar_unary_kind kind, size_t n,
                                       const float *g, const float *saved, float *out);
 
+/* The fused Linear epilogues (kernels/cuda/activation.cu), backend.h's bias_act and
+ * bias_act_backward: out = f(a + bias[col]); d = g f'(y), out = d (out may be NULL or alias
+ * g), db (+)= column sums of d (db may be NULL). One block per 32 columns for the backward: a
+ * narrow, tall matrix is slow but correct. An unknown act returns cudaErrorInvalidValue. */
+cudaError_t clpar_cuda_bias_act(cudaStream_t stream, clpar_act_kind act, size_t rows, size_t cols,
+                                const float *a, const float *bias, float *out);
+cudaError_t clpar_cuda_bias_act_backward(cudaStream_t stream, clpar_act_kind act, size_t rows,
+                                         size_t cols, const float *g, const float *y, float *out,
+                                         float *db, int accumulate);
+
 /* Row-wise softmax (log == 0) or log-softmax and its gradient from the output y
  * (kernels/cuda/softmax.cu); out may alias the input. */
 cudaError_t clpar_cuda_softmax(cudaStream_t stream, int log, size_t rows, size_t cols,

@@ -388,6 +388,70 @@ static clpar_status host_unary_backward(void *dev, clpar_unary_kind kind, size_t
   return CLPAR_OK;
 }
 
+/* f(x) of the fused bias entries; the same expressions as host_unary's. */
+static inline float act_of(clpar_act_kind act, float x) {
+  return act == CLPAR_ACT_RELU      ? (x > 0.0f ? x : 0.0f)
+         : act == CLPAR_ACT_SIGMOID ? 1.0f / (1.0f + expf(-x))
+         : act == CLPAR_ACT_TANH    ? tanhf(x)
+                                    : x;
+}
+
+/* f'(.) from the output y, as host_unary_backward's. */
+static inline float act_grad(clpar_act_kind act, float y) {
+  return act == CLPAR_ACT_RELU      ? (y > 0.0f ? 1.0f : 0.0f)
+         : act == CLPAR_ACT_SIGMOID ? y * (1.0f - y)
+         : act == CLPAR_ACT_TANH    ? 1.0f - y * y
+                                    : 1.0f;
+}
+
+static clpar_status host_bias_act(void *dev, clpar_act_kind act, size_t rows, size_t cols,
+                                  clpar_bref a, clpar_bref bias, clpar_bref out) {
+  (void)dev;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host bias_act: activation %d", (int)act);
+  const float *pa = at(a), *pb = at(bias);
+  float *po = at(out);
+#pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR / 8) schedule(static)
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = 0; c < cols; c++) {
+      float x = pa[r * cols + c] + pb[c]; /* rounded to float, then f */
+      po[r * cols + c] = act_of(act, x);
+    }
+  return CLPAR_OK;
+}
+
+/* d = g f'(y) written to out (when given), and its column sums in double as host_sum_rows,
+ * rounded to float and added to db (when given). */
+static clpar_status host_bias_act_backward(void *dev, clpar_act_kind act, size_t rows, size_t cols,
+                                           clpar_bref g, clpar_bref y, clpar_bref out,
+                                           clpar_bref db, int accumulate) {
+  (void)dev;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host bias_act_backward: activation %d",
+                           (int)act);
+  const float *pg = at(g), *py = act == CLPAR_ACT_NONE ? NULL : at(y);
+  float *po = out.buf ? at(out) : NULL, *pd = db.buf ? at(db) : NULL;
+  enum { BLOCK = 256 };
+  size_t blocks = (cols + BLOCK - 1) / BLOCK;
+#pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR) schedule(static)
+  for (size_t blk = 0; blk < blocks; blk++) {
+    double acc[BLOCK] = {0};
+    size_t c0 = blk * BLOCK, w = cols - c0 < BLOCK ? cols - c0 : BLOCK;
+    for (size_t r = 0; r < rows; r++) {
+      size_t i0 = r * cols + c0;
+      for (size_t c = 0; c < w; c++) {
+        float d = py ? pg[i0 + c] * act_grad(act, py[i0 + c]) : pg[i0 + c];
+        if (po) po[i0 + c] = d;
+        acc[c] += d;
+      }
+    }
+    if (pd)
+      for (size_t c = 0; c < w; c++)
+        pd[c0 + c] = accumulate ? pd[c0 + c] + (float)acc[c] : (float)acc[c];
+  }
+  return CLPAR_OK;
+}
+
 static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t cols, clpar_bref a,
                                  clpar_bref out) {
   (void)dev;

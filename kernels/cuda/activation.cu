@@ -110,3 +110,87 @@ extern "C" cudaError_t clpar_cuda_unary_backward(cudaStream_t stream, clpar_unar
   }
   return cudaGetLastError();
 }
+
+/* ---- the fused Linear epilogues (backend.h: bias_act, bias_act_backward) ---- */
+
+namespace {
+
+constexpr unsigned tile = 32;
+
+/* f of clpar_act_kind, with forward<>'s formulas; none is the identity. */
+__device__ __forceinline__ float act_forward(int act, float x) {
+  if (act == CLPAR_ACT_RELU) return forward<CLPAR_UNARY_RELU>(x);
+  if (act == CLPAR_ACT_SIGMOID) return forward<CLPAR_UNARY_SIGMOID>(x);
+  if (act == CLPAR_ACT_TANH) return forward<CLPAR_UNARY_TANH>(x);
+  return x;
+}
+
+/* f' from the output y (relu: y > 0 iff x > 0). */
+__device__ __forceinline__ float act_derivative(int act, float y) {
+  if (act == CLPAR_ACT_RELU) return derivative<CLPAR_UNARY_RELU>(y);
+  if (act == CLPAR_ACT_SIGMOID) return derivative<CLPAR_UNARY_SIGMOID>(y);
+  if (act == CLPAR_ACT_TANH) return derivative<CLPAR_UNARY_TANH>(y);
+  return 1.0f;
+}
+
+__global__ void bias_act_kernel(int act, size_t rows, size_t cols, const float *a,
+                                const float *bias, float *out) {
+  size_t n = rows * cols, stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float x = a[i] + bias[i % cols]; /* rounded to float, then f */
+    out[i] = act_forward(act, x);
+  }
+}
+
+/* A block owns 32 adjacent columns, as sum_rows_kernel (sum_rows.cu): thread row y handles
+ * rows y, y + 32, ..., writes d = g f'(y) and sums it; the 32 partial sums of a column are
+ * added by the same tree, so db gets sum_rows' bits for the wide matrices. */
+__global__ void bias_act_backward_kernel(int act, size_t rows, size_t cols, const float *g,
+                                         const float *y, float *out, float *db, int accumulate) {
+  __shared__ float partial[tile][tile + 1];
+  size_t c = (size_t)blockIdx.x * tile + threadIdx.x;
+  float acc = 0.0f;
+  if (c < cols)
+    for (size_t r = threadIdx.y; r < rows; r += tile) {
+      size_t i = r * cols + c;
+      float d = act == CLPAR_ACT_NONE ? g[i] : g[i] * act_derivative(act, y[i]);
+      if (out) out[i] = d;
+      acc += d;
+    }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned half = tile / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half)
+      partial[threadIdx.y][threadIdx.x] += partial[threadIdx.y + half][threadIdx.x];
+    __syncthreads();
+  }
+  if (db && threadIdx.y == 0 && c < cols)
+    db[c] = accumulate ? db[c] + partial[0][threadIdx.x] : partial[0][threadIdx.x];
+}
+
+}  // namespace
+
+extern "C" cudaError_t clpar_cuda_bias_act(cudaStream_t stream, clpar_act_kind act, size_t rows,
+                                           size_t cols, const float *a, const float *bias,
+                                           float *out) {
+  if (act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* report this launch's error, not an older one */
+  bias_act_kernel<<<grid_for(rows * cols), block_size, 0, stream>>>((int)act, rows, cols, a, bias,
+                                                                    out);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t clpar_cuda_bias_act_backward(cudaStream_t stream, clpar_act_kind act,
+                                                    size_t rows, size_t cols, const float *g,
+                                                    const float *y, float *out, float *db,
+                                                    int accumulate) {
+  if (act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0 || (!out && !db)) return cudaSuccess;
+  (void)cudaGetLastError();
+  size_t blocks = (cols + tile - 1) / tile;
+  dim3 block(tile, tile);
+  bias_act_backward_kernel<<<(unsigned)blocks, block, 0, stream>>>((int)act, rows, cols, g, y, out,
+                                                                   db, accumulate);
+  return cudaGetLastError();
+}

@@ -31,35 +31,144 @@ clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
   return s;
 }
 
-clpar_status clpar_linear(const clpar_tensor *x, const clpar_tensor *weight,
-                          const clpar_tensor *bias, clpar_tensor **out) {
+/* ---- Linear: one node for x W^T + b and its activation ----
+ *
+ * Forward is a GEMM and one fused epilogue (bias_act: the bias and the activation; a plain
+ * unary without a bias). Backward is one bias_act_backward (the activation's gradient d, and
+ * the bias gradient summed from it), then dW = d^T x and dx = d W as GEMMs. Each gradient goes
+ * straight into the memory where it accumulates when the engine gives a slot (clpar_grad_slot:
+ * the parameter's grad, a slice of a flat gradient): the bias' sum is added by the epilogue,
+ * dW by the GEMM with beta 1. So a layer costs 2 kernels forward and 3 backward (2 for the
+ * first, whose input needs no gradient), where a matmul, an add and a relu node cost 3 and 6
+ * (the bias sum, the relu gradient, two GEMMs, and an add into each parameter's slice). */
+
+static clpar_status linear_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *x = n->inputs[0], *w = n->inputs[1], *b = n->n_inputs > 2 ? n->inputs[2] : NULL;
+  clpar_act_kind act = (clpar_act_kind)n->iparam[0];
+  clpar_device *dev = n->dev;
+  int64_t rows = g->shape[0], cols = g->shape[1], in = w->shape[1];
+  clpar_tensor *d = g, *db = NULL, *dw = NULL, *dx = NULL;
+  clpar_status s = CLPAR_OK;
+  int want_b = b && b->requires_grad, b_slot = 0;
+  if (want_b) {
+    s = clpar_grad_slot(n, 2, &db);
+    b_slot = db != NULL;
+    if (s == CLPAR_OK && !db) s = clpar_tensor_empty(dev, b->ndim, b->shape, &db);
+  }
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE) s = clpar_tensor_empty(dev, 2, g->shape, &d);
+  if (s == CLPAR_OK && (want_b || act != CLPAR_ACT_NONE)) {
+    clpar_bref none = {NULL, 0};
+    s = clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(g),
+                                    act != CLPAR_ACT_NONE ? clpar_tensor_bref(n->saved[0]) : none,
+                                    act != CLPAR_ACT_NONE ? clpar_tensor_bref(d) : none,
+                                    want_b ? clpar_tensor_bref(db) : none, b_slot);
+    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+  }
+  if (s == CLPAR_OK && w->requires_grad) { /* dW = d^T x: [cols, in] */
+    s = clpar_grad_slot(n, 1, &dw);
+    int w_slot = dw != NULL;
+    if (s == CLPAR_OK && !dw) s = clpar_tensor_empty(dev, 2, w->shape, &dw);
+    if (s == CLPAR_OK) {
+      s = clpar_dev_gemm(dev, 1, 0, (size_t)cols, (size_t)in, (size_t)rows, 1.0f,
+                         clpar_tensor_bref(d), (size_t)cols, clpar_tensor_bref(x), (size_t)in,
+                         w_slot ? 1.0f : 0.0f, clpar_tensor_bref(dw), (size_t)in);
+      if (s != CLPAR_OK) clpar_device_fail(dev, s);
+    }
+    if (s == CLPAR_OK && !w_slot) gin[1] = dw, dw = NULL;
+  }
+  if (s == CLPAR_OK && x->requires_grad) { /* dx = d W: [rows, in] */
+    s = clpar_grad_slot(n, 0, &dx);
+    int x_slot = dx != NULL;
+    if (s == CLPAR_OK && !dx) s = clpar_tensor_empty(dev, x->ndim, x->shape, &dx);
+    if (s == CLPAR_OK) {
+      s = clpar_dev_gemm(dev, 0, 0, (size_t)rows, (size_t)in, (size_t)cols, 1.0f,
+                         clpar_tensor_bref(d), (size_t)cols, clpar_tensor_bref(w), (size_t)in,
+                         x_slot ? 1.0f : 0.0f, clpar_tensor_bref(dx), (size_t)in);
+      if (s != CLPAR_OK) clpar_device_fail(dev, s);
+    }
+    if (s == CLPAR_OK && !x_slot) gin[0] = dx, dx = NULL;
+  }
+  if (s == CLPAR_OK && want_b && !b_slot) gin[2] = db, db = NULL;
+  if (d != g) clpar_tensor_free(d);
+  clpar_tensor_free(db);
+  clpar_tensor_free(dw);
+  clpar_tensor_free(dx);
+  return s;
+}
+
+clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
+                              const clpar_tensor *bias, clpar_act_kind act, clpar_tensor **out) {
   if (!x || !weight || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear: NULL argument");
   if (clpar_check_float("clpar_linear", "input", x) != CLPAR_OK ||
       clpar_check_float("clpar_linear", "weight", weight) != CLPAR_OK ||
       (bias && clpar_check_float("clpar_linear", "bias", bias) != CLPAR_OK))
     return CLPAR_ERROR_DTYPE;
+  if (clpar_check_alive("clpar_linear", x) != CLPAR_OK ||
+      clpar_check_alive("clpar_linear", weight) != CLPAR_OK ||
+      (bias && clpar_check_alive("clpar_linear", bias) != CLPAR_OK))
+    return CLPAR_ERROR_NOT_INITIALIZED;
   char a[128], b[128];
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
     return clpar_set_error(
         CLPAR_ERROR_SHAPE_MISMATCH,
         "clpar_linear: input is %s and weight is %s; need [batch, in] and [out, in]", SHAPE(x, a),
         SHAPE(weight, b));
-  if (bias && bias->numel != weight->shape[0])
+  if (bias && (bias->numel != weight->shape[0] || bias->ndim > 2 ||
+               bias->shape[bias->ndim - 1] != weight->shape[0]))
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_linear: bias is %s for %lld outputs",
                            SHAPE(bias, a), (long long)weight->shape[0]);
-  if (bias && bias->storage->dev != x->storage->dev)
+  clpar_device *dev = x->storage->dev;
+  if (weight->storage->dev != dev)
+    return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH,
+                           "clpar_linear: input on %s, weight on %s; move one with "
+                           "clpar_tensor_to",
+                           dev->bd.info.id, weight->storage->dev->bd.info.id);
+  if (bias && bias->storage->dev != dev)
     return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH, "clpar_linear: input on %s, bias on %s",
-                           x->storage->dev->bd.info.id, bias->storage->dev->bd.info.id);
+                           dev->bd.info.id, bias->storage->dev->bd.info.id);
+  int64_t rows = x->shape[0], cols = weight->shape[0], in = x->shape[1];
+  int64_t shape[2] = {rows, cols};
   clpar_tensor *y;
-  clpar_status s = clpar_matmul(x, weight, 0, 1, &y); /* (batch, out) */
-  if (s != CLPAR_OK || !bias) {
-    if (s == CLPAR_OK) *out = y;
+  clpar_status s = clpar_tensor_empty(dev, 2, shape, &y);
+  if (s != CLPAR_OK) return s;
+  s = clpar_dev_gemm(dev, 0, 1, (size_t)rows, (size_t)cols, (size_t)in, 1.0f, clpar_tensor_bref(x),
+                     (size_t)in, clpar_tensor_bref(weight), (size_t)in, 0.0f, clpar_tensor_bref(y),
+                     (size_t)cols);
+  if (s == CLPAR_OK && bias)
+    s = clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(y),
+                           clpar_tensor_bref(bias), clpar_tensor_bref(y));
+  else if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = clpar_dev_unary(dev,
+                        act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                        : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                                   : CLPAR_UNARY_TANH,
+                        (size_t)(rows * cols), clpar_tensor_bref(y), clpar_tensor_bref(y));
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_free(y);
     return s;
   }
-  s = clpar_add(y, bias, out);
-  clpar_tensor_free(y);
+  clpar_tensor *inputs[3] = {(clpar_tensor *)x, (clpar_tensor *)weight, (clpar_tensor *)bias};
+  clpar_node *node;
+  s = clpar_record_op(y, "clpar_linear", linear_backward, inputs, bias ? 3 : 2, &node);
+  if (s == CLPAR_OK && node) {
+    node->iparam[0] = act;
+    if (act != CLPAR_ACT_NONE) { /* the output, as an alias: no reference cycle */
+      s = clpar_tensor_alias(y, &node->saved[0]);
+      if (s == CLPAR_OK)
+        clpar_tensor_unscope(node->saved[0]);
+      else
+        clpar_tensor_free(y);
+    }
+  }
+  if (s == CLPAR_OK) *out = y;
   return s;
+}
+
+clpar_status clpar_linear(const clpar_tensor *x, const clpar_tensor *weight,
+                          const clpar_tensor *bias, clpar_tensor **out) {
+  return clpar_linear_act(x, weight, bias, CLPAR_ACT_NONE, out);
 }
 
 /* The mean or sum of a loss per element or per row. */

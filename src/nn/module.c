@@ -640,7 +640,19 @@ static clpar_status sequential_forward(clpar_module *self, clpar_tensor *x, clpa
   clpar_tensor *cur = x;
   for (int i = 0; i < self->n_children; i++) {
     clpar_tensor *next;
-    clpar_status s = clpar_module_forward(self->children[i].item, cur, &next);
+    clpar_module *m = self->children[i].item;
+    clpar_module *after = i + 1 < self->n_children ? self->children[i + 1].item : NULL;
+    clpar_status s;
+    if (m->forward == linear_forward && after && after->forward == relu_forward) {
+      /* Linear then ReLU: one node, the bias and the relu in one kernel (clpar_linear_act) */
+      s = clpar_check_alive("clpar_module_forward", cur);
+      if (s == CLPAR_OK)
+        s = clpar_linear_act(cur, clpar_module_parameter(m, "weight"),
+                             clpar_module_parameter(m, "bias"), CLPAR_ACT_RELU, &next);
+      i++;
+    } else {
+      s = clpar_module_forward(m, cur, &next);
+    }
     if (cur != x) clpar_tensor_free(cur); /* the graph keeps what backward needs */
     if (s != CLPAR_OK) return s;
     cur = next;

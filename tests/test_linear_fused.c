@@ -1,0 +1,422 @@
+/* test_linear_fused.c — the fused Linear (clpar_linear_act, src/nn/functional.c), its backend
+ * entries bias_act and bias_act_backward, and gradients written straight into their slots
+ * (clpar_grad_slot, src/autograd.c).
+ *
+ * - The entries on every selected device, fused and composed (clpar_compose_force), against
+ *   a float64 reference computed here, for each activation, with and without out, db and
+ *   accumulation, out aliasing its input, and a tall matrix (OpenCL's two-pass sum).
+ * - clpar_linear and clpar_linear_act's gradients on every device against central finite
+ *   differences of the float64 forward on the host.
+ * - The slots: a second backward adds into the leaves' grads (twice the first), a flattened
+ *   module's gradients go straight into the flat gradient, and Sequential(Linear, ReLU) gives
+ *   the unfused ops' values and gradients.
+ * - On devices with a profile, the ops a Linear + ReLU layer enqueues: 2 forward, 3 backward
+ *   once the parameters have gradients (no separate adds into them). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+#define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
+
+static double act_d(clpar_act_kind act, double x) {
+  return act == CLPAR_ACT_RELU      ? (x > 0 ? x : 0)
+         : act == CLPAR_ACT_SIGMOID ? 1.0 / (1.0 + exp(-x))
+         : act == CLPAR_ACT_TANH    ? tanh(x)
+                                    : x;
+}
+
+static double act_grad_d(clpar_act_kind act, double y) {
+  return act == CLPAR_ACT_RELU      ? (y > 0 ? 1.0 : 0.0)
+         : act == CLPAR_ACT_SIGMOID ? y * (1.0 - y)
+         : act == CLPAR_ACT_TANH    ? 1.0 - y * y
+                                    : 1.0;
+}
+
+static const char *act_name(clpar_act_kind act) {
+  static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
+  return names[act];
+}
+
+/* ---- the entries ---- */
+
+/* One shape through both entries on dev, checked against the float64 reference. */
+static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, int64_t cols,
+                          const char *way) {
+  int64_t shape[2] = {rows, cols};
+  size_t n = (size_t)(rows * cols);
+  clpar_tensor *a = tu_make(dev, 2, shape, 1), *bias = tu_make(dev, 1, &cols, 2);
+  clpar_tensor *g = tu_make(dev, 2, shape, 3), *db0 = tu_make(dev, 1, &cols, 4);
+  clpar_tensor *y, *out, *db, *gcopy;
+  tu_ok(clpar_tensor_empty(dev, 2, shape, &y));
+  tu_ok(clpar_tensor_empty(dev, 2, shape, &out));
+  tu_ok(clpar_tensor_empty(dev, 1, &cols, &db));
+  float *pa = tu_read(a), *pb = tu_read(bias), *pg = tu_read(g), *pdb0 = tu_read(db0);
+  float *want_y = malloc(n * sizeof *want_y), *want_d = malloc(n * sizeof *want_d);
+  float *want_sum = malloc((size_t)cols * sizeof *want_sum);
+  float *want_acc = malloc((size_t)cols * sizeof *want_acc);
+  assert_non_null(want_y);
+  assert_non_null(want_d);
+  assert_non_null(want_sum);
+  assert_non_null(want_acc);
+  for (size_t i = 0; i < n; i++) want_y[i] = (float)act_d(act, (double)(pa[i] + pb[i % cols]));
+  for (int64_t c = 0; c < cols; c++) {
+    double s = 0;
+    for (int64_t r = 0; r < rows; r++) {
+      size_t i = (size_t)(r * cols + c);
+      want_d[i] = (float)((double)pg[i] * act_grad_d(act, want_y[i]));
+      s += want_d[i];
+    }
+    want_sum[c] = (float)s;
+    want_acc[c] = (float)(s + pdb0[c]);
+  }
+  char label[160];
+  clpar_bref none = {NULL, 0};
+  /* forward into y; and in place (out aliases a) */
+  tu_ok(clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
+                           clpar_tensor_bref(bias), clpar_tensor_bref(y)));
+  float *got = tu_read(y);
+  snprintf(label, sizeof label, "bias_act %s %lldx%lld on %s (%s)", act_name(act), (long long)rows,
+           (long long)cols, clpar_device_id(dev), way);
+  tu_assert_close(got, want_y, n, 1e-5f, 1e-6f, label);
+  free(got);
+  tu_ok(clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
+                           clpar_tensor_bref(bias), clpar_tensor_bref(a)));
+  got = tu_read(a);
+  tu_assert_close(got, want_y, n, 1e-5f, 1e-6f, label);
+  free(got);
+  /* the backward reads the output y the forward wrote (as clpar_linear_act's node does) */
+  clpar_bref yref = act == CLPAR_ACT_NONE ? none : clpar_tensor_bref(y);
+  snprintf(label, sizeof label, "bias_act_backward %s %lldx%lld on %s (%s)", act_name(act),
+           (long long)rows, (long long)cols, clpar_device_id(dev), way);
+  /* out and db, db overwritten */
+  tu_ok(clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(g),
+                                    yref, clpar_tensor_bref(out), clpar_tensor_bref(db), 0));
+  got = tu_read(out);
+  tu_assert_close(got, want_d, n, 1e-5f, 1e-6f, label);
+  free(got);
+  got = tu_read(db);
+  tu_assert_close(got, want_sum, (size_t)cols, 1e-4f, 1e-5f, label);
+  free(got);
+  /* db only, accumulated onto db0 */
+  tu_ok(clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(g),
+                                    yref, none, clpar_tensor_bref(db0), 1));
+  got = tu_read(db0);
+  tu_assert_close(got, want_acc, (size_t)cols, 1e-4f, 1e-5f, label);
+  free(got);
+  /* out only, in place over a copy of g */
+  tu_ok(clpar_tensor_empty(dev, 2, shape, &gcopy));
+  tu_ok(clpar_copy(gcopy, g));
+  tu_ok(clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(gcopy),
+                                    yref, clpar_tensor_bref(gcopy), none, 0));
+  got = tu_read(gcopy);
+  tu_assert_close(got, want_d, n, 1e-5f, 1e-6f, label);
+  free(got);
+  clpar_tensor_free(gcopy);
+  free(pa);
+  free(pb);
+  free(pg);
+  free(pdb0);
+  free(want_y);
+  free(want_d);
+  free(want_sum);
+  free(want_acc);
+  clpar_tensor_free(a);
+  clpar_tensor_free(bias);
+  clpar_tensor_free(g);
+  clpar_tensor_free(db0);
+  clpar_tensor_free(y);
+  clpar_tensor_free(out);
+  clpar_tensor_free(db);
+}
+
+static void test_entries_against_reference(void **state) {
+  (void)state;
+  static const int64_t shapes[][2] = {{5, 7}, {3, 70}, {300, 33}, {1, 1}};
+  uint64_t bits = BIT(bias_act) | BIT(bias_act_backward);
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    for (int composed = 0; composed < 2; composed++) {
+      tu_ok(clpar_compose_force(dev, composed ? bits : 0));
+      uint64_t before = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
+      for (int act = CLPAR_ACT_NONE; act <= CLPAR_ACT_TANH; act++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+          check_entries(dev, (clpar_act_kind)act, shapes[s][0], shapes[s][1],
+                        composed ? "composed" : "the backend's");
+      uint64_t calls = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED) - before;
+      if (composed)
+        assert_true(calls > 0);
+      else
+        assert_int_equal(calls, 0);
+    }
+    tu_ok(clpar_compose_force(dev, 0));
+  }
+}
+
+/* ---- gradients against finite differences ---- */
+
+enum { ROWS = 4, IN = 5, OUT = 3 };
+
+/* sum(R * act(x W^T + b)) in float64 from float data. */
+static double loss_d(clpar_act_kind act, const double *x, const double *w, const double *b,
+                     const float *r) {
+  double sum = 0;
+  for (int i = 0; i < ROWS; i++)
+    for (int o = 0; o < OUT; o++) {
+      double z = b ? b[o] : 0;
+      for (int k = 0; k < IN; k++) z += x[i * IN + k] * w[o * IN + k];
+      sum += r[i * OUT + o] * act_d(act, z);
+    }
+  return sum;
+}
+
+/* Central differences of loss_d with respect to each element of v (n of them). */
+static void fd(clpar_act_kind act, double *x, double *w, double *b, const float *r, double *v,
+               int n, float *out) {
+  const double h = 1e-6;
+  for (int i = 0; i < n; i++) {
+    double keep = v[i];
+    v[i] = keep + h;
+    double up = loss_d(act, x, w, b, r);
+    v[i] = keep - h;
+    double down = loss_d(act, x, w, b, r);
+    v[i] = keep;
+    out[i] = (float)((up - down) / (2 * h));
+  }
+}
+
+static void to_double(const float *f, double *d, int n) {
+  for (int i = 0; i < n; i++) d[i] = f[i];
+}
+
+/* y = linear_act(x, W, b) on dev, loss = sum(y * R); x, W, b require gradients. */
+static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias) {
+  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs = OUT, rs[2] = {ROWS, OUT};
+  clpar_tensor *x = tu_make(dev, 2, xs, 21), *w = tu_make(dev, 2, ws, 22);
+  clpar_tensor *b = with_bias ? tu_make(dev, 1, &bs, 23) : NULL, *r = tu_make(dev, 2, rs, 24);
+  tu_ok(clpar_tensor_set_requires_grad(x, 1));
+  tu_ok(clpar_tensor_set_requires_grad(w, 1));
+  if (b) tu_ok(clpar_tensor_set_requires_grad(b, 1));
+  clpar_tensor *y, *yr, *loss;
+  if (act == CLPAR_ACT_NONE)
+    tu_ok(clpar_linear(x, w, b, &y));
+  else
+    tu_ok(clpar_linear_act(x, w, b, act, &y));
+  tu_ok(clpar_mul(y, r, &yr));
+  tu_ok(clpar_sum(yr, &loss));
+  tu_ok(clpar_backward(loss));
+  float *fx = tu_read(x), *fw = tu_read(w), *fb = b ? tu_read(b) : NULL, *fr = tu_read(r);
+  double dx[ROWS * IN], dw[OUT * IN], dbias[OUT];
+  to_double(fx, dx, ROWS * IN);
+  to_double(fw, dw, OUT * IN);
+  if (fb) to_double(fb, dbias, OUT);
+  float want_x[ROWS * IN], want_w[OUT * IN], want_b[OUT];
+  double *bp = fb ? dbias : NULL;
+  fd(act, dx, dw, bp, fr, dx, ROWS * IN, want_x);
+  fd(act, dx, dw, bp, fr, dw, OUT * IN, want_w);
+  if (fb) fd(act, dx, dw, bp, fr, dbias, OUT, want_b);
+  char label[160];
+  snprintf(label, sizeof label, "clpar_linear_act %s%s on %s: d/dx", act_name(act),
+           with_bias ? "" : " (no bias)", clpar_device_id(dev));
+  float *got = tu_read(clpar_tensor_grad(x));
+  tu_assert_close(got, want_x, ROWS * IN, 1e-3f, 1e-4f, label);
+  free(got);
+  label[strlen(label) - 1] = 'W';
+  got = tu_read(clpar_tensor_grad(w));
+  tu_assert_close(got, want_w, OUT * IN, 1e-3f, 1e-4f, label);
+  free(got);
+  if (b) {
+    label[strlen(label) - 1] = 'b';
+    got = tu_read(clpar_tensor_grad(b));
+    tu_assert_close(got, want_b, OUT, 1e-3f, 1e-4f, label);
+    free(got);
+  }
+  free(fx);
+  free(fw);
+  free(fb);
+  free(fr);
+  clpar_tensor_free(loss);
+  clpar_tensor_free(yr);
+  clpar_tensor_free(y);
+  clpar_tensor_free(x);
+  clpar_tensor_free(w);
+  clpar_tensor_free(b);
+  clpar_tensor_free(r);
+}
+
+static void test_gradients_finite_differences(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    for (int act = CLPAR_ACT_NONE; act <= CLPAR_ACT_TANH; act++)
+      for (int with_bias = 0; with_bias < 2; with_bias++)
+        check_gradients(dev, (clpar_act_kind)act, with_bias);
+  }
+}
+
+/* ---- the slots ---- */
+
+/* Sequential(Linear, ReLU, Linear) against the same parameters through the unfused ops
+ * (matmul, add, relu), on dev: the outputs, and the gradients of two backward passes (the
+ * second adds into the grads the first made: the leaves' slots) and of a flattened module
+ * (the flat gradient's slices from the start). */
+static void check_sequential(clpar_device *dev, int flatten) {
+  int64_t xs[2] = {6, 8}, rs[2] = {6, 4};
+  clpar_module *l[3], *seq;
+  tu_ok(clpar_linear_create(8, 16, 1, dev, &l[0]));
+  tu_ok(clpar_relu_create(&l[1]));
+  tu_ok(clpar_linear_create(16, 4, 1, dev, &l[2]));
+  tu_ok(clpar_sequential_create(l, 3, &seq));
+  if (flatten) tu_ok(clpar_module_flatten(seq));
+  int np = clpar_module_parameter_count(seq);
+  assert_int_equal(np, 4);
+  clpar_tensor *x = tu_make(dev, 2, xs, 31), *r = tu_make(dev, 2, rs, 32);
+  /* unfused copies of the parameters, leaves of their own */
+  clpar_tensor *p[4], *q[4];
+  for (int i = 0; i < np; i++) {
+    const char *name;
+    tu_ok(clpar_module_parameter_at(seq, i, &name, &p[i]));
+    float *v = tu_read(p[i]);
+    int64_t shape[CLPAR_MAX_DIMS];
+    int nd = clpar_tensor_ndim(p[i]);
+    for (int k = 0; k < nd; k++) shape[k] = clpar_tensor_dim(p[i], k);
+    tu_ok(clpar_tensor_from_host(dev, nd, shape, v, &q[i]));
+    tu_ok(clpar_tensor_set_requires_grad(q[i], 1));
+    free(v);
+  }
+  for (int pass = 0; pass < 2; pass++) {
+    clpar_tensor *y, *yr, *loss, *h, *hb, *hr, *o, *ob, *or_, *loss2;
+    tu_ok(clpar_module_forward(seq, x, &y));
+    tu_ok(clpar_mul(y, r, &yr));
+    tu_ok(clpar_sum(yr, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_matmul(x, q[0], 0, 1, &h));
+    tu_ok(clpar_add(h, q[1], &hb));
+    tu_ok(clpar_relu(hb, &hr));
+    tu_ok(clpar_matmul(hr, q[2], 0, 1, &o));
+    tu_ok(clpar_add(o, q[3], &ob));
+    tu_ok(clpar_mul(ob, r, &or_));
+    tu_ok(clpar_sum(or_, &loss2));
+    tu_ok(clpar_backward(loss2));
+    char label[160];
+    snprintf(label, sizeof label, "Sequential(Linear, ReLU, Linear)%s on %s, pass %d: output",
+             flatten ? " flattened" : "", clpar_device_id(dev), pass);
+    tu_expect_equal(y, ob, 1e-5f, 1e-6f, label);
+    for (int i = 0; i < np; i++) {
+      snprintf(label, sizeof label, "Sequential%s on %s, pass %d: gradient of parameter %d",
+               flatten ? " flattened" : "", clpar_device_id(dev), pass, i);
+      tu_expect_equal(clpar_tensor_grad(p[i]), clpar_tensor_grad(q[i]), 1e-5f, 1e-6f, label);
+    }
+    clpar_tensor *ts[] = {y, yr, loss, h, hb, hr, o, ob, or_, loss2};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) clpar_tensor_free(ts[i]);
+  }
+  for (int i = 0; i < np; i++) clpar_tensor_free(q[i]);
+  clpar_tensor_free(x);
+  clpar_tensor_free(r);
+  clpar_module_free(seq);
+}
+
+static void test_sequential_matches_unfused_ops(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    check_sequential(dev, 0);
+    check_sequential(dev, 1);
+  }
+}
+
+/* A parameter used twice in one graph collects both shares in its slot. */
+static void test_shared_weight_accumulates(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    int64_t xs[2] = {3, 4}, ws[2] = {4, 4};
+    clpar_tensor *x = tu_make(dev, 2, xs, 41), *w = tu_make(dev, 2, ws, 42);
+    clpar_tensor *w2 = tu_make(dev, 2, ws, 42); /* the same values, unfused */
+    tu_ok(clpar_tensor_set_requires_grad(w, 1));
+    tu_ok(clpar_tensor_set_requires_grad(w2, 1));
+    for (int pass = 0; pass < 2; pass++) {
+      clpar_tensor *a, *b, *loss, *a2, *b2, *loss2;
+      tu_ok(clpar_linear_act(x, w, NULL, CLPAR_ACT_TANH, &a));
+      tu_ok(clpar_linear_act(a, w, NULL, CLPAR_ACT_TANH, &b));
+      clpar_tensor_free(a);
+      tu_ok(clpar_sum(b, &loss));
+      tu_ok(clpar_backward(loss));
+      tu_ok(clpar_matmul(x, w2, 0, 1, &a));
+      clpar_tensor *t;
+      tu_ok(clpar_tanh(a, &t));
+      clpar_tensor_free(a);
+      tu_ok(clpar_matmul(t, w2, 0, 1, &a2));
+      tu_ok(clpar_tanh(a2, &b2));
+      tu_ok(clpar_sum(b2, &loss2));
+      tu_ok(clpar_backward(loss2));
+      tu_expect_equal(clpar_tensor_grad(w), clpar_tensor_grad(w2), 1e-5f, 1e-6f,
+                      "a weight used by two fused layers");
+      clpar_tensor *ts[] = {b, loss, t, a2, b2, loss2};
+      for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) clpar_tensor_free(ts[i]);
+    }
+    clpar_tensor_free(x);
+    clpar_tensor_free(w);
+    clpar_tensor_free(w2);
+  }
+}
+
+/* ---- ops per layer ---- */
+
+/* Linear + ReLU: a GEMM and bias_act forward; bias_act_backward and two GEMMs backward, and
+ * nothing more once the parameters have gradients (added into by the entries themselves).
+ * Counted by the profile of the devices that have one. */
+static void test_ops_per_layer(void **state) {
+  (void)state;
+  int checked = 0;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    clpar_device_info info;
+    tu_ok(clpar_device_get_info(dev, &info));
+    if (strcmp(info.backend, "opencl") != 0 && strcmp(info.backend, "cuda") != 0) continue;
+    int64_t xs[2] = {8, 16};
+    clpar_module *l[2], *seq;
+    tu_ok(clpar_linear_create(16, 16, 1, dev, &l[0]));
+    tu_ok(clpar_relu_create(&l[1]));
+    tu_ok(clpar_sequential_create(l, 2, &seq));
+    clpar_tensor *x = tu_make(dev, 2, xs, 51);
+    tu_ok(clpar_tensor_set_requires_grad(x, 1));
+    for (int pass = 0; pass < 2; pass++) {
+      clpar_tensor *y, *loss;
+      tu_ok(clpar_device_synchronize(dev));
+      tu_ok(clpar_device_profile_start(dev));
+      tu_ok(clpar_module_forward(seq, x, &y));
+      clpar_profile prof;
+      tu_ok(clpar_device_profile_read(dev, &prof));
+      assert_int_equal(prof.ops, 2);
+      tu_ok(clpar_sum(y, &loss));
+      tu_ok(clpar_device_profile_start(dev)); /* restarts the count */
+      tu_ok(clpar_backward(loss));
+      tu_ok(clpar_device_profile_read(dev, &prof));
+      tu_ok(clpar_device_profile_stop(dev));
+      /* the seed's fill, sum's backward (a broadcast), then the layer's 3; the first pass
+       * also copies x's, W's and b's first gradients into memory of their own */
+      assert_int_equal(prof.ops, pass == 0 ? 5 + 3 : 5);
+      if (pass == 1) checked++;
+      clpar_tensor_free(y);
+      clpar_tensor_free(loss);
+    }
+    clpar_tensor_free(x);
+    clpar_module_free(seq);
+  }
+  if (!checked) skip(); /* the host backend keeps no profile */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_entries_against_reference),
+      cmocka_unit_test(test_gradients_finite_differences),
+      cmocka_unit_test(test_sequential_matches_unfused_ops),
+      cmocka_unit_test(test_shared_weight_accumulates),
+      cmocka_unit_test(test_ops_per_layer),
+  };
+  return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
+}
