@@ -100,15 +100,15 @@ struct ddp_state {
   pthread_mutex_t lock; /* everything below, and the ready flags above */
   pthread_cond_t cv;
   int stop;
-  int next;    /* the bucket the communication thread reduces next */
-  int busy;    /* it is reducing one now */
-  int n_ready; /* buckets ready in this backward */
-  int no_sync; /* clpar_ddp_set_sync(0): gradients accumulate locally, hooks do nothing */
-  int find_unused;    /* clpar_ddp_options.find_unused_parameters */
-  int unused_armed;   /* the last forward found unused parameters: the first hook marks them */
-  int uneven_inputs;  /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
-  uint64_t forwards;  /* forwards and joins so far (the uneven-input check's step number) */
-  int ended;          /* a rank ran out of inputs: every later forward fails with ended_msg */
+  int next;          /* the bucket the communication thread reduces next */
+  int busy;          /* it is reducing one now */
+  int n_ready;       /* buckets ready in this backward */
+  int no_sync;       /* clpar_ddp_set_sync(0): gradients accumulate locally, hooks do nothing */
+  int find_unused;   /* clpar_ddp_options.find_unused_parameters */
+  int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
+  int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
+  uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
+  int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
   clpar_status ended_status;
   char ended_msg[MESSAGE_SIZE];
   ddp_param **by_address; /* the parameters sorted by tensor address (find_unused) */
