@@ -139,9 +139,10 @@ CLPAR_API clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync);
 typedef struct clpar_ddp_stats {
   int buckets;         /* how the parameters were bucketed */
   uint64_t reductions; /* backward passes fully reduced */
-  /* the communication thread's time: reading gradients to host memory (which waits for the
-   * device to compute them), in MPI_Allreduce (which waits for the slowest rank too), and
-   * writing the averages back */
+  /* the communication thread's time: waiting for a bucket's copy to host memory (posted when
+   * its last gradient was; the wait is mostly the device computing backward), in
+   * MPI_Allreduce (which waits for the slowest rank too), and averaging and posting the copy
+   * back (which does not wait for the device) */
   double read_seconds, allreduce_seconds, write_seconds;
   /* of allreduce + write, the part after the last bucket's gradients were read, when the
    * device had no backward work left: the communication not hidden behind backward */

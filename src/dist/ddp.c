@@ -1,21 +1,29 @@
 /* ddp.c — DistributedDataParallel over MPI, one process per device, after PyTorch's Reducer.
  *
- * Parameters are taken in reverse order (backward produces the last layers' gradients
+ * The module is flattened (clpar_module_flatten), so its gradients are one flat buffer per
+ * device. Parameters are taken in reverse order (backward produces the last layers' gradients
  * first) and grouped into buckets: the first up to min(1 MiB, cap), the others up to the cap
- * (a bucket closes once it reaches its limit, so one parameter may overflow it). Each bucket
- * has a flat float buffer in host memory: no OpenCL all-reduce exists, so MPI reduces there.
+ * (a bucket closes once it reaches its limit, so one parameter may overflow it, and where the
+ * next parameter is on another device). Each bucket has a float buffer in pinned host memory:
+ * no OpenCL all-reduce exists, so MPI reduces there. A bucket of a flat module is one range of
+ * the flat gradient, laid out in its buffer as on the device: one copy each way.
  *
  * A gradient hook on every parameter (autograd.h) runs on the backward thread when that
- * parameter's gradient is final; the bucket whose last parameter that was is handed to the
- * communication thread, which takes buckets strictly in order 0, 1, ... on every rank (MPI
- * collectives must match across ranks), copies the bucket's gradients to its buffer, sums
- * it over the ranks with MPI_Iallreduce polled against the job's deadline (clpar_dist_wait),
- * divides by the world size and writes the averages back into the gradients. Open MPI makes
- * no progress in the background, hence a thread of our own that polls the request while
- * backward goes on posting work. The hook that
+ * parameter's gradient is final (its computation posted). The hook that completes a bucket
+ * posts, on the device's queue right there, the read of the bucket's gradients into its
+ * buffer and an event, then hands the bucket to the communication thread, which takes
+ * buckets strictly in order 0, 1, ... on every rank (MPI collectives must match across
+ * ranks), waits for the read's event, sums the buffer over the ranks with MPI_Iallreduce
+ * polled against the job's deadline (clpar_dist_wait), divides by the world size and posts
+ * the write of the averages back. Open MPI makes no progress in the background, hence a
+ * thread of our own that polls the request while backward goes on posting work. The hook that
  * makes the last bucket ready waits for the thread to finish every bucket: clpar_backward
  * returns with reduced gradients, so the optimizer step needs no extra call, and the writes
  * are posted to the devices' queues before anything the program posts next.
+ *
+ * find_unused_parameters: a walk of the forward's output graph finds the parameters it does not
+ * reach; the first hook of the next backward counts them ready, with zeros. uneven_inputs: a
+ * flag per rank all-reduced before every forward and by clpar_ddp_join (see inputs_check).
  *
  * Creation checks that all ranks hold the same parameters and buffers (each rank compares its
  * lists with rank 0's; the lowest rank that differs broadcasts its message, so that every rank
