@@ -99,8 +99,8 @@ typedef struct clpar_ddp_options {
  * (MPI, a copy) is returned by clpar_ddp_synchronize and by the next forward.
  *
  * The module is flattened (clpar_module_flatten), so that the gradients of a bucket are one
- * range of a flat gradient buffer: backward posts one read of it into pinned host memory on
- * the device's queue as soon as its last gradient is computed (the copy overlaps the rest of
+ * range of a flat gradient buffer: backward posts one read of it into host memory (pinned on a GPU)
+ * on the device's queue as soon as its last gradient is computed (the copy overlaps the rest of
  * backward), and the averages go back in one write. A bucket never spans two devices, so a
  * module split over several devices (model parallel) works: each gradient is reduced from
  * the device it lives on.

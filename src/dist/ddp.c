@@ -622,9 +622,12 @@ static void ddp_free(void *user) {
     ddp_bucket *b = &st->buckets[k];
     clpar_event_release(b->read_done);
     if (b->pin) {
-      /* the queue may still write the averages from it */
-      clpar_worker_drain(b->dev);
-      clpar_dev_host_free_sync(b->dev, b->pin);
+      /* the queue may still write the averages from it; after clpar_shutdown (a program that
+       * frees the module too late) the device is gone, and the block is left to the process */
+      if (clpar_is_initialized()) {
+        clpar_worker_drain(b->dev);
+        clpar_dev_host_free_sync(b->dev, b->pin);
+      }
     } else {
       free(b->buf);
     }
