@@ -175,6 +175,17 @@ static void test_matches_full_batch_flat_parameters(void **state) {
   assert_int_equal(check_matches_full_batch(0.0005, 1, 1, 0), 3);
 }
 
+/* src/dist/dist_internal.h (it needs mpi.h): pinned bucket memory on CPU devices too */
+extern int clpar_ddp_pin_cpu;
+
+/* The pinned buffers that GPUs get (host_alloc), forced on the CPU devices here. */
+static void test_matches_full_batch_pinned_buckets(void **state) {
+  (void)state;
+  clpar_ddp_pin_cpu = 1;
+  assert_int_equal(check_matches_full_batch(0.0005, 1, 0, 0), 3);
+  clpar_ddp_pin_cpu = 0;
+}
+
 static void test_no_sync_accumulates_two_micro_steps(void **state) {
   (void)state;
   assert_int_equal(check_matches_full_batch(0.0005, 2, 0, 0), 3);
@@ -581,6 +592,7 @@ int main(void) {
       cmocka_unit_test(test_matches_full_batch),
       cmocka_unit_test(test_matches_full_batch_several_buckets),
       cmocka_unit_test(test_matches_full_batch_flat_parameters),
+      cmocka_unit_test(test_matches_full_batch_pinned_buckets),
       cmocka_unit_test(test_no_sync_accumulates_two_micro_steps),
       cmocka_unit_test(test_model_parallel_matches_full_batch),
       cmocka_unit_test(test_unused_parameter_named_at_next_forward),

@@ -48,6 +48,8 @@
 
 enum { MESSAGE_SIZE = 768 };
 
+int clpar_ddp_pin_cpu = 0;
+
 typedef struct ddp_state ddp_state;
 
 typedef struct {
@@ -855,7 +857,7 @@ static clpar_status make_buckets(ddp_state *st, double cap_mb) {
     /* pinned memory where the device copies by DMA; on a CPU device (PoCL's CPU driver, the
      * host backend) it buys nothing, and PoCL's made MPI_Allreduce several times slower than
      * malloc'd memory (bench/ddp: 43-79 against 8-16 ms per step) */
-    int pin = b->dev->bd.info.type != CLPAR_DEVICE_CPU;
+    int pin = b->dev->bd.info.type != CLPAR_DEVICE_CPU || clpar_ddp_pin_cpu;
     if (pin && clpar_dev_host_alloc_sync(b->dev, bytes, &b->pin, &ptr) == CLPAR_OK && ptr) {
       b->buf = ptr;
     } else {
