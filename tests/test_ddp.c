@@ -4,9 +4,11 @@
  * weights must agree. The ranks start from different weights (seeded by rank), so the
  * comparison also checks the broadcast from rank 0. Also: several buckets, a flattened
  * module (clpar_module_flatten), gradient accumulation over two micro-steps with one
- * reduction (clpar_ddp_set_sync), a parameter that gets no gradient, models that differ
- * between ranks (a clear error on every rank, no hang), and buffers broadcast from rank 0 at
- * creation and before forwards. */
+ * reduction (clpar_ddp_set_sync), a module split over two devices (DDP with model
+ * parallel), a parameter that gets no gradient (an error, or with find_unused_parameters
+ * reduced with zeros), uneven inputs (clpar_ddp_join), models that differ between ranks (a clear
+ * error on every rank, no hang), and buffers broadcast from rank 0 at creation and before forwards.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,14 +33,44 @@ static clpar_module *make_mlp(clpar_device *dev, uint64_t seed, int out, int ext
   return mlp;
 }
 
+/* The seed's "Distributed Model and Data Parallel": Linear(IN, HIDDEN) ReLU on the rank's
+ * device, then Linear(HIDDEN, OUT) on a second device (the activation copied across, as
+ * samples/model_parallel.c does). */
+static clpar_device *split_devices[2];
+
+static clpar_status split_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                  void *user) {
+  (void)user;
+  clpar_tensor *h;
+  clpar_status s = clpar_module_forward(clpar_module_child(self, "0"), x, &h);
+  if (s == CLPAR_OK) s = clpar_relu(h, &h);
+  if (s == CLPAR_OK) s = clpar_tensor_to(h, split_devices[1], &h);
+  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "2"), h, y);
+  return s;
+}
+
+static clpar_module *make_split(uint64_t seed) {
+  split_devices[0] = clpar_dist_device();
+  split_devices[1] = tu_second_device(split_devices[0]);
+  clpar_module *m, *l;
+  clpar_manual_seed(seed);
+  tu_ok(clpar_module_create("Split", split_forward, NULL, NULL, &m));
+  tu_ok(clpar_linear_create(IN, HIDDEN, 1, split_devices[0], &l));
+  tu_ok(clpar_module_add_child(m, "0", l));
+  tu_ok(clpar_linear_create(HIDDEN, OUT, 1, split_devices[1], &l));
+  tu_ok(clpar_module_add_child(m, "2", l));
+  return m;
+}
+
 /* Forward and backward of MSE on rows [row0, row0+rows) of the batch. */
 static void forward_backward(clpar_module *m, const float *x, const float *y, int row0, int rows) {
   clpar_device *dev = clpar_dist_device();
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *xt, *yt, *out, *loss;
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + (size_t)row0 * IN, &xt));
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + (size_t)row0 * OUT, &yt));
   tu_ok(clpar_module_forward(m, xt, &out));
+  tu_ok(clpar_tensor_from_host(clpar_tensor_device(out), 2, (int64_t[]){rows, OUT},
+                               y + (size_t)row0 * OUT, &yt));
   tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
   tu_ok(clpar_backward(loss));
   clpar_scope_end(scope);
@@ -72,14 +104,15 @@ static clpar_optimizer *make_sgd(clpar_module *m) {
 
 /* DDP with the given bucket cap, in micro micro-steps, against the whole batch on one
  * process; returns the number of buckets DDP made. */
-static int check_matches_full_batch(double bucket_cap_mb, int micro, int flatten) {
+static int check_matches_full_batch(double bucket_cap_mb, int micro, int flatten, int split) {
   int rank = clpar_dist_rank(), world = clpar_dist_world_size();
   assert_int_equal(BATCH % world, 0);
   float *x = tu_rand(BATCH * IN, 11), *y = tu_rand(BATCH * OUT, 12);
 
-  clpar_module *ref = make_mlp(clpar_dist_device(), 1, OUT, 0), *ddp;
+  clpar_module *ref = split ? make_split(1) : make_mlp(clpar_dist_device(), 1, OUT, 0), *ddp;
   clpar_ddp_options o = {.bucket_cap_mb = bucket_cap_mb};
-  clpar_module *inner = make_mlp(clpar_dist_device(), 1 + (uint64_t)rank, OUT, 0);
+  clpar_module *inner = split ? make_split(1 + (uint64_t)rank)
+                              : make_mlp(clpar_dist_device(), 1 + (uint64_t)rank, OUT, 0);
   if (flatten) tu_ok(clpar_module_flatten(inner)); /* parameters become views of one buffer */
   tu_ok(clpar_ddp_create(inner, &o, &ddp));
   assert_string_equal(clpar_module_type(ddp), "DistributedDataParallel");
@@ -127,24 +160,43 @@ static int check_matches_full_batch(double bucket_cap_mb, int micro, int flatten
 static void test_matches_full_batch(void **state) {
   (void)state;
   /* 5,508 parameters (22 KiB): all in the first bucket (1 MiB) */
-  assert_int_equal(check_matches_full_batch(0, 1, 0), 1);
+  assert_int_equal(check_matches_full_batch(0, 1, 0, 0), 1);
 }
 
 static void test_matches_full_batch_several_buckets(void **state) {
   (void)state;
   /* 0.0005 MiB (524 bytes): reversed, the parameters make 3 buckets: {4.bias, 4.weight},
    * {2.bias, 2.weight}, {0.bias, 0.weight} */
-  assert_int_equal(check_matches_full_batch(0.0005, 1, 0), 3);
+  assert_int_equal(check_matches_full_batch(0.0005, 1, 0, 0), 3);
 }
 
 static void test_matches_full_batch_flat_parameters(void **state) {
   (void)state;
-  assert_int_equal(check_matches_full_batch(0.0005, 1, 1), 3);
+  assert_int_equal(check_matches_full_batch(0.0005, 1, 1, 0), 3);
+}
+
+/* src/dist/dist_internal.h (it needs mpi.h): pinned bucket memory on CPU devices too */
+extern int clpar_ddp_pin_cpu;
+
+/* The pinned buffers that GPUs get (host_alloc), forced on the CPU devices here. */
+static void test_matches_full_batch_pinned_buckets(void **state) {
+  (void)state;
+  clpar_ddp_pin_cpu = 1;
+  assert_int_equal(check_matches_full_batch(0.0005, 1, 0, 0), 3);
+  clpar_ddp_pin_cpu = 0;
 }
 
 static void test_no_sync_accumulates_two_micro_steps(void **state) {
   (void)state;
-  assert_int_equal(check_matches_full_batch(0.0005, 2, 0), 3);
+  assert_int_equal(check_matches_full_batch(0.0005, 2, 0, 0), 3);
+}
+
+/* DDP over a module split over two devices (each rank: its device and a second one) against
+ * the same split module trained on the whole batch: a bucket never spans devices, so the
+ * parameters on each device make their own buckets (2 with the default cap). */
+static void test_model_parallel_matches_full_batch(void **state) {
+  (void)state;
+  assert_int_equal(check_matches_full_batch(0, 1, 0, 1), 2);
 }
 
 static clpar_status forward_mlp_only(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
@@ -184,6 +236,182 @@ static void test_unused_parameter_named_at_next_forward(void **state) {
   clpar_tensor_free(xt);
   clpar_module_free(ddp);
   free(x);
+}
+
+/* ---- find_unused_parameters ---- */
+
+/* a(x), plus b(x) where *user is set (rank 0 only, or no rank) */
+static clpar_status partial_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                    void *user) {
+  const int *use_b = user;
+  clpar_tensor *ya, *yb;
+  clpar_status s = clpar_module_forward(clpar_module_child(self, "a"), x, &ya);
+  if (s != CLPAR_OK || !*use_b) {
+    *y = ya;
+    return s;
+  }
+  s = clpar_module_forward(clpar_module_child(self, "b"), x, &yb);
+  if (s == CLPAR_OK) {
+    s = clpar_add(ya, yb, y); /* its node holds what backward needs */
+    clpar_tensor_free(yb);
+  }
+  clpar_tensor_free(ya);
+  return s;
+}
+
+/* The gradient of mean(x W^T + c) over [rows, OUT]: dW[o][i] = sum_r x[r][i] / (rows OUT),
+ * dc[o] = 1 / OUT, whatever the weights; times scale. */
+static void expect_linear_grads(clpar_module *lin, const float *x, int rows, float scale,
+                                const char *what) {
+  float want_w[OUT * IN], want_b[OUT], got_w[OUT * IN], got_b[OUT];
+  for (int o = 0; o < OUT; o++) {
+    want_b[o] = scale / OUT;
+    for (int i = 0; i < IN; i++) {
+      double acc = 0;
+      for (int r = 0; r < rows; r++) acc += x[r * IN + i];
+      want_w[o * IN + i] = (float)(scale * acc / (rows * OUT));
+    }
+  }
+  clpar_tensor *gw = clpar_tensor_grad(clpar_module_parameter(lin, "weight"));
+  clpar_tensor *gb = clpar_tensor_grad(clpar_module_parameter(lin, "bias"));
+  if (!gw || !gb) fail_msg("rank %d: %s: no gradient", clpar_dist_rank(), what);
+  tu_ok(clpar_tensor_read(gw, got_w, OUT * IN));
+  tu_ok(clpar_tensor_read(gb, got_b, OUT));
+  char msg[200];
+  snprintf(msg, sizeof msg, "rank %d: %s", clpar_dist_rank(), what);
+  tu_assert_close(got_w, want_w, OUT * IN, 1e-5f, 1e-6f, msg);
+  tu_assert_close(got_b, want_b, OUT, 1e-5f, 1e-6f, msg);
+}
+
+/* With find_unused_parameters, a layer that only rank 0 uses gets rank 0's gradient divided
+ * by the world size on every rank, the others' as usual, and no step fails; a layer no rank
+ * uses gets zeros. */
+static void test_find_unused_parameters(void **state) {
+  (void)state;
+  int rank = clpar_dist_rank(), world = clpar_dist_world_size();
+  clpar_device *dev = clpar_dist_device();
+  static int use_b;
+  clpar_module *m, *l, *ddp;
+  clpar_manual_seed(7);
+  tu_ok(clpar_module_create("Partial", partial_forward, &use_b, NULL, &m));
+  tu_ok(clpar_linear_create(IN, OUT, 1, dev, &l));
+  tu_ok(clpar_module_add_child(m, "a", l));
+  tu_ok(clpar_linear_create(IN, OUT, 1, dev, &l));
+  tu_ok(clpar_module_add_child(m, "b", l));
+  /* a 1-float cap: one bucket per parameter, so b's make buckets of their own */
+  clpar_ddp_options o = {.bucket_cap_mb = 1e-6, .find_unused_parameters = 1};
+  tu_ok(clpar_ddp_create(m, &o, &ddp));
+  float *x = tu_rand(4 * IN, 3); /* the same rows on every rank */
+  clpar_tensor *xt, *out, *loss;
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){4, IN}, x, &xt));
+  for (int step = 0; step < 3; step++) {
+    use_b = step == 0 ? rank == 0 : step == 1 ? rank == world - 1 : 0;
+    tu_ok(clpar_module_zero_grad(ddp));
+    tu_ok(clpar_module_forward(ddp, xt, &out));
+    tu_ok(clpar_mean(out, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_ddp_synchronize(ddp));
+    clpar_tensor_free(out);
+    clpar_tensor_free(loss);
+    char what[80];
+    snprintf(what, sizeof what, "step %d, layer a (used by every rank)", step);
+    expect_linear_grads(clpar_module_child(m, "a"), x, 4, 1.0f, what);
+    snprintf(what, sizeof what, "step %d, layer b (used by %s)", step,
+             step == 0   ? "rank 0"
+             : step == 1 ? "the last rank"
+                         : "no rank");
+    expect_linear_grads(clpar_module_child(m, "b"), x, 4, step < 2 ? 1.0f / (float)world : 0, what);
+  }
+  clpar_ddp_stats stats;
+  tu_ok(clpar_ddp_stats_get(ddp, &stats));
+  assert_int_equal(stats.buckets, 4);
+  assert_int_equal(stats.reductions, 3);
+  clpar_tensor_free(xt);
+  clpar_module_free(ddp);
+  free(x);
+}
+
+/* ---- uneven inputs ---- */
+
+/* Each rank trains `steps` batches (its own number), then joins: the step where the first
+ * rank joins; the status there. */
+static clpar_status train_until_join(clpar_module *ddp, int steps, int *at) {
+  clpar_device *dev = clpar_dist_device();
+  float *x = tu_rand(4 * IN, 5);
+  clpar_tensor *xt, *out, *loss;
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){4, IN}, x, &xt));
+  clpar_status s = CLPAR_OK;
+  int step = 0;
+  for (;; step++) {
+    if (step == steps) {
+      s = clpar_ddp_join(ddp);
+      break;
+    }
+    s = clpar_module_forward(ddp, xt, &out);
+    if (s != CLPAR_OK) break;
+    tu_ok(clpar_mean(out, &loss));
+    tu_ok(clpar_backward(loss));
+    clpar_tensor_free(out);
+    clpar_tensor_free(loss);
+  }
+  *at = step;
+  clpar_tensor_free(xt);
+  free(x);
+  return s;
+}
+
+static void in_step(void) {
+  float one = 1;
+  tu_ok(clpar_dist_all_reduce_sum(&one, 1));
+  assert_true(one == (float)clpar_dist_world_size());
+}
+
+/* The last rank has 2 batches, the others 3: at the third step every rank fails naming the
+ * last rank; a later forward fails at once; the ranks stay in step. */
+static void test_uneven_inputs_fail_on_every_rank(void **state) {
+  (void)state;
+  int rank = clpar_dist_rank(), last = clpar_dist_world_size() - 1;
+  clpar_ddp_options o = {.uneven_inputs = 1};
+  clpar_module *ddp;
+  tu_ok(clpar_ddp_create(make_mlp(clpar_dist_device(), 1, OUT, 0), &o, &ddp));
+  int at;
+  clpar_status s = train_until_join(ddp, rank == last ? 2 : 3, &at);
+  assert_int_equal(s, CLPAR_ERROR_UNEVEN_INPUTS);
+  assert_int_equal(at, 2);
+  char want[160];
+  snprintf(want, sizeof want, "uneven inputs: rank %d ran out of inputs (clpar_ddp_join) at step 3",
+           last);
+  if (!strstr(clpar_last_error(), want) || !strstr(clpar_last_error(), "still had some"))
+    fail_msg("rank %d: expected \"%s\" in \"%s\"", rank, want, clpar_last_error());
+  clpar_tensor *xt, *out = NULL;
+  tu_ok(clpar_tensor_zeros(clpar_dist_device(), 2, (int64_t[]){2, IN}, &xt));
+  assert_int_equal(clpar_module_forward(ddp, xt, &out), CLPAR_ERROR_UNEVEN_INPUTS);
+  assert_null(out);
+  clpar_tensor_free(xt);
+  in_step();
+  clpar_module_free(ddp);
+}
+
+/* Every rank joins at the same step: CLPAR_OK; a join needs the option. */
+static void test_even_inputs_join_together(void **state) {
+  (void)state;
+  clpar_ddp_options o = {.uneven_inputs = 1};
+  clpar_module *ddp;
+  tu_ok(clpar_ddp_create(make_mlp(clpar_dist_device(), 1, OUT, 0), &o, &ddp));
+  int at;
+  tu_ok(train_until_join(ddp, 2, &at));
+  assert_int_equal(at, 2);
+  clpar_ddp_stats stats;
+  tu_ok(clpar_ddp_stats_get(ddp, &stats));
+  assert_int_equal(stats.reductions, 2);
+  in_step();
+  clpar_module_free(ddp);
+  tu_ok(clpar_ddp_create(make_mlp(clpar_dist_device(), 1, OUT, 0), NULL, &ddp));
+  assert_int_equal(clpar_ddp_join(ddp), CLPAR_ERROR_INVALID_ARGUMENT); /* no collective */
+  if (!strstr(clpar_last_error(), "without the uneven_inputs option"))
+    fail_msg("rank %d: %s", clpar_dist_rank(), clpar_last_error());
+  in_step();
+  clpar_module_free(ddp);
 }
 
 /* The last rank's model differs (how: out and extra); every rank must fail with message
@@ -364,8 +592,13 @@ int main(void) {
       cmocka_unit_test(test_matches_full_batch),
       cmocka_unit_test(test_matches_full_batch_several_buckets),
       cmocka_unit_test(test_matches_full_batch_flat_parameters),
+      cmocka_unit_test(test_matches_full_batch_pinned_buckets),
       cmocka_unit_test(test_no_sync_accumulates_two_micro_steps),
+      cmocka_unit_test(test_model_parallel_matches_full_batch),
       cmocka_unit_test(test_unused_parameter_named_at_next_forward),
+      cmocka_unit_test(test_find_unused_parameters),
+      cmocka_unit_test(test_uneven_inputs_fail_on_every_rank),
+      cmocka_unit_test(test_even_inputs_join_together),
       cmocka_unit_test(test_shape_mismatch_fails_on_every_rank),
       cmocka_unit_test(test_count_mismatch_fails_on_every_rank),
       cmocka_unit_test(test_buffers_broadcast_from_rank_0),

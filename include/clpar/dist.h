@@ -69,6 +69,17 @@ typedef struct clpar_ddp_options {
    * bucket holds min(1 MiB, bucket_cap_mb), as PyTorch's does, so that the first all-reduce
    * starts early in backward. */
   double bucket_cap_mb;
+  /* PyTorch's find_unused_parameters: each forward (with gradients, synchronized) walks its
+   * output's graph, and the parameters it does not reach are counted ready, with zeros, when
+   * backward starts, so every bucket is reduced and every rank gets the same averages (a
+   * parameter that only some ranks used gets their gradients averaged over all ranks; one
+   * that no rank used gets zeros, and an optimizer steps it, as in DataParallel). Without it,
+   * a parameter that gets no gradient is an error at the next forward (below). */
+  int find_unused_parameters;
+  /* Uneven inputs (what PyTorch's Join is for): every forward first all-reduces a flag per
+   * rank (one small collective per step); a rank that has run out of inputs calls
+   * clpar_ddp_join instead of its next forward. See clpar_ddp_join. */
+  int uneven_inputs;
 } clpar_ddp_options;
 
 /* Wraps module (taking ownership of it, also on error) into a module of type
@@ -87,9 +98,16 @@ typedef struct clpar_ddp_options {
  * parameters' grad. So a step needs no extra call. A failure of the communication thread
  * (MPI, a copy) is returned by clpar_ddp_synchronize and by the next forward.
  *
- * Every backward must reach every parameter: a parameter that got no gradient leaves its
- * bucket waiting, and the next forward fails (CLPAR_ERROR_NO_GRADIENT) naming it. Uneven
- * inputs are not supported yet. A bucket's all-reduce that times out (clpar_dist_timeout)
+ * The module is flattened (clpar_module_flatten), so that the gradients of a bucket are one
+ * range of a flat gradient buffer: backward posts one read of it into host memory (pinned on a GPU)
+ * on the device's queue as soon as its last gradient is computed (the copy overlaps the rest of
+ * backward), and the averages go back in one write. A bucket never spans two devices, so a
+ * module split over several devices (model parallel) works: each gradient is reduced from
+ * the device it lives on.
+ *
+ * Every backward must reach every parameter unless find_unused_parameters is set: a
+ * parameter that got no gradient leaves its bucket waiting, and the next forward fails
+ * (CLPAR_ERROR_NO_GRADIENT) naming it. A bucket's all-reduce that times out (clpar_dist_timeout)
  * makes clpar_ddp_synchronize and the next forward return CLPAR_ERROR_TIMEOUT; backward
  * itself returns after the deadline. */
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
@@ -99,6 +117,20 @@ CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_op
  * optimizer step to be sure that no reduction failed. */
 CLPAR_API clpar_status clpar_ddp_synchronize(clpar_module *ddp);
 
+/* Uneven inputs, for a module made with the uneven_inputs option: a rank that has no more
+ * inputs calls this instead of its next forward. Each forward and join all-reduces which
+ * ranks still have inputs, so the ranks learn it at the same step; we chose to stop there
+ * rather than have the finished ranks shadow the others' collectives (PyTorch's Join): when
+ * some ranks joined and others did not, the forward on every rank that still had inputs and
+ * the join on every rank that had none fail alike with CLPAR_ERROR_UNEVEN_INPUTS, naming the
+ * ranks that ran out, the step, and the ranks that still had inputs; no gradient is reduced
+ * in that step. When every rank joins at the same step (even inputs) this returns CLPAR_OK.
+ * Either way the module takes no more forwards (each fails at once, with no collective); the
+ * program ends training there, e.g. by giving every rank the same number of steps, the
+ * smallest share, as PyTorch's DistributedSampler with drop_last does.
+ * CLPAR_ERROR_INVALID_ARGUMENT without the option. */
+CLPAR_API clpar_status clpar_ddp_join(clpar_module *ddp);
+
 /* PyTorch's no_sync: with sync 0, backward only accumulates the gradients on each rank; the
  * first backward after sync is set back to 1 all-reduces the accumulated gradients (so
  * micro-steps of a gradient accumulation communicate once). Every rank must do the same. */
@@ -107,9 +139,10 @@ CLPAR_API clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync);
 typedef struct clpar_ddp_stats {
   int buckets;         /* how the parameters were bucketed */
   uint64_t reductions; /* backward passes fully reduced */
-  /* the communication thread's time: reading gradients to host memory (which waits for the
-   * device to compute them), in MPI_Allreduce (which waits for the slowest rank too), and
-   * writing the averages back */
+  /* the communication thread's time: waiting for a bucket's copy to host memory (posted when
+   * its last gradient was; the wait is mostly the device computing backward), in
+   * MPI_Allreduce (which waits for the slowest rank too), and averaging and posting the copy
+   * back (which does not wait for the device) */
   double read_seconds, allreduce_seconds, write_seconds;
   /* of allreduce + write, the part after the last bucket's gradients were read, when the
    * device had no backward work left: the communication not hidden behind backward */

@@ -40,4 +40,8 @@ clpar_status clpar_dist_allreduce(void *buf, int count, MPI_Datatype type, MPI_O
 clpar_status clpar_dist_bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
                               const char *what, uint64_t seq);
 
+/* For tests: 1 gives DistributedDataParallel's buckets pinned memory (the device's host_alloc)
+ * on CPU devices too, so that the path GPUs take runs here (src/dist/ddp.c; default 0). */
+extern int clpar_ddp_pin_cpu;
+
 #endif
