@@ -337,6 +337,10 @@ struct clpar_module {
   void *parallel;
 };
 
+/* The seed of the next parameter initialization from clpar_manual_seed's generator (each
+ * call draws a new one), for layers made outside module.c (src/nn/resnet.c). */
+uint64_t clpar_init_seed_next(void);
+
 /* The parameter entries of m's tree counted at every place they appear (as a walk of params
  * and children meets them), up to INT_MAX; more than clpar_module_parameter_count when a
  * parameter, or a submodule with parameters, is shared. */

@@ -12,6 +12,7 @@
 #include "ops.h"
 #include "autograd.h"
 #include "nn.h"
+#include "models.h"
 #include "optim.h"
 #include "parallel.h"
 #include "dist.h"
