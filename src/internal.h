@@ -337,10 +337,6 @@ struct clpar_module {
   void *parallel;
 };
 
-/* The seed of the next parameter initialization from clpar_manual_seed's generator (each
- * call draws a new one), for layers made outside module.c (src/nn/resnet.c). */
-uint64_t clpar_init_seed_next(void);
-
 /* The parameter entries of m's tree counted at every place they appear (as a walk of params
  * and children meets them), up to INT_MAX; more than clpar_module_parameter_count when a
  * parameter, or a submodule with parameters, is shared. */
@@ -409,6 +405,9 @@ extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
 /* The parameter generator's state (clpar_manual_seed), for training checkpoints. */
 void clpar_rng_state_get(uint64_t *seed, uint64_t *counter);
 void clpar_rng_state_set(uint64_t seed, uint64_t counter);
+/* The seed of the next parameter initialization from that generator (each call draws a new
+ * one), for layers made outside module.c (src/nn/resnet.c). */
+uint64_t clpar_init_seed_next(void);
 
 /* An optimizer's state, for training checkpoints (src/optim.c): "SGD", "Adam" or "AdamW"; the
  * parameters in creation order; state k of parameter i (SGD: 0 the momentum buffer; Adam: 0
