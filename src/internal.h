@@ -405,9 +405,6 @@ extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
 /* The parameter generator's state (clpar_manual_seed), for training checkpoints. */
 void clpar_rng_state_get(uint64_t *seed, uint64_t *counter);
 void clpar_rng_state_set(uint64_t seed, uint64_t counter);
-/* The seed of the next parameter initialization from that generator (each call draws a new
- * one), for layers made outside module.c (src/nn/resnet.c). */
-uint64_t clpar_init_seed_next(void);
 
 /* An optimizer's state, for training checkpoints (src/optim.c): "SGD", "Adam" or "AdamW"; the
  * parameters in creation order; state k of parameter i (SGD: 0 the momentum buffer; Adam: 0

@@ -41,10 +41,6 @@ static uint64_t next_seed(void) {
   return __atomic_load_n(&seed_base, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull + c + 1;
 }
 
-uint64_t clpar_init_seed_next(void) {
-  return next_seed();
-}
-
 /* ---- a set of pointers, for walking trees whose parts may be shared ---- */
 
 typedef struct {

@@ -80,7 +80,7 @@ static clpar_status conv_create(int64_t in, int64_t out, int64_t k, int64_t stri
   clpar_tensor *w = clpar_module_parameter(*m, "weight"), *init = NULL;
   int64_t shape[4] = {out, in, k, k};
   float std = sqrtf(2.0f / (float)(out * k * k));
-  s = clpar_tensor_rand_normal(dev, 4, shape, clpar_init_seed_next(), 0.0f, std, &init);
+  s = clpar_tensor_rand_normal(dev, 4, shape, clpar_param_seed_next(), 0.0f, std, &init);
   if (s == CLPAR_OK) s = clpar_copy(w, init);
   clpar_tensor_free(init);
   if (s != CLPAR_OK) {

@@ -1,4 +1,4 @@
-/* batchnorm.c — the BatchNorm2d module (nn.BatchNorm2d): parameters weight and bias, buffers
+/* batchnorm2d.c — the BatchNorm2d module (nn.BatchNorm2d): parameters weight and bias, buffers
  * running_mean, running_var and num_batches_tracked, over clpar_batch_norm in the mode
  * clpar_module_is_training gives.
  *
