@@ -12,11 +12,11 @@
 #include "ops.h"
 #include "autograd.h"
 #include "nn.h"
-#include "models.h"
 #include "optim.h"
 #include "parallel.h"
 #include "dist.h"
 #include "checkpoint.h"
 #include "data.h"
+#include "models.h"
 
 #endif
