@@ -10,7 +10,8 @@
  *   the tensor's largest value: elements near zero carry the rounding of the large ones).
  * - BatchNorm2d: running statistics over three training steps and eval mode against a double
  *   reference computed here, num_batches_tracked, no tracking, bad input and arguments.
- * - A few SGD steps of a ResNet-18 at 32x32 lower the loss on a fixed batch. */
+ * - A few SGD steps of a ResNet-18 at 32x32 lower the loss on a fixed batch (on the host it
+ *   fell from 1.5 to 0.004 in 6 steps). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,8 +296,8 @@ static void resnet18_on(clpar_device *dev) {
   assert_int_equal(read_count(entry(m, "bn1.num_batches_tracked")), 0);
   tu_ok(clpar_module_train(m, 1));
   tu_ok(clpar_module_forward(m, x, &logits));
-  static const int32_t labels[2] = {3, 7};
-  tu_ok(clpar_cross_entropy(logits, labels, 2, CLPAR_REDUCTION_MEAN, &loss));
+  static const int32_t labels[4] = {3, 7, 1, 5};
+  tu_ok(clpar_cross_entropy(logits, labels, 4, CLPAR_REDUCTION_MEAN, &loss));
   tu_ok(clpar_backward(loss));
   expect_fixture(logits, "resnet18_logits", id);
   expect_fixture(loss, "resnet18_loss", id);
@@ -478,7 +479,7 @@ static void training_on(clpar_device *dev) {
   clpar_optimizer *opt;
   clpar_manual_seed(11);
   tu_ok(clpar_resnet18(4, dev, &m));
-  tu_ok(clpar_sgd_create_for(m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &opt));
+  tu_ok(clpar_sgd_create_for(m, &(clpar_sgd_options){.lr = 0.01f, .momentum = 0.9f}, &opt));
   static const int32_t labels[4] = {0, 1, 2, 3};
   float first = 0, last = 0;
   for (int step = 0; step < 6; step++) {
@@ -492,7 +493,7 @@ static void training_on(clpar_device *dev) {
     tu_ok(clpar_tensor_read(loss, step == 0 ? &first : &last, 1));
     clpar_scope_end(scope);
   }
-  if (!(last < 0.8f * first))
+  if (!(last < 0.5f * first))
     fail_msg("%s: the loss went from %g to %g in 6 steps", clpar_device_id(dev), first, last);
   clpar_optimizer_free(opt);
   clpar_module_free(m);

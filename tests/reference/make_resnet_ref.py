@@ -15,8 +15,9 @@ committed, so the C tests need neither):
       [2, 16, 8, 8]: the output, the gradient of sum(output * grad_out) with respect to the
       input and to some parameters, and running statistics after the forward
   resnet18_*.npy
-      resnet18(num_classes=10) at [2, 3, 48, 48]: eval-mode logits first (running statistics
-      as set below), then a training-mode forward + cross-entropy (labels 3, 7) + backward:
+      resnet18(num_classes=10) at [4, 3, 40, 40]: eval-mode logits first (running statistics
+      as set below), then a training-mode forward + cross-entropy (labels 3, 7, 1, 5) +
+      backward:
       logits, loss, gradients of conv1.weight, layer4.1.bn2.weight, fc.weight, fc.bias, and
       bn1's running statistics after the forward
 
@@ -24,14 +25,19 @@ Every state_dict entry is set by value(j, k, name, shape) (j: index of the entry
 state_dict, k: flat index in it), which tests/test_resnet.c repeats in double precision, so
 nothing depends on a seed. The references are computed in float64 and stored as float32, so
 that a float32 implementation is compared with the exact values, not with PyTorch's own
-float32 rounding. Inputs come from numpy's generator with a fixed seed and are stored.
+float32 rounding. Inputs come from numpy's generator with a fixed seed and are stored; an
+input that brings a ReLU's input or a max-pool's top two values within 1e-5 of a tie is drawn
+again (float32 could decide such a tie the other way: a first ResNet-18 input had a ReLU input
+of 3e-6, and clpar's gradient of that channel's bias differed from float64's by 4x).
 
-The ResNet-18 runs at 48x48, not 32x32: at 32x32 layer4 works on 1x1 maps, so each of its
-BatchNorms normalizes 2 values (batch 2), whose output is +-1 whatever the input; the gradient
-reaching the earlier layers is then a tiny remainder, ill-conditioned (PyTorch's own float32
-gradient of conv1.weight was 1e-3 off its float64 one relative to the largest element, and
-the largest element 2.6e3). At 48x48 layer4 has 2x2 maps and that error is about 1e-5.
+The ResNet-18 runs at batch 4 of 40x40, not batch 2 of 32x32: at 32x32 layer4 works on 1x1
+maps, so each of its BatchNorms normalizes 2 values (batch 2), whose output is +-1 whatever
+the input; the gradient reaching the earlier layers is then a tiny remainder, ill-conditioned
+(PyTorch's own float32 gradient of conv1.weight was 1e-3 off its float64 one relative to the
+largest element). Batch 2 at 48x48 (8 values per channel in layer4) still left PyTorch's
+float32 6e-5 off; batch 4 at 40x40 (16 values) leaves it 8e-6 off.
 """
+import copy
 import math
 import os
 import sys
@@ -79,6 +85,55 @@ def write_state_list(model, path):
             f.write(f"{name} {dtype_name(t)} [{shape}]\n")
 
 
+MARGIN = 1e-5
+
+
+def margin(model, x):
+    """The smallest distance, in a training-mode forward of model on x, of a ReLU's input from 0
+    and of a max-pool window's largest value from its second largest: below about 1e-5 a
+    float32 forward may take the other side (another ReLU mask, another argmax), and the
+    gradient then differs by a whole term, not by rounding."""
+    found = [float("inf")]
+
+    def relu_hook(mod, inp):
+        found[0] = min(found[0], float(inp[0].detach().abs().min()))
+
+    def pool_hook(mod, inp):
+        a = inp[0].detach()
+        n, c, h, w = a.shape
+        cols = torch.nn.functional.unfold(a.reshape(n * c, 1, h, w), mod.kernel_size,
+                                          padding=mod.padding, stride=mod.stride)
+        cols = torch.where(cols == 0, torch.full_like(cols, -1e30), cols)  # padding: never the max
+        top = cols.topk(2, dim=1).values
+        pos = top[:, 0] > 0  # windows of zeros (ReLU's) pass no gradient anyway
+        if pos.any():
+            found[0] = min(found[0], float((top[:, 0] - top[:, 1])[pos].min()))
+
+    hooks = [m.register_forward_pre_hook(relu_hook) for m in model.modules()
+             if isinstance(m, torch.nn.ReLU)]
+    hooks += [m.register_forward_pre_hook(pool_hook) for m in model.modules()
+              if isinstance(m, torch.nn.MaxPool2d)]
+    state = copy.deepcopy(model.state_dict())
+    model.train()
+    with torch.no_grad():
+        model(x)
+    model.load_state_dict(state)  # the running statistics as they were
+    for h in hooks:
+        h.remove()
+    return found[0]
+
+
+def well_conditioned_input(model, shape, rng):
+    """Inputs from rng until one keeps every ReLU input and max-pool choice MARGIN away from a
+    tie (see margin); returns it as float32."""
+    for _ in range(100):
+        x32 = rng.standard_normal(shape).astype(np.float32)
+        got = margin(model, torch.from_numpy(x32).double())
+        if got >= MARGIN:
+            return x32
+    raise SystemExit("no well-conditioned input in 100 draws")
+
+
 def save(out, name, t):
     a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
     np.save(os.path.join(out, name + ".npy"), a.astype(np.float32))
@@ -92,7 +147,7 @@ def bottleneck(out, rng):
     blk = Bottleneck(inplanes, planes, stride=stride, downsample=down)
     set_weights(blk)
     blk = blk.double().train()
-    x32 = rng.standard_normal((2, inplanes, 8, 8)).astype(np.float32)
+    x32 = well_conditioned_input(blk, (2, inplanes, 8, 8), rng)
     g32 = rng.standard_normal((2, planes * 4, 4, 4)).astype(np.float32)
     x = torch.from_numpy(x32).double().requires_grad_(True)
     y = blk(x)
@@ -117,7 +172,7 @@ def resnet18(out, rng):
     m = torchvision.models.resnet18(num_classes=10)
     set_weights(m)
     m = m.double()
-    x32 = rng.standard_normal((2, 3, 48, 48)).astype(np.float32)
+    x32 = well_conditioned_input(m, (4, 3, 40, 40), rng)
     x = torch.from_numpy(x32).double()
     save(out, "resnet18_input", x32)
     m.eval()
@@ -125,7 +180,7 @@ def resnet18(out, rng):
         le = m(x)
     save(out, "resnet18_logits_eval", le)
     m.train()
-    labels = torch.tensor([3, 7])
+    labels = torch.tensor([3, 7, 1, 5])
     logits = m(x)
     loss = torch.nn.functional.cross_entropy(logits, labels)
     loss.backward()
