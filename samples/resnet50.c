@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
     if (!ok) break;
     if (b > 0 || o.batches == 1) total += t;
     printf("batch %d: loss %.6f  %.3f s  %.1f images/s%s\n", b + 1, (double)loss, t,
-           (double)o.batch / t, b == 0 && o.batches > 1 ? "  (compiles kernels)" : "");
+           (double)o.batch / t, b == 0 && o.batches > 1 ? "  (warm-up)" : "");
     fflush(stdout);
   }
   if (ok) {
