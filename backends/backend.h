@@ -25,7 +25,10 @@
  * - Every entry returns a clpar_status and, on error, sets the thread-local message with
  *   clpar_set_error naming what failed and the driver's error name
  *   ("clEnqueueNDRangeKernel(binary): CL_OUT_OF_RESOURCES"); the core prefixes the device id.
- * - Offsets and counts are in float elements unless the name says bytes.
+ * - Offsets and counts are in float elements (4-byte words) unless the name says bytes. Int
+ *   tensors (int32, int64) keep that unit: an int64 element is two words, its offsets even;
+ *   the entries that move memory (fill with 0, copy, read, write) serve every dtype, and the
+ *   compute entries see float32 only (pick, nll, nll_backward also read int32 indices).
  * - The core validates shapes before calling: a backend may assume counts >= 1 and buffers
  *   large enough.
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
@@ -46,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 6
+#define CLPAR_BACKEND_ABI_VERSION 8
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -103,6 +106,18 @@ typedef struct clpar_sgd_args {
   int nesterov, first;
 } clpar_sgd_args;
 
+/* The geometry of a 2-D convolution or pooling over a chunk of n images (planes for the
+ * pools), as the core passes it to im2col, col2im and the pools (src/nn/conv.c, pool.c).
+ * x's image b, channel ci starts at element b * img_stride + ci * h * w of x's bref; the
+ * output is oh x ow per image, with oh = (h + 2 ph - dh (kh - 1) - 1) / sh + 1 (same for w).
+ * The pools take c = 1, img_stride = h * w and dilation 1; adaptive pooling uses n, h, w, oh
+ * and ow only. */
+typedef struct clpar_conv_geom {
+  int64_t n, c, h, w, img_stride;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t oh, ow;
+} clpar_conv_geom;
+
 /* One Adam/AdamW update with PyTorch's rule, per element (step t >= 1):
  *   decoupled (AdamW): p = p * (1 - lr * weight_decay);  else g = grad + weight_decay * p
  *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
@@ -145,6 +160,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(sum_rows, QUEUE, 1)          \
   X(gemm, QUEUE, 1)              \
   X(broadcast_rows, QUEUE, 1)    \
+  X(reduce_sum, QUEUE, 1)        \
+  X(expand, QUEUE, 1)            \
   X(unary, QUEUE, 1)             \
   X(unary_backward, QUEUE, 1)    \
   X(softmax, QUEUE, 1)           \
@@ -157,7 +174,18 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(profile, QUEUE, 0)           \
   X(profile_read, QUEUE, 0)      \
   X(copy_peer, QUEUE, 0)         \
-  X(tune_gemm, QUEUE, 0)
+  X(tune_gemm, QUEUE, 0)         \
+  X(im2col, QUEUE, 1)            \
+  X(col2im, QUEUE, 1)            \
+  X(swap01, QUEUE, 1)            \
+  X(maxpool, QUEUE, 1)           \
+  X(maxpool_backward, QUEUE, 1)  \
+  X(avgpool, QUEUE, 1)           \
+  X(avgpool_backward, QUEUE, 1)  \
+  X(bn_stats, QUEUE, 1)          \
+  X(bn_apply, QUEUE, 1)          \
+  X(bn_backward_sums, QUEUE, 1)  \
+  X(bn_backward, QUEUE, 1)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -226,6 +254,15 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* out[r, c] = a[c], r < rows, c < cols: one row repeated (cols == 1: a scalar). */
 #define CLPAR_BE_ARGS_broadcast_rows(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* Reductions along dimensions, with a seen as [outer, red, inner] (row-major):
+ *   reduce_sum: out[o * inner + i] = sum over r < red of a[(o * red + r) * inner + i]
+ *   expand:     out[(o * red + r) * inner + i] = a[o * inner + i]   (its gradient's broadcast)
+ * o < outer, i < inner. reduce_sum's order of summation is the backend's (the host sums in
+ * double); out does not alias a. */
+#define CLPAR_BE_ARGS_reduce_sum(F) \
+  F(size_t, outer) F(size_t, red) F(size_t, inner) F(clpar_bref, a) F(clpar_bref, out)
+#define CLPAR_BE_ARGS_expand(F) \
+  F(size_t, outer) F(size_t, red) F(size_t, inner) F(clpar_bref, a) F(clpar_bref, out)
 /* out[i] = f(a[i]), i < n: relu max(x, 0), sigmoid 1/(1+exp(-x)), tanh, exp, sqrt, -x.
  * out may alias a. */
 #define CLPAR_BE_ARGS_unary(F) \
@@ -284,6 +321,56 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_tune_gemm(F)                                  \
   F(const clpar_gemm_shape *, shapes)                               \
   F(int, n_shapes) F(const clpar_tune_options *, options) F(clpar_tune_result *, result)
+
+/* ---- convolution, pooling, batch norm (issue 10; src/nn/conv.c, pool.c, batchnorm.c) ----
+ * Optional inputs are brefs whose buf is NULL. */
+/* col[(ci * kh + i) * kw + j, b * P + p] = x[b, ci, oy * sh - ph + i * dh, ox * sw - pw + j * dw]
+ * (0 outside the image), P = oh * ow, p = oy * ow + ox, ci < c, b < n: the columns of n
+ * images side by side, one row of n * P per kernel tap. */
+#define CLPAR_BE_ARGS_im2col(F) F(clpar_conv_geom, g) F(clpar_bref, x) F(clpar_bref, col)
+/* The adjoint of im2col, ADDED into x: x[b, ci, y, x] += the sum of the col entries im2col
+ * would have read from it. The core zeroes x first. */
+#define CLPAR_BE_ARGS_col2im(F) F(clpar_conv_geom, g) F(clpar_bref, col) F(clpar_bref, x)
+/* out[j, i, q] = in[i, j, q] + (bias.buf ? bias[i] : 0), i < a, j < b, q < p: [a, b, p] to
+ * [b, a, p] (a GEMM's [O, n * P] to NCHW and back). */
+#define CLPAR_BE_ARGS_swap01(F) \
+  F(size_t, a) F(size_t, b) F(size_t, p) F(clpar_bref, in) F(clpar_bref, bias) F(clpar_bref, out)
+/* y = the maximum over each window of each of g.n planes (padding never wins), idx its
+ * position y * w + x in the plane as an int32 (the first maximum in scan order; NaN wins). */
+#define CLPAR_BE_ARGS_maxpool(F) \
+  F(clpar_conv_geom, g) F(clpar_bref, x) F(clpar_bref, y) F(clpar_bref, idx)
+/* dx[b, q] = the sum of dy over the windows whose idx is q (dx written whole). */
+#define CLPAR_BE_ARGS_maxpool_backward(F) \
+  F(clpar_conv_geom, g) F(clpar_bref, dy) F(clpar_bref, idx) F(clpar_bref, dx)
+/* PyTorch's adaptive average pooling: bin i of oh covers rows floor(i h / oh) to
+ * ceil((i + 1) h / oh) - 1 (columns likewise); y = the mean over the bin. */
+#define CLPAR_BE_ARGS_avgpool(F) F(clpar_conv_geom, g) F(clpar_bref, x) F(clpar_bref, y)
+/* dx[b, y, x] = sum over the bins holding (y, x) of dy / the bin's size (dx written whole). */
+#define CLPAR_BE_ARGS_avgpool_backward(F) \
+  F(clpar_conv_geom, g) F(clpar_bref, dy) F(clpar_bref, dx)
+/* Per channel ch of x [n, c, p]: mean[ch] and the biased variance var[ch] over n and p
+ * (two passes: the variance sums squared deviations from the mean). With running_mean.buf
+ * set: running_mean = (1 - momentum) running_mean + momentum mean, running_var likewise with
+ * the unbiased variance var * M / (M - 1), M = n p >= 2. */
+#define CLPAR_BE_ARGS_bn_stats(F)                                                          \
+  F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, mean) F(clpar_bref, var) \
+  F(clpar_bref, running_mean) F(clpar_bref, running_var) F(float, momentum)
+/* y = (x - mean[ch]) / sqrt(var[ch] + eps) * weight[ch] + bias[ch] (weight 1 and bias 0 when
+ * absent). */
+#define CLPAR_BE_ARGS_bn_apply(F)                                                          \
+  F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, mean) F(clpar_bref, var) \
+  F(clpar_bref, weight) F(clpar_bref, bias) F(float, eps) F(clpar_bref, y)
+/* Per channel: sum_g = sum of g, sum_gxhat = sum of g * xhat, xhat = (x - mean) / sqrt(var +
+ * eps), over n and p (the gradients of bias and weight). */
+#define CLPAR_BE_ARGS_bn_backward_sums(F)                                                \
+  F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, g) F(clpar_bref, mean) \
+  F(clpar_bref, var) F(float, eps) F(clpar_bref, sum_g) F(clpar_bref, sum_gxhat)
+/* dx = w istd (g - sum_g / M - xhat sum_gxhat / M) when training (the statistics were the
+ * batch's), dx = w istd g otherwise; istd = 1 / sqrt(var + eps), w = weight[ch] or 1. */
+#define CLPAR_BE_ARGS_bn_backward(F)                                                 \
+  F(size_t, n) F(size_t, c) F(size_t, p) F(clpar_bref, x) F(clpar_bref, g) F(clpar_bref, mean) \
+  F(clpar_bref, var) F(clpar_bref, weight) F(float, eps) F(clpar_bref, sum_g)                 \
+  F(clpar_bref, sum_gxhat) F(int, training) F(clpar_bref, dx)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -2,7 +2,7 @@
 # test.sh — the README's test command: on a fresh Debian 12 machine, installs what is missing,
 # builds clpar, and runs the whole ctest suite on PoCL with 1 device, on PoCL with 4 devices,
 # on the host backend, and in an AddressSanitizer + UndefinedBehaviorSanitizer build; between
-# them it fuzzes the safetensors reader for 60 s (scripts/fuzz.sh).
+# them it fuzzes the safetensors reader for 60 s and the .npy reader for 30 s (scripts/fuzz.sh).
 # Stops at the first configuration that fails; the last lines are ctest's own summary.
 #
 # The host runs select CLPAR_DEVICES=host,opencl:0 (one PoCL device), not the host alone:
@@ -49,7 +49,7 @@ CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
   run_ctest build "host backend first, one PoCL device second (CLPAR_DEVICES=host,opencl:0)" -LE "install|mpi"
 
 echo
-echo "== fuzz: the safetensors reader, 60 s (libFuzzer + ASan + UBSan; scripts/fuzz.sh)"
+echo "== fuzz: the safetensors reader 60 s, the .npy reader 30 s (libFuzzer + ASan + UBSan; scripts/fuzz.sh)"
 bash "$CLPAR_ROOT/scripts/fuzz.sh" 60
 
 echo

@@ -115,6 +115,10 @@ clpar_status clpar_tensor_set_requires_grad(clpar_tensor *t, int requires_grad) 
         CLPAR_ERROR_INVALID_ARGUMENT,
         "clpar_tensor_set_requires_grad: the result of an op (%s) cannot stop requiring a gradient",
         t->node->op);
+  if (requires_grad && clpar_check_float("clpar_tensor_set_requires_grad", "t", t) != CLPAR_OK) {
+    clpar_append_error(" (only float tensors can require a gradient)");
+    return CLPAR_ERROR_DTYPE;
+  }
   t->requires_grad = requires_grad != 0;
   return CLPAR_OK;
 }

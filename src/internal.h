@@ -197,10 +197,20 @@ clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t);
 /* Records an in-place change of t's memory. */
 static inline void clpar_tensor_touch(clpar_tensor *t);
 
+/* Offsets (t->offset, clpar_bref.off, partial_offset, view_at) count 4-byte words whatever
+ * the dtype, so that every backend entry keeps its float-element offsets: an int64 element is
+ * two words, and an int64 tensor's offset is always even (its views start at whole elements).
+ * Bytes are words * 4. */
+#define CLPAR_WORD_BYTES 4
+static inline size_t clpar_dtype_words(clpar_dtype d) {
+  return d == CLPAR_INT64 ? 2 : 1;
+}
+
 struct clpar_tensor {
   int refcount; /* atomic */
   clpar_storage *storage;
-  size_t offset; /* in floats, into storage */
+  size_t offset; /* in 4-byte words (floats), into storage */
+  clpar_dtype dtype;
   int ndim;
   int64_t shape[CLPAR_MAX_DIMS];
   int64_t numel;
@@ -282,8 +292,8 @@ clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out);
 clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev);
 /* The tensor created (like every tensor) in the current scope is taken out of it. */
 void clpar_tensor_unscope(clpar_tensor *t);
-/* A view of t's memory at element offset (from t's start) with another shape (numel within
- * t), no node, outside any scope. */
+/* A view of t's memory at word offset (from t's start) with another shape (numel within
+ * t), t's dtype, no node, outside any scope. */
 clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim,
                                   const int64_t *shape, clpar_tensor **out);
 /* Makes t a view of st at element offset (the storage it held is released). */
@@ -309,33 +319,63 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 
 /* ---- modules (src/nn/module.c), for the parallel wrappers ---- */
 
+/* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
+ * made outside module.c (src/nn/conv.c). */
+uint64_t clpar_param_seed_next(void);
+/* The floats a convolution's column buffer may take per chunk of images (src/nn/conv.c;
+ * 64 MiB): tests lower it to run the chunked path over several chunks. */
+extern int64_t clpar_conv_chunk_floats;
+
 typedef struct {
   char *name;
-  void *item; /* clpar_module * or clpar_tensor * */
+  void *item;    /* clpar_module * or clpar_tensor * */
+  int is_buffer; /* in a module's flat state list: the tensor is a buffer */
 } clpar_named;
+
+/* A module tree's parameters, buffers, or state_dict entries (a module's parameters, then its
+ * buffers, then its children's), each tensor once, under the first name met. */
+typedef enum {
+  CLPAR_LIST_PARAMS = 0,
+  CLPAR_LIST_BUFFERS = 1,
+  CLPAR_LIST_STATE = 2
+} clpar_listing_kind;
+typedef struct {
+  clpar_named *items;
+  int n;
+  uint64_t generation;
+  int names_lent;
+} clpar_listing;
 
 struct clpar_module {
   char *type;
   clpar_forward_fn forward;
   void *user;
   void (*free_user)(void *);
-  clpar_named *children, *params;
-  int n_children, n_params;
+  clpar_named *children, *params, *buffers;
+  int n_children, n_params, n_buffers;
+  int training; /* clpar_module_train; 1 when made, as PyTorch's */
   /* references: one per place it is a child of, plus the creator's until a parent adopts it
    * (atomic); a module may be a child of several modules, or twice of one */
   int refs;
   int adopted;
-  /* the flattened parameter list of parameter_at (each parameter once), rebuilt when some
-   * tree changed; names it lent out stay allocated until the module is freed */
-  clpar_named *flat;
-  int n_flat;
-  uint64_t flat_generation;
-  int names_lent;
+  /* the flattened lists of parameter_at, buffer_at and state_at (clpar_listing_kind), each
+   * rebuilt when some tree changed; names they lent out stay allocated until the module is
+   * freed */
+  clpar_listing lists[3];
   char **retired;
   int n_retired;
-  /* DataParallel: the wrapper's state, and the hook that frees it */
+  /* DataParallel, Pipeline: the wrapper's state (its type says which; freed by free_user) */
   void *parallel;
 };
+
+/* A module buffer's bytes and their byte offset in its storage: buffers are moved, copied
+ * between replicas and broadcast as bytes, whatever their dtype (offsets count 4-byte words). */
+static inline size_t clpar_tensor_nbytes(const clpar_tensor *t) {
+  return (size_t)t->numel * clpar_dtype_words(t->dtype) * CLPAR_WORD_BYTES;
+}
+static inline size_t clpar_tensor_byte_offset(const clpar_tensor *t) {
+  return t->offset * CLPAR_WORD_BYTES;
+}
 
 /* The parameter entries of m's tree counted at every place they appear (as a walk of params
  * and children meets them), up to INT_MAX; more than clpar_module_parameter_count when a
@@ -347,9 +387,22 @@ int clpar_module_entry_count(const clpar_module *m);
  * hold. Internal holders must use this one: a scope's reference is not theirs to take. */
 void clpar_tensor_release(clpar_tensor *t);
 
-/* A new contiguous tensor with uninitialized contents, registered with the current scope. */
+/* A new contiguous float32 tensor with uninitialized contents, registered with the current
+ * scope; _dtype: of any dtype. */
 clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shape,
                                 clpar_tensor **out);
+clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                      const int64_t *shape, clpar_tensor **out);
+/* The one check every float op makes of its tensor inputs: CLPAR_ERROR_DTYPE naming fn, the
+ * argument's name and its dtype unless t is float32 (t must not be NULL). */
+clpar_status clpar_check_float(const char *fn, const char *name, const clpar_tensor *t);
+/* Words (4 bytes) and bytes of t's elements. */
+static inline size_t clpar_tensor_words(const clpar_tensor *t) {
+  return (size_t)t->numel * clpar_dtype_words(t->dtype);
+}
+static inline size_t clpar_tensor_bytes(const clpar_tensor *t) {
+  return clpar_tensor_words(t) * CLPAR_WORD_BYTES;
+}
 static inline clpar_bref clpar_tensor_bref(const clpar_tensor *t) {
   clpar_bref r = {t->storage->buf, t->offset};
   return r;

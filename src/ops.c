@@ -8,9 +8,16 @@
 
 #define SHAPE(t, buf) clpar_tensor_shape_str((t), (buf), sizeof(buf))
 
-static clpar_status check_tensor(const char *fn, const char *name, const clpar_tensor *t) {
+/* Any dtype: the ops that only move memory (fill with zero, concat, split). */
+static clpar_status check_any(const char *fn, const char *name, const clpar_tensor *t) {
   if (!t) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
   return clpar_check_alive(fn, t);
+}
+
+/* The math ops: float32 only. */
+static clpar_status check_tensor(const char *fn, const char *name, const clpar_tensor *t) {
+  clpar_status s = check_any(fn, name, t);
+  return s == CLPAR_OK ? clpar_check_float(fn, name, t) : s;
 }
 
 static clpar_status check_same_device(const char *fn, const clpar_tensor *a,
@@ -34,10 +41,17 @@ static clpar_status finish_op(clpar_device *dev, clpar_status s, clpar_tensor *r
 }
 
 clpar_status clpar_fill(clpar_tensor *t, float value) {
-  clpar_status s = check_tensor("clpar_fill", "t", t);
+  clpar_status s = check_any("clpar_fill", "t", t);
+  if (s == CLPAR_OK && t->dtype != CLPAR_FLOAT32 && value != 0.0f) {
+    clpar_check_float("clpar_fill", "t", t);
+    clpar_append_error(" (an int tensor can be filled with 0 only, not %g)", (double)value);
+    s = CLPAR_ERROR_DTYPE;
+  }
   if (s != CLPAR_OK) return s;
   clpar_device *dev = t->storage->dev;
-  s = clpar_dev_fill(dev, clpar_tensor_bref(t), (size_t)t->numel, value);
+  /* an int tensor: +0.0f's zero bits over its words */
+  s = clpar_dev_fill(dev, clpar_tensor_bref(t), clpar_tensor_words(t),
+                     t->dtype == CLPAR_FLOAT32 ? value : 0.0f);
   clpar_tensor_touch(t);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }
@@ -293,10 +307,13 @@ clpar_status clpar_concat(clpar_tensor *const *parts, int n, clpar_tensor **out)
                            "clpar_concat: need n >= 1 parts and an out pointer");
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
-    clpar_status s = check_tensor("clpar_concat", "a part", parts[i]);
+    clpar_status s = check_any("clpar_concat", "a part", parts[i]);
     if (s == CLPAR_OK) s = check_same_device("clpar_concat", parts[0], parts[i]);
     if (s != CLPAR_OK) return s;
     const clpar_tensor *p = parts[i], *q = parts[0];
+    if (p->dtype != q->dtype)
+      return clpar_set_error(CLPAR_ERROR_DTYPE, "clpar_concat: part 0 is %s and part %d is %s",
+                             clpar_dtype_name(q->dtype), i, clpar_dtype_name(p->dtype));
     if (p->ndim != q->ndim ||
         memcmp(p->shape + 1, q->shape + 1, (size_t)(p->ndim - 1) * sizeof p->shape[0])) {
       char x[128], y[128];
@@ -314,12 +331,12 @@ clpar_status clpar_concat(clpar_tensor *const *parts, int n, clpar_tensor **out)
   shape[0] = rows;
   clpar_device *dev = parts[0]->storage->dev;
   clpar_tensor *r;
-  clpar_status s = clpar_tensor_empty(dev, parts[0]->ndim, shape, &r);
+  clpar_status s = clpar_tensor_empty_dtype(dev, parts[0]->dtype, parts[0]->ndim, shape, &r);
   size_t at = 0;
   for (int i = 0; s == CLPAR_OK && i < n; i++) {
-    size_t bytes = (size_t)parts[i]->numel * sizeof(float);
+    size_t bytes = clpar_tensor_bytes(parts[i]);
     s = clpar_dev_copy(dev, r->storage->buf, at, parts[i]->storage->buf,
-                       parts[i]->offset * sizeof(float), bytes);
+                       parts[i]->offset * CLPAR_WORD_BYTES, bytes);
     at += bytes;
     if (s != CLPAR_OK) return finish_op(dev, s, r, NULL);
   }
@@ -330,7 +347,7 @@ clpar_status clpar_concat(clpar_tensor *const *parts, int n, clpar_tensor **out)
 }
 
 clpar_status clpar_split(clpar_tensor *t, const int64_t *sizes, int n, clpar_tensor **outs) {
-  clpar_status s = check_tensor("clpar_split", "t", t);
+  clpar_status s = check_any("clpar_split", "t", t);
   if (s != CLPAR_OK) return s;
   if (!sizes || !outs || n < 1)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,

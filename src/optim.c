@@ -106,6 +106,8 @@ static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, co
     if (!params[i] || params[i]->node)
       s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                           "optimizer: parameter %d is NULL or not a leaf", i);
+    else if (params[i]->dtype != CLPAR_FLOAT32)
+      s = clpar_check_float("optimizer", "a parameter", params[i]);
   int first = 0, again = 0, repeat = s == CLPAR_OK ? find_repeat(params, n, &first, &again) : 0;
   if (repeat < 0) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
   if (repeat > 0)

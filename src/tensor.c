@@ -19,7 +19,7 @@ clpar_status clpar_check_shape(const char *fn, int ndim, const int64_t *shape, i
       return clpar_set_error(CLPAR_ERROR_EMPTY,
                              "%s: dimension %d is %lld; every dimension must be >= 1", fn, i,
                              (long long)shape[i]);
-    if (n > INT64_MAX / 4 / shape[i])
+    if (n > INT64_MAX / 8 / shape[i]) /* bytes of any dtype fit an int64 */
       return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: the shape has too many elements", fn);
     n *= shape[i];
   }
@@ -48,13 +48,51 @@ static clpar_status check_device(const char *fn, const clpar_device *dev) {
   return CLPAR_OK;
 }
 
-static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, int ndim,
+size_t clpar_dtype_size(clpar_dtype dtype) {
+  switch (dtype) {
+    case CLPAR_FLOAT32:
+    case CLPAR_INT32:
+      return 4;
+    case CLPAR_INT64:
+      return 8;
+  }
+  return 0;
+}
+
+const char *clpar_dtype_name(clpar_dtype dtype) {
+  switch (dtype) {
+    case CLPAR_FLOAT32:
+      return "float32";
+    case CLPAR_INT32:
+      return "int32";
+    case CLPAR_INT64:
+      return "int64";
+  }
+  return "unknown";
+}
+
+static clpar_status check_dtype(const char *fn, clpar_dtype dtype) {
+  if (clpar_dtype_size(dtype)) return CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: dtype %d is not a clpar_dtype", fn,
+                         (int)dtype);
+}
+
+clpar_status clpar_check_float(const char *fn, const char *name, const clpar_tensor *t) {
+  if (t->dtype == CLPAR_FLOAT32) return CLPAR_OK;
+  char buf[128];
+  return clpar_set_error(CLPAR_ERROR_DTYPE, "%s: %s is %s %s; the operation needs float32", fn,
+                         name, clpar_dtype_name(t->dtype),
+                         clpar_tensor_shape_str(t, buf, sizeof buf));
+}
+
+static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, clpar_dtype dtype, int ndim,
                                   const int64_t *shape) {
   clpar_tensor *t = calloc(1, sizeof *t);
   if (!t) return NULL;
   t->refcount = 1;
   t->storage = st;
   t->offset = offset;
+  t->dtype = dtype;
   t->ndim = ndim;
   t->numel = 1;
   for (int i = 0; i < ndim; i++) {
@@ -125,19 +163,24 @@ clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t) {
 
 clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shape,
                                 clpar_tensor **out) {
+  return clpar_tensor_empty_dtype(dev, CLPAR_FLOAT32, ndim, shape, out);
+}
+
+clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                      const int64_t *shape, clpar_tensor **out) {
   int64_t numel;
   clpar_status s = clpar_check_shape("tensor", ndim, shape, &numel);
   if (s != CLPAR_OK) return s;
   clpar_storage *st = calloc(1, sizeof *st);
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
-  s = clpar_alloc_buffer(dev, (size_t)numel * sizeof(float), &st->buf, &st->capacity);
+  s = clpar_alloc_buffer(dev, (size_t)numel * clpar_dtype_size(dtype), &st->buf, &st->capacity);
   if (s != CLPAR_OK) {
     free(st);
     return s;
   }
   st->refcount = 1;
   st->dev = dev;
-  clpar_tensor *t = tensor_alloc(st, 0, ndim, shape);
+  clpar_tensor *t = tensor_alloc(st, 0, dtype, ndim, shape);
   if (!t) {
     clpar_free_buffer(dev, st->buf, st->capacity, NULL);
     free(st);
@@ -186,12 +229,31 @@ void clpar_tensor_unscope(clpar_tensor *t) {
 }
 
 /* Uploads host data into a fresh tensor; on failure nothing is left behind. */
-static clpar_status upload_new(clpar_device *dev, int ndim, const int64_t *shape, const float *data,
-                               clpar_tensor **out) {
+static clpar_status upload_new(clpar_device *dev, clpar_dtype dtype, int ndim, const int64_t *shape,
+                               const void *data, clpar_tensor **out) {
   clpar_tensor *t;
-  clpar_status s = clpar_tensor_empty(dev, ndim, shape, &t);
+  clpar_status s = clpar_tensor_empty_dtype(dev, dtype, ndim, shape, &t);
   if (s != CLPAR_OK) return s;
-  s = clpar_upload(dev, t->storage->buf, 0, data, (size_t)t->numel * sizeof(float));
+  s = clpar_upload(dev, t->storage->buf, 0, data, clpar_tensor_bytes(t));
+  if (s != CLPAR_OK) {
+    clpar_tensor_free(t);
+    return s;
+  }
+  *out = t;
+  return CLPAR_OK;
+}
+
+static clpar_status zeros(const char *fn, clpar_device *dev, clpar_dtype dtype, int ndim,
+                          const int64_t *shape, clpar_tensor **out) {
+  clpar_status s = check_device(fn, dev);
+  if (s == CLPAR_OK) s = check_dtype(fn, dtype);
+  if (s != CLPAR_OK) return s;
+  if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  clpar_tensor *t;
+  s = clpar_tensor_empty_dtype(dev, dtype, ndim, shape, &t);
+  if (s != CLPAR_OK) return s;
+  /* +0.0f is all zero bits: it zeroes the words of any dtype */
+  s = clpar_dev_fill(dev, clpar_tensor_bref(t), clpar_tensor_words(t), 0.0f);
   if (s != CLPAR_OK) {
     clpar_tensor_free(t);
     return s;
@@ -202,29 +264,33 @@ static clpar_status upload_new(clpar_device *dev, int ndim, const int64_t *shape
 
 clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int64_t *shape,
                                 clpar_tensor **out) {
-  clpar_status s = check_device("clpar_tensor_zeros", dev);
+  return zeros("clpar_tensor_zeros", dev, CLPAR_FLOAT32, ndim, shape, out);
+}
+
+clpar_status clpar_tensor_zeros_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                      const int64_t *shape, clpar_tensor **out) {
+  return zeros("clpar_tensor_zeros_dtype", dev, dtype, ndim, shape, out);
+}
+
+static clpar_status from_host(const char *fn, clpar_device *dev, clpar_dtype dtype, int ndim,
+                              const int64_t *shape, const void *data, clpar_tensor **out) {
+  clpar_status s = check_device(fn, dev);
+  if (s == CLPAR_OK) s = check_dtype(fn, dtype);
   if (s != CLPAR_OK) return s;
-  if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_zeros: out is NULL");
-  clpar_tensor *t;
-  s = clpar_tensor_empty(dev, ndim, shape, &t);
-  if (s != CLPAR_OK) return s;
-  s = clpar_dev_fill(dev, clpar_tensor_bref(t), (size_t)t->numel, 0.0f);
-  if (s != CLPAR_OK) {
-    clpar_tensor_free(t);
-    return s;
-  }
-  *out = t;
-  return CLPAR_OK;
+  if (!data || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL data or out", fn);
+  return upload_new(dev, dtype, ndim, shape, data, out);
 }
 
 clpar_status clpar_tensor_from_host(clpar_device *dev, int ndim, const int64_t *shape,
                                     const float *data, clpar_tensor **out) {
-  clpar_status s = check_device("clpar_tensor_from_host", dev);
-  if (s != CLPAR_OK) return s;
-  if (!data || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_tensor_from_host: NULL data or out");
-  return upload_new(dev, ndim, shape, data, out);
+  return from_host("clpar_tensor_from_host", dev, CLPAR_FLOAT32, ndim, shape, data, out);
+}
+
+clpar_status clpar_tensor_from_host_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                          const int64_t *shape, const void *data,
+                                          clpar_tensor **out) {
+  return from_host("clpar_tensor_from_host_dtype", dev, dtype, ndim, shape, data, out);
 }
 
 /* Allocates the tensor first (so that a size the device cannot hold fails before any work),
@@ -283,6 +349,11 @@ clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_cou
   if (!t || !dst)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_read: NULL argument");
   if (clpar_check_alive("clpar_tensor_read", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  if (t->dtype != CLPAR_FLOAT32) {
+    clpar_check_float("clpar_tensor_read", "the tensor", t);
+    clpar_append_error(" (clpar_tensor_read_raw reads any dtype)");
+    return CLPAR_ERROR_DTYPE;
+  }
   if (dst_count < (size_t)t->numel)
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "clpar_tensor_read: the tensor has %lld elements, the buffer holds %zu",
@@ -295,6 +366,11 @@ clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_co
   if (!t || !src)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_write: NULL argument");
   if (clpar_check_alive("clpar_tensor_write", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  if (t->dtype != CLPAR_FLOAT32) {
+    clpar_check_float("clpar_tensor_write", "the tensor", t);
+    clpar_append_error(" (clpar_tensor_write_raw writes any dtype)");
+    return CLPAR_ERROR_DTYPE;
+  }
   if (src_count < (size_t)t->numel)
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "clpar_tensor_write: the tensor has %lld elements, the buffer holds %zu",
@@ -302,6 +378,35 @@ clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_co
   clpar_tensor_touch(t);
   return clpar_upload(t->storage->dev, t->storage->buf, t->offset * sizeof(float), src,
                       (size_t)t->numel * sizeof(float));
+}
+
+clpar_status clpar_tensor_read_raw(const clpar_tensor *t, void *dst, size_t dst_bytes) {
+  const char *fn = "clpar_tensor_read_raw";
+  if (!t || !dst) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  if (clpar_check_alive(fn, t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  if (dst_bytes < clpar_tensor_bytes(t))
+    return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
+                           "%s: the tensor has %lld elements of %s (%zu bytes), the buffer holds "
+                           "%zu bytes",
+                           fn, (long long)t->numel, clpar_dtype_name(t->dtype),
+                           clpar_tensor_bytes(t), dst_bytes);
+  return clpar_download(t->storage->dev, t->storage->buf, t->offset * CLPAR_WORD_BYTES, dst,
+                        clpar_tensor_bytes(t));
+}
+
+clpar_status clpar_tensor_write_raw(clpar_tensor *t, const void *src, size_t src_bytes) {
+  const char *fn = "clpar_tensor_write_raw";
+  if (!t || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  if (clpar_check_alive(fn, t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  if (src_bytes < clpar_tensor_bytes(t))
+    return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
+                           "%s: the tensor has %lld elements of %s (%zu bytes), the buffer holds "
+                           "%zu bytes",
+                           fn, (long long)t->numel, clpar_dtype_name(t->dtype),
+                           clpar_tensor_bytes(t), src_bytes);
+  clpar_tensor_touch(t);
+  return clpar_upload(t->storage->dev, t->storage->buf, t->offset * CLPAR_WORD_BYTES, src,
+                      clpar_tensor_bytes(t));
 }
 
 clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
@@ -315,10 +420,16 @@ clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
                            clpar_tensor_shape_str(dst, a, sizeof a),
                            clpar_tensor_shape_str(src, b, sizeof b));
   }
+  if (dst->dtype != src->dtype) {
+    char a[128], b[128];
+    return clpar_set_error(CLPAR_ERROR_DTYPE, "clpar_copy: dst is %s %s, src is %s %s",
+                           clpar_dtype_name(dst->dtype), clpar_tensor_shape_str(dst, a, sizeof a),
+                           clpar_dtype_name(src->dtype), clpar_tensor_shape_str(src, b, sizeof b));
+  }
   clpar_tensor_touch(dst);
-  return clpar_transfer(dst->storage->dev, dst->storage, dst->offset * sizeof(float),
-                        src->storage->dev, src->storage, src->offset * sizeof(float),
-                        (size_t)src->numel * sizeof(float));
+  return clpar_transfer(dst->storage->dev, dst->storage, dst->offset * CLPAR_WORD_BYTES,
+                        src->storage->dev, src->storage, src->offset * CLPAR_WORD_BYTES,
+                        clpar_tensor_bytes(src));
 }
 
 /* A differentiable copy between devices: the gradient goes back to the source's device. */
@@ -334,7 +445,7 @@ clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_ten
   if (!t || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
   clpar_tensor *r;
-  s = clpar_tensor_empty(dev, t->ndim, t->shape, &r);
+  s = clpar_tensor_empty_dtype(dev, t->dtype, t->ndim, t->shape, &r);
   if (s != CLPAR_OK) return s;
   s = clpar_copy(r, t);
   if (s != CLPAR_OK) {
@@ -351,7 +462,7 @@ clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_ten
 /* A view of t's storage with another offset and shape, registered with the scope. */
 static clpar_status make_view(clpar_tensor *t, size_t offset, int ndim, const int64_t *shape,
                               clpar_tensor **out) {
-  clpar_tensor *v = tensor_alloc(t->storage, offset, ndim, shape);
+  clpar_tensor *v = tensor_alloc(t->storage, offset, t->dtype, ndim, shape);
   if (!v) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   __atomic_add_fetch(&t->storage->refcount, 1, __ATOMIC_RELAXED);
   clpar_scope_adopt(v);
@@ -402,7 +513,7 @@ clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count, cl
   int64_t shape[CLPAR_MAX_DIMS];
   memcpy(shape, t->shape, sizeof shape);
   shape[0] = count;
-  int64_t row = t->numel / t->shape[0];
+  int64_t row = t->numel / t->shape[0] * (int64_t)clpar_dtype_words(t->dtype); /* words */
   clpar_tensor *v = NULL;
   clpar_status s = make_view(t, t->offset + (size_t)(start * row), t->ndim, shape, &v);
   clpar_node *node = NULL;
@@ -412,26 +523,89 @@ clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count, cl
   return s;
 }
 
-clpar_status clpar_tensor_reshape(clpar_tensor *t, int ndim, const int64_t *shape,
-                                  clpar_tensor **out) {
-  if (!t || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_reshape: NULL argument");
+/* shape with its one -1 (if any) replaced by what makes numel elements; names fn in errors. */
+static clpar_status infer_shape(const char *fn, const clpar_tensor *t, int ndim,
+                                const int64_t *shape, int64_t *full) {
   int64_t numel;
-  clpar_status s = clpar_check_shape("clpar_tensor_reshape", ndim, shape, &numel);
+  if (ndim < 1 || ndim > CLPAR_MAX_DIMS || !shape)
+    return clpar_check_shape(fn, ndim, shape, &numel);
+  int free_dim = -1;
+  int64_t known = 1;
+  for (int i = 0; i < ndim; i++) {
+    full[i] = shape[i];
+    if (shape[i] == -1 && free_dim < 0) {
+      free_dim = i;
+      continue;
+    }
+    if (shape[i] == -1)
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "%s: dimensions %d and %d are both -1; only one can be inferred", fn,
+                             free_dim, i);
+    if (shape[i] >= 1 && known <= t->numel) known *= shape[i]; /* stops growing past numel */
+  }
+  if (free_dim >= 0) {
+    char a[128];
+    if (known > t->numel || t->numel % known != 0)
+      return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                             "%s: %s has %lld elements, which dimension %d (-1) cannot make up "
+                             "with the others (product %lld)",
+                             fn, clpar_tensor_shape_str(t, a, sizeof a), (long long)t->numel,
+                             free_dim, (long long)known);
+    full[free_dim] = t->numel / known;
+  }
+  return CLPAR_OK;
+}
+
+/* A view of t with shape (numel checked) and a node that reshapes the gradient back. */
+static clpar_status reshape_view(const char *fn, clpar_tensor *t, int ndim, const int64_t *shape,
+                                 clpar_tensor **out) {
+  int64_t numel;
+  clpar_status s = clpar_check_shape(fn, ndim, shape, &numel);
   if (s != CLPAR_OK) return s;
   if (numel != t->numel) {
     char a[128];
-    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
-                           "clpar_tensor_reshape: %s has %lld elements, the new shape %lld",
-                           clpar_tensor_shape_str(t, a, sizeof a), (long long)t->numel,
-                           (long long)numel);
+    return clpar_set_error(
+        CLPAR_ERROR_SHAPE_MISMATCH, "%s: %s has %lld elements, the new shape %lld", fn,
+        clpar_tensor_shape_str(t, a, sizeof a), (long long)t->numel, (long long)numel);
   }
   clpar_tensor *v = NULL;
   s = make_view(t, t->offset, ndim, shape, &v);
   clpar_node *node;
-  if (s == CLPAR_OK) s = clpar_record_op(v, "clpar_tensor_reshape", reshape_backward, &t, 1, &node);
+  if (s == CLPAR_OK) s = clpar_record_op(v, fn, reshape_backward, &t, 1, &node);
   if (s == CLPAR_OK) *out = v;
   return s;
+}
+
+clpar_status clpar_tensor_reshape(clpar_tensor *t, int ndim, const int64_t *shape,
+                                  clpar_tensor **out) {
+  const char *fn = "clpar_tensor_reshape";
+  if (!t || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  int64_t full[CLPAR_MAX_DIMS];
+  clpar_status s = infer_shape(fn, t, ndim, shape, full);
+  return s == CLPAR_OK ? reshape_view(fn, t, ndim, full, out) : s;
+}
+
+clpar_status clpar_tensor_flatten(clpar_tensor *t, int start_dim, int end_dim, clpar_tensor **out) {
+  const char *fn = "clpar_tensor_flatten";
+  if (!t || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  int a = start_dim < 0 ? start_dim + t->ndim : start_dim;
+  int b = end_dim < 0 ? end_dim + t->ndim : end_dim;
+  char buf[128];
+  if (a < 0 || a >= t->ndim || b < 0 || b >= t->ndim || a > b)
+    return clpar_set_error(CLPAR_ERROR_INDEX,
+                           "%s: start_dim %d and end_dim %d for %s (%d dimensions); need "
+                           "-%d <= start_dim <= end_dim < %d after counting negatives from the end",
+                           fn, start_dim, end_dim, clpar_tensor_shape_str(t, buf, sizeof buf),
+                           t->ndim, t->ndim, t->ndim);
+  int64_t shape[CLPAR_MAX_DIMS];
+  int n = 0;
+  for (int i = 0; i < t->ndim; i++) {
+    if (i <= a || i > b)
+      shape[n++] = t->shape[i];
+    else
+      shape[n - 1] *= t->shape[i];
+  }
+  return reshape_view(fn, t, n, shape, out);
 }
 
 clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev) {
@@ -484,6 +658,10 @@ int64_t clpar_tensor_dim(const clpar_tensor *t, int i) {
 
 int64_t clpar_tensor_numel(const clpar_tensor *t) {
   return t ? t->numel : 0;
+}
+
+clpar_dtype clpar_tensor_dtype(const clpar_tensor *t) {
+  return t ? t->dtype : CLPAR_FLOAT32;
 }
 
 clpar_device *clpar_tensor_device(const clpar_tensor *t) {

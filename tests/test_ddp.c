@@ -4,8 +4,9 @@
  * weights must agree. The ranks start from different weights (seeded by rank), so the
  * comparison also checks the broadcast from rank 0. Also: several buckets, a flattened
  * module (clpar_module_flatten), gradient accumulation over two micro-steps with one
- * reduction (clpar_ddp_set_sync), a parameter that gets no gradient, and models that differ
- * between ranks (a clear error on every rank, no hang). */
+ * reduction (clpar_ddp_set_sync), a parameter that gets no gradient, models that differ
+ * between ranks (a clear error on every rank, no hang), and buffers broadcast from rank 0 at
+ * creation and before forwards. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,6 +218,128 @@ static void test_count_mismatch_fails_on_every_rank(void **state) {
   check_mismatch(OUT, 1, "rank %d has 8 parameters where rank 0 has 6 (the first 6 agree)");
 }
 
+/* ---- buffers ---- */
+
+static clpar_status shifted_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                    void *user) {
+  (void)user;
+  return clpar_linear(x, clpar_module_parameter(self, "weight"), clpar_module_buffer(self, "shift"),
+                      y);
+}
+
+static void set_buffer(clpar_module *m, const char *name, float base, float step, int n) {
+  float v[8];
+  for (int j = 0; j < n; j++) v[j] = base + step * (float)j;
+  tu_ok(clpar_tensor_write(clpar_module_buffer(m, name), v, (size_t)n));
+}
+
+static void expect_buffer(clpar_module *m, const char *name, float base, float step, int n,
+                          const char *when) {
+  float v[8], want[8];
+  for (int j = 0; j < n; j++) want[j] = base + step * (float)j;
+  tu_ok(clpar_tensor_read(clpar_module_buffer(m, name), v, (size_t)n));
+  char what[160];
+  snprintf(what, sizeof what, "rank %d: buffer %s %s", clpar_dist_rank(), name, when);
+  tu_assert_close(v, want, (size_t)n, 0, 0, what);
+}
+
+/* x @ weight^T + shift, weight [OUT, IN] and buffers shift [OUT], extra [extra_n]; values
+ * differ by rank. */
+static clpar_module *make_shifted(clpar_device *dev, int rank, int extra_n) {
+  clpar_module *m;
+  clpar_tensor *w, *b;
+  tu_ok(clpar_module_create("Shifted", shifted_forward, NULL, NULL, &m));
+  tu_ok(clpar_tensor_rand_uniform(dev, 2, (int64_t[]){OUT, IN}, 5 + (uint64_t)rank, -1, 1, &w));
+  tu_ok(clpar_module_add_parameter(m, "weight", w));
+  clpar_tensor_free(w);
+  tu_ok(clpar_tensor_zeros(dev, 1, (int64_t[]){OUT}, &b));
+  tu_ok(clpar_module_add_buffer(m, "shift", b));
+  clpar_tensor_free(b);
+  tu_ok(clpar_tensor_zeros(dev, 1, (int64_t[]){extra_n}, &b));
+  tu_ok(clpar_module_add_buffer(m, "extra", b));
+  clpar_tensor_free(b);
+  set_buffer(m, "shift", 100.0f * (float)rank, 1, OUT);
+  set_buffer(m, "extra", -(float)rank, -1, extra_n);
+  return m;
+}
+
+/* The forward's output against x @ weight^T + shift on the host, with rank 0's shift. */
+static void forward_and_check(clpar_module *ddp, clpar_tensor *xt, const float *x, float shift_base,
+                              const char *when) {
+  clpar_module *m = clpar_module_child(ddp, "module");
+  clpar_tensor *out;
+  tu_ok(clpar_module_forward(ddp, xt, &out));
+  float *y = tu_read(out), *w = tu_read(clpar_module_parameter(m, "weight")), want[2 * OUT];
+  for (int r = 0; r < 2; r++)
+    for (int o = 0; o < OUT; o++) {
+      double acc = shift_base + o;
+      for (int i = 0; i < IN; i++) acc += (double)x[r * IN + i] * w[o * IN + i];
+      want[r * OUT + o] = (float)acc;
+    }
+  char what[160];
+  snprintf(what, sizeof what, "rank %d: output %s", clpar_dist_rank(), when);
+  tu_assert_close(y, want, 2 * OUT, 1e-5f, 1e-4f, what);
+  free(y);
+  free(w);
+  clpar_tensor_free(out);
+}
+
+/* Rank 0's buffers reach every rank at creation and before a forward (broadcast_buffers), but
+ * not in the forward after one without gradients, as in PyTorch. */
+static void test_buffers_broadcast_from_rank_0(void **state) {
+  (void)state;
+  int rank = clpar_dist_rank();
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *ddp;
+  tu_ok(clpar_ddp_create(make_shifted(dev, rank, 3), NULL, &ddp));
+  clpar_module *m = clpar_module_child(ddp, "module");
+  const char *name;
+  assert_int_equal(clpar_module_buffer_count(ddp), 2);
+  tu_ok(clpar_module_buffer_at(ddp, 1, &name, NULL));
+  assert_string_equal(name, "module.extra");
+  expect_buffer(m, "shift", 0, 1, OUT, "after clpar_ddp_create");
+  expect_buffer(m, "extra", 0, -1, 3, "after clpar_ddp_create");
+
+  float *x = tu_rand(2 * IN, 21);
+  clpar_tensor *xt;
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){2, IN}, x, &xt));
+  set_buffer(m, "shift", 1000.0f * (float)(rank + 1), 1, OUT); /* rank 0: 1000 + j */
+  forward_and_check(ddp, xt, x, 1000, "of a forward");
+  expect_buffer(m, "shift", 1000, 1, OUT, "after a forward");
+
+  int was = clpar_set_grad_enabled(0); /* this forward broadcasts, the next one does not */
+  forward_and_check(ddp, xt, x, 1000, "of a forward without gradients");
+  clpar_set_grad_enabled(was);
+  set_buffer(m, "shift", 2000.0f * (float)(rank + 1), 1, OUT);
+  forward_and_check(ddp, xt, x, 2000.0f * (float)(rank + 1), "after a forward without gradients");
+  expect_buffer(m, "shift", 2000.0f * (float)(rank + 1), 1, OUT,
+                "after a forward that follows one without gradients");
+  forward_and_check(ddp, xt, x, 2000, "of the forward after that");
+  expect_buffer(m, "shift", 2000, 1, OUT, "after the forward after that");
+  clpar_tensor_free(xt);
+  clpar_module_free(ddp);
+  free(x);
+}
+
+/* A buffer of another shape on the last rank: every rank fails naming it, none hangs. */
+static void test_buffer_mismatch_fails_on_every_rank(void **state) {
+  (void)state;
+  int rank = clpar_dist_rank(), last = clpar_dist_world_size() - 1;
+  clpar_module *ddp = NULL;
+  clpar_status s =
+      clpar_ddp_create(make_shifted(clpar_dist_device(), rank, rank == last ? 5 : 3), NULL, &ddp);
+  assert_int_equal(s, CLPAR_ERROR_SHAPE_MISMATCH);
+  assert_null(ddp);
+  char want[256];
+  snprintf(want, sizeof want,
+           "buffer 1 is \"module.extra [5]\" on rank %d but \"module.extra [3]\" on rank 0", last);
+  if (!strstr(clpar_last_error(), want))
+    fail_msg("rank %d: expected \"%s\" in \"%s\"", rank, want, clpar_last_error());
+  float one = 1;
+  tu_ok(clpar_dist_all_reduce_sum(&one, 1));
+  assert_true(one == (float)(last + 1));
+}
+
 static int setup(void **state) {
   (void)state;
   clpar_status s = clpar_dist_init();
@@ -245,6 +368,8 @@ int main(void) {
       cmocka_unit_test(test_unused_parameter_named_at_next_forward),
       cmocka_unit_test(test_shape_mismatch_fails_on_every_rank),
       cmocka_unit_test(test_count_mismatch_fails_on_every_rank),
+      cmocka_unit_test(test_buffers_broadcast_from_rank_0),
+      cmocka_unit_test(test_buffer_mismatch_fails_on_every_rank),
   };
   return cmocka_run_group_tests_name("ddp", tests, setup, teardown);
 }

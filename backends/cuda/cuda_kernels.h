@@ -86,6 +86,48 @@ cudaError_t clpar_cuda_sgd_step(cudaStream_t stream, size_t n, float *param, con
 cudaError_t clpar_cuda_adam_step(cudaStream_t stream, size_t n, float *param, const float *grad,
                                  float *m, float *v, const clpar_adam_args *args);
 
+/* With a seen as [outer, red, inner]: reduce_sum out[o * inner + i] = sum over r of
+ * a[(o * red + r) * inner + i]; expand out[(o * red + r) * inner + i] = a[o * inner + i]
+ * (kernels/cuda/reduce_dims.cu). */
+cudaError_t clpar_cuda_reduce_sum(cudaStream_t stream, size_t outer, size_t red, size_t inner,
+                                  const float *a, float *out);
+cudaError_t clpar_cuda_expand(cudaStream_t stream, size_t outer, size_t red, size_t inner,
+                              const float *a, float *out);
+/* ---- issue 10: convolution, pooling, batch norm (backend.h's formulas) ---- */
+
+/* kernels/cuda/conv.cu: im2col, col2im (adds into x) and the [a, b, p] -> [b, a, p] swap
+ * (bias may be NULL). */
+cudaError_t clpar_cuda_im2col(cudaStream_t stream, clpar_conv_geom g, const float *x, float *col);
+cudaError_t clpar_cuda_col2im(cudaStream_t stream, clpar_conv_geom g, const float *col, float *x);
+cudaError_t clpar_cuda_swap01(cudaStream_t stream, size_t a, size_t b, size_t p, const float *in,
+                              const float *bias, float *out);
+/* kernels/cuda/pool.cu */
+cudaError_t clpar_cuda_maxpool(cudaStream_t stream, clpar_conv_geom g, const float *x, float *y,
+                                  int32_t *idx);
+cudaError_t clpar_cuda_maxpool_backward(cudaStream_t stream, clpar_conv_geom g, const float *dy,
+                                           const int32_t *idx, float *dx);
+cudaError_t clpar_cuda_avgpool(cudaStream_t stream, clpar_conv_geom g, const float *x,
+                                           float *y);
+cudaError_t clpar_cuda_avgpool_backward(cudaStream_t stream, clpar_conv_geom g,
+                                                    const float *dy, float *dx);
+/* kernels/cuda/batchnorm.cu; weight, bias, running_mean/var may be NULL (running_var is
+ * updated when running_mean is given). */
+cudaError_t clpar_cuda_bn_stats(cudaStream_t stream, size_t n, size_t c, size_t p, const float *x,
+                                float *mean, float *var, float *running_mean, float *running_var,
+                                float momentum);
+cudaError_t clpar_cuda_bn_apply(cudaStream_t stream, size_t n, size_t c, size_t p, const float *x,
+                                const float *mean, const float *var, const float *weight,
+                                const float *bias, float eps, float *y);
+cudaError_t clpar_cuda_bn_backward_sums(cudaStream_t stream, size_t n, size_t c, size_t p,
+                                          const float *x, const float *g, const float *mean,
+                                          const float *var, float eps, float *sum_g,
+                                          float *sum_gxhat);
+cudaError_t clpar_cuda_bn_backward(cudaStream_t stream, size_t n, size_t c, size_t p,
+                                         const float *x, const float *g, const float *mean,
+                                         const float *var, const float *weight, float eps,
+                                         const float *sum_g, const float *sum_gxhat, int training,
+                                         float *dx);
+
 #ifdef __cplusplus
 }
 #endif

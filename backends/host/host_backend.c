@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "host/host_conv.h"
 
 #ifdef CLPAR_HAVE_BLAS
 #include <cblas.h>
@@ -248,6 +249,52 @@ static clpar_status host_broadcast_rows(void *dev, size_t rows, size_t cols, clp
   float *po = at(out);
 #pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR) schedule(static)
   for (size_t r = 0; r < rows; r++) memcpy(po + r * cols, pa, cols * sizeof *po);
+  return CLPAR_OK;
+}
+
+/* Sums along a dimension of [outer, red, inner]: each job is one o and a block of up to 256
+ * of the inner positions, walking r in order (unit stride within a block) into double
+ * accumulators, as sum_rows does. */
+static clpar_status host_reduce_sum(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                                    clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+  enum { BLOCK = 256 };
+  size_t blocks = (inner + BLOCK - 1) / BLOCK, jobs = outer * blocks;
+#pragma omp parallel for if (outer * red * inner > CLPAR_HOST_PAR) schedule(static)
+  for (size_t j = 0; j < jobs; j++) {
+    size_t o = j / blocks, i0 = (j % blocks) * BLOCK, w = inner - i0 < BLOCK ? inner - i0 : BLOCK;
+    const float *base = pa + o * red * inner + i0;
+    if (w == 1) { /* a contiguous run (inner == 1): one accumulator */
+      double acc = 0;
+      for (size_t r = 0; r < red; r++) acc += base[r * inner];
+      po[o * inner + i0] = (float)acc;
+      continue;
+    }
+    double acc[BLOCK];
+    for (size_t c = 0; c < w; c++) acc[c] = 0;
+    for (size_t r = 0; r < red; r++) {
+      const float *row = base + r * inner;
+      for (size_t c = 0; c < w; c++) acc[c] += row[c];
+    }
+    for (size_t c = 0; c < w; c++) po[o * inner + i0 + c] = (float)acc[c];
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status host_expand(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                                clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+  size_t rows = outer * red;
+#pragma omp parallel for if (rows * inner > CLPAR_HOST_PAR) schedule(static)
+  for (size_t j = 0; j < rows; j++) {
+    const float *src = pa + (j / red) * inner;
+    float *dst = po + j * inner;
+    for (size_t i = 0; i < inner; i++) dst[i] = src[i];
+  }
   return CLPAR_OK;
 }
 

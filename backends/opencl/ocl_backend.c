@@ -48,13 +48,7 @@ static size_t round_up(size_t n, size_t m) {
 
 /* ---- kernel launches ---- */
 
-typedef struct {
-  size_t size;
-  const void *value;
-} karg;
-
-#define KARG(x) \
-  { sizeof(x), &(x) }
+/* karg and KARG are in ocl_internal.h (ocl_conv.c launches kernels too). */
 
 /* Where the next enqueue should put its event: NULL unless profiling is on. */
 static cl_event *profile_slot(clpar_ocl_device *d, cl_event *ev) {
@@ -124,6 +118,17 @@ static clpar_status launch_1d(clpar_ocl_device *d, const char *file, const char 
   return launch(d, file, name, args, nargs, 1, &global, &local);
 }
 
+clpar_status clpar_ocl_launch(clpar_ocl_device *d, const char *file, const char *name,
+                              const karg *args, int nargs, cl_uint dims, const size_t *global,
+                              const size_t *local) {
+  return launch(d, file, name, args, nargs, dims, global, local);
+}
+
+clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const char *name,
+                                 const karg *args, int nargs, size_t n) {
+  return launch_1d(d, file, name, args, nargs, n);
+}
+
 /* (cols, rows) work-items in groups of WG_2D, shaped to waste little on narrow matrices. */
 static void shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t global[2],
                      size_t local[2]) {
@@ -150,6 +155,13 @@ static void shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t globa
  * CL_OUT_OF_RESOURCES, also CLPAR_ERROR_OUT_OF_MEMORY), returned by the next call. */
 static clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
   clpar_ocl_device *d = dev;
+  /* The specification makes a larger buffer CL_INVALID_BUFFER_SIZE, but some drivers
+   * (NVIDIA's) accept one; the limit is enforced here so that every driver behaves the same. */
+  if (d->max_alloc && bytes > d->max_alloc)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                           "clCreateBuffer(%zu bytes): over the device's "
+                           "CL_DEVICE_MAX_MEM_ALLOC_SIZE (%llu bytes)",
+                           bytes, (unsigned long long)d->max_alloc);
   cl_int err;
   cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes ? bytes : sizeof(float), NULL, &err);
   if (err != CL_SUCCESS) {
@@ -495,6 +507,39 @@ static clpar_status ocl_broadcast_rows(void *dev, size_t rows, size_t cols, clpa
   return launch(dev, "elementwise.cl", "broadcast_rows_f32", args, 6, 2, global, local);
 }
 
+/* Reductions along dimensions (kernels/opencl/reduce_dims.cl). A narrow inner with a long
+ * red takes a work-group per output; outer == 1 with a wide inner is sum_rows' shape (its
+ * chunked two-pass path); everything else a work-item per output. */
+#define REDUCE_NARROW 16 /* inner below this is narrow */
+#define REDUCE_LONG 64   /* red from this on is long */
+
+static clpar_status ocl_reduce_sum(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                                   clpar_bref out) {
+  clpar_ocl_device *d = dev;
+  if (outer == 1 && inner >= REDUCE_NARROW) return ocl_sum_rows(dev, red, inner, a, out);
+  cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
+  cl_ulong aoff = a.off, ooff = out.off, o = outer, r = red, in = inner;
+  if (inner < REDUCE_NARROW && red >= REDUCE_LONG) {
+    size_t most = d->max_wg_size < 64 ? d->max_wg_size : 64, local = 1; /* RD_GROUP */
+    while (local * 2 <= most) local *= 2;
+    size_t global = outer * inner * local;
+    karg args[] = {KARG(am), KARG(aoff), KARG(r), KARG(in), KARG(om), KARG(ooff)};
+    return launch(d, "reduce_dims.cl", "reduce_sum_group_f32", args, 6, 1, &global, &local);
+  }
+  size_t global[2], local[2];
+  shape_2d(d, inner, outer, global, local);
+  karg args[] = {KARG(am), KARG(aoff), KARG(o), KARG(r), KARG(in), KARG(om), KARG(ooff)};
+  return launch(d, "reduce_dims.cl", "reduce_sum_items_f32", args, 7, 2, global, local);
+}
+
+static clpar_status ocl_expand(void *dev, size_t outer, size_t red, size_t inner, clpar_bref a,
+                               clpar_bref out) {
+  cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
+  cl_ulong aoff = a.off, ooff = out.off, r = red, in = inner, n = outer * red * inner;
+  karg args[] = {KARG(am), KARG(aoff), KARG(r), KARG(in), KARG(om), KARG(ooff), KARG(n)};
+  return launch_1d(dev, "reduce_dims.cl", "expand_f32", args, 7, (size_t)n);
+}
+
 static clpar_status ocl_unary(void *dev, clpar_unary_kind kind, size_t n, clpar_bref a,
                               clpar_bref out) {
   cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
@@ -726,6 +771,7 @@ static void fill_info(clpar_ocl_device *d, clpar_device_info *info) {
   info->global_mem_bytes = mem;
   info->max_alloc_bytes = max_alloc;
   info->compute_units = (int)cu;
+  d->max_alloc = max_alloc;
 }
 
 /* A context and queue of its own for one device; NULL (error set) on failure. */

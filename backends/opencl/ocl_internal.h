@@ -47,6 +47,7 @@ typedef struct clpar_ocl_device {
   pthread_mutex_t prog_lock;
   clpar_ocl_program *programs;
   atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
+  cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE, enforced by ocl_alloc */
   size_t max_wg_size;
   cl_mem_flags buffer_flags; /* tensors' buffers: see ocl_alloc */
   cl_mem scratch;            /* partial sums of sum_rows, grown on demand; guarded by lock */
@@ -66,6 +67,53 @@ typedef struct clpar_ocl_device {
   char platform_name[256];
   char platform_version[256];
 } clpar_ocl_device;
+
+/* ---- kernel launches (ocl_backend.c), for the ops kept in files of their own ---- */
+
+/* One kernel argument: its size and a pointer to its value (NULL value: __local memory). */
+typedef struct {
+  size_t size;
+  const void *value;
+} karg;
+
+#define KARG(x) \
+  { sizeof(x), &(x) }
+
+/* Takes dev->lock, sets the arguments of kernel name of the embedded file and enqueues it
+ * (profiled like every kernel). */
+clpar_status clpar_ocl_launch(clpar_ocl_device *d, const char *file, const char *name,
+                              const karg *args, int nargs, cl_uint dims, const size_t *global,
+                              const size_t *local);
+/* n work-items in groups of up to 256 (the kernel checks its index against n). */
+clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const char *name,
+                                 const karg *args, int nargs, size_t n);
+
+/* ---- ocl_conv.c: convolution, pooling and batch-norm entries (backend.h) ---- */
+#define CLPAR_OCL_CONV_DECL_(name) \
+  clpar_status clpar_ocl_##name(void *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+CLPAR_OCL_CONV_DECL_(im2col)
+CLPAR_OCL_CONV_DECL_(col2im)
+CLPAR_OCL_CONV_DECL_(swap01)
+CLPAR_OCL_CONV_DECL_(maxpool)
+CLPAR_OCL_CONV_DECL_(maxpool_backward)
+CLPAR_OCL_CONV_DECL_(avgpool)
+CLPAR_OCL_CONV_DECL_(avgpool_backward)
+CLPAR_OCL_CONV_DECL_(bn_stats)
+CLPAR_OCL_CONV_DECL_(bn_apply)
+CLPAR_OCL_CONV_DECL_(bn_backward_sums)
+CLPAR_OCL_CONV_DECL_(bn_backward)
+#undef CLPAR_OCL_CONV_DECL_
+#define ocl_im2col clpar_ocl_im2col
+#define ocl_col2im clpar_ocl_col2im
+#define ocl_swap01 clpar_ocl_swap01
+#define ocl_maxpool clpar_ocl_maxpool
+#define ocl_maxpool_backward clpar_ocl_maxpool_backward
+#define ocl_avgpool clpar_ocl_avgpool
+#define ocl_avgpool_backward clpar_ocl_avgpool_backward
+#define ocl_bn_stats clpar_ocl_bn_stats
+#define ocl_bn_apply clpar_ocl_bn_apply
+#define ocl_bn_backward_sums clpar_ocl_bn_backward_sums
+#define ocl_bn_backward clpar_ocl_bn_backward
 
 /* ---- ocl_errors.c ---- */
 

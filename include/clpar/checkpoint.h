@@ -31,15 +31,15 @@ typedef struct clpar_load_report {
 /* Frees the lists (the struct itself is the caller's); accepts NULL. */
 CLPAR_API void clpar_load_report_free(clpar_load_report *report);
 
-/* Writes every parameter of m (clpar_module_parameter_at's names and order, each tensor once)
- * to path as safetensors. metadata: NULL, or n_metadata key/value pairs (keys[i], values[i])
- * written as the header's "__metadata__" strings. */
+/* Writes m's state_dict, every parameter and buffer (clpar_module_state_at's names and order,
+ * each tensor once), to path as safetensors. metadata: NULL, or n_metadata key/value pairs
+ * (keys[i], values[i]) written as the header's "__metadata__" strings. */
 CLPAR_API clpar_status clpar_safetensors_save(const clpar_module *m, const char *path,
                                               const char *const *keys, const char *const *values,
                                               int n_metadata);
 
-/* Loads path into m's parameters. strict (as PyTorch's load_state_dict(strict=True)): a name
- * missing from the file, a name the module lacks, or an entry of another shape or dtype is
+/* Loads path into m's parameters and buffers. strict (as PyTorch's load_state_dict(strict=True)): a
+ * name missing from the file, a name the module lacks, or an entry of another shape or dtype is
  * CLPAR_ERROR_SHAPE_MISMATCH whose message lists the names, and nothing is changed; not
  * strict: the entries that match are loaded and report (may be NULL) lists the rest. The
  * "module." prefix of a DataParallel wrapper is matched either way: a file saved from a
@@ -51,8 +51,8 @@ CLPAR_API clpar_status clpar_safetensors_save(const clpar_module *m, const char 
 CLPAR_API clpar_status clpar_safetensors_load(clpar_module *m, const char *path, int strict,
                                               clpar_load_report *report);
 
-/* A resumable training checkpoint, itself a safetensors file: the model's parameters as
- * "model.<name>", the optimizer's state under PyTorch's names
+/* A resumable training checkpoint, itself a safetensors file: the model's parameters and
+ * buffers as "model.<name>", the optimizer's state under PyTorch's names
  * ("optimizer.state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq"), and in the metadata
  * the optimizer's kind, options and per-parameter step counts, the parameter generator's
  * state (clpar_manual_seed) and the caller's step and epoch. opt may be NULL. */

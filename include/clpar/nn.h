@@ -1,7 +1,8 @@
 /* nn.h — layers, activations and losses, and modules: Linear, ReLU, Sequential and
- * user-defined modules (a forward callback with named children and parameters), so that
- * PyTorch's nn.Module classes can be written in C. Parameters have PyTorch-style names
- * ("fc.weight", "seq1.0.bias"). Every op here is differentiable. */
+ * user-defined modules (a forward callback with named children, parameters and buffers, and a
+ * training flag), so that PyTorch's nn.Module classes can be written in C. Parameters and
+ * buffers have PyTorch-style names ("fc.weight", "seq1.0.bias", "bn1.running_mean"). Every op
+ * here is differentiable. */
 #ifndef CLPAR_NN_H
 #define CLPAR_NN_H
 
@@ -76,9 +77,19 @@ CLPAR_API clpar_status clpar_module_add_child(clpar_module *m, const char *name,
  * gradient. */
 CLPAR_API clpar_status clpar_module_add_parameter(clpar_module *m, const char *name,
                                                   clpar_tensor *param);
+/* Registers a buffer under name (PyTorch's register_buffer): state that is saved, moved and
+ * replicated with the module but not trained, such as BatchNorm's running statistics. The
+ * module takes a reference. A buffer never requires a gradient: a tensor that requires one,
+ * or the result of an op, is refused (CLPAR_ERROR_INVALID_ARGUMENT), as is a name already
+ * used by a parameter or buffer of m. Optimizers and zero_grad never see buffers. Ops that
+ * update a buffer do it in place (the tensor object stays the one registered). */
+CLPAR_API clpar_status clpar_module_add_buffer(clpar_module *m, const char *name,
+                                               clpar_tensor *buf);
 CLPAR_API clpar_module *clpar_module_child(const clpar_module *m, const char *name);
 /* A direct parameter by name (borrowed), NULL when there is none. */
 CLPAR_API clpar_tensor *clpar_module_parameter(const clpar_module *m, const char *name);
+/* A direct buffer by name (borrowed), NULL when there is none. */
+CLPAR_API clpar_tensor *clpar_module_buffer(const clpar_module *m, const char *name);
 CLPAR_API const char *clpar_module_type(const clpar_module *m);
 
 CLPAR_API clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input,
@@ -91,6 +102,31 @@ CLPAR_API int clpar_module_parameter_count(const clpar_module *m);
  * valid as long as m is. */
 CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char **name,
                                                  clpar_tensor **param);
+/* Every buffer of m and its children, in PyTorch's named_buffers() order (a module's own
+ * buffers, then its children's, depth first in registration order), each once under the first
+ * name met ("bn1.running_mean"). A DataParallel or DistributedDataParallel wrapper lists the
+ * wrapped module's buffers as "module.<name>", as PyTorch does. */
+CLPAR_API int clpar_module_buffer_count(const clpar_module *m);
+/* Buffer i of that list with its full name; both borrowed, the name valid as long as m is. */
+CLPAR_API clpar_status clpar_module_buffer_at(const clpar_module *m, int i, const char **name,
+                                              clpar_tensor **buf);
+/* The entries of PyTorch's state_dict(): per module, its own parameters, then its own buffers,
+ * then each child's entries, recursively ("w", "b0", "fc.weight", "fc.bias",
+ * "bn1.weight", "bn1.bias", "bn1.running_mean", ...). A tensor or module that appears at more
+ * than one place is listed once, under the first name met (PyTorch's state_dict repeats it
+ * under every name; safetensors' save_model drops the repeats, as here). Checkpoints save and
+ * load this list. */
+CLPAR_API int clpar_module_state_count(const clpar_module *m);
+/* Entry i of the state list: its full name and tensor (borrowed; the name valid as long as m
+ * is), and *is_buffer 1 for a buffer, 0 for a parameter. Any of the outputs may be NULL. */
+CLPAR_API clpar_status clpar_module_state_at(const clpar_module *m, int i, const char **name,
+                                             clpar_tensor **t, int *is_buffer);
+/* Training mode (on != 0) or evaluation mode (on == 0) for m and every module in its tree
+ * (PyTorch's train() / eval()). Modules are made in training mode. A forward reads its own
+ * flag with clpar_module_is_training(self); layers such as BatchNorm use it. DataParallel's
+ * replicas take the mode of the wrapped module's tree at each forward. */
+CLPAR_API clpar_status clpar_module_train(clpar_module *m, int on);
+CLPAR_API int clpar_module_is_training(const clpar_module *m);
 /* Flat parameters: places m's parameters that live on one device one after another in one
  * buffer (per device), and their gradients in another buffer of the same layout. Each
  * parameter stays the same tensor (pointers held by an optimizer stay valid, values and
@@ -101,11 +137,12 @@ CLPAR_API clpar_status clpar_module_parameter_at(const clpar_module *m, int i, c
  * share a flat buffer with parameters outside it. Flattening again re-packs only what changed
  * (a flat module stays as it is). DataParallel flattens the module it wraps; a gradient it
  * adds into the flat gradient counts as a gradient of every parameter of the buffer (one the
- * step did not use gets zeros, and an optimizer steps it). On error nothing is changed. */
+ * step did not use gets zeros, and an optimizer steps it). Module buffers are not flattened:
+ * each stays a tensor of its own. On error nothing is changed. */
 CLPAR_API clpar_status clpar_module_flatten(clpar_module *m);
-/* Moves every parameter to dev (a differentiable module stays trainable there). A
- * DataParallel wrapper, or a module containing one, is refused (CLPAR_ERROR_INVALID_ARGUMENT):
- * its devices were fixed when it was made. */
+/* Moves every parameter and buffer to dev, in place (a differentiable module stays trainable
+ * there). A DataParallel wrapper, or a module containing one, is refused
+ * (CLPAR_ERROR_INVALID_ARGUMENT): its devices were fixed when it was made. */
 CLPAR_API clpar_status clpar_module_to(clpar_module *m, clpar_device *dev);
 CLPAR_API clpar_status clpar_module_zero_grad(clpar_module *m);
 /* Frees a module that no parent holds, dropping its references to its children and

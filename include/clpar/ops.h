@@ -16,9 +16,9 @@
 extern "C" {
 #endif
 
-/* In place: every element of t becomes value. */
+/* In place: every element of t becomes value (an int tensor: 0 only). */
 CLPAR_API clpar_status clpar_fill(clpar_tensor *t, float value);
-/* In place: dst takes src's values; same numel, any two devices. */
+/* In place: dst takes src's values; same numel and dtype, any two devices. */
 CLPAR_API clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src);
 
 /* out = a (op) b. b has a's shape, or is one row (shape [cols] or [1, cols]) that is
@@ -40,9 +40,29 @@ CLPAR_API clpar_status clpar_gemm(int trans_a, int trans_b, float alpha, const c
 /* Sum over rows (dim 0): a of shape [rows, cols...] gives [cols...]; 1-D a gives [1]. */
 CLPAR_API clpar_status clpar_sum_rows(const clpar_tensor *a, clpar_tensor **out);
 
-/* Concatenate n tensors along dim 0 (same trailing shape, same device) into a new tensor. */
+/* Reductions along dimensions (torch.sum / mean / var with dim=...): dims lists n_dims
+ * distinct dimensions of x (negative: from the end), or dims NULL and n_dims 0 for every
+ * dimension. keepdim: the reduced dimensions stay, of size 1; otherwise they are dropped (a
+ * result with no dimension left is [1]). var: unbiased divides by the count minus one
+ * (Bessel; NaN for one element, as torch), else by the count; computed in two passes (the
+ * mean, then the squared deviations from it). Differentiable; float32 only. */
+CLPAR_API clpar_status clpar_sum_dims(const clpar_tensor *x, const int *dims, int n_dims,
+                                      int keepdim, clpar_tensor **out);
+CLPAR_API clpar_status clpar_mean_dims(const clpar_tensor *x, const int *dims, int n_dims,
+                                       int keepdim, clpar_tensor **out);
+CLPAR_API clpar_status clpar_var_dims(const clpar_tensor *x, const int *dims, int n_dims,
+                                      int unbiased, int keepdim, clpar_tensor **out);
+/* torch's x.expand(shape).contiguous(): x has ndim dimensions, each equal to shape's or 1,
+ * and is repeated along the 1s into a new tensor of shape (x itself, as a view, when nothing
+ * is repeated). Differentiable: the gradient is summed back over the repeated dims. */
+CLPAR_API clpar_status clpar_expand(const clpar_tensor *x, int ndim, const int64_t *shape,
+                                    clpar_tensor **out);
+
+/* Concatenate n tensors along dim 0 (same trailing shape, dtype and device) into a new
+ * tensor; any dtype. */
 CLPAR_API clpar_status clpar_concat(clpar_tensor *const *parts, int n, clpar_tensor **out);
-/* Split along dim 0 into n views with the given row counts, which must add up to dim 0. */
+/* Split along dim 0 into n views with the given row counts, which must add up to dim 0; any
+ * dtype. */
 CLPAR_API clpar_status clpar_split(clpar_tensor *t, const int64_t *sizes, int n,
                                    clpar_tensor **outs);
 /* torch.chunk sizes: chunk = ceil(rows / k); writes up to k sizes and returns how many chunks

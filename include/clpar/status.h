@@ -31,7 +31,8 @@ extern "C" {
   X(CLPAR_ERROR_INDEX, -16, "index out of range")                                        \
   X(CLPAR_ERROR_INTERNAL, -17, "internal error")                                         \
   X(CLPAR_ERROR_BUSY, -18, "in use by another thread")                                   \
-  X(CLPAR_ERROR_TIMEOUT, -19, "a collective did not complete within the deadline")
+  X(CLPAR_ERROR_TIMEOUT, -19, "a collective did not complete within the deadline")       \
+  X(CLPAR_ERROR_DTYPE, -20, "a tensor's dtype does not fit the operation")
 
 typedef enum clpar_status {
 #define CLPAR_STATUS_ENUM_(name, value, msg) name = value,

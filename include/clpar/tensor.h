@@ -1,5 +1,6 @@
-/* tensor.h — float32 tensors on any device: row-major and contiguous; a view of a range of
- * rows shares its parent's memory.
+/* tensor.h — tensors on any device: float32 (the default, and the only dtype the math ops
+ * take), int32 and int64 (labels, indices, counters); row-major and contiguous; a view of a
+ * range of rows, or of the whole with another shape, shares its parent's memory.
  *
  * Ownership: a function that returns a new tensor gives the caller one reference, to be
  * dropped with clpar_tensor_free (which accepts NULL). While a scope is open on the calling
@@ -24,12 +25,30 @@ extern "C" {
 typedef struct clpar_tensor clpar_tensor;
 typedef struct clpar_scope clpar_scope;
 
+/* Element types. The functions without a dtype in their name (clpar_tensor_zeros,
+ * from_host, read, write) mean float32; every math op (ops.h, nn.h, optimizers) takes float32
+ * only and refuses an int tensor with CLPAR_ERROR_DTYPE naming its dtype. Int tensors can be
+ * created, read and written (raw), copied (clpar_copy, same dtype), moved between devices,
+ * viewed (rows, reshape, flatten, split), concatenated and zero-filled. */
+typedef enum clpar_dtype { CLPAR_FLOAT32 = 0, CLPAR_INT32 = 1, CLPAR_INT64 = 2 } clpar_dtype;
+/* Bytes per element (4, 4, 8); 0 for a value that is no clpar_dtype. */
+CLPAR_API size_t clpar_dtype_size(clpar_dtype dtype);
+/* "float32", "int32", "int64"; "unknown" for a value that is no clpar_dtype. */
+CLPAR_API const char *clpar_dtype_name(clpar_dtype dtype);
+
 /* Every dimension must be >= 1. */
 CLPAR_API clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int64_t *shape,
                                           clpar_tensor **out);
 /* Copies numel floats from data (row-major). */
 CLPAR_API clpar_status clpar_tensor_from_host(clpar_device *dev, int ndim, const int64_t *shape,
                                               const float *data, clpar_tensor **out);
+/* A tensor of dtype filled with zeros. */
+CLPAR_API clpar_status clpar_tensor_zeros_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                                const int64_t *shape, clpar_tensor **out);
+/* Copies numel elements of dtype (numel * clpar_dtype_size(dtype) bytes) from data. */
+CLPAR_API clpar_status clpar_tensor_from_host_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
+                                                    const int64_t *shape, const void *data,
+                                                    clpar_tensor **out);
 /* Uniform in [lo, hi) from a counter-based generator: the same seed gives the same values on
  * every device and backend. A shape larger than one buffer of dev allows is
  * CLPAR_ERROR_TOO_LARGE, found before any work; host memory used is at most 4 MiB. */
@@ -42,18 +61,28 @@ CLPAR_API clpar_status clpar_tensor_rand_normal(clpar_device *dev, int ndim, con
                                                 clpar_tensor **out);
 
 /* Waits for the tensor's device and copies numel floats into dst; dst_count is the capacity
- * of dst in floats. */
+ * of dst in floats. A tensor of another dtype is CLPAR_ERROR_DTYPE (use read_raw). */
 CLPAR_API clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_count);
-/* Overwrites the tensor's values from host memory (numel floats). */
+/* Overwrites the tensor's values from host memory (numel floats); float32 tensors only. */
 CLPAR_API clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_count);
+/* Any dtype: the numel * clpar_dtype_size bytes of the tensor's elements, as they are, to or
+ * from host memory of dst_bytes / src_bytes (at least that many; CLPAR_ERROR_BUFFER_TOO_SMALL
+ * otherwise). read_raw waits for the device, as clpar_tensor_read does. */
+CLPAR_API clpar_status clpar_tensor_read_raw(const clpar_tensor *t, void *dst, size_t dst_bytes);
+CLPAR_API clpar_status clpar_tensor_write_raw(clpar_tensor *t, const void *src, size_t src_bytes);
 /* A new tensor on dev with t's values; works across backends and OpenCL platforms. */
 CLPAR_API clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev,
                                        clpar_tensor **out);
 /* Rows [start, start+count) of t as a view sharing t's memory. */
 CLPAR_API clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count,
                                          clpar_tensor **out);
-/* The same memory seen with another shape of the same numel. */
+/* The same memory seen with another shape of the same numel (torch's view): one dimension
+ * may be -1, inferred from the others. Differentiable, no copy. */
 CLPAR_API clpar_status clpar_tensor_reshape(clpar_tensor *t, int ndim, const int64_t *shape,
+                                            clpar_tensor **out);
+/* torch.flatten: dimensions start_dim..end_dim (negative: from the end) merged into one; a
+ * view of the same memory, differentiable. start_dim == end_dim gives t's shape. */
+CLPAR_API clpar_status clpar_tensor_flatten(clpar_tensor *t, int start_dim, int end_dim,
                                             clpar_tensor **out);
 
 CLPAR_API clpar_tensor *clpar_tensor_retain(clpar_tensor *t);
@@ -63,6 +92,8 @@ CLPAR_API int clpar_tensor_ndim(const clpar_tensor *t);
 /* Size of dimension i; negative i counts from the end. 0 for an index out of range. */
 CLPAR_API int64_t clpar_tensor_dim(const clpar_tensor *t, int i);
 CLPAR_API int64_t clpar_tensor_numel(const clpar_tensor *t);
+/* The tensor's element type (CLPAR_FLOAT32 for NULL). */
+CLPAR_API clpar_dtype clpar_tensor_dtype(const clpar_tensor *t);
 CLPAR_API clpar_device *clpar_tensor_device(const clpar_tensor *t);
 /* "[15, 5]" into buf (always terminated); returns buf. */
 CLPAR_API char *clpar_tensor_shape_str(const clpar_tensor *t, char *buf, size_t size);

@@ -17,10 +17,17 @@
  * returns with reduced gradients, so the optimizer step needs no extra call, and the writes
  * are posted to the devices' queues before anything the program posts next.
  *
- * Creation checks that all ranks hold the same parameters (each rank compares its list with
- * rank 0's; the lowest rank that differs broadcasts its message, so that every rank fails
- * with the same error and none waits for a collective the others will not make), then
- * broadcasts rank 0's values. */
+ * Creation checks that all ranks hold the same parameters and buffers (each rank compares its
+ * lists with rank 0's; the lowest rank that differs broadcasts its message, so that every rank
+ * fails with the same error and none waits for a collective the others will not make), then
+ * broadcasts rank 0's values.
+ *
+ * Buffers (BatchNorm's running statistics) are broadcast from rank 0 at creation and before a
+ * forward, as PyTorch's broadcast_buffers=True: all of them in one host block, one broadcast,
+ * whose header carries rank 0's status (a rank 0 that could not read its buffers fails every
+ * rank with its message). As in PyTorch (require_forward_param_sync), a forward broadcasts
+ * only when the previous forward ran with gradients enabled and synchronized: the forward after
+ * one under clpar_set_grad_enabled(0) or clpar_ddp_set_sync(0) keeps each rank's own buffers. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +59,8 @@ typedef struct {
   int ready;
 } ddp_bucket;
 
+enum { BUFFER_HEADER = 8 + MESSAGE_SIZE }; /* status, padding, rank 0's message */
+
 struct ddp_state {
   MPI_Comm comm; /* the job's communicator duplicated for this module's collectives */
   uint64_t seq;  /* collectives on comm so far (the timeout's message names the number) */
@@ -59,6 +68,13 @@ struct ddp_state {
   int world;
   int n_params;
   ddp_param *params; /* in bucket order: the module's parameters reversed */
+  int n_buffers;
+  clpar_tensor **buffers; /* references of ours, in the module's buffer order */
+  char **buffer_names;    /* "module.<name>" */
+  size_t *buffer_at;      /* each buffer's bytes in the block, 8-aligned, after the header */
+  size_t block_bytes;
+  unsigned char *block; /* the broadcast's host memory */
+  int sync_buffers;     /* the next forward broadcasts (the previous one synchronized) */
   int n_buckets;
   ddp_bucket *buckets;
   pthread_t thread;
@@ -246,13 +262,19 @@ static clpar_status check_finished_step(ddp_state *st) {
   return s;
 }
 
+static clpar_status broadcast_buffers(ddp_state *st, const char *what);
+
 static clpar_status ddp_forward(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
                                 void *user) {
   ddp_state *st = user;
   pthread_mutex_lock(&st->lock);
   clpar_status s = take_error(st);
   if (s == CLPAR_OK) s = check_finished_step(st);
+  int sync = st->sync_buffers; /* the communication thread is idle now: no bucket is pending */
+  st->sync_buffers = clpar_is_grad_enabled() && !st->no_sync;
   pthread_mutex_unlock(&st->lock);
+  if (s == CLPAR_OK && sync)
+    s = broadcast_buffers(st, "DistributedDataParallel: broadcasting buffers from rank 0");
   if (s != CLPAR_OK) return s;
   return clpar_module_forward(clpar_module_child(self, "module"), input, output);
 }
@@ -275,10 +297,19 @@ static void ddp_free(void *user) {
     }
     free(p->name);
   }
+  for (int i = 0; i < st->n_buffers; i++) {
+    clpar_tensor_free(st->buffers[i]);
+    free(st->buffer_names[i]);
+  }
+  free(st->buffers);
+  free(st->buffer_names);
+  free(st->buffer_at);
+  st->n_buffers = 0;
   /* after a timeout, a pending collective may still write the buffers (and st->comm, for
    * MPI_Comm_idup): they stay allocated, as MPI cannot cancel a collective */
   if (st->abandoned) return;
   for (int k = 0; k < st->n_buckets; k++) free(st->buckets[k].buf);
+  free(st->block);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && st->comm != MPI_COMM_NULL && !clpar_dist_is_broken()) {
@@ -318,14 +349,18 @@ static clpar_status agree(ddp_state *st, clpar_status mine, const char *what) {
   return clpar_set_error((clpar_status)code, "%s: %s", what, msg);
 }
 
-/* "module.0.weight [64, 20]\n" for each parameter, in the module's order. */
-static char *signature(const ddp_state *st) {
+/* "module.0.weight [64, 20]\n" for each parameter (buffers: 0) or buffer (1), in the module's
+ * order. */
+static char *signature(const ddp_state *st, int buffers) {
   size_t cap = 64, len = 0;
   char *text = malloc(cap);
-  for (int i = st->n_params - 1; text && i >= 0; i--) {
+  int n = buffers ? st->n_buffers : st->n_params;
+  for (int k = 0; text && k < n; k++) {
+    int i = buffers ? k : st->n_params - 1 - k; /* parameters are held reversed */
+    const char *name = buffers ? st->buffer_names[i] : st->params[i].name;
     char shape[128];
-    clpar_tensor_shape_str(st->params[i].param, shape, sizeof shape);
-    size_t need = strlen(st->params[i].name) + strlen(shape) + 3;
+    clpar_tensor_shape_str(buffers ? st->buffers[i] : st->params[i].param, shape, sizeof shape);
+    size_t need = strlen(name) + strlen(shape) + 3;
     if (len + need + 1 > cap) {
       while (len + need + 1 > cap) cap *= 2;
       char *bigger = realloc(text, cap);
@@ -333,7 +368,7 @@ static char *signature(const ddp_state *st) {
       text = bigger;
       if (!text) break;
     }
-    len += (size_t)snprintf(text + len, cap - len, "%s %s\n", st->params[i].name, shape);
+    len += (size_t)snprintf(text + len, cap - len, "%s %s\n", name, shape);
   }
   if (text) text[len] = '\0';
   return text;
@@ -345,20 +380,21 @@ static int count_lines(const char *text) {
   return n;
 }
 
-/* Whether mine differs from rank 0's list; msg then names the first difference. */
-static int compare_signatures(const char *mine, const char *root, int rank, char *msg,
-                              size_t size) {
+/* Whether mine differs from rank 0's list of nouns ("parameter"); msg then names the first
+ * difference. */
+static int compare_signatures(const char *mine, const char *root, int rank, const char *noun,
+                              char *msg, size_t size) {
   for (int line = 0;; line++) {
     const char *a_end = strchr(mine, '\n'), *b_end = strchr(root, '\n');
     if (!a_end && !b_end) return 0;
     if (!a_end || !b_end) {
-      snprintf(msg, size, "rank %d has %d parameters where rank 0 has %d (the first %d agree)",
-               rank, line + count_lines(mine), line + count_lines(root), line);
+      snprintf(msg, size, "rank %d has %d %ss where rank 0 has %d (the first %d agree)", rank,
+               line + count_lines(mine), noun, line + count_lines(root), line);
       return 1;
     }
     size_t a_len = (size_t)(a_end - mine), b_len = (size_t)(b_end - root);
     if (a_len != b_len || memcmp(mine, root, a_len) != 0) {
-      snprintf(msg, size, "parameter %d is \"%.*s\" on rank %d but \"%.*s\" on rank 0", line,
+      snprintf(msg, size, "%s %d is \"%.*s\" on rank %d but \"%.*s\" on rank 0", noun, line,
                (int)(a_len > 300 ? 300 : a_len), mine, rank, (int)(b_len > 300 ? 300 : b_len),
                root);
       return 1;
@@ -368,30 +404,35 @@ static int compare_signatures(const char *mine, const char *root, int rank, char
   }
 }
 
-/* Every rank holds the same parameters as rank 0, or every rank fails naming the first
- * difference and the rank. */
-static clpar_status check_same_parameters(ddp_state *st) {
+/* Every rank holds the same parameters (buffers: 0) or buffers (1) as rank 0, or every rank
+ * fails naming the first difference and the rank. */
+static clpar_status check_same_list(ddp_state *st, int buffers) {
   const char *what = "clpar_ddp_create: the ranks' models differ";
-  char *mine = signature(st), *root = NULL;
+  const char *noun = buffers ? "buffer" : "parameter";
+  char *mine = signature(st, buffers), *root = NULL;
   unsigned long long len = mine ? strlen(mine) + 1 : 0;
   clpar_status s = agree(st, mine ? CLPAR_OK : oom(), "clpar_ddp_create");
   if (s == CLPAR_OK)
     s = clpar_dist_bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, st->comm,
-                         "clpar_ddp_create: broadcasting the size of rank 0's parameter list",
+                         buffers ? "clpar_ddp_create: broadcasting the size of rank 0's buffer list"
+                                 : "clpar_ddp_create: broadcasting the size of rank 0's parameter "
+                                   "list",
                          ++st->seq);
   if (s == CLPAR_OK) {
     root = clpar_dist_rank() == 0 ? mine : malloc(len);
     s = agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
   }
   if (s == CLPAR_OK && len > INT_MAX)
-    s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_ddp_create: too many parameters");
+    s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_ddp_create: too many %ss", noun);
   if (s == CLPAR_OK)
     s = clpar_dist_bcast(root, (int)len, MPI_CHAR, 0, st->comm,
-                         "clpar_ddp_create: broadcasting rank 0's parameter list", ++st->seq);
+                         buffers ? "clpar_ddp_create: broadcasting rank 0's buffer list"
+                                 : "clpar_ddp_create: broadcasting rank 0's parameter list",
+                         ++st->seq);
   if (s == CLPAR_OK) {
     char msg[MESSAGE_SIZE];
     root[len - 1] = '\0';
-    clpar_status mine_s = compare_signatures(mine, root, clpar_dist_rank(), msg, sizeof msg)
+    clpar_status mine_s = compare_signatures(mine, root, clpar_dist_rank(), noun, msg, sizeof msg)
                               ? clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "%s", msg)
                               : CLPAR_OK;
     s = agree(st, mine_s, what);
@@ -459,6 +500,73 @@ static clpar_status make_buckets(ddp_state *st, double cap_mb) {
   return CLPAR_OK;
 }
 
+/* The buffers, each with a reference and its "module." name, and the host block that carries
+ * them (each buffer's bytes 8-aligned after the header). */
+static clpar_status take_buffers(ddp_state *st, clpar_module *module) {
+  int n = clpar_module_buffer_count(module);
+  size_t slots = n > 0 ? (size_t)n : 1;
+  st->buffers = calloc(slots, sizeof *st->buffers);
+  st->buffer_names = calloc(slots, sizeof *st->buffer_names);
+  st->buffer_at = calloc(slots, sizeof *st->buffer_at);
+  if (!st->buffers || !st->buffer_names || !st->buffer_at) return oom();
+  size_t at = BUFFER_HEADER;
+  for (int i = 0; i < n; i++) {
+    const char *name;
+    clpar_tensor *t;
+    clpar_status s = clpar_module_buffer_at(module, i, &name, &t);
+    if (s != CLPAR_OK) return s;
+    st->buffers[i] = clpar_tensor_retain(t);
+    st->n_buffers = i + 1;
+    if (!(st->buffer_names[i] = malloc(strlen(name) + 8))) return oom();
+    sprintf(st->buffer_names[i], "module.%s", name);
+    st->buffer_at[i] = at;
+    at += (clpar_tensor_nbytes(t) + 7) / 8 * 8;
+  }
+  st->block_bytes = at;
+  if (n > 0 && !(st->block = malloc(at))) return oom();
+  return CLPAR_OK;
+}
+
+/* A buffer's bytes (any dtype) to and from host memory. */
+static clpar_status buffer_read(const clpar_tensor *t, void *dst) {
+  return clpar_tensor_read_raw(t, dst, clpar_tensor_nbytes(t));
+}
+static clpar_status buffer_write(clpar_tensor *t, const void *src) {
+  return clpar_tensor_write_raw(t, src, clpar_tensor_nbytes(t));
+}
+
+/* Rank 0's buffers to every rank: rank 0 reads them all into the block (waiting for its
+ * device), one broadcast (in pieces of at most INT_MAX bytes), the others write them. The
+ * header carries rank 0's status and message, so a failed read fails every rank alike. */
+static clpar_status broadcast_buffers(ddp_state *st, const char *what) {
+  if (st->n_buffers == 0) return CLPAR_OK;
+  unsigned char *block = st->block;
+  int32_t status = CLPAR_OK;
+  memset(block, 0, BUFFER_HEADER);
+  if (clpar_dist_rank() == 0) {
+    for (int i = 0; status == CLPAR_OK && i < st->n_buffers; i++)
+      status = buffer_read(st->buffers[i], block + st->buffer_at[i]);
+    if (status != CLPAR_OK) snprintf((char *)block + 8, MESSAGE_SIZE, "%s", clpar_last_error());
+    memcpy(block, &status, sizeof status);
+  }
+  clpar_status s = CLPAR_OK;
+  for (size_t at = 0; s == CLPAR_OK && at < st->block_bytes;) {
+    size_t piece = st->block_bytes - at < (size_t)INT_MAX ? st->block_bytes - at : INT_MAX;
+    s = clpar_dist_bcast(block + at, (int)piece, MPI_BYTE, 0, st->comm, what, ++st->seq);
+    at += piece;
+  }
+  if (s != CLPAR_OK) return s;
+  memcpy(&status, block, sizeof status);
+  if (status != CLPAR_OK) {
+    block[8 + MESSAGE_SIZE - 1] = '\0';
+    return clpar_set_error((clpar_status)status, "%s: rank 0 could not read its buffers: %s", what,
+                           (const char *)block + 8);
+  }
+  for (int i = 0; s == CLPAR_OK && clpar_dist_rank() != 0 && i < st->n_buffers; i++)
+    s = buffer_write(st->buffers[i], block + st->buffer_at[i]);
+  return s;
+}
+
 /* The parameters, reversed, each with a reference and its "module." name. */
 static clpar_status take_parameters(ddp_state *st, clpar_module *module) {
   int n = clpar_module_parameter_count(module);
@@ -505,10 +613,15 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
     if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, dup);
   }
   if (s == CLPAR_OK) s = agree(st, take_parameters(st, module), "clpar_ddp_create");
-  if (s == CLPAR_OK) s = check_same_parameters(st);
+  if (s == CLPAR_OK) s = agree(st, take_buffers(st, module), "clpar_ddp_create");
+  if (s == CLPAR_OK) s = check_same_list(st, 0);
+  if (s == CLPAR_OK) s = check_same_list(st, 1);
   if (s == CLPAR_OK && st->n_params == 0)
     s = clpar_set_error(CLPAR_ERROR_EMPTY, "clpar_ddp_create: the module has no parameters");
   if (s == CLPAR_OK) s = broadcast_parameters(st);
+  if (s == CLPAR_OK)
+    s = broadcast_buffers(st, "clpar_ddp_create: broadcasting buffers from rank 0");
+  st->sync_buffers = 1;
   if (s == CLPAR_OK) s = make_buckets(st, cap_mb);
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
     s = clpar_tensor_add_grad_hook(st->params[i].param, grad_ready, &st->params[i]);

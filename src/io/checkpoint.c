@@ -1,16 +1,18 @@
-/* checkpoint.c — what a module and an optimizer keep in a safetensors file: parameters under
- * PyTorch's state_dict names (with or without DataParallel's "module." prefix), and for a
+/* checkpoint.c — what a module and an optimizer keep in a safetensors file: parameters and
+ * buffers under PyTorch's state_dict names, in state_dict order (clpar_module_state_at; with or
+ * without DataParallel's "module." prefix), and for a
  * training checkpoint the optimizer's state under the names of PyTorch's optimizer state_dict,
  * the generator's state and the step counters in the metadata. A load checks the whole file
  * (its header) against the module before it changes anything, then reads the data tensor by
- * tensor. Parameters are read and written through the public tensor API (clpar_tensor_read /
- * write / from_host), whatever memory they live in.
+ * tensor. Parameters are read and written through the public tensor API (clpar_tensor_read_raw
+ * / write_raw / from_host), whatever memory they live in.
  *
- * Other dtypes and module buffers: an entry carries its safetensors dtype (clpar_st_dtype);
- * today every tensor is F32, so set_add writes F32 and check_entry accepts only F32, reporting
- * other dtypes as mismatched. When tensors get a dtype, both map it to the CLPAR_ST_* of the
- * same name; buffers become more named entries, added by add_module and matched by plan_make
- * next to the parameters. */
+ * Dtypes: an entry carries the safetensors dtype of its tensor's clpar_dtype (F32, I32, I64:
+ * clpar_st_dtype_of); check_entry accepts a file tensor only of the module tensor's dtype
+ * and shape, and reports anything else as mismatched, naming both dtypes. Values travel as
+ * raw bytes (clpar_tensor_read_raw / write_raw), little endian as the format's. Module
+ * buffers become more named entries, added by add_module and matched by plan_make next to
+ * the parameters. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,8 +96,12 @@ static void set_free(write_set *w) {
   free(w->values);
 }
 
-static clpar_status read_tensor(const void *src, void *dst, size_t bytes) {
-  return clpar_tensor_read(src, dst, bytes / sizeof(float));
+clpar_st_dtype clpar_st_dtype_of(clpar_dtype d) {
+  return d == CLPAR_INT32 ? CLPAR_ST_I32 : d == CLPAR_INT64 ? CLPAR_ST_I64 : CLPAR_ST_F32;
+}
+
+clpar_status clpar_st_tensor_fill(const void *tensor, void *dst, size_t bytes) {
+  return clpar_tensor_read_raw(tensor, dst, bytes);
 }
 
 /* Adds t under prefix + name; its values are read from its device as the file is written. */
@@ -115,7 +121,8 @@ static clpar_status set_add(write_set *w, const char *prefix, const char *name,
   sprintf(full, "%s%s", prefix, name);
   int nd = clpar_tensor_ndim(t);
   for (int k = 0; k < nd; k++) w->shapes[w->n][k] = clpar_tensor_dim(t, k);
-  w->e[w->n] = (clpar_st_entry){full, CLPAR_ST_F32, nd, NULL, NULL, read_tensor, t};
+  w->e[w->n] = (clpar_st_entry){
+      full, clpar_st_dtype_of(clpar_tensor_dtype(t)), nd, NULL, NULL, clpar_st_tensor_fill, t};
   w->n++;
   return CLPAR_OK;
 }
@@ -158,12 +165,13 @@ static clpar_status set_write(write_set *w, const char *path) {
                         (const char *const *)w->values, w->n_meta);
 }
 
+/* m's state_dict: its parameters and buffers, in PyTorch's order. */
 static clpar_status add_module(write_set *w, const clpar_module *m, const char *prefix) {
-  int n = clpar_module_parameter_count(m);
+  int n = clpar_module_state_count(m);
   for (int i = 0; i < n; i++) {
     const char *name;
     clpar_tensor *p;
-    clpar_status s = clpar_module_parameter_at(m, i, &name, &p);
+    clpar_status s = clpar_module_state_at(m, i, &name, &p, NULL);
     if (s == CLPAR_OK) s = set_add(w, prefix, name, p);
     if (s != CLPAR_OK) return s;
   }
@@ -206,15 +214,16 @@ static void shape_str(const clpar_st_tensor *e, char *buf, size_t size) {
   if (at < size) snprintf(buf + at, size - at, "]");
 }
 
-/* Whether file tensor idx can be loaded into t (F32 of t's shape); adds it to bad if not. */
+/* Whether file tensor idx can be loaded into t (t's dtype and shape); adds it to bad if not. */
 static int check_entry(const clpar_st_file *f, int idx, const clpar_tensor *t, name_list *bad) {
   const clpar_st_tensor *e = &f->tensors[idx];
-  if (e->dtype == CLPAR_ST_F32 && same_shape(e, t)) return 1;
+  clpar_st_dtype want = clpar_st_dtype_of(clpar_tensor_dtype(t));
+  if (e->dtype == want && same_shape(e, t)) return 1;
   char fs[160], ms[160];
   shape_str(e, fs, sizeof fs);
   clpar_tensor_shape_str(t, ms, sizeof ms);
-  list_add(bad, "%s (%s %s in the file, F32 %s in the module)", e->name,
-           clpar_st_dtype_name(e->dtype), fs, ms);
+  list_add(bad, "%s (%s %s in the file, %s %s in the module)", e->name,
+           clpar_st_dtype_name(e->dtype), fs, clpar_st_dtype_name(want), ms);
   return 0;
 }
 
@@ -243,10 +252,10 @@ static int find_for(const clpar_st_file *f, const char *prefix, const char *name
 }
 
 typedef struct {
-  int n; /* the module's parameters */
+  int n; /* the module's state_dict entries: parameters and buffers */
   clpar_tensor **params;
-  int *entry; /* per parameter: the file tensor to load, or -1 */
-  char *used; /* per file tensor: claimed by a parameter */
+  int *entry; /* per entry: the file tensor to load, or -1 */
+  char *used; /* per file tensor: claimed by an entry */
   name_list missing, unexpected, mismatched;
   int loaded;
 } plan;
@@ -260,18 +269,18 @@ static void plan_free(plan *p) {
   free(p->mismatched.s);
 }
 
-/* Which file tensor (named under prefix) goes into which parameter of m. */
+/* Which file tensor (named under prefix) goes into which parameter or buffer of m. */
 static clpar_status plan_make(const clpar_module *m, const clpar_st_file *f, const char *prefix,
                               plan *p) {
   memset(p, 0, sizeof *p);
-  p->n = clpar_module_parameter_count(m);
+  p->n = clpar_module_state_count(m);
   p->params = calloc((size_t)p->n + 1, sizeof *p->params);
   p->entry = calloc((size_t)p->n + 1, sizeof *p->entry);
   p->used = calloc((size_t)f->n + 1, 1);
   if (!p->params || !p->entry || !p->used) return NOMEM("load");
   for (int i = 0; i < p->n; i++) {
     const char *name;
-    clpar_status s = clpar_module_parameter_at(m, i, &name, &p->params[i]);
+    clpar_status s = clpar_module_state_at(m, i, &name, &p->params[i], NULL);
     if (s != CLPAR_OK) return s;
     int idx = find_for(f, prefix, name);
     if (idx == -2) return NOMEM("load");
@@ -305,7 +314,7 @@ static clpar_status plan_error(const char *path, const plan *p) {
 
 /* A buffer for the largest of the file's tensors that will be loaded (entry[i] >= 0 for n
  * of them), read one after the other: no copy of the whole file is held. */
-static float *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
+static void *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
   uint64_t most = 4;
   for (int i = 0; i < n; i++)
     if (entry[i] >= 0 && f->tensors[entry[i]].end - f->tensors[entry[i]].begin > most)
@@ -314,14 +323,14 @@ static float *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
 }
 
 static clpar_status plan_apply(const clpar_st_file *f, plan *p) {
-  float *buf = tensor_buffer(f, p->entry, p->n);
+  void *buf = tensor_buffer(f, p->entry, p->n);
   if (!buf) return NOMEM("load");
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < p->n; i++) {
     if (p->entry[i] < 0) continue;
+    const clpar_st_tensor *e = &f->tensors[p->entry[i]];
     s = clpar_st_tensor_read(f, p->entry[i], buf);
-    if (s == CLPAR_OK)
-      s = clpar_tensor_write(p->params[i], buf, (size_t)clpar_tensor_numel(p->params[i]));
+    if (s == CLPAR_OK) s = clpar_tensor_write_raw(p->params[i], buf, (size_t)(e->end - e->begin));
     if (s == CLPAR_OK) p->loaded++;
   }
   free(buf);

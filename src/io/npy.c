@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "internal.h"
+#include "io/dataset.h"
 #include <clpar/data.h>
 
 /* numpy's own reader refuses headers over 10,000 bytes unless told otherwise; a shape of
@@ -203,6 +204,28 @@ static clpar_status check_data_size(const char *path, clpar_npy_array *a, size_t
   return CLPAR_OK;
 }
 
+clpar_status clpar_npy_read_stream(const char *path, FILE *f, int64_t size, clpar_npy_array *out) {
+  memset(out, 0, sizeof *out);
+  clpar_npy_array a = {0};
+  size_t data_at = 0;
+  clpar_status s = read_header(path, f, size, &a, &data_at);
+  if (s == CLPAR_OK) s = check_data_size(path, &a, data_at, size);
+  size_t bytes = (size_t)a.numel * item_size(a.dtype);
+  if (s == CLPAR_OK) {
+    a.data = malloc(bytes ? bytes : 1);
+    if (!a.data) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", path);
+  }
+  if (s == CLPAR_OK && fread(a.data, 1, bytes, f) != bytes)
+    s = clpar_set_error(CLPAR_ERROR_IO, "%s: read failed in the data (from byte %zu)", path,
+                        data_at);
+  if (s != CLPAR_OK) {
+    free(a.data);
+    return s;
+  }
+  *out = a;
+  return CLPAR_OK;
+}
+
 clpar_status clpar_npy_read(const char *path, clpar_npy_array *out) {
   if (!path || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_npy_read: NULL path or out");
@@ -213,25 +236,9 @@ clpar_status clpar_npy_read(const char *path, clpar_npy_array *out) {
   clpar_status s = CLPAR_OK;
   if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
     s = clpar_set_error(CLPAR_ERROR_IO, "%s: not a regular file", path);
-  clpar_npy_array a = {0};
-  size_t data_at = 0;
-  if (s == CLPAR_OK) s = read_header(path, f, (int64_t)st.st_size, &a, &data_at);
-  if (s == CLPAR_OK) s = check_data_size(path, &a, data_at, (int64_t)st.st_size);
-  size_t bytes = (size_t)a.numel * item_size(a.dtype);
-  if (s == CLPAR_OK) {
-    a.data = malloc(bytes ? bytes : 1);
-    if (!a.data) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", path);
-  }
-  if (s == CLPAR_OK && fread(a.data, 1, bytes, f) != bytes)
-    s = clpar_set_error(CLPAR_ERROR_IO, "%s: read failed in the data (from byte %zu)", path,
-                        data_at);
+  if (s == CLPAR_OK) s = clpar_npy_read_stream(path, f, (int64_t)st.st_size, out);
   fclose(f);
-  if (s != CLPAR_OK) {
-    free(a.data);
-    return s;
-  }
-  *out = a;
-  return CLPAR_OK;
+  return s;
 }
 
 void clpar_npy_array_free(clpar_npy_array *a) {

@@ -3,10 +3,8 @@
  * parameters, optimizer state) is src/io/checkpoint.c's business. Not installed.
  *
  * The reader knows every byte-sized dtype of the format, so that a file is validated whole
- * whatever it holds; tensors are float32 only today, so loading takes F32 entries and reports
- * any other dtype as a mismatch. When tensors of other dtypes exist (int64, issue 10), they
- * only need a mapping from clpar's dtype to CLPAR_ST_* in src/io/checkpoint.c; module buffers
- * are more named entries next to the parameters. Nothing here changes for either. */
+ * whatever it holds; clpar's tensors map to F32, I32 and I64 (clpar_st_dtype_of, in
+ * src/io/checkpoint.c), and loading reports any other dtype as a mismatch. */
 #ifndef CLPAR_IO_SAFETENSORS_H
 #define CLPAR_IO_SAFETENSORS_H
 
@@ -99,5 +97,10 @@ typedef struct clpar_st_entry {
  * "__metadata__" first, the JSON padded with spaces to a multiple of 8. */
 clpar_status clpar_st_write(const char *path, const clpar_st_entry *entries, int n,
                             const char *const *keys, const char *const *values, int n_meta);
+
+/* src/io/checkpoint.c: the safetensors dtype of a clpar dtype (F32, I32, I64), and an
+ * entry's fill for a clpar_tensor (src) of any dtype: its raw bytes, read from its device. */
+clpar_st_dtype clpar_st_dtype_of(clpar_dtype d);
+clpar_status clpar_st_tensor_fill(const void *tensor, void *dst, size_t bytes);
 
 #endif

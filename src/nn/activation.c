@@ -5,7 +5,7 @@
 
 static clpar_status check_input(const char *fn, const clpar_tensor *x, clpar_tensor **out) {
   if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
-  return CLPAR_OK;
+  return clpar_check_float(fn, "x", x);
 }
 
 /* A failed backend call: name the device, free the half-made result. */

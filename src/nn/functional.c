@@ -10,6 +10,7 @@
 
 clpar_status clpar_sum(const clpar_tensor *x, clpar_tensor **out) {
   if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_sum: NULL argument");
+  if (clpar_check_float("clpar_sum", "x", x) != CLPAR_OK) return CLPAR_ERROR_DTYPE;
   int64_t column[2] = {x->numel, 1};
   clpar_tensor *v;
   clpar_status s = clpar_tensor_reshape((clpar_tensor *)x, 2, column, &v);
@@ -21,6 +22,7 @@ clpar_status clpar_sum(const clpar_tensor *x, clpar_tensor **out) {
 
 clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
   if (!x || !out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mean: NULL argument");
+  if (clpar_check_float("clpar_mean", "x", x) != CLPAR_OK) return CLPAR_ERROR_DTYPE;
   clpar_tensor *sum;
   clpar_status s = clpar_sum(x, &sum);
   if (s != CLPAR_OK) return s;
@@ -33,6 +35,10 @@ clpar_status clpar_linear(const clpar_tensor *x, const clpar_tensor *weight,
                           const clpar_tensor *bias, clpar_tensor **out) {
   if (!x || !weight || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear: NULL argument");
+  if (clpar_check_float("clpar_linear", "input", x) != CLPAR_OK ||
+      clpar_check_float("clpar_linear", "weight", weight) != CLPAR_OK ||
+      (bias && clpar_check_float("clpar_linear", "bias", bias) != CLPAR_OK))
+    return CLPAR_ERROR_DTYPE;
   char a[128], b[128];
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
     return clpar_set_error(
@@ -72,6 +78,8 @@ clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *targe
   if (!input || !target || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mse_loss: NULL argument");
   clpar_status s = check_reduction("clpar_mse_loss", reduction);
+  if (s == CLPAR_OK) s = clpar_check_float("clpar_mse_loss", "input", input);
+  if (s == CLPAR_OK) s = clpar_check_float("clpar_mse_loss", "target", target);
   if (s != CLPAR_OK) return s;
   char a[128], b[128];
   int same = input->ndim == target->ndim;
@@ -108,20 +116,18 @@ static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **
   return CLPAR_OK;
 }
 
-/* The labels travel to the device as int32, as the user gave them: a float holds a class
- * index exactly only up to 2^24 (issue 9 item 12). Tensors are float-only, so they ride in a
- * float tensor's storage of the same element size; only nll and nll_backward read it, as the
- * int32 it is, and the node keeps it for the backward. */
-_Static_assert(sizeof(int32_t) == sizeof(float), "int32 labels sit in 4-byte elements");
+/* The labels travel to the device as an int32 tensor, as the user gave them: a float holds a
+ * class index exactly only up to 2^24 (issue 9 item 12). Only nll and nll_backward read it,
+ * and the node keeps it for the backward. */
 
 /* Per-row -logp[r, label[r]]. */
 static clpar_status nll(clpar_tensor *logp, const int32_t *labels, clpar_tensor **out) {
   clpar_device *dev = logp->storage->dev;
   int64_t rows = logp->shape[0];
   clpar_tensor *lab, *per = NULL;
-  clpar_status s = clpar_tensor_empty(dev, 1, &rows, &lab);
+  clpar_status s = clpar_tensor_empty_dtype(dev, CLPAR_INT32, 1, &rows, &lab);
   if (s != CLPAR_OK) return s;
-  s = clpar_upload(dev, lab->storage->buf, 0, labels, (size_t)rows * sizeof *labels);
+  s = clpar_upload(dev, lab->storage->buf, 0, labels, clpar_tensor_bytes(lab));
   if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &rows, &per);
   if (s == CLPAR_OK)
     s = clpar_dev_nll(dev, (size_t)rows, (size_t)logp->shape[1], clpar_tensor_bref(logp),
@@ -147,6 +153,7 @@ clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labe
   if (!logits || !labels || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_cross_entropy: NULL argument");
   clpar_status s = check_reduction("clpar_cross_entropy", reduction);
+  if (s == CLPAR_OK) s = clpar_check_float("clpar_cross_entropy", "logits", logits);
   if (s != CLPAR_OK) return s;
   char a[128];
   if (logits->ndim != 2)

@@ -1,13 +1,16 @@
-/* module.c — modules: a forward function with named children and named parameters, so that
- * PyTorch's nn.Module classes can be written in C; and the built-in Linear, ReLU and
- * Sequential. Parameter names are PyTorch's ("seq1.0.weight"). Moving a module to a device
- * moves each parameter in place, so pointers held elsewhere (an optimizer) stay valid.
+/* module.c — modules: a forward function with named children, parameters and buffers, and a
+ * training flag, so that PyTorch's nn.Module classes can be written in C; and the built-in
+ * Linear, ReLU and Sequential. Names are PyTorch's ("seq1.0.weight", "bn1.running_mean").
+ * Moving a module to a device moves each parameter and buffer in place, so pointers held
+ * elsewhere (an optimizer) stay valid.
  *
  * A module may be used at several places (Sequential(relu, relu), one layer shared by two
  * models), so modules are reference counted: the first parent adopts the creator's reference
  * and every further place adds one (GObject's floating references). Cycles are refused. The
  * flat parameter list, as PyTorch's parameters(), lists each module and each parameter once,
- * under the first name met, so a shared parameter is counted and stepped once. */
+ * under the first name met, so a shared parameter is counted and stepped once; the buffer and
+ * state_dict lists do the same (PyTorch's state_dict repeats a shared tensor under each name;
+ * safetensors' save_model drops the repeats, as here). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +42,10 @@ void clpar_rng_state_set(uint64_t seed, uint64_t counter) {
 static uint64_t next_seed(void) {
   uint64_t c = __atomic_fetch_add(&seed_counter, 1, __ATOMIC_RELAXED);
   return __atomic_load_n(&seed_base, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull + c + 1;
+}
+
+uint64_t clpar_param_seed_next(void) {
+  return next_seed();
 }
 
 /* ---- a set of pointers, for walking trees whose parts may be shared ---- */
@@ -97,15 +104,16 @@ clpar_status clpar_module_create(const char *type_name, clpar_forward_fn forward
   m->user = user;
   m->free_user = free_user;
   m->refs = 1;
+  m->training = 1;
   *out = m;
   return CLPAR_OK;
 }
 
-static void free_flat(clpar_module *m) {
-  for (int i = 0; i < m->n_flat; i++) free(m->flat[i].name);
-  free(m->flat);
-  m->flat = NULL;
-  m->n_flat = 0;
+static void listing_free(clpar_listing *l) {
+  for (int i = 0; i < l->n; i++) free(l->items[i].name);
+  free(l->items);
+  l->items = NULL;
+  l->n = 0;
 }
 
 /* Drops one reference; the last one frees the module and drops its children's. */
@@ -119,12 +127,17 @@ static void module_release(clpar_module *m) {
     clpar_tensor_release(m->params[i].item);
     free(m->params[i].name);
   }
-  free_flat(m);
+  for (int i = 0; i < m->n_buffers; i++) {
+    clpar_tensor_release(m->buffers[i].item);
+    free(m->buffers[i].name);
+  }
+  for (int k = 0; k < 3; k++) listing_free(&m->lists[k]);
   for (int i = 0; i < m->n_retired; i++) free(m->retired[i]);
   if (m->free_user) m->free_user(m->user);
   free(m->retired);
   free(m->children);
   free(m->params);
+  free(m->buffers);
   free(m->type);
   free(m);
 }
@@ -167,6 +180,7 @@ static clpar_status add_named(const char *fn, clpar_named **list, int *count, co
   }
   grown[*count].name = copy;
   grown[*count].item = item;
+  grown[*count].is_buffer = 0; /* meaningful in the flat lists only */
   (*count)++;
   __atomic_add_fetch(&tree_generation, 1, __ATOMIC_RELAXED);
   return CLPAR_OK;
@@ -208,6 +222,12 @@ clpar_status clpar_module_add_child(clpar_module *m, const char *name, clpar_mod
   return CLPAR_OK;
 }
 
+static void *find_named(const clpar_named *list, int count, const char *name) {
+  for (int i = 0; name && i < count; i++)
+    if (strcmp(list[i].name, name) == 0) return list[i].item;
+  return NULL;
+}
+
 clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar_tensor *param) {
   if (!m || !param)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -217,6 +237,18 @@ clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar
         CLPAR_ERROR_INVALID_ARGUMENT,
         "clpar_module_add_parameter: \"%s\" is the result of an op; a parameter must be a leaf",
         name);
+  if (param->dtype != CLPAR_FLOAT32) {
+    char b[128];
+    return clpar_set_error(CLPAR_ERROR_DTYPE,
+                           "clpar_module_add_parameter: \"%s\" is %s %s; parameters are float32 "
+                           "(keep an int tensor as a buffer)",
+                           name ? name : "(null)", clpar_dtype_name(param->dtype),
+                           clpar_tensor_shape_str(param, b, sizeof b));
+  }
+  if (name && find_named(m->buffers, m->n_buffers, name))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_module_add_parameter: \"%s\" is already registered as a buffer",
+                           name);
   clpar_status s = add_named("clpar_module_add_parameter", &m->params, &m->n_params, name, param);
   if (s != CLPAR_OK) return s;
   clpar_tensor_retain(param);
@@ -224,10 +256,25 @@ clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar
   return CLPAR_OK;
 }
 
-static void *find_named(const clpar_named *list, int count, const char *name) {
-  for (int i = 0; name && i < count; i++)
-    if (strcmp(list[i].name, name) == 0) return list[i].item;
-  return NULL;
+clpar_status clpar_module_add_buffer(clpar_module *m, const char *name, clpar_tensor *buf) {
+  if (!m || !buf)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_add_buffer: NULL argument");
+  if (clpar_check_alive("clpar_module_add_buffer", buf) != CLPAR_OK)
+    return CLPAR_ERROR_NOT_INITIALIZED;
+  if (buf->node || buf->requires_grad)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_module_add_buffer: \"%s\" %s; a buffer is a leaf that needs no "
+                           "gradient (running statistics, counters)",
+                           name ? name : "(null)",
+                           buf->node ? "is the result of an op" : "requires a gradient");
+  if (name && find_named(m->params, m->n_params, name))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_module_add_buffer: \"%s\" is already registered as a parameter",
+                           name);
+  clpar_status s = add_named("clpar_module_add_buffer", &m->buffers, &m->n_buffers, name, buf);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_retain(buf);
+  return CLPAR_OK;
 }
 
 clpar_module *clpar_module_child(const clpar_module *m, const char *name) {
@@ -236,6 +283,37 @@ clpar_module *clpar_module_child(const clpar_module *m, const char *name) {
 
 clpar_tensor *clpar_module_parameter(const clpar_module *m, const char *name) {
   return m ? find_named(m->params, m->n_params, name) : NULL;
+}
+
+clpar_tensor *clpar_module_buffer(const clpar_module *m, const char *name) {
+  return m ? find_named(m->buffers, m->n_buffers, name) : NULL;
+}
+
+/* Adds every module of m's tree to seen; 0 when out of memory. */
+static int collect_modules(const clpar_module *m, ptr_set *seen) {
+  int r = ptr_set_add(seen, m);
+  if (r <= 0) return r == 0; /* met before: its tree is in already */
+  for (int i = 0; i < m->n_children; i++)
+    if (!collect_modules(m->children[i].item, seen)) return 0;
+  return 1;
+}
+
+clpar_status clpar_module_train(clpar_module *m, int on) {
+  if (!m)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_train: module is NULL");
+  ptr_set seen = {0};
+  if (!collect_modules(m, &seen)) { /* nothing changed yet */
+    free(seen.slots);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_train: out of host memory");
+  }
+  for (size_t i = 0; i < seen.cap; i++)
+    if (seen.slots[i]) ((clpar_module *)seen.slots[i])->training = on != 0;
+  free(seen.slots);
+  return CLPAR_OK;
+}
+
+int clpar_module_is_training(const clpar_module *m) {
+  return m ? m->training : 0;
 }
 
 const char *clpar_module_type(const clpar_module *m) {
@@ -250,15 +328,15 @@ clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_te
   return m->forward(m, input, output, m->user);
 }
 
-/* ---- the flat parameter list ---- */
+/* ---- the flat lists: parameters, buffers, state_dict ---- */
 
 typedef struct {
   clpar_named *list;
   int count, cap;
-  ptr_set modules, params; /* met so far */
+  ptr_set modules, tensors; /* met so far */
 } flat_walk;
 
-static int flat_append(flat_walk *w, char *name, void *item) {
+static int flat_append(flat_walk *w, char *name, void *item, int is_buffer) {
   if (w->count == w->cap) {
     int c = w->cap ? 2 * w->cap : 16;
     clpar_named *grown = realloc(w->list, (size_t)c * sizeof *grown);
@@ -267,31 +345,50 @@ static int flat_append(flat_walk *w, char *name, void *item) {
     w->cap = c;
   }
   w->list[w->count].name = name;
+  w->list[w->count].is_buffer = is_buffer;
   w->list[w->count++].item = item;
   return 1;
 }
 
-/* Appends m's parameters, then its children's, with prefix + name, skipping what was met
- * before. Returns 0 when out of memory. */
-static int flatten(const clpar_module *m, const char *prefix, flat_walk *w) {
+/* prefix + "." + name, or name alone at the top; NULL when out of memory. */
+static char *full_name(const char *prefix, const char *name) {
+  size_t len = strlen(prefix) + strlen(name) + 2;
+  char *full = malloc(len);
+  if (full) snprintf(full, len, "%s%s%s", prefix, *prefix ? "." : "", name);
+  return full;
+}
+
+/* Appends the tensors of list (skipping those met before) with prefix + name; 0 when out of
+ * memory. */
+static int walk_tensors(const clpar_named *items, int n, int is_buffer, const char *prefix,
+                        flat_walk *w) {
+  for (int i = 0; i < n; i++) {
+    int r = ptr_set_add(&w->tensors, items[i].item);
+    if (r < 0) return 0;
+    if (r == 0) continue; /* met before: listed already */
+    char *full = full_name(prefix, items[i].name);
+    if (!full || !flat_append(w, full, items[i].item, is_buffer)) {
+      free(full);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Appends m's own tensors of the kind (the state_dict: parameters, then buffers), then its
+ * children's, with prefix + name, skipping what was met before (PyTorch's named_parameters,
+ * named_buffers and state_dict order). Returns 0 when out of memory. */
+static int flatten(const clpar_module *m, const char *prefix, clpar_listing_kind kind,
+                   flat_walk *w) {
   int r = ptr_set_add(&w->modules, m);
   if (r <= 0) return r == 0; /* met before: listed already */
-  for (int pass = 0; pass < 2; pass++) {
-    int n = pass == 0 ? m->n_params : m->n_children;
-    const clpar_named *items = pass == 0 ? m->params : m->children;
-    for (int i = 0; i < n; i++) {
-      if (pass == 0 && (r = ptr_set_add(&w->params, items[i].item)) <= 0) {
-        if (r < 0) return 0;
-        continue; /* met before: listed already */
-      }
-      size_t len = strlen(prefix) + strlen(items[i].name) + 2;
-      char *full = malloc(len);
-      if (!full) return 0;
-      snprintf(full, len, "%s%s%s", prefix, *prefix ? "." : "", items[i].name);
-      int ok = pass == 1 ? flatten(items[i].item, full, w) : flat_append(w, full, items[i].item);
-      if (pass == 1 || !ok) free(full);
-      if (!ok) return 0;
-    }
+  if (kind != CLPAR_LIST_BUFFERS && !walk_tensors(m->params, m->n_params, 0, prefix, w)) return 0;
+  if (kind != CLPAR_LIST_PARAMS && !walk_tensors(m->buffers, m->n_buffers, 1, prefix, w)) return 0;
+  for (int i = 0; i < m->n_children; i++) {
+    char *full = full_name(prefix, m->children[i].name);
+    int ok = full && flatten(m->children[i].item, full, kind, w);
+    free(full);
+    if (!ok) return 0;
   }
   return 1;
 }
@@ -302,7 +399,7 @@ static void walk_free(flat_walk *w, int keep_list) {
     free(w->list);
   }
   free(w->modules.slots);
-  free(w->params.slots);
+  free(w->tensors.slots);
 }
 
 int clpar_module_entry_count(const clpar_module *m) {
@@ -315,70 +412,105 @@ int clpar_module_entry_count(const clpar_module *m) {
 static int same_list(const clpar_named *a, int na, const clpar_named *b, int nb) {
   if (na != nb) return 0;
   for (int i = 0; i < na; i++)
-    if (a[i].item != b[i].item || strcmp(a[i].name, b[i].name) != 0) return 0;
+    if (a[i].item != b[i].item || a[i].is_buffer != b[i].is_buffer ||
+        strcmp(a[i].name, b[i].name) != 0)
+      return 0;
   return 1;
 }
 
-/* Rebuilds the flat list after any tree changed. Names handed out by parameter_at stay valid
- * while the module lives: an unchanged list is kept as it is, a changed one retires its names
- * (kept until the module is freed) instead of freeing them. */
-static clpar_status refresh_flat(clpar_module *m) {
+/* Rebuilds a flat list after any tree changed. Names handed out by parameter_at (buffer_at,
+ * state_at) stay valid while the module lives: an unchanged list is kept as it is, a changed
+ * one retires its names (kept until the module is freed) instead of freeing them. */
+static clpar_status refresh_list(clpar_module *m, clpar_listing_kind kind) {
+  static const char *const what[3] = {"parameters", "buffers", "the state"};
+  clpar_listing *l = &m->lists[kind];
   uint64_t gen = __atomic_load_n(&tree_generation, __ATOMIC_RELAXED);
-  if (m->flat_generation == gen) return CLPAR_OK;
+  if (l->generation == gen) return CLPAR_OK;
   flat_walk w = {0};
-  int ok = flatten(m, "", &w);
-  if (ok && same_list(w.list, w.count, m->flat, m->n_flat)) {
+  int ok = flatten(m, "", kind, &w);
+  if (ok && same_list(w.list, w.count, l->items, l->n)) {
     walk_free(&w, 0);
-    m->flat_generation = gen;
+    l->generation = gen;
     return CLPAR_OK;
   }
-  if (ok && m->names_lent) {
-    char **grown = realloc(m->retired, (size_t)(m->n_retired + m->n_flat + 1) * sizeof *grown);
+  if (ok && l->names_lent) {
+    char **grown = realloc(m->retired, (size_t)(m->n_retired + l->n + 1) * sizeof *grown);
     if (grown) {
       m->retired = grown;
-      for (int i = 0; i < m->n_flat; i++) m->retired[m->n_retired++] = m->flat[i].name;
-      m->n_flat = 0; /* the names now belong to retired */
+      for (int i = 0; i < l->n; i++) m->retired[m->n_retired++] = l->items[i].name;
+      l->n = 0; /* the names now belong to retired */
     }
     ok = grown != NULL;
   }
   if (!ok) {
     walk_free(&w, 0);
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "listing parameters: out of host memory");
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "listing %s: out of host memory", what[kind]);
   }
-  free_flat(m);
+  listing_free(l);
   walk_free(&w, 1);
-  m->flat = w.list;
-  m->n_flat = w.count;
-  m->names_lent = 0;
-  m->flat_generation = gen;
+  l->items = w.list;
+  l->n = w.count;
+  l->names_lent = 0;
+  l->generation = gen;
+  return CLPAR_OK;
+}
+
+static clpar_status refresh_flat(clpar_module *m) {
+  return refresh_list(m, CLPAR_LIST_PARAMS);
+}
+
+static int list_count(const clpar_module *m, clpar_listing_kind kind) {
+  if (!m || refresh_list((clpar_module *)m, kind) != CLPAR_OK) return 0;
+  return m->lists[kind].n;
+}
+
+static clpar_status list_at(const char *fn, const clpar_module *m, clpar_listing_kind kind, int i,
+                            const char **name, clpar_tensor **t, int *is_buffer) {
+  static const char *const what[3] = {"parameters", "buffers", "state entries"};
+  if (!m) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: module is NULL", fn);
+  clpar_status s = refresh_list((clpar_module *)m, kind);
+  if (s != CLPAR_OK) return s;
+  clpar_listing *l = &((clpar_module *)m)->lists[kind];
+  if (i < 0 || i >= l->n)
+    return clpar_set_error(CLPAR_ERROR_INDEX, "%s: index %d of %d %s", fn, i, l->n, what[kind]);
+  if (name) {
+    *name = l->items[i].name;
+    l->names_lent = 1;
+  }
+  if (t) *t = l->items[i].item;
+  if (is_buffer) *is_buffer = l->items[i].is_buffer;
   return CLPAR_OK;
 }
 
 int clpar_module_parameter_count(const clpar_module *m) {
-  if (!m || refresh_flat((clpar_module *)m) != CLPAR_OK) return 0;
-  return m->n_flat;
+  return list_count(m, CLPAR_LIST_PARAMS);
 }
 
 clpar_status clpar_module_parameter_at(const clpar_module *m, int i, const char **name,
                                        clpar_tensor **param) {
-  if (!m)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_module_parameter_at: module is NULL");
-  clpar_status s = refresh_flat((clpar_module *)m);
-  if (s != CLPAR_OK) return s;
-  if (i < 0 || i >= m->n_flat)
-    return clpar_set_error(CLPAR_ERROR_INDEX,
-                           "clpar_module_parameter_at: index %d of %d parameters", i, m->n_flat);
-  if (name) {
-    *name = m->flat[i].name;
-    ((clpar_module *)m)->names_lent = 1;
-  }
-  if (param) *param = m->flat[i].item;
-  return CLPAR_OK;
+  return list_at("clpar_module_parameter_at", m, CLPAR_LIST_PARAMS, i, name, param, NULL);
 }
 
-/* 1 with *found = the first DataParallel wrapper in root's tree (root included), 0 when there
- * is none, -1 when out of memory; each shared submodule is visited once. */
+int clpar_module_buffer_count(const clpar_module *m) {
+  return list_count(m, CLPAR_LIST_BUFFERS);
+}
+
+clpar_status clpar_module_buffer_at(const clpar_module *m, int i, const char **name,
+                                    clpar_tensor **buf) {
+  return list_at("clpar_module_buffer_at", m, CLPAR_LIST_BUFFERS, i, name, buf, NULL);
+}
+
+int clpar_module_state_count(const clpar_module *m) {
+  return list_count(m, CLPAR_LIST_STATE);
+}
+
+clpar_status clpar_module_state_at(const clpar_module *m, int i, const char **name,
+                                   clpar_tensor **t, int *is_buffer) {
+  return list_at("clpar_module_state_at", m, CLPAR_LIST_STATE, i, name, t, is_buffer);
+}
+
+/* 1 with *found = the first parallel wrapper (DataParallel, Pipeline) in root's tree (root
+ * included), 0 when there is none, -1 when out of memory; each shared submodule is visited once. */
 static int find_parallel(const clpar_module *root, ptr_set *seen, const clpar_module **found) {
   if (root->parallel) {
     *found = root;
@@ -404,25 +536,29 @@ clpar_status clpar_module_to(clpar_module *m, clpar_device *dev) {
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_to: out of host memory");
   if (r > 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_module_to: the module %s a DataParallel wrapper, whose "
+                           "clpar_module_to: the module %s a %s wrapper, whose "
                            "parameters and replicas stay on the devices it was created with; move "
                            "the module before wrapping it, or make a new wrapper",
-                           dp == m ? "is" : "contains");
+                           dp == m ? "is" : "contains", dp->type);
   clpar_status s = refresh_flat(m);
+  const clpar_listing *l = &m->lists[CLPAR_LIST_PARAMS];
   /* A flat group (clpar_module_flatten) moves whole: every member must be in m. */
-  for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) {
-    clpar_tensor *f = ((clpar_tensor *)m->flat[i].item)->flat;
+  for (int i = 0; s == CLPAR_OK && i < l->n; i++) {
+    clpar_tensor *f = ((clpar_tensor *)l->items[i].item)->flat;
     if (!f || f->storage->dev == dev) continue;
     int here = 0;
-    for (int j = 0; j < m->n_flat; j++) here += ((clpar_tensor *)m->flat[j].item)->flat == f;
+    for (int j = 0; j < l->n; j++) here += ((clpar_tensor *)l->items[j].item)->flat == f;
     if (here != __atomic_load_n(&f->flat_members, __ATOMIC_RELAXED))
       s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                           "clpar_module_to: \"%s\" shares a flat buffer (clpar_module_flatten) "
                           "with %d parameters outside this module; move the module that was "
                           "flattened",
-                          m->flat[i].name, f->flat_members - here);
+                          l->items[i].name, f->flat_members - here);
   }
-  for (int i = 0; s == CLPAR_OK && i < m->n_flat; i++) s = clpar_tensor_move(m->flat[i].item, dev);
+  if (s == CLPAR_OK) s = refresh_list(m, CLPAR_LIST_STATE);
+  /* the state list is the parameters and the buffers, each once */
+  l = &m->lists[CLPAR_LIST_STATE];
+  for (int i = 0; s == CLPAR_OK && i < l->n; i++) s = clpar_tensor_move(l->items[i].item, dev);
   return s;
 }
 
@@ -430,13 +566,14 @@ clpar_status clpar_module_zero_grad(clpar_module *m) {
   if (!m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_zero_grad: module is NULL");
   clpar_status s = refresh_flat(m);
-  if (s != CLPAR_OK || m->n_flat == 0) return s;
+  const clpar_listing *l = &m->lists[CLPAR_LIST_PARAMS];
+  if (s != CLPAR_OK || l->n == 0) return s;
   /* one fill per flat buffer the module covers whole (clpar_module_flatten) */
-  clpar_tensor **ts = malloc((size_t)m->n_flat * sizeof *ts);
+  clpar_tensor **ts = malloc((size_t)l->n * sizeof *ts);
   if (!ts)
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_module_zero_grad: out of host memory");
-  for (int i = 0; i < m->n_flat; i++) ts[i] = m->flat[i].item;
-  s = clpar_zero_grads("clpar_module_zero_grad", ts, m->n_flat, NULL, NULL, NULL);
+  for (int i = 0; i < l->n; i++) ts[i] = l->items[i].item;
+  s = clpar_zero_grads("clpar_module_zero_grad", ts, l->n, NULL, NULL, NULL);
   free(ts);
   return s;
 }

@@ -21,7 +21,13 @@
  * reference-counted stats block), so backward after the wrapper was freed is safe.
  *
  * Replica 0 is the module itself on devices[0]; its gradients go straight into the flat
- * gradient's slices. */
+ * gradient's slices.
+ *
+ * Buffers (running statistics) are PyTorch's too: replica 0 uses the module's own buffers, so
+ * what its forward writes there stays; every other replica has buffers of its own, which get
+ * the module's values at each forward (one copy of the bytes per buffer, whatever changed), so
+ * what a replica writes there lasts until the next forward only. Each forward also gives every
+ * replica module the training flag of the module it copies. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +83,11 @@ static void stats_release(void *p) {
   free(b);
 }
 
+/* A DataParallel wrapper (the `parallel` state of another wrapper is not ours). */
+static int is_dp(const clpar_module *m) {
+  return m && m->parallel && strcmp(m->type, "DataParallel") == 0;
+}
+
 /* ---- splitting ---- */
 
 /* Rows per device: torch.chunk sizes (ceil(rows / n) each, fewer chunks than devices when rows
@@ -92,7 +103,7 @@ static void split_rows(const dp_state *st, int64_t rows, int64_t *sizes) {
 }
 
 int clpar_data_parallel_split(const clpar_module *dp, int64_t rows, int64_t *sizes) {
-  if (!dp || !dp->parallel || !sizes)
+  if (!is_dp(dp) || !sizes)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_data_parallel_split: not a DataParallel module");
   if (rows < 1)
@@ -113,10 +124,45 @@ static int collect_slots(clpar_module *m, clpar_named **slots, int at) {
   return at;
 }
 
-/* A copy of src's tree on flat's device: same types, forwards and user data (shared, not
- * owned); each parameter a view of flat at the offset its original has in G. */
+/* Buffers of a replica made so far, so that a buffer the source tree holds at two places is
+ * one buffer in the replica too. */
+typedef struct {
+  int n, cap;
+  clpar_tensor **src, **dst; /* borrowed */
+} buffer_map;
+
+/* The replica's copy of buffer b on dev (a new reference): made at the first place b is met. */
+static clpar_status replica_buffer(buffer_map *map, clpar_tensor *b, clpar_device *dev,
+                                   clpar_tensor **out) {
+  for (int i = 0; i < map->n; i++)
+    if (map->src[i] == b) {
+      *out = clpar_tensor_retain(map->dst[i]);
+      return CLPAR_OK;
+    }
+  if (map->n == map->cap) {
+    int cap = map->cap ? 2 * map->cap : 16;
+    clpar_tensor **src = realloc(map->src, (size_t)cap * sizeof *src);
+    if (src) map->src = src;
+    clpar_tensor **dst = realloc(map->dst, (size_t)cap * sizeof *dst);
+    if (dst) map->dst = dst;
+    if (!src || !dst)
+      return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DataParallel: out of host memory");
+    map->cap = cap;
+  }
+  clpar_tensor *copy; /* a buffer needs no gradient, so the copy is a leaf */
+  clpar_status s = clpar_tensor_to(b, dev, &copy);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_unscope(copy);
+  map->src[map->n] = b;
+  map->dst[map->n++] = copy; /* the map's reference, dropped once the replica holds it */
+  *out = clpar_tensor_retain(copy);
+  return CLPAR_OK;
+}
+
+/* A copy of src's tree on dev: same types, forwards and user data (shared, not owned); each
+ * parameter a view of flat at the offset its original has in G; buffers of its own. */
 static clpar_status clone_tree(const clpar_module *src, const clpar_tensor *g, clpar_tensor *flat,
-                               clpar_module **out) {
+                               clpar_device *dev, buffer_map *map, clpar_module **out) {
   clpar_module *m;
   clpar_status s = clpar_module_create(src->type, src->forward, src->user, NULL, &m);
   for (int i = 0; s == CLPAR_OK && i < src->n_params; i++) {
@@ -128,16 +174,49 @@ static clpar_status clone_tree(const clpar_module *src, const clpar_tensor *g, c
     view->requires_grad = 0; /* gradients reach G through the replicate node */
     clpar_tensor_release(view);
   }
+  for (int i = 0; s == CLPAR_OK && i < src->n_buffers; i++) {
+    clpar_tensor *b = NULL;
+    s = replica_buffer(map, src->buffers[i].item, dev, &b);
+    if (s == CLPAR_OK) s = clpar_module_add_buffer(m, src->buffers[i].name, b);
+    clpar_tensor_release(b);
+  }
   for (int i = 0; s == CLPAR_OK && i < src->n_children; i++) {
     clpar_module *child;
-    s = clone_tree(src->children[i].item, g, flat, &child);
+    s = clone_tree(src->children[i].item, g, flat, dev, map, &child);
     if (s == CLPAR_OK) s = clpar_module_add_child(m, src->children[i].name, child);
   }
   if (s != CLPAR_OK) {
     clpar_module_free(m);
     return s;
   }
+  m->training = src->training;
   *out = m;
+  return CLPAR_OK;
+}
+
+/* Before a replica's forward: the source's training flags, and its buffers' bytes copied into
+ * the replica's (posted, nothing waits). The trees were alike when the replica was made; a
+ * module given buffers or children since then is an error. */
+static clpar_status sync_tree(const clpar_module *src, clpar_module *rep) {
+  if (src->n_buffers != rep->n_buffers || src->n_children != rep->n_children)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "DataParallel: the wrapped %s module was given %s since "
+                           "clpar_data_parallel_create; make a new wrapper",
+                           src->type, src->n_buffers != rep->n_buffers ? "buffers" : "children");
+  rep->training = src->training;
+  for (int i = 0; i < src->n_buffers; i++) {
+    const clpar_tensor *b = src->buffers[i].item;
+    clpar_tensor *r = rep->buffers[i].item;
+    clpar_tensor_touch(r);
+    clpar_status s =
+        clpar_transfer(r->storage->dev, r->storage, clpar_tensor_byte_offset(r), b->storage->dev,
+                       b->storage, clpar_tensor_byte_offset(b), clpar_tensor_nbytes(b));
+    if (s != CLPAR_OK) return s;
+  }
+  for (int i = 0; i < src->n_children; i++) {
+    clpar_status s = sync_tree(src->children[i].item, rep->children[i].item);
+    if (s != CLPAR_OK) return s;
+  }
   return CLPAR_OK;
 }
 
@@ -153,15 +232,19 @@ static clpar_status replica_init(replica *r, clpar_module *source, const clpar_t
   r->dev = dev;
   r->n_slots = clpar_module_entry_count(source);
   clpar_status s = CLPAR_OK;
+  buffer_map map = {0};
   if (is_source) {
     r->module = source;
   } else if (g) {
     s = clpar_tensor_empty(dev, 1, g->shape, &r->flat);
     if (s == CLPAR_OK) clpar_tensor_unscope(r->flat);
-    if (s == CLPAR_OK) s = clone_tree(source, g, r->flat, &r->module);
+    if (s == CLPAR_OK) s = clone_tree(source, g, r->flat, dev, &map, &r->module);
   } else {
-    s = clone_tree(source, NULL, NULL, &r->module);
+    s = clone_tree(source, NULL, NULL, dev, &map, &r->module);
   }
+  for (int i = 0; i < map.n; i++) clpar_tensor_release(map.dst[i]); /* the replica holds them */
+  free(map.src);
+  free(map.dst);
   size_t n = (size_t)(r->n_slots ? r->n_slots : 1);
   r->slots = calloc(n, sizeof *r->slots);
   r->offsets = calloc(n, sizeof *r->offsets);
@@ -192,10 +275,12 @@ static clpar_status slice_backward(clpar_node *n, clpar_tensor *g, clpar_tensor 
   return clpar_tensor_alias(g, &gin[0]);
 }
 
-/* Replica k before its forward: one flat copy G -> R_k when G changed since the last one
- * (*copied = 1), and this forward's parameter views in its slots (leading back to G when a
- * gradient is wanted). */
+/* Replica k before its forward: the module's buffers and training flags (sync_tree), one flat
+ * copy G -> R_k when G changed since the last one (*copied = 1), and this forward's parameter
+ * views in its slots (leading back to G when a gradient is wanted). */
 static clpar_status replica_sync(dp_state *st, replica *r, int *copied) {
+  clpar_status s0 = sync_tree(st->replicas[0].module, r->module);
+  if (s0 != CLPAR_OK) return s0;
   clpar_tensor *g = st->flat;
   if (!g) return CLPAR_OK;
   uint64_t version = __atomic_load_n(&g->storage->version, __ATOMIC_RELAXED);
@@ -249,9 +334,22 @@ static clpar_status replica_sync(dp_state *st, replica *r, int *copied) {
 
 /* ---- forward ---- */
 
-/* The wrapped module's parameters must still be G's members on devices[0]. */
+/* The wrapped module's parameters must still be G's members on devices[0], and its buffers
+ * there too. */
 static clpar_status check_parameters(dp_state *st) {
   replica *r0 = &st->replicas[0];
+  int nb = clpar_module_buffer_count(r0->module);
+  for (int j = 0; j < nb; j++) {
+    const char *name;
+    clpar_tensor *b;
+    clpar_status s = clpar_module_buffer_at(r0->module, j, &name, &b);
+    if (s != CLPAR_OK) return s;
+    if (b->storage->dev != st->devices[0])
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "DataParallel: buffer \"%s\" was moved (%s) since "
+                             "clpar_data_parallel_create; the buffers must stay on %s",
+                             name, b->storage->dev->bd.info.id, st->devices[0]->bd.info.id);
+  }
   for (int j = 0; j < r0->n_slots; j++) {
     clpar_tensor *p = r0->slots[j]->item;
     if (p->flat != st->flat || p->storage->dev != st->devices[0])
@@ -466,7 +564,7 @@ clpar_status clpar_data_parallel_create(clpar_module *module,
 }
 
 clpar_status clpar_data_parallel_stats_get(const clpar_module *dp, clpar_data_parallel_stats *out) {
-  if (!dp || !dp->parallel || !out)
+  if (!is_dp(dp) || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_data_parallel_stats_get: not a DataParallel module");
   dp_stats *b = ((dp_state *)dp->parallel)->stats;
@@ -477,7 +575,7 @@ clpar_status clpar_data_parallel_stats_get(const clpar_module *dp, clpar_data_pa
 }
 
 clpar_status clpar_data_parallel_stats_reset(clpar_module *dp) {
-  if (!dp || !dp->parallel)
+  if (!is_dp(dp))
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_data_parallel_stats_reset: not a DataParallel module");
   dp_stats *b = ((dp_state *)dp->parallel)->stats;

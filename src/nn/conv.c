@@ -1,0 +1,391 @@
+/* conv.c — 2-D convolution (F.conv2d) forward and backward, and nn.Conv2d.
+ *
+ * A convolution is GEMMs over columns (im2col): for a chunk of nb images and a group g,
+ *   col  [K, nb P] = im2col(x chunk, g)          K = C/groups * kh * kw, P = oh * ow
+ *   tmp  [O/groups rows of O, nb P] = W_g [O/groups, K] @ col
+ * and one swap01 takes tmp [O, nb, P] (plus the bias) to y [nb, O, P]. Backward swaps the
+ * chunk's gradient to gperm [O, nb P] and runs, per group,
+ *   dW_g += gperm_g @ col^T,  dcol = W_g^T @ gperm_g -> col2im (adds) into dx,  db += gperm @ 1.
+ * Chunks bound the column buffer (and tmp / gperm) at CONV_CHUNK_FLOATS floats, 64 MiB, or one
+ * image's when that is more. The chunk's columns are side by side so that one GEMM covers
+ * every image of the chunk (a GEMM per image would be tiny in the deep layers: P = 49 at
+ * ResNet's layer4).
+ *
+ * 1x1 convolutions with stride 1 and no padding need no columns: x[n] is already [C, P], so
+ * each image and group is one GEMM straight between x, W and y (DIRECT_MIN_P and up; below
+ * that the per-image GEMMs are too small and the chunked path, whose im2col is then a plain
+ * layout change, is used). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define SHAPE(t, buf) clpar_tensor_shape_str((t), (buf), sizeof(buf))
+#define CONV_CHUNK_FLOATS ((int64_t)16 * 1024 * 1024) /* 64 MiB of columns */
+
+int64_t clpar_conv_chunk_floats = CONV_CHUNK_FLOATS;
+#define DIRECT_MIN_P 256
+
+typedef struct conv_plan {
+  int64_t n, c, h, w, o, groups, cg, og, kh, kw, oh, ow, P, K;
+  int64_t sh, sw, ph, pw, dh, dw;
+  int direct;    /* 1x1, stride 1, no padding, P >= DIRECT_MIN_P: GEMMs on x itself */
+  int64_t chunk; /* images per chunk on the im2col path */
+} conv_plan;
+
+static clpar_status check_alive(const char *fn, const char *name, const clpar_tensor *t) {
+  if (!t) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
+  clpar_status s = clpar_check_alive(fn, t);
+  return s == CLPAR_OK ? clpar_check_float(fn, name, t) : s;
+}
+
+/* Checks options and shapes and fills the plan; every message names the shapes. */
+static clpar_status plan_conv(const clpar_tensor *x, const clpar_tensor *wt,
+                              const clpar_tensor *bias, const clpar_conv2d_options *opt,
+                              conv_plan *p) {
+  const char *fn = "clpar_conv2d";
+  char a[128], b[128];
+  clpar_conv2d_options d = {{1, 1}, {0, 0}, {1, 1}, 1};
+  if (!opt) opt = &d;
+  for (int i = 0; i < 2; i++)
+    if (opt->stride[i] < 1 || opt->dilation[i] < 1 || opt->padding[i] < 0)
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "%s: stride (%lld, %lld) and dilation (%lld, %lld) must be >= 1 and "
+                             "padding (%lld, %lld) >= 0",
+                             fn, (long long)opt->stride[0], (long long)opt->stride[1],
+                             (long long)opt->dilation[0], (long long)opt->dilation[1],
+                             (long long)opt->padding[0], (long long)opt->padding[1]);
+  if (opt->groups < 1)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: groups is %lld; must be >= 1", fn,
+                           (long long)opt->groups);
+  if (x->ndim != 4 || wt->ndim != 4)
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "%s: input is %s and weight is %s; need [N, C, H, W] and "
+                           "[O, C/groups, kh, kw]",
+                           fn, SHAPE(x, a), SHAPE(wt, b));
+  if (x->storage->dev != wt->storage->dev || (bias && bias->storage->dev != x->storage->dev))
+    return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH,
+                           "%s: input on %s, weight on %s, bias on %s; move them to one device", fn,
+                           x->storage->dev->bd.info.id, wt->storage->dev->bd.info.id,
+                           bias ? bias->storage->dev->bd.info.id : "-");
+  p->n = x->shape[0], p->c = x->shape[1], p->h = x->shape[2], p->w = x->shape[3];
+  p->o = wt->shape[0], p->kh = wt->shape[2], p->kw = wt->shape[3], p->groups = opt->groups;
+  if (p->c % p->groups || p->o % p->groups || wt->shape[1] * p->groups != p->c)
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "%s: input is %s, weight is %s with groups %lld; need C and O "
+                           "divisible by groups and weight [O, C/groups, kh, kw]",
+                           fn, SHAPE(x, a), SHAPE(wt, b), (long long)p->groups);
+  if (bias && (bias->ndim != 1 || bias->shape[0] != p->o))
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "%s: bias is %s for weight %s; need [%lld]",
+                           fn, SHAPE(bias, a), SHAPE(wt, b), (long long)p->o);
+  p->sh = opt->stride[0], p->sw = opt->stride[1], p->ph = opt->padding[0];
+  p->pw = opt->padding[1], p->dh = opt->dilation[0], p->dw = opt->dilation[1];
+  int64_t ekh = p->dh * (p->kh - 1) + 1, ekw = p->dw * (p->kw - 1) + 1;
+  if (ekh > p->h + 2 * p->ph || ekw > p->w + 2 * p->pw)
+    return clpar_set_error(
+        CLPAR_ERROR_SHAPE_MISMATCH,
+        "%s: input is %s and weight %s: the (dilated) kernel %lldx%lld is larger "
+        "than the padded input %lldx%lld",
+        fn, SHAPE(x, a), SHAPE(wt, b), (long long)ekh, (long long)ekw,
+        (long long)(p->h + 2 * p->ph), (long long)(p->w + 2 * p->pw));
+  p->oh = (p->h + 2 * p->ph - ekh) / p->sh + 1;
+  p->ow = (p->w + 2 * p->pw - ekw) / p->sw + 1;
+  p->cg = p->c / p->groups, p->og = p->o / p->groups;
+  p->P = p->oh * p->ow, p->K = p->cg * p->kh * p->kw;
+  p->direct = p->kh == 1 && p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0 &&
+              p->P >= DIRECT_MIN_P;
+  int64_t rows = p->K > p->o ? p->K : p->o;
+  p->chunk = __atomic_load_n(&clpar_conv_chunk_floats, __ATOMIC_RELAXED) / (rows * p->P);
+  if (p->chunk < 1) p->chunk = 1;
+  if (p->chunk > p->n) p->chunk = p->n;
+  return CLPAR_OK;
+}
+
+static clpar_conv_geom geom_of(const conv_plan *p, int64_t nb) {
+  clpar_conv_geom g = {nb,    p->cg, p->h,  p->w,  p->c * p->h * p->w,
+                       p->kh, p->kw, p->sh, p->sw, p->ph,
+                       p->pw, p->dh, p->dw, p->oh, p->ow};
+  return g;
+}
+
+static clpar_bref at(const clpar_tensor *t, int64_t off) {
+  clpar_bref r = {t->storage->buf, t->offset + (size_t)off};
+  return r;
+}
+
+static clpar_bref none(void) {
+  clpar_bref r = {NULL, 0};
+  return r;
+}
+
+static clpar_status gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                         clpar_bref a, int64_t lda, clpar_bref b, int64_t ldb, float beta,
+                         clpar_bref c, int64_t ldc) {
+  return clpar_dev_gemm(dev, ta, tb, (size_t)m, (size_t)n, (size_t)k, 1.0f, a, (size_t)lda, b,
+                        (size_t)ldb, beta, c, (size_t)ldc);
+}
+
+/* A vector of n ones (the GEMM operand that sums rows). */
+static clpar_status ones(clpar_device *dev, int64_t n, clpar_tensor **out) {
+  clpar_status s = clpar_tensor_empty(dev, 1, &n, out);
+  if (s == CLPAR_OK) s = clpar_dev_fill(dev, clpar_tensor_bref(*out), (size_t)n, 1.0f);
+  return s;
+}
+
+/* y = conv(x) on the chunked im2col path. */
+static clpar_status forward_im2col(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
+                                   const clpar_tensor *wt, const clpar_tensor *bias,
+                                   clpar_tensor *y) {
+  int64_t cols = p->K * p->chunk * p->P, tmps = p->o * p->chunk * p->P;
+  clpar_tensor *col = NULL, *tmp = NULL;
+  clpar_status s = clpar_tensor_empty(dev, 1, &cols, &col);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &tmps, &tmp);
+  for (int64_t n0 = 0; s == CLPAR_OK && n0 < p->n; n0 += p->chunk) {
+    int64_t nb = p->n - n0 < p->chunk ? p->n - n0 : p->chunk, L = nb * p->P;
+    for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++) {
+      s = clpar_dev_im2col(dev, geom_of(p, nb), at(x, (n0 * p->c + g * p->cg) * p->h * p->w),
+                           at(col, 0));
+      if (s == CLPAR_OK)
+        s = gemm(dev, 0, 0, p->og, L, p->K, at(wt, g * p->og * p->K), p->K, at(col, 0), L, 0.0f,
+                 at(tmp, g * p->og * L), L);
+    }
+    if (s == CLPAR_OK)
+      s = clpar_dev_swap01(dev, (size_t)p->o, (size_t)nb, (size_t)p->P, at(tmp, 0),
+                           bias ? clpar_tensor_bref(bias) : none(), at(y, n0 * p->o * p->P));
+  }
+  clpar_tensor_free(col);
+  clpar_tensor_free(tmp);
+  return s;
+}
+
+/* y = conv(x) for a 1x1 convolution: per image and group, y[n, g] = W_g @ x[n, g]; a bias is
+ * laid down first (two rank-1 GEMMs) and the products added onto it. */
+static clpar_status forward_direct(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
+                                   const clpar_tensor *wt, const clpar_tensor *bias,
+                                   clpar_tensor *y) {
+  clpar_status s = CLPAR_OK;
+  clpar_tensor *one = NULL, *bo = NULL;
+  int64_t op = p->o * p->P, big = p->n > p->P ? p->n : p->P;
+  if (bias) {
+    s = ones(dev, big, &one);
+    if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &op, &bo);
+    if (s == CLPAR_OK) /* bo [O, P] = bias [O, 1] @ 1 [1, P] */
+      s = gemm(dev, 0, 0, p->o, p->P, 1, clpar_tensor_bref(bias), 1, at(one, 0), p->P, 0.0f,
+               at(bo, 0), p->P);
+    if (s == CLPAR_OK) /* y [N, O P] = 1 [N, 1] @ bo [1, O P] */
+      s = gemm(dev, 0, 0, p->n, op, 1, at(one, 0), 1, at(bo, 0), op, 0.0f, at(y, 0), op);
+  }
+  for (int64_t n = 0; s == CLPAR_OK && n < p->n; n++)
+    for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++)
+      s = gemm(dev, 0, 0, p->og, p->P, p->cg, at(wt, g * p->og * p->cg), p->cg,
+               at(x, (n * p->c + g * p->cg) * p->P), p->P, bias ? 1.0f : 0.0f,
+               at(y, (n * p->o + g * p->og) * p->P), p->P);
+  clpar_tensor_free(one);
+  clpar_tensor_free(bo);
+  return s;
+}
+
+/* The gradients the inputs asked for: dx (zeroed here), dw, db, NULL where not wanted. */
+typedef struct {
+  clpar_tensor *dx, *dw, *db;
+} conv_grads;
+
+static clpar_status backward_im2col(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
+                                    const clpar_tensor *wt, const clpar_tensor *gy, conv_grads *d) {
+  int64_t cols = p->K * p->chunk * p->P, gsz = p->o * p->chunk * p->P, L1 = p->chunk * p->P;
+  clpar_tensor *col = NULL, *gp = NULL, *one = NULL;
+  clpar_status s = clpar_tensor_empty(dev, 1, &cols, &col);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &gsz, &gp);
+  if (s == CLPAR_OK && d->db) s = ones(dev, L1, &one);
+  for (int64_t n0 = 0; s == CLPAR_OK && n0 < p->n; n0 += p->chunk) {
+    int64_t nb = p->n - n0 < p->chunk ? p->n - n0 : p->chunk, L = nb * p->P;
+    float beta = n0 ? 1.0f : 0.0f;
+    s = clpar_dev_swap01(dev, (size_t)nb, (size_t)p->o, (size_t)p->P, at(gy, n0 * p->o * p->P),
+                         none(), at(gp, 0)); /* gp [O, nb P] */
+    if (s == CLPAR_OK && d->db)
+      s = gemm(dev, 0, 0, p->o, 1, L, at(gp, 0), L, at(one, 0), 1, beta, at(d->db, 0), 1);
+    for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++) {
+      clpar_conv_geom geom = geom_of(p, nb);
+      int64_t xoff = (n0 * p->c + g * p->cg) * p->h * p->w;
+      if (d->dw) {
+        s = clpar_dev_im2col(dev, geom, at(x, xoff), at(col, 0));
+        if (s == CLPAR_OK)
+          s = gemm(dev, 0, 1, p->og, p->K, L, at(gp, g * p->og * L), L, at(col, 0), L, beta,
+                   at(d->dw, g * p->og * p->K), p->K);
+      }
+      if (s == CLPAR_OK && d->dx) {
+        s = gemm(dev, 1, 0, p->K, L, p->og, at(wt, g * p->og * p->K), p->K, at(gp, g * p->og * L),
+                 L, 0.0f, at(col, 0), L);
+        if (s == CLPAR_OK) s = clpar_dev_col2im(dev, geom, at(col, 0), at(d->dx, xoff));
+      }
+    }
+  }
+  clpar_tensor_free(col);
+  clpar_tensor_free(gp);
+  clpar_tensor_free(one);
+  return s;
+}
+
+static clpar_status backward_direct(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
+                                    const clpar_tensor *wt, const clpar_tensor *gy, conv_grads *d) {
+  clpar_status s = CLPAR_OK;
+  clpar_tensor *one = NULL, *rows = NULL;
+  if (d->db) { /* db = (sum over images of gy) [O, P] @ 1 [P] */
+    int64_t op = p->o * p->P;
+    s = ones(dev, p->P, &one);
+    if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &op, &rows);
+    if (s == CLPAR_OK)
+      s = clpar_dev_sum_rows(dev, (size_t)p->n, (size_t)op, at(gy, 0), at(rows, 0));
+    if (s == CLPAR_OK)
+      s = gemm(dev, 0, 0, p->o, 1, p->P, at(rows, 0), p->P, at(one, 0), 1, 0.0f, at(d->db, 0), 1);
+  }
+  for (int64_t n = 0; s == CLPAR_OK && n < p->n; n++)
+    for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++) {
+      int64_t xo = (n * p->c + g * p->cg) * p->P, go = (n * p->o + g * p->og) * p->P;
+      clpar_bref wg = at(wt, g * p->og * p->cg);
+      if (d->dx)
+        s = gemm(dev, 1, 0, p->cg, p->P, p->og, wg, p->cg, at(gy, go), p->P, 0.0f, at(d->dx, xo),
+                 p->P);
+      if (s == CLPAR_OK && d->dw)
+        s = gemm(dev, 0, 1, p->og, p->cg, p->P, at(gy, go), p->P, at(x, xo), p->P, n ? 1.0f : 0.0f,
+                 at(d->dw, g * p->og * p->cg), p->cg);
+    }
+  clpar_tensor_free(one);
+  clpar_tensor_free(rows);
+  return s;
+}
+
+static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tensor **gin) {
+  const conv_plan *p = node->ctx;
+  clpar_tensor *x = node->inputs[0], *wt = node->inputs[1];
+  clpar_tensor *bias = node->n_inputs > 2 ? node->inputs[2] : NULL;
+  clpar_device *dev = node->dev;
+  conv_grads d = {NULL, NULL, NULL};
+  clpar_status s = CLPAR_OK;
+  if (x->requires_grad) {
+    s = clpar_tensor_empty(dev, 4, x->shape, &d.dx);
+    if (s == CLPAR_OK && !p->direct)
+      s = clpar_dev_fill(dev, clpar_tensor_bref(d.dx), (size_t)d.dx->numel, 0.0f);
+  }
+  if (s == CLPAR_OK && wt->requires_grad) s = clpar_tensor_empty(dev, 4, wt->shape, &d.dw);
+  if (s == CLPAR_OK && bias && bias->requires_grad) s = clpar_tensor_empty(dev, 1, &p->o, &d.db);
+  if (s == CLPAR_OK)
+    s = p->direct ? backward_direct(dev, p, x, wt, gy, &d) : backward_im2col(dev, p, x, wt, gy, &d);
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_free(d.dx);
+    clpar_tensor_free(d.dw);
+    clpar_tensor_free(d.db);
+    return s;
+  }
+  gin[0] = d.dx;
+  gin[1] = d.dw;
+  if (bias) gin[2] = d.db;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
+                          const clpar_tensor *bias, const clpar_conv2d_options *options,
+                          clpar_tensor **out) {
+  const char *fn = "clpar_conv2d";
+  clpar_status s = check_alive(fn, "input", x);
+  if (s == CLPAR_OK) s = check_alive(fn, "weight", weight);
+  if (s == CLPAR_OK && bias) s = check_alive(fn, "bias", bias);
+  if (s == CLPAR_OK && !out)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  conv_plan plan;
+  if (s == CLPAR_OK) s = plan_conv(x, weight, bias, options, &plan);
+  if (s != CLPAR_OK) return s;
+  conv_plan *ctx = NULL;
+  clpar_tensor *in[3] = {(clpar_tensor *)x, (clpar_tensor *)weight, (clpar_tensor *)bias};
+  int n_in = bias ? 3 : 2;
+  if (clpar_needs_grad(in, n_in) && !(ctx = malloc(sizeof *ctx)))
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  clpar_device *dev = x->storage->dev;
+  int64_t shape[4] = {plan.n, plan.o, plan.oh, plan.ow};
+  clpar_tensor *y = NULL;
+  s = clpar_tensor_empty(dev, 4, shape, &y);
+  if (s == CLPAR_OK)
+    s = plan.direct ? forward_direct(dev, &plan, x, weight, bias, y)
+                    : forward_im2col(dev, &plan, x, weight, bias, y);
+  if (s != CLPAR_OK) {
+    if (y) clpar_device_fail(dev, s);
+    clpar_tensor_free(y);
+    free(ctx);
+    return s;
+  }
+  clpar_node *node = NULL;
+  s = clpar_record_op(y, fn, conv_backward, in, n_in, &node);
+  if (node) {
+    *ctx = plan;
+    node->ctx = ctx;
+    node->ctx_free = free;
+  } else {
+    free(ctx);
+  }
+  if (s == CLPAR_OK) *out = y;
+  return s;
+}
+
+/* ---- nn.Conv2d ---- */
+
+static clpar_status conv_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                 void *user) {
+  return clpar_conv2d(x, clpar_module_parameter(self, "weight"),
+                      clpar_module_parameter(self, "bias"), user, y);
+}
+
+clpar_status clpar_conv2d_create(int64_t in_ch, int64_t out_ch, int64_t kh, int64_t kw,
+                                 const clpar_conv2d_options *options, int bias, clpar_device *dev,
+                                 clpar_module **out) {
+  const char *fn = "clpar_conv2d_create";
+  clpar_conv2d_options o = {{1, 1}, {0, 0}, {1, 1}, 1};
+  if (options) o = *options;
+  if (in_ch < 1 || out_ch < 1 || kh < 1 || kw < 1 || !out || !dev)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: channels %lld -> %lld and kernel %lldx%lld must be >= 1, device "
+                           "and out non-NULL",
+                           fn, (long long)in_ch, (long long)out_ch, (long long)kh, (long long)kw);
+  if (!clpar_is_initialized())
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s: call clpar_init first", fn);
+  int bad = o.groups < 1 || in_ch % o.groups || out_ch % o.groups;
+  for (int i = 0; i < 2; i++) bad |= o.stride[i] < 1 || o.dilation[i] < 1 || o.padding[i] < 0;
+  if (bad)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: %lld -> %lld channels with groups %lld, stride (%lld, %lld), "
+                           "padding (%lld, %lld), dilation (%lld, %lld): channels must divide by "
+                           "groups, strides and dilations be >= 1, padding >= 0",
+                           fn, (long long)in_ch, (long long)out_ch, (long long)o.groups,
+                           (long long)o.stride[0], (long long)o.stride[1], (long long)o.padding[0],
+                           (long long)o.padding[1], (long long)o.dilation[0],
+                           (long long)o.dilation[1]);
+  int64_t ws[4] = {out_ch, in_ch / o.groups, kh, kw}, numel;
+  clpar_status s = clpar_check_size(fn, dev, 4, ws, &numel);
+  if (s != CLPAR_OK) return s;
+  clpar_conv2d_options *user = malloc(sizeof *user);
+  if (!user) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  *user = o;
+  clpar_module *m;
+  s = clpar_module_create("Conv2d", conv_forward, user, free, &m);
+  if (s != CLPAR_OK) {
+    free(user);
+    return s;
+  }
+  float bound = 1.0f / sqrtf((float)(ws[1] * kh * kw));
+  clpar_tensor *w = NULL, *b = NULL;
+  s = clpar_tensor_rand_uniform(dev, 4, ws, clpar_param_seed_next(), -bound, bound, &w);
+  if (s == CLPAR_OK) s = clpar_module_add_parameter(m, "weight", w);
+  if (s == CLPAR_OK && bias)
+    s = clpar_tensor_rand_uniform(dev, 1, &out_ch, clpar_param_seed_next(), -bound, bound, &b);
+  if (s == CLPAR_OK && bias) s = clpar_module_add_parameter(m, "bias", b);
+  clpar_tensor_free(w);
+  clpar_tensor_free(b);
+  if (s != CLPAR_OK) {
+    clpar_module_free(m);
+    return s;
+  }
+  *out = m;
+  return CLPAR_OK;
+}
