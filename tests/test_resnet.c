@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -472,6 +473,100 @@ static void test_batchnorm2d_options(void **state) {
   clpar_module_free(m);
 }
 
+/* ---- checkpoints and DataParallel ---- */
+
+/* A state_dict saved as safetensors (int64 0-d counters included) loads into a fresh model
+ * with every entry equal. */
+static void test_checkpoint_roundtrip(void **state) {
+  (void)state;
+  clpar_device *dev = tu_host();
+  clpar_module *a, *b;
+  tu_ok(clpar_resnet18(10, dev, &a));
+  set_ref_weights(a);
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *x = tu_make(dev, 4, (int64_t[]){2, 3, 32, 32}, 4), *y;
+  tu_ok(clpar_module_forward(a, x, &y)); /* running statistics move, counters become 1 */
+  clpar_scope_end(scope);
+  char path[] = "/tmp/clpar_test_resnet_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  tu_ok(clpar_safetensors_save(a, path, NULL, NULL, 0));
+  clpar_manual_seed(99);
+  tu_ok(clpar_resnet18(10, dev, &b));
+  tu_ok(clpar_safetensors_load(b, path, 1, NULL));
+  unlink(path);
+  assert_int_equal(clpar_module_state_count(a), clpar_module_state_count(b));
+  for (int j = 0; j < clpar_module_state_count(a); j++) {
+    const char *na, *nb;
+    clpar_tensor *ta, *tb;
+    tu_ok(clpar_module_state_at(a, j, &na, &ta, NULL));
+    tu_ok(clpar_module_state_at(b, j, &nb, &tb, NULL));
+    assert_string_equal(na, nb);
+    size_t bytes = (size_t)clpar_tensor_numel(ta) * clpar_dtype_size(clpar_tensor_dtype(ta));
+    char *va = malloc(bytes), *vb = malloc(bytes);
+    tu_ok(clpar_tensor_read_raw(ta, va, bytes));
+    tu_ok(clpar_tensor_read_raw(tb, vb, bytes));
+    if (memcmp(va, vb, bytes) != 0) fail_msg("%s differs after the round trip", na);
+    free(va);
+    free(vb);
+  }
+  assert_int_equal(read_count(entry(b, "layer3.1.bn2.num_batches_tracked")), 1);
+  /* the counter goes on from the loaded value */
+  scope = clpar_scope_begin();
+  x = tu_make(dev, 4, (int64_t[]){2, 3, 32, 32}, 5);
+  tu_ok(clpar_module_forward(b, x, &y));
+  clpar_scope_end(scope);
+  assert_int_equal(read_count(entry(b, "bn1.num_batches_tracked")), 2);
+  clpar_module_free(a);
+  clpar_module_free(b);
+}
+
+/* DataParallel over two devices: in training mode each replica normalizes its own chunk (as
+ * PyTorch's replicas do): the output equals each chunk's through a plain model on that chunk's
+ * device (the same device, since a ReLU input near 0 may fall on either side on another
+ * backend); the wrapped module's counters count the forward once; in eval mode the output
+ * equals one device's on the whole batch. */
+static void test_data_parallel(void **state) {
+  (void)state;
+  clpar_device *d0 = clpar_device_get(0), *d1 = tu_second_device(d0);
+  if (!d1) skip();
+  clpar_module *single, *single1, *m, *dp;
+  tu_ok(clpar_resnet18(10, d0, &single));
+  tu_ok(clpar_resnet18(10, d1, &single1));
+  tu_ok(clpar_resnet18(10, d0, &m));
+  set_ref_weights(single);
+  set_ref_weights(single1);
+  set_ref_weights(m);
+  clpar_device *devs[2] = {d0, d1};
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = 2};
+  tu_ok(clpar_data_parallel_create(m, &o, &dp));
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *x = tu_make(d0, 4, (int64_t[]){4, 3, 32, 32}, 6), *half, *y, *want, *parts[2];
+  tu_ok(clpar_tensor_rows(x, 0, 2, &half));
+  tu_ok(clpar_module_forward(single, half, &parts[0]));
+  tu_ok(clpar_tensor_rows(x, 2, 2, &half));
+  tu_ok(clpar_tensor_to(half, d1, &half));
+  tu_ok(clpar_module_forward(single1, half, &y));
+  tu_ok(clpar_tensor_to(y, d0, &parts[1]));
+  tu_ok(clpar_concat(parts, 2, &want));
+  tu_ok(clpar_module_forward(dp, x, &y));
+  tu_expect_equal(y, want, 1e-4f, 1e-5f, "DataParallel training output");
+  assert_int_equal(
+      read_count(clpar_module_buffer(clpar_module_child(m, "bn1"), "num_batches_tracked")), 1);
+  tu_ok(clpar_module_train(dp, 0));
+  tu_ok(clpar_module_train(single, 0));
+  set_ref_weights(single); /* both from the same state again (running statistics too) */
+  set_ref_weights(m);
+  tu_ok(clpar_module_forward(single, x, &want));
+  tu_ok(clpar_module_forward(dp, x, &y));
+  tu_expect_equal(y, want, 1e-4f, 1e-5f, "DataParallel eval output");
+  clpar_scope_end(scope);
+  clpar_module_free(single);
+  clpar_module_free(single1);
+  clpar_module_free(dp);
+}
+
 /* ---- training lowers the loss ---- */
 
 static void training_on(clpar_device *dev) {
@@ -514,6 +609,8 @@ int main(void) {
       cmocka_unit_test(test_bottleneck_reference),
       cmocka_unit_test(test_resnet18_reference),
       cmocka_unit_test(test_training),
+      cmocka_unit_test(test_checkpoint_roundtrip),
+      cmocka_unit_test(test_data_parallel),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
