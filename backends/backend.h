@@ -49,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 8
+#define CLPAR_BACKEND_ABI_VERSION 9
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -159,6 +159,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(scale, QUEUE, 1)             \
   X(sum_rows, QUEUE, 1)          \
   X(gemm, QUEUE, 1)              \
+  X(gemm_batched, QUEUE, 1)      \
   X(broadcast_rows, QUEUE, 1)    \
   X(reduce_sum, QUEUE, 1)        \
   X(expand, QUEUE, 1)            \
@@ -251,6 +252,14 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(int, trans_a) F(int, trans_b) F(size_t, m) F(size_t, n) F(size_t, k) F(float, alpha) \
   F(clpar_bref, a) F(size_t, lda) F(clpar_bref, b) F(size_t, ldb) F(float, beta)         \
   F(clpar_bref, c) F(size_t, ldc)
+/* Strided batched SGEMM: gemm's C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, with
+ * X_i starting stride_x elements after X_{i-1} (a stride 0 shares the operand: one weight
+ * for every image of a convolution). The C_i do not overlap. */
+#define CLPAR_BE_ARGS_gemm_batched(F)                                                       \
+  F(int, trans_a) F(int, trans_b) F(size_t, m) F(size_t, n) F(size_t, k) F(float, alpha)     \
+  F(clpar_bref, a) F(size_t, lda) F(size_t, stride_a) F(clpar_bref, b) F(size_t, ldb)        \
+  F(size_t, stride_b) F(float, beta) F(clpar_bref, c) F(size_t, ldc) F(size_t, stride_c)     \
+  F(size_t, batch)
 /* out[r, c] = a[c], r < rows, c < cols: one row repeated (cols == 1: a scalar). */
 #define CLPAR_BE_ARGS_broadcast_rows(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)

@@ -135,6 +135,15 @@ clpar_status clpar_transfer(clpar_device *dst_dev, struct clpar_storage *dst_st,
 /* Uploads host memory the caller may reuse at once (copied into staging first). */
 clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
                           size_t bytes);
+/* Fills n bytes of the source, from byte at, into dst (pinned staging memory). */
+typedef clpar_status (*clpar_fill_fn)(void *user, size_t at, void *dst, size_t n);
+/* clpar_upload with the bytes produced straight into staging, chunk by chunk, by fill (a file
+ * read): one host copy fewer, and the device's write of one chunk overlaps the filling of the
+ * next. An error of fill is returned; chunks already posted are written. */
+clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
+                               clpar_fill_fn fill, void *user);
+/* Overwrites all of t's bytes (any dtype) with what fill produces (clpar_upload_fill). */
+clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *user);
 /* Reads into host memory and waits (one host wait). */
 clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
                             size_t bytes);

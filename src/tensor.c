@@ -414,6 +414,14 @@ clpar_status clpar_tensor_write_raw(clpar_tensor *t, const void *src, size_t src
                       clpar_tensor_bytes(t));
 }
 
+clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *user) {
+  clpar_status s = clpar_check_alive("clpar_tensor_write_fill", t);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_touch(t);
+  return clpar_upload_fill(t->storage->dev, t->storage->buf, t->offset * CLPAR_WORD_BYTES,
+                           clpar_tensor_bytes(t), fill, user);
+}
+
 clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
   if (!dst || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_copy: NULL tensor");
   if (clpar_check_alive("clpar_copy", dst) != CLPAR_OK ||

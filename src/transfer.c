@@ -285,21 +285,35 @@ clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t
   return through_staging(dst_dev, dst_st->buf, dst_off, src_dev, src_st->buf, src_off, bytes);
 }
 
-clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
-                          size_t bytes) {
+clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
+                               clpar_fill_fn fill, void *user) {
   count(dev, NULL, bytes);
   for (size_t at = 0; at < bytes; at += CHUNK) {
     size_t n = bytes - at < CHUNK ? bytes - at : CHUNK;
     clpar_staging_block *b;
     clpar_status s = staging_get(dev, n, &b);
     if (s != CLPAR_OK) return s;
-    memcpy(b->ptr, (const char *)src + at, n);
+    s = fill(user, at, b->ptr, n);
+    if (s != CLPAR_OK) { /* nothing posted reads the block: straight back to the pool */
+      staging_put(b);
+      return s;
+    }
     s = clpar_dev_write(dev, buf, off_bytes + at, b->ptr, n);
     clpar_status put = put_when_done(dev, b);
     if (s == CLPAR_OK) s = put;
     if (s != CLPAR_OK) return s;
   }
   return CLPAR_OK;
+}
+
+static clpar_status copy_from(void *user, size_t at, void *dst, size_t n) {
+  memcpy(dst, (const char *)user + at, n);
+  return CLPAR_OK;
+}
+
+clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
+                          size_t bytes) {
+  return clpar_upload_fill(dev, buf, off_bytes, bytes, copy_from, (void *)src);
 }
 
 clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,

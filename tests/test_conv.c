@@ -158,6 +158,8 @@ static op_case conv_case(const char *name, int64_t n, int64_t C, int64_t H, int6
     {s0, s1}, {p0, p1}, {d0, d1}, g    \
   }
 
+#define N_CONV_CASES 9
+
 static void conv_cases(op_case *cs) {
   cs[0] = conv_case("conv 3x3 pad 1", 2, 3, 7, 6, 4, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1), 1);
   cs[1] = conv_case("conv stride (2,1) pad (1,0) dilation (2,1) groups 2", 3, 4, 9, 8, 6, 3, 2,
@@ -167,6 +169,10 @@ static void conv_cases(op_case *cs) {
   cs[4] = conv_case("1x1 stride 2", 2, 6, 7, 5, 4, 1, 1, OPT(2, 2, 0, 0, 1, 1, 1), 0);
   cs[5] = conv_case("5x5 stride 3 pad 2", 1, 2, 11, 13, 3, 5, 5, OPT(3, 3, 2, 2, 1, 1, 1), 1);
   cs[6] = conv_case("1x1 direct groups 3", 1, 6, 16, 16, 9, 1, 1, OPT(1, 1, 0, 0, 1, 1, 3), 0);
+  cs[7] = conv_case("3x3 dilation 2 pad 3 (whole taps in the padding)", 2, 2, 4, 5, 3, 3, 3,
+                    OPT(1, 2, 3, 3, 2, 2, 1), 1);
+  cs[8] = conv_case("3x3 pad 1 groups 2, per-image GEMMs into NCHW", 2, 4, 18, 17, 4, 3, 3,
+                    OPT(1, 1, 1, 1, 1, 1, 2), 1);
 }
 
 static void each_device(void (*fn)(clpar_device *)) {
@@ -179,9 +185,9 @@ static void each_device(void (*fn)(clpar_device *)) {
 }
 
 static void conv_on(clpar_device *dev) {
-  op_case cs[7];
+  op_case cs[N_CONV_CASES];
   conv_cases(cs);
-  for (int i = 0; i < 7; i++) check_case(dev, &cs[i], 100 + (uint64_t)i * 10);
+  for (int i = 0; i < N_CONV_CASES; i++) check_case(dev, &cs[i], 100 + (uint64_t)i * 10);
 }
 
 static void test_conv_against_reference(void **state) {
@@ -192,16 +198,68 @@ static void test_conv_against_reference(void **state) {
 /* A few floats of columns per chunk: every image (and the last, partial chunk) on its own. */
 static void conv_chunked_on(clpar_device *dev) {
   int64_t keep = clpar_conv_chunk_floats;
-  op_case cs[7];
+  op_case cs[N_CONV_CASES];
   conv_cases(cs);
   clpar_conv_chunk_floats = 600;
   for (int i = 0; i < 3; i++) check_case(dev, &cs[i], 200 + (uint64_t)i);
+  clpar_conv_chunk_floats = 12; /* one image per chunk on every path, 1x1 weight products too */
+  for (int i = 0; i < N_CONV_CASES; i++) check_case(dev, &cs[i], 300 + (uint64_t)i);
   clpar_conv_chunk_floats = keep;
 }
 
 static void test_conv_in_chunks(void **state) {
   (void)state;
   each_device(conv_chunked_on);
+}
+
+/* ---- the gemm_batched entry ---- */
+
+/* C_i = alpha op(A_i) op(B_i) + beta C_i through the device's entry, against float64: A shared
+ * (stride 0) or strided, leading dimensions and strides larger than the matrices. */
+static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
+                              float beta, uint64_t seed) {
+  int64_t m = 5, n = 7, k = 6, lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+  int64_t sa = share_a ? 0 : (ta ? k : m) * lda + 4, sb = (tb ? n : k) * ldb + 1, sc = m * ldc + 5;
+  int64_t na = (share_a ? 1 : batch) * ((ta ? k : m) * lda + 4), nb = batch * sb, nc = batch * sc;
+  clpar_tensor *a = tu_make(dev, 1, &na, seed), *b = tu_make(dev, 1, &nb, seed + 1);
+  clpar_tensor *c = tu_make(dev, 1, &nc, seed + 2);
+  float *ha = tu_read(a), *hb = tu_read(b), *hc = tu_read(c);
+  float alpha = 0.75f;
+  tu_ok(clpar_dev_gemm_batched_sync(dev, ta, tb, (size_t)m, (size_t)n, (size_t)k, alpha,
+                                    clpar_tensor_bref(a), (size_t)lda, (size_t)sa,
+                                    clpar_tensor_bref(b), (size_t)ldb, (size_t)sb, beta,
+                                    clpar_tensor_bref(c), (size_t)ldc, (size_t)sc, (size_t)batch));
+  float *got = tu_read(c), *want = malloc((size_t)nc * sizeof *want);
+  assert_non_null(want);
+  memcpy(want, hc, (size_t)nc * sizeof *want); /* outside the C_i: untouched */
+  for (int64_t bi = 0; bi < batch; bi++)
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < k; p++) {
+          double av = ha[bi * sa + (ta ? p * lda + i : i * lda + p)];
+          double bv = hb[bi * sb + (tb ? j * ldb + p : p * ldb + j)];
+          acc += av * bv;
+        }
+        int64_t e = bi * sc + i * ldc + j;
+        want[e] = (float)(alpha * acc + (double)beta * hc[e]);
+      }
+  tu_assert_close(got, want, (size_t)nc, 1e-5f, 1e-5f, dev->bd.info.id);
+  free(ha), free(hb), free(hc), free(got), free(want);
+  clpar_tensor_free(a), clpar_tensor_free(b), clpar_tensor_free(c);
+}
+
+static void gemm_batched_on(clpar_device *dev) {
+  for (int t = 0; t < 4; t++) {
+    gemm_batched_case(dev, t & 1, t >> 1, 0, 3, 0.0f, 400 + (uint64_t)t * 3);
+    gemm_batched_case(dev, t & 1, t >> 1, 1, 4, -0.5f, 420 + (uint64_t)t * 3);
+  }
+  gemm_batched_case(dev, 0, 0, 1, 1, 1.0f, 440);
+}
+
+static void test_gemm_batched(void **state) {
+  (void)state;
+  each_device(gemm_batched_on);
 }
 
 /* ---- pooling ---- */
@@ -632,6 +690,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conv_against_reference),
       cmocka_unit_test(test_conv_in_chunks),
+      cmocka_unit_test(test_gemm_batched),
       cmocka_unit_test(test_pool_against_reference),
       cmocka_unit_test(test_batch_norm_against_reference),
       cmocka_unit_test(test_batch_norm_running_stats),

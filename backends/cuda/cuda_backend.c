@@ -601,6 +601,41 @@ static clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, siz
   return op_end(d, &prof, blas_check(st, "cublasSgemm"));
 }
 
+/* As cuda_gemm, one cuBLAS call for the whole batch. */
+static clpar_status cuda_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n,
+                                      size_t k, float alpha, clpar_bref a, size_t lda,
+                                      size_t stride_a, clpar_bref b, size_t ldb, size_t stride_b,
+                                      float beta, clpar_bref c, size_t ldc, size_t stride_c,
+                                      size_t batch) {
+  cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s != CLPAR_OK) return s;
+  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  int fits = m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+             ldc <= INT_MAX && batch <= INT_MAX;
+  cublasStatus_t st;
+  pthread_mutex_lock(&d->blas_lock);
+  if (fits) {
+    st = cublasSgemmStridedBatched(d->blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, at(b),
+                                   (int)ldb, (long long)stride_b, at(a), (int)lda,
+                                   (long long)stride_a, &beta, at(c), (int)ldc, (long long)stride_c,
+                                   (int)batch);
+  } else {
+#if CUBLAS_VER_MAJOR >= 12
+    st = cublasSgemmStridedBatched_64(d->blas, op_b, op_a, (int64_t)n, (int64_t)m, (int64_t)k,
+                                      &alpha, at(b), (int64_t)ldb, (long long)stride_b, at(a),
+                                      (int64_t)lda, (long long)stride_a, &beta, at(c), (int64_t)ldc,
+                                      (long long)stride_c, (int64_t)batch);
+#else
+    st = CUBLAS_STATUS_NOT_SUPPORTED; /* 32-bit sizes only before cuBLAS 12 */
+#endif
+  }
+  pthread_mutex_unlock(&d->blas_lock);
+  return op_end(d, &prof, blas_check(st, "cublasSgemmStridedBatched"));
+}
+
 /* ---- training ops ---- */
 
 static clpar_status cuda_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,

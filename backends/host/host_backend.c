@@ -180,7 +180,25 @@ static clpar_status host_sum_rows(void *dev, size_t rows, size_t cols, clpar_bre
   (void)dev;
   const float *pa = at(a);
   float *po = at(out);
-  enum { BLOCK = 256 };
+  enum { BLOCK = 256, SPAN = 8192 };
+  if (cols == 1 && rows > SPAN) { /* a whole sum: spans of rows in parallel, then in order */
+    size_t spans = (rows + SPAN - 1) / SPAN;
+    double *part = malloc(spans * sizeof *part);
+    if (part) {
+#pragma omp parallel for if (rows > CLPAR_HOST_PAR) schedule(static)
+      for (size_t sp = 0; sp < spans; sp++) {
+        size_t r1 = (sp + 1) * SPAN < rows ? (sp + 1) * SPAN : rows;
+        double acc = 0.0;
+        for (size_t r = sp * SPAN; r < r1; r++) acc += pa[r];
+        part[sp] = acc;
+      }
+      double total = 0.0;
+      for (size_t sp = 0; sp < spans; sp++) total += part[sp];
+      po[0] = (float)total;
+      free(part);
+      return CLPAR_OK;
+    }
+  }
   size_t blocks = (cols + BLOCK - 1) / BLOCK;
 #pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR) schedule(static)
   for (size_t blk = 0; blk < blocks; blk++) {
@@ -242,11 +260,30 @@ static clpar_status host_gemm(void *dev, int ta, int tb, size_t m, size_t n, siz
   return CLPAR_OK;
 }
 
+/* One BLAS call per matrix (each threaded by the BLAS itself). */
+static clpar_status host_gemm_batched(void *dev, int ta, int tb, size_t m, size_t n, size_t k,
+                                      float alpha, clpar_bref a, size_t lda, size_t stride_a,
+                                      clpar_bref b, size_t ldb, size_t stride_b, float beta,
+                                      clpar_bref c, size_t ldc, size_t stride_c, size_t batch) {
+  for (size_t i = 0; i < batch; i++) {
+    clpar_bref ai = {a.buf, a.off + i * stride_a}, bi = {b.buf, b.off + i * stride_b};
+    clpar_bref ci = {c.buf, c.off + i * stride_c};
+    host_gemm(dev, ta, tb, m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
+  }
+  return CLPAR_OK;
+}
+
 static clpar_status host_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
                                         clpar_bref out) {
   (void)dev;
   const float *pa = at(a);
   float *po = at(out);
+  if (cols == 1) { /* one value repeated */
+    float v = pa[0];
+#pragma omp parallel for simd if (rows > CLPAR_HOST_PAR) schedule(static)
+    for (size_t r = 0; r < rows; r++) po[r] = v;
+    return CLPAR_OK;
+  }
 #pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR) schedule(static)
   for (size_t r = 0; r < rows; r++) memcpy(po + r * cols, pa, cols * sizeof *po);
   return CLPAR_OK;

@@ -18,6 +18,20 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* The outputs o < out whose input position o * s - pad + k * d falls in [0, in): [*lo, *hi). */
+static void valid_range(int64_t in, int64_t out, int64_t s, int64_t pad, int64_t kd, int64_t *lo,
+                        int64_t *hi) {
+  int64_t first = pad - kd; /* o * s >= first */
+  int64_t l = first <= 0 ? 0 : (first + s - 1) / s;
+  int64_t last = in - 1 + pad - kd; /* o * s <= last */
+  int64_t h = last < 0 ? 0 : last / s + 1;
+  *lo = l < out ? l : out;
+  *hi = h < out ? h : out;
+  if (*hi < *lo) *hi = *lo;
+}
+
+/* One row of columns: the kernel tap (ci, i, j) of image b. Runs of valid positions are copied
+ * (stride 1: a memcpy), the padding is zero. */
 clpar_status clpar_host_im2col(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref col) {
   (void)dev;
   const float *px = at(x);
@@ -29,54 +43,55 @@ clpar_status clpar_host_im2col(void *dev, clpar_conv_geom g, clpar_bref x, clpar
       int64_t ci = r / (g.kh * g.kw), i = r / g.kw % g.kh, j = r % g.kw;
       const float *plane = px + b * g.img_stride + ci * g.h * g.w;
       float *o = pc + r * L + b * P;
-      for (int64_t oy = 0; oy < g.oh; oy++) {
-        int64_t iy = oy * g.sh - g.ph + i * g.dh;
+      int64_t oy0, oy1, ox0, ox1;
+      valid_range(g.h, g.oh, g.sh, g.ph, i * g.dh, &oy0, &oy1);
+      valid_range(g.w, g.ow, g.sw, g.pw, j * g.dw, &ox0, &ox1);
+      memset(o, 0, (size_t)(oy0 * g.ow) * sizeof *o);
+      for (int64_t oy = oy0; oy < oy1; oy++) {
+        /* input position of output ox: base + ox * sw (>= 0 for ox >= ox0) */
+        int64_t base = (oy * g.sh - g.ph + i * g.dh) * g.w + j * g.dw - g.pw;
         float *orow = o + oy * g.ow;
-        if (iy < 0 || iy >= g.h) {
-          memset(orow, 0, (size_t)g.ow * sizeof *orow);
-          continue;
-        }
-        const float *row = plane + iy * g.w;
-        for (int64_t ox = 0; ox < g.ow; ox++) {
-          int64_t ix = ox * g.sw - g.pw + j * g.dw;
-          orow[ox] = ix >= 0 && ix < g.w ? row[ix] : 0.0f;
-        }
+        for (int64_t ox = 0; ox < ox0; ox++) orow[ox] = 0.0f;
+        if (g.sw == 1)
+          memcpy(orow + ox0, plane + base + ox0, (size_t)(ox1 - ox0) * sizeof *orow);
+        else
+          for (int64_t ox = ox0; ox < ox1; ox++) orow[ox] = plane[base + ox * g.sw];
+        for (int64_t ox = ox1; ox < g.ow; ox++) orow[ox] = 0.0f;
       }
+      memset(o + oy1 * g.ow, 0, (size_t)((g.oh - oy1) * g.ow) * sizeof *o);
     }
   return CLPAR_OK;
 }
 
-/* The output positions o (o * s - pad + k * d == i) for tap k: o when it is whole and in
- * [0, out), else -1. */
-static int64_t tap_out(int64_t i, int64_t k, int64_t s, int64_t pad, int64_t d, int64_t out) {
-  int64_t num = i + pad - k * d;
-  if (num < 0 || num % s) return -1;
-  return num / s < out ? num / s : -1;
-}
-
+/* The adjoint: each plane (b, ci) of x is one thread's, and the taps (i, j) add their columns
+ * into it in a fixed order (the same bits every run, no atomics). */
 clpar_status clpar_host_col2im(void *dev, clpar_conv_geom g, clpar_bref col, clpar_bref x) {
   (void)dev;
   const float *pc = at(col);
   float *px = at(x);
   int64_t P = g.oh * g.ow, L = g.n * P;
-#pragma omp parallel for collapse(2) if (g.n * g.c * g.h * g.w > PAR_MIN / 4) schedule(static)
+#pragma omp parallel for collapse(2) if (g.n * g.c * P * g.kh * g.kw > PAR_MIN) schedule(static)
   for (int64_t b = 0; b < g.n; b++)
-    for (int64_t ci = 0; ci < g.c; ci++)
-      for (int64_t y = 0; y < g.h; y++) {
-        float *row = px + b * g.img_stride + ci * g.h * g.w + y * g.w;
-        for (int64_t xx = 0; xx < g.w; xx++) {
-          float sum = 0.0f;
-          for (int64_t i = 0; i < g.kh; i++) {
-            int64_t oy = tap_out(y, i, g.sh, g.ph, g.dh, g.oh);
-            if (oy < 0) continue;
-            for (int64_t j = 0; j < g.kw; j++) {
-              int64_t ox = tap_out(xx, j, g.sw, g.pw, g.dw, g.ow);
-              if (ox >= 0) sum += pc[((ci * g.kh + i) * g.kw + j) * L + b * P + oy * g.ow + ox];
-            }
+    for (int64_t ci = 0; ci < g.c; ci++) {
+      float *plane = px + b * g.img_stride + ci * g.h * g.w;
+      for (int64_t i = 0; i < g.kh; i++) {
+        int64_t oy0, oy1;
+        valid_range(g.h, g.oh, g.sh, g.ph, i * g.dh, &oy0, &oy1);
+        for (int64_t j = 0; j < g.kw; j++) {
+          int64_t ox0, ox1;
+          valid_range(g.w, g.ow, g.sw, g.pw, j * g.dw, &ox0, &ox1);
+          const float *c = pc + ((ci * g.kh + i) * g.kw + j) * L + b * P;
+          for (int64_t oy = oy0; oy < oy1; oy++) {
+            int64_t base = (oy * g.sh - g.ph + i * g.dh) * g.w + j * g.dw - g.pw;
+            const float *crow = c + oy * g.ow;
+            if (g.sw == 1)
+              for (int64_t ox = ox0; ox < ox1; ox++) plane[base + ox] += crow[ox];
+            else
+              for (int64_t ox = ox0; ox < ox1; ox++) plane[base + ox * g.sw] += crow[ox];
           }
-          row[xx] += sum;
         }
       }
+    }
   return CLPAR_OK;
 }
 
@@ -96,7 +111,7 @@ clpar_status clpar_host_swap01(void *dev, size_t a, size_t b, size_t p, clpar_br
 }
 
 clpar_status clpar_host_maxpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
-                                   clpar_bref idx) {
+                                clpar_bref idx) {
   (void)dev;
   const float *px = at(x);
   float *py = at(y);
@@ -137,7 +152,7 @@ static void windows_of(int64_t i, int64_t k, int64_t s, int64_t pad, int64_t out
 }
 
 clpar_status clpar_host_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
-                                            clpar_bref idx, clpar_bref dx) {
+                                         clpar_bref idx, clpar_bref dx) {
   (void)dev;
   const float *pg = at(dy);
   const int32_t *pi = (const int32_t *)idx.buf + idx.off;
@@ -169,8 +184,7 @@ static int64_t bin_end(int64_t i, int64_t in, int64_t out) {
   return ((i + 1) * in + out - 1) / out;
 }
 
-clpar_status clpar_host_avgpool(void *dev, clpar_conv_geom g, clpar_bref x,
-                                            clpar_bref y) {
+clpar_status clpar_host_avgpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y) {
   (void)dev;
   const float *px = at(x);
   float *py = at(y);
@@ -201,7 +215,7 @@ static void bins_of(int64_t i, int64_t in, int64_t out, int64_t *lo, int64_t *hi
 }
 
 clpar_status clpar_host_avgpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
-                                                     clpar_bref dx) {
+                                         clpar_bref dx) {
   (void)dev;
   const float *pg = at(dy);
   float *po = at(dx);
@@ -278,8 +292,8 @@ clpar_status clpar_host_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar_
 }
 
 clpar_status clpar_host_bn_backward_sums(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
-                                           clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
-                                           clpar_bref sum_g, clpar_bref sum_gxhat) {
+                                         clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
+                                         clpar_bref sum_g, clpar_bref sum_gxhat) {
   (void)dev;
   const float *px = at(x), *pg = at(g), *pm = at(mean);
 #pragma omp parallel for if (n * c * p > PAR_MIN) schedule(static)
@@ -298,9 +312,9 @@ clpar_status clpar_host_bn_backward_sums(void *dev, size_t n, size_t c, size_t p
 }
 
 clpar_status clpar_host_bn_backward(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
-                                          clpar_bref g, clpar_bref mean, clpar_bref var,
-                                          clpar_bref weight, float eps, clpar_bref sum_g,
-                                          clpar_bref sum_gxhat, int training, clpar_bref dx) {
+                                    clpar_bref g, clpar_bref mean, clpar_bref var,
+                                    clpar_bref weight, float eps, clpar_bref sum_g,
+                                    clpar_bref sum_gxhat, int training, clpar_bref dx) {
   (void)dev;
   const float *px = at(x), *pg = at(g), *pm = at(mean);
   float *po = at(dx);

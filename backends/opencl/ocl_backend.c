@@ -495,6 +495,36 @@ static clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size
   return s_;
 }
 
+static clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n,
+                                     size_t k, float alpha, clpar_bref a, size_t lda,
+                                     size_t stride_a, clpar_bref b, size_t ldb, size_t stride_b,
+                                     float beta, clpar_bref c, size_t ldc, size_t stride_c,
+                                     size_t batch) {
+  clpar_ocl_device *d = dev;
+  if (batch == 1)
+    return ocl_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  pthread_mutex_lock(&d->lock);
+  cl_event ev, marker = NULL;
+  if (profile_slot(d, &ev) && clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
+    marker = NULL;
+  int warm = atomic_load(&d->gemm_warm);
+  if (!warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+  CLBlastStatusCode st = CLBlastSgemmStridedBatched(
+      CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
+      trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
+      stride_a, AS_MEM(b.buf), b.off, ldb, stride_b, beta, AS_MEM(c.buf), c.off, ldc, stride_c,
+      batch, &d->queue, profile_slot(d, &ev));
+  if (st == CLBlastSuccess && ev)
+    profile_keep_span(d, marker, ev);
+  else if (marker)
+    clReleaseEvent(marker);
+  if (!warm) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
+  pthread_mutex_unlock(&d->lock);
+  if (st == CLBlastSuccess) return CLPAR_OK;
+  return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemmStridedBatched(%zu x %zux%zux%zu): %s",
+                         batch, m, n, k, clpar_ocl_clblast_status_name(st));
+}
+
 /* ---- training ops (ABI 2) ---- */
 
 static clpar_status ocl_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a,

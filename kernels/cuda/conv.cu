@@ -1,6 +1,7 @@
 /* conv.cu — the data movement of a convolution through GEMM (src/nn/conv.c, backend.h):
  * im2col, col2im (adds into x; gathers, so no atomics) and the [a, b, p] -> [b, a, p] swap
- * between a GEMM's [O, n * P] result and NCHW. Grid-stride loops over 64-bit indices. */
+ * between a GEMM's [O, n * P] result and NCHW. Grid-stride loops over 32-bit indices where
+ * they fit, 64-bit otherwise. */
 #include "cuda/cuda_kernels.h"
 
 namespace {
@@ -13,48 +14,61 @@ unsigned blocks_for(size_t n) {
   return (unsigned)(b < max_blocks ? b : max_blocks);
 }
 
-__global__ void im2col_kernel(clpar_conv_geom g, const float *x, float *col) {
-  int64_t P = g.oh * g.ow, L = g.n * P, total = L * g.c * g.kh * g.kw;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = e / L, q = e - r * L, b = q / P, p = q - b * P, oy = p / g.ow, ox = p - oy * g.ow;
-    int64_t ci = r / (g.kh * g.kw), i = r / g.kw % g.kh, j = r % g.kw;
-    int64_t iy = oy * g.sh - g.ph + i * g.dh, ix = ox * g.sw - g.pw + j * g.dw;
+/* The kernels are templates over the index type: 32-bit indices (a chunk's columns fit, as the
+ * core bounds them at 64 MiB, unless one image alone is larger) avoid the GPU's slow 64-bit
+ * division; the launchers pick 64-bit when an index could overflow. */
+template <typename I>
+__global__ void im2col_kernel(clpar_conv_geom g64, const float *x, float *col) {
+  I oh = (I)g64.oh, ow = (I)g64.ow, kh = (I)g64.kh, kw = (I)g64.kw, h = (I)g64.h, w = (I)g64.w;
+  I P = oh * ow, L = (I)g64.n * P, total = L * (I)g64.c * kh * kw;
+  for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+    I r = e / L, q = e - r * L, b = q / P, p = q - b * P, oy = p / ow, ox = p - oy * ow;
+    I ci = r / (kh * kw), t = r - ci * kh * kw, i = t / kw, j = t - i * kw;
+    int64_t iy = (int64_t)(oy * (I)g64.sh + i * (I)g64.dh) - g64.ph;
+    int64_t ix = (int64_t)(ox * (I)g64.sw + j * (I)g64.dw) - g64.pw;
     float v = 0.0f;
-    if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
-      v = x[b * g.img_stride + (ci * g.h + iy) * g.w + ix];
+    if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+      v = x[(int64_t)b * g64.img_stride + ((int64_t)ci * h + iy) * w + ix];
     col[e] = v;
   }
 }
 
-__global__ void col2im_kernel(clpar_conv_geom g, const float *col, float *x) {
-  int64_t P = g.oh * g.ow, L = g.n * P, HW = g.h * g.w, total = g.n * g.c * HW;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (int64_t)gridDim.x * blockDim.x) {
-    int64_t bc = e / HW, pos = e - bc * HW, b = bc / g.c, ci = bc - b * g.c;
-    int64_t y = pos / g.w, xx = pos - y * g.w;
+template <typename I>
+__global__ void col2im_kernel(clpar_conv_geom g64, const float *col, float *x) {
+  I oh = (I)g64.oh, ow = (I)g64.ow, kh = (I)g64.kh, kw = (I)g64.kw, h = (I)g64.h, w = (I)g64.w;
+  I sh = (I)g64.sh, sw = (I)g64.sw, dh = (I)g64.dh, dw = (I)g64.dw, ph = (I)g64.ph, pw = (I)g64.pw;
+  I P = oh * ow, L = (I)g64.n * P, HW = h * w, c = (I)g64.c, total = (I)g64.n * c * HW;
+  for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+    I bc = e / HW, pos = e - bc * HW, b = bc / c, ci = bc - b * c;
+    I y = pos / w, xx = pos - y * w;
     float sum = 0.0f;
-    for (int64_t i = 0; i < g.kh; i++) {
-      int64_t num = y + g.ph - i * g.dh;
-      if (num < 0 || num % g.sh || num / g.sh >= g.oh) continue;
-      for (int64_t j = 0; j < g.kw; j++) {
-        int64_t numx = xx + g.pw - j * g.dw;
-        if (numx < 0 || numx % g.sw || numx / g.sw >= g.ow) continue;
-        sum += col[((ci * g.kh + i) * g.kw + j) * L + b * P + num / g.sh * g.ow + numx / g.sw];
+    for (I i = 0; i < kh; i++) {
+      if (y + ph < i * dh) continue;
+      I num = y + ph - i * dh, oy = num / sh;
+      if (num - oy * sh || oy >= oh) continue;
+      for (I j = 0; j < kw; j++) {
+        if (xx + pw < j * dw) continue;
+        I numx = xx + pw - j * dw, ox = numx / sw;
+        if (numx - ox * sw || ox >= ow) continue;
+        sum += col[((ci * kh + i) * kw + j) * L + b * P + oy * ow + ox];
       }
     }
-    x[b * g.img_stride + ci * HW + pos] += sum;
+    x[(int64_t)b * g64.img_stride + (int64_t)ci * HW + pos] += sum;
   }
 }
 
-__global__ void swap01_kernel(size_t a, size_t b, size_t p, const float *in, const float *bias,
-                              float *out) {
-  size_t total = a * b * p;
-  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (size_t)gridDim.x * blockDim.x) {
-    size_t row = e / p, q = e - row * p, i = row / b, j = row - i * b;
+template <typename I>
+__global__ void swap01_kernel(I a, I b, I p, const float *in, const float *bias, float *out) {
+  I total = a * b * p;
+  for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+    I row = e / p, q = e - row * p, i = row / b, j = row - i * b;
     out[(j * a + i) * p + q] = in[e] + (bias ? bias[i] : 0.0f);
   }
+}
+
+/* Whether every index below n, plus a grid's stride, fits 32 bits. */
+bool fits32(size_t n) {
+  return n + (size_t)max_blocks * block_size < ((size_t)1 << 32);
 }
 
 }  // namespace
@@ -63,7 +77,10 @@ extern "C" cudaError_t clpar_cuda_im2col(cudaStream_t stream, clpar_conv_geom g,
                                          float *col) {
   size_t total = (size_t)(g.n * g.oh * g.ow * g.c * g.kh * g.kw);
   (void)cudaGetLastError();
-  im2col_kernel<<<blocks_for(total), block_size, 0, stream>>>(g, x, col);
+  if (fits32(total))
+    im2col_kernel<uint32_t><<<blocks_for(total), block_size, 0, stream>>>(g, x, col);
+  else
+    im2col_kernel<uint64_t><<<blocks_for(total), block_size, 0, stream>>>(g, x, col);
   return cudaGetLastError();
 }
 
@@ -71,13 +88,22 @@ extern "C" cudaError_t clpar_cuda_col2im(cudaStream_t stream, clpar_conv_geom g,
                                          float *x) {
   size_t total = (size_t)(g.n * g.c * g.h * g.w);
   (void)cudaGetLastError();
-  col2im_kernel<<<blocks_for(total), block_size, 0, stream>>>(g, col, x);
+  size_t cols = (size_t)(g.n * g.oh * g.ow * g.c * g.kh * g.kw);
+  if (fits32(total) && fits32(cols))
+    col2im_kernel<uint32_t><<<blocks_for(total), block_size, 0, stream>>>(g, col, x);
+  else
+    col2im_kernel<uint64_t><<<blocks_for(total), block_size, 0, stream>>>(g, col, x);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t clpar_cuda_swap01(cudaStream_t stream, size_t a, size_t b, size_t p,
                                          const float *in, const float *bias, float *out) {
   (void)cudaGetLastError();
-  swap01_kernel<<<blocks_for(a * b * p), block_size, 0, stream>>>(a, b, p, in, bias, out);
+  if (fits32(a * b * p))
+    swap01_kernel<uint32_t><<<blocks_for(a * b * p), block_size, 0, stream>>>(
+        (uint32_t)a, (uint32_t)b, (uint32_t)p, in, bias, out);
+  else
+    swap01_kernel<uint64_t>
+        <<<blocks_for(a * b * p), block_size, 0, stream>>>(a, b, p, in, bias, out);
   return cudaGetLastError();
 }

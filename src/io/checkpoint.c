@@ -312,28 +312,28 @@ static clpar_status plan_error(const char *path, const plan *p) {
                          list_str(&p->mismatched));
 }
 
-/* A buffer for the largest of the file's tensors that will be loaded (entry[i] >= 0 for n
- * of them), read one after the other: no copy of the whole file is held. */
-static void *tensor_buffer(const clpar_st_file *f, const int *entry, int n) {
-  uint64_t most = 4;
-  for (int i = 0; i < n; i++)
-    if (entry[i] >= 0 && f->tensors[entry[i]].end - f->tensors[entry[i]].begin > most)
-      most = f->tensors[entry[i]].end - f->tensors[entry[i]].begin;
-  return most <= SIZE_MAX ? malloc((size_t)most) : NULL;
+typedef struct {
+  const clpar_st_file *f;
+  int idx;
+} part_source;
+
+/* Reads a tensor's bytes from the file straight into the upload's staging memory. */
+static clpar_status read_part(void *user, size_t at, void *dst, size_t n) {
+  const part_source *src = user;
+  return clpar_st_tensor_read_part(src->f, src->idx, at, dst, n);
 }
 
+/* Each tensor goes from the file into pinned staging memory and from there to its device,
+ * chunk by chunk (clpar_tensor_write_fill): one host copy, the device's write of a chunk
+ * overlapping the read of the next, and no buffer as large as a tensor. */
 static clpar_status plan_apply(const clpar_st_file *f, plan *p) {
-  void *buf = tensor_buffer(f, p->entry, p->n);
-  if (!buf) return NOMEM("load");
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < p->n; i++) {
     if (p->entry[i] < 0) continue;
-    const clpar_st_tensor *e = &f->tensors[p->entry[i]];
-    s = clpar_st_tensor_read(f, p->entry[i], buf);
-    if (s == CLPAR_OK) s = clpar_tensor_write_raw(p->params[i], buf, (size_t)(e->end - e->begin));
+    part_source src = {f, p->entry[i]};
+    s = clpar_tensor_write_fill(p->params[i], read_part, &src);
     if (s == CLPAR_OK) p->loaded++;
   }
-  free(buf);
   return s;
 }
 

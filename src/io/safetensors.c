@@ -317,12 +317,21 @@ clpar_status clpar_st_read(const char *path, clpar_st_file *f) {
 
 clpar_status clpar_st_tensor_read(const clpar_st_file *f, int i, void *dst) {
   const clpar_st_tensor *t = &f->tensors[i];
-  size_t n = (size_t)(t->end - t->begin);
+  return clpar_st_tensor_read_part(f, i, 0, dst, (size_t)(t->end - t->begin));
+}
+
+clpar_status clpar_st_tensor_read_part(const clpar_st_file *f, int i, uint64_t at, void *dst,
+                                       size_t n) {
+  const clpar_st_tensor *t = &f->tensors[i];
+  if (at > t->end - t->begin || n > t->end - t->begin - at)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "safetensors read: bytes [%llu, +%zu) outside tensor \"%s\"",
+                           (unsigned long long)at, n, t->name);
   if (f->buf) {
-    memcpy(dst, t->data, n);
+    memcpy(dst, t->data + at, n);
     return CLPAR_OK;
   }
-  return read_at(f->fd, f->path, dst, n, f->data_start + t->begin);
+  return read_at(f->fd, f->path, dst, n, f->data_start + t->begin + at);
 }
 
 /* ---- writing ---- */

@@ -72,6 +72,9 @@ clpar_status clpar_st_parse(const char *what, uint8_t *buf, size_t size, clpar_s
 clpar_status clpar_st_read(const char *path, clpar_st_file *f);
 /* Copies tensor i's end - begin bytes into dst. */
 clpar_status clpar_st_tensor_read(const clpar_st_file *f, int i, void *dst);
+/* Copies n bytes of tensor i, from its byte at, into dst (the range must lie in the tensor). */
+clpar_status clpar_st_tensor_read_part(const clpar_st_file *f, int i, uint64_t at, void *dst,
+                                       size_t n);
 void clpar_st_free(clpar_st_file *f);
 /* The index of the tensor named name, or -1. */
 int clpar_st_find(const clpar_st_file *f, const char *name);

@@ -127,10 +127,38 @@ static clpar_status gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n
                         (size_t)ldb, beta, c, (size_t)ldc);
 }
 
+/* One strided batched GEMM (backend.h's gemm_batched), alpha 1. */
+static clpar_status gemm_batched(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                 clpar_bref a, int64_t lda, int64_t sa, clpar_bref b, int64_t ldb,
+                                 int64_t sb, float beta, clpar_bref c, int64_t ldc, int64_t sc,
+                                 int64_t batch) {
+  return clpar_dev_gemm_batched(dev, ta, tb, (size_t)m, (size_t)n, (size_t)k, 1.0f, a, (size_t)lda,
+                                (size_t)sa, b, (size_t)ldb, (size_t)sb, beta, c, (size_t)ldc,
+                                (size_t)sc, (size_t)batch);
+}
+
 /* A vector of n ones (the GEMM operand that sums rows). */
 static clpar_status ones(clpar_device *dev, int64_t n, clpar_tensor **out) {
   clpar_status s = clpar_tensor_empty(dev, 1, &n, out);
   if (s == CLPAR_OK) s = clpar_dev_fill(dev, clpar_tensor_bref(*out), (size_t)n, 1.0f);
+  return s;
+}
+
+/* y [N, O, P] = bias broadcast over images and pixels (two rank-1 GEMMs), for GEMMs that add
+ * onto it with beta = 1. */
+static clpar_status bias_fill(clpar_device *dev, const conv_plan *p, const clpar_tensor *bias,
+                              clpar_tensor *y) {
+  clpar_tensor *one = NULL, *bo = NULL;
+  int64_t op = p->o * p->P, big = p->n > p->P ? p->n : p->P;
+  clpar_status s = ones(dev, big, &one);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &op, &bo);
+  if (s == CLPAR_OK) /* bo [O, P] = bias [O, 1] @ 1 [1, P] */
+    s = gemm(dev, 0, 0, p->o, p->P, 1, clpar_tensor_bref(bias), 1, at(one, 0), p->P, 0.0f,
+             at(bo, 0), p->P);
+  if (s == CLPAR_OK) /* y [N, O P] = 1 [N, 1] @ bo [1, O P] */
+    s = gemm(dev, 0, 0, p->n, op, 1, at(one, 0), 1, at(bo, 0), op, 0.0f, at(y, 0), op);
+  clpar_tensor_free(one);
+  clpar_tensor_free(bo);
   return s;
 }
 
@@ -139,19 +167,25 @@ static clpar_status forward_im2col(clpar_device *dev, const conv_plan *p, const 
                                    const clpar_tensor *wt, const clpar_tensor *bias,
                                    clpar_tensor *y) {
   int64_t cols = p->K * p->chunk * p->P, tmps = p->o * p->chunk * p->P;
+  int nchw = p->P >= DIRECT_MIN_P; /* per-image GEMMs into y: no [O, nb P] buffer, no swap */
   clpar_tensor *col = NULL, *tmp = NULL;
   clpar_status s = clpar_tensor_empty(dev, 1, &cols, &col);
-  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &tmps, &tmp);
+  if (s == CLPAR_OK && !nchw) s = clpar_tensor_empty(dev, 1, &tmps, &tmp);
+  if (s == CLPAR_OK && nchw && bias) s = bias_fill(dev, p, bias, y);
   for (int64_t n0 = 0; s == CLPAR_OK && n0 < p->n; n0 += p->chunk) {
     int64_t nb = p->n - n0 < p->chunk ? p->n - n0 : p->chunk, L = nb * p->P;
     for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++) {
       s = clpar_dev_im2col(dev, geom_of(p, nb), at(x, (n0 * p->c + g * p->cg) * p->h * p->w),
                            at(col, 0));
-      if (s == CLPAR_OK)
+      if (s == CLPAR_OK && nchw) /* y[n, g] [og, P] = W_g @ col[:, n P ...] */
+        s = gemm_batched(dev, 0, 0, p->og, p->P, p->K, at(wt, g * p->og * p->K), p->K, 0,
+                         at(col, 0), L, p->P, bias ? 1.0f : 0.0f,
+                         at(y, (n0 * p->o + g * p->og) * p->P), p->P, p->o * p->P, nb);
+      else if (s == CLPAR_OK)
         s = gemm(dev, 0, 0, p->og, L, p->K, at(wt, g * p->og * p->K), p->K, at(col, 0), L, 0.0f,
                  at(tmp, g * p->og * L), L);
     }
-    if (s == CLPAR_OK)
+    if (s == CLPAR_OK && !nchw)
       s = clpar_dev_swap01(dev, (size_t)p->o, (size_t)nb, (size_t)p->P, at(tmp, 0),
                            bias ? clpar_tensor_bref(bias) : none(), at(y, n0 * p->o * p->P));
   }
@@ -160,30 +194,16 @@ static clpar_status forward_im2col(clpar_device *dev, const conv_plan *p, const 
   return s;
 }
 
-/* y = conv(x) for a 1x1 convolution: per image and group, y[n, g] = W_g @ x[n, g]; a bias is
- * laid down first (two rank-1 GEMMs) and the products added onto it. */
+/* y = conv(x) for a 1x1 convolution: per group, y[n, g] = W_g @ x[n, g] for every image n in
+ * one batched GEMM, added onto the bias. */
 static clpar_status forward_direct(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
                                    const clpar_tensor *wt, const clpar_tensor *bias,
                                    clpar_tensor *y) {
-  clpar_status s = CLPAR_OK;
-  clpar_tensor *one = NULL, *bo = NULL;
-  int64_t op = p->o * p->P, big = p->n > p->P ? p->n : p->P;
-  if (bias) {
-    s = ones(dev, big, &one);
-    if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &op, &bo);
-    if (s == CLPAR_OK) /* bo [O, P] = bias [O, 1] @ 1 [1, P] */
-      s = gemm(dev, 0, 0, p->o, p->P, 1, clpar_tensor_bref(bias), 1, at(one, 0), p->P, 0.0f,
-               at(bo, 0), p->P);
-    if (s == CLPAR_OK) /* y [N, O P] = 1 [N, 1] @ bo [1, O P] */
-      s = gemm(dev, 0, 0, p->n, op, 1, at(one, 0), 1, at(bo, 0), op, 0.0f, at(y, 0), op);
-  }
-  for (int64_t n = 0; s == CLPAR_OK && n < p->n; n++)
-    for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++)
-      s = gemm(dev, 0, 0, p->og, p->P, p->cg, at(wt, g * p->og * p->cg), p->cg,
-               at(x, (n * p->c + g * p->cg) * p->P), p->P, bias ? 1.0f : 0.0f,
-               at(y, (n * p->o + g * p->og) * p->P), p->P);
-  clpar_tensor_free(one);
-  clpar_tensor_free(bo);
+  clpar_status s = bias ? bias_fill(dev, p, bias, y) : CLPAR_OK;
+  for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++)
+    s = gemm_batched(dev, 0, 0, p->og, p->P, p->cg, at(wt, g * p->og * p->cg), p->cg, 0,
+                     at(x, g * p->cg * p->P), p->P, p->c * p->P, bias ? 1.0f : 0.0f,
+                     at(y, g * p->og * p->P), p->P, p->o * p->P, p->n);
   return s;
 }
 
@@ -228,32 +248,46 @@ static clpar_status backward_im2col(clpar_device *dev, const conv_plan *p, const
   return s;
 }
 
+/* 1x1: dx[n, g] = W_g^T gy[n, g] in one batched GEMM per group; dW_g = sum over n of
+ * gy[n, g] x[n, g]^T as a batched GEMM into per-image products [nb, og, cg] (chunks of nb
+ * images bound them) summed by a GEMM with ones, accumulated over chunks. */
 static clpar_status backward_direct(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
                                     const clpar_tensor *wt, const clpar_tensor *gy, conv_grads *d) {
   clpar_status s = CLPAR_OK;
-  clpar_tensor *one = NULL, *rows = NULL;
+  clpar_tensor *one = NULL, *rows = NULL, *prod = NULL;
+  int64_t wg = p->og * p->cg;
+  int64_t nb = __atomic_load_n(&clpar_conv_chunk_floats, __ATOMIC_RELAXED) / wg;
+  if (nb < 1) nb = 1;
+  if (nb > p->n) nb = p->n;
+  int64_t big = p->P > nb ? p->P : nb, prods = nb * wg;
+  if ((d->db || d->dw) && (s = ones(dev, big, &one)) != CLPAR_OK) return s;
   if (d->db) { /* db = (sum over images of gy) [O, P] @ 1 [P] */
     int64_t op = p->o * p->P;
-    s = ones(dev, p->P, &one);
-    if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &op, &rows);
+    s = clpar_tensor_empty(dev, 1, &op, &rows);
     if (s == CLPAR_OK)
       s = clpar_dev_sum_rows(dev, (size_t)p->n, (size_t)op, at(gy, 0), at(rows, 0));
     if (s == CLPAR_OK)
       s = gemm(dev, 0, 0, p->o, 1, p->P, at(rows, 0), p->P, at(one, 0), 1, 0.0f, at(d->db, 0), 1);
   }
-  for (int64_t n = 0; s == CLPAR_OK && n < p->n; n++)
-    for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++) {
-      int64_t xo = (n * p->c + g * p->cg) * p->P, go = (n * p->o + g * p->og) * p->P;
-      clpar_bref wg = at(wt, g * p->og * p->cg);
-      if (d->dx)
-        s = gemm(dev, 1, 0, p->cg, p->P, p->og, wg, p->cg, at(gy, go), p->P, 0.0f, at(d->dx, xo),
-                 p->P);
-      if (s == CLPAR_OK && d->dw)
-        s = gemm(dev, 0, 1, p->og, p->cg, p->P, at(gy, go), p->P, at(x, xo), p->P, n ? 1.0f : 0.0f,
-                 at(d->dw, g * p->og * p->cg), p->cg);
+  if (s == CLPAR_OK && d->dw) s = clpar_tensor_empty(dev, 1, &prods, &prod);
+  for (int64_t g = 0; s == CLPAR_OK && g < p->groups; g++) {
+    clpar_bref wgt = at(wt, g * wg);
+    if (d->dx)
+      s = gemm_batched(dev, 1, 0, p->cg, p->P, p->og, wgt, p->cg, 0, at(gy, g * p->og * p->P), p->P,
+                       p->o * p->P, 0.0f, at(d->dx, g * p->cg * p->P), p->P, p->c * p->P, p->n);
+    for (int64_t n0 = 0; s == CLPAR_OK && d->dw && n0 < p->n; n0 += nb) {
+      int64_t m = p->n - n0 < nb ? p->n - n0 : nb;
+      s = gemm_batched(dev, 0, 1, p->og, p->cg, p->P, at(gy, (n0 * p->o + g * p->og) * p->P), p->P,
+                       p->o * p->P, at(x, (n0 * p->c + g * p->cg) * p->P), p->P, p->c * p->P, 0.0f,
+                       at(prod, 0), p->cg, wg, m);
+      if (s == CLPAR_OK) /* dW_g [1, og cg] (+)= 1 [1, m] @ prod [m, og cg] */
+        s = gemm(dev, 0, 0, 1, wg, m, at(one, 0), m, at(prod, 0), wg, n0 ? 1.0f : 0.0f,
+                 at(d->dw, g * wg), wg);
     }
+  }
   clpar_tensor_free(one);
   clpar_tensor_free(rows);
+  clpar_tensor_free(prod);
   return s;
 }
 
