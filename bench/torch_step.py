@@ -4,6 +4,9 @@ timed the same way, printed as one JSON object on stdout.
 
   mlp:   MLP 784-1024-1024-10, batch 256, cross-entropy, Adam (lr 1e-3)
   small: the seeds' Linear(5, 2) at batch 30, MSE, SGD (lr 0.01)
+  resnet50: torchvision's resnet50() (1000 classes) at batch 16 of 3x64x64, MSE against
+            one-hot labels, SGD (lr 0.001), as the seeds' model-parallel tutorial trains it;
+            also prints images per second
 
 Each round times `steps` back-to-back steps (zero_grad, forward, loss, backward, step) after
 warm-up; the best round counts, as in the C bench. PyTorch's own default thread count is kept
@@ -17,6 +20,8 @@ import time
 
 import torch
 
+RESNET_BATCH, RESNET_SIZE, RESNET_CLASSES = 16, 64, 1000
+
 
 def make(model):
     torch.manual_seed(3)
@@ -29,6 +34,16 @@ def make(model):
         y = torch.arange(256) % 10
         opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
         loss_fn = torch.nn.functional.cross_entropy
+    elif model == "resnet50":
+        import torchvision
+        net = torchvision.models.resnet50(num_classes=RESNET_CLASSES)
+        n = RESNET_BATCH * 3 * RESNET_SIZE * RESNET_SIZE
+        i = torch.arange(n)
+        x = ((i * 37) % 101).float().reshape(RESNET_BATCH, 3, RESNET_SIZE, RESNET_SIZE) / 101.0 - 0.5
+        labels = torch.arange(RESNET_BATCH) % RESNET_CLASSES
+        y = torch.zeros(RESNET_BATCH, RESNET_CLASSES).scatter_(1, labels.view(-1, 1), 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.001)
+        loss_fn = torch.nn.functional.mse_loss
     else:
         net = torch.nn.Linear(5, 2)
         i = torch.arange(30 * 5)
@@ -41,10 +56,13 @@ def make(model):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "small"], default="mlp")
+    ap.add_argument("--model", choices=["mlp", "small", "resnet50"], default="mlp")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     net, x, y, opt, loss_fn = make(args.model)
 
     def step():
@@ -64,9 +82,13 @@ def main():
         loss.item()  # the step's work is done (CPU tensors compute eagerly)
         t = (time.perf_counter() - t0) / args.steps
         best = t if best is None else min(best, t)
-    print(json.dumps({"bench": "torch_step", "model": args.model, "torch": torch.__version__,
-                      "threads": torch.get_num_threads(), "steps": args.steps,
-                      "rounds": args.rounds, "ms_per_step": round(best * 1e3, 4)}))
+    out = {"bench": "torch_step", "model": args.model, "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "steps": args.steps,
+           "rounds": args.rounds, "ms_per_step": round(best * 1e3, 4)}
+    if args.model == "resnet50":
+        out.update({"batch": RESNET_BATCH, "image_size": RESNET_SIZE,
+                    "images_per_s": round(RESNET_BATCH / best, 2)})
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
  *     library's own overhead) and the driver allocations during timed steps.
  *   --model small: the seeds' Linear(5, 2) at batch 30, MSE, SGD (lr 0.01), input and target
  *     uploaded each step: a latency-bound step where per-op costs dominate.
+ *   --model resnet50: torchvision's ResNet-50 (1000 classes) at batch 16 of 3x64x64, MSE
+ *     against one-hot labels, SGD (lr 0.001), images and labels uploaded each step (the seeds'
+ *     train() at a CPU's size); also images per second. Default 3 steps a round.
  *
  * Steps run back to back and the device is waited for once at the end of a round, as a
  * training loop that reads its loss only now and then would. clpar runs `rounds` rounds, then
@@ -13,8 +16,9 @@
  * "torch_ms_per_step" and "ratio_to_torch" (clpar / PyTorch: below 1 is faster) are there when
  * PyTorch ran, "torch": "missing" when it could not be imported.
  *
- *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps] [--model mlp|small]
- *                        [--rounds R] [--no-torch]
+ *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps]
+ *                        [--model mlp|small|resnet50] [--rounds R] [--no-torch]
+ *                        [--torch-threads N] (PyTorch's thread count; default its own)
  *   CLPAR_DEVICES=host ./bench_train_step 0 10
  *   CLPAR_BENCH_PYTHON=/usr/bin/python3 picks the interpreter (default: python3, then
  *   /usr/bin/python3, the first that imports torch). */
@@ -32,22 +36,34 @@
 
 enum { BATCH = 256, IN = 784, HIDDEN = 1024, OUT = 10 };
 enum { SMALL_BATCH = 30, SMALL_IN = 5, SMALL_OUT = 2 };
+enum { RESNET_BATCH = 16, RESNET_SIZE = 64, RESNET_CLASSES = 1000 };
+
+typedef enum { MODEL_MLP, MODEL_SMALL, MODEL_RESNET } model_kind;
+static const char *const model_names[] = {"mlp", "small", "resnet50"};
 
 typedef struct {
-  int small;
+  model_kind kind;
   clpar_module *model;
   clpar_optimizer *opt;
   clpar_device *dev;
-  float *x, *target; /* target: small model only */
+  float *x, *target; /* target: small model and ResNet only */
   int32_t y[BATCH];
 } bench_case;
 
-/* The small model's step: upload input and target, zero_grad, forward, MSE, backward, SGD. */
-static int small_step(bench_case *c) {
+/* The small model's and the ResNet's step: upload input and target, zero_grad, forward, MSE,
+ * backward, SGD. */
+static int mse_step(bench_case *c) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *xt, *tt, *out, *loss;
-  int64_t xs[2] = {SMALL_BATCH, SMALL_IN}, ts[2] = {SMALL_BATCH, SMALL_OUT};
-  int good = bench_ok(clpar_tensor_from_host(c->dev, 2, xs, c->x, &xt), "upload") &&
+  int resnet = c->kind == MODEL_RESNET;
+  int64_t xs[4] = {RESNET_BATCH, 3, RESNET_SIZE, RESNET_SIZE},
+          ts[2] = {RESNET_BATCH, RESNET_CLASSES};
+  if (!resnet) {
+    xs[0] = ts[0] = SMALL_BATCH;
+    xs[1] = SMALL_IN;
+    ts[1] = SMALL_OUT;
+  }
+  int good = bench_ok(clpar_tensor_from_host(c->dev, resnet ? 4 : 2, xs, c->x, &xt), "upload") &&
              bench_ok(clpar_tensor_from_host(c->dev, 2, ts, c->target, &tt), "upload") &&
              bench_ok(clpar_optimizer_zero_grad(c->opt), "zero_grad") &&
              bench_ok(clpar_module_forward(c->model, xt, &out), "forward") &&
@@ -59,8 +75,8 @@ static int small_step(bench_case *c) {
 }
 
 static int one_step(bench_case *c) {
-  return c->small ? small_step(c)
-                  : bench_train_step(c->model, c->opt, c->dev, c->x, c->y, BATCH, IN);
+  return c->kind != MODEL_MLP ? mse_step(c)
+                              : bench_train_step(c->model, c->opt, c->dev, c->x, c->y, BATCH, IN);
 }
 
 /* Wall seconds per step over steps steps, the device waited for at the end. */
@@ -101,11 +117,11 @@ static const char *find_python(void) {
 }
 
 /* Runs bench/torch_step.py; fills ms per step and PyTorch's thread count. 1 on success. */
-static int run_torch(const char *python, const char *model, int steps, int rounds, double *ms,
-                     int *threads) {
+static int run_torch(const char *python, const char *model, int steps, int rounds, int want_threads,
+                     double *ms, int *threads) {
   char cmd[1200], line[1024] = "";
-  snprintf(cmd, sizeof cmd, "'%s' '%s' --model %s --steps %d --rounds %d", python,
-           BENCH_TORCH_SCRIPT, model, steps, rounds);
+  snprintf(cmd, sizeof cmd, "'%s' '%s' --model %s --steps %d --rounds %d --threads %d", python,
+           BENCH_TORCH_SCRIPT, model, steps, rounds, want_threads);
   FILE *f = popen(cmd, "r");
   if (!f) return 0;
   int got = 0;
@@ -122,11 +138,31 @@ static clpar_module *small_model(clpar_device *dev) {
   return bench_ok(clpar_linear_create(SMALL_IN, SMALL_OUT, 1, dev, &m), "Linear") ? m : NULL;
 }
 
+/* ResNet-50 on dev with its batch: images in [-0.5, 0.5), one-hot targets (class i % 1000). */
+static int resnet_case(bench_case *c) {
+  size_t n = (size_t)RESNET_BATCH * 3 * RESNET_SIZE * RESNET_SIZE;
+  c->x = malloc(sizeof(float) * n);
+  c->target = calloc((size_t)RESNET_BATCH * RESNET_CLASSES, sizeof(float));
+  if (!c->x || !c->target) return 0;
+  for (size_t i = 0; i < n; i++) c->x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  for (int i = 0; i < RESNET_BATCH; i++) c->target[i * RESNET_CLASSES + i % RESNET_CLASSES] = 1;
+  clpar_manual_seed(3);
+  clpar_sgd_options sgd = {.lr = 0.001f};
+  return bench_ok(clpar_resnet50(RESNET_CLASSES, c->dev, &c->model), "ResNet-50") &&
+         bench_ok(clpar_sgd_create_for(c->model, &sgd, &c->opt), "SGD");
+}
+
 int main(int argc, char **argv) {
-  int index = 0, steps = -1, rounds = 3, use_torch = 1, small = 0, positional = 0;
+  int index = 0, steps = -1, rounds = 3, use_torch = 1, positional = 0, torch_threads_want = 0;
+  model_kind kind = MODEL_MLP;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
-      small = strcmp(argv[++i], "small") == 0;
+    if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+      const char *m = argv[++i];
+      kind = strcmp(m, "small") == 0      ? MODEL_SMALL
+             : strcmp(m, "resnet50") == 0 ? MODEL_RESNET
+                                          : MODEL_MLP;
+    } else if (strcmp(argv[i], "--torch-threads") == 0 && i + 1 < argc)
+      torch_threads_want = atoi(argv[++i]);
     else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
       rounds = atoi(argv[++i]);
     else if (strcmp(argv[i], "--no-torch") == 0)
@@ -136,17 +172,20 @@ int main(int argc, char **argv) {
     else
       steps = atoi(argv[i]);
   }
-  if (steps <= 0) steps = small ? 2000 : 10;
+  int small = kind == MODEL_SMALL;
+  if (steps <= 0) steps = small ? 2000 : kind == MODEL_RESNET ? 3 : 10;
   if (rounds <= 0) rounds = 1;
   if (!bench_ok(clpar_init(), "clpar_init")) return 1;
-  bench_case c = {.small = small, .dev = clpar_device_get(index)};
+  bench_case c = {.kind = kind, .dev = clpar_device_get(index)};
   if (!c.dev) {
     fprintf(stderr, "%s\n", clpar_last_error());
     clpar_shutdown();
     return 1;
   }
   int good;
-  if (small) {
+  if (kind == MODEL_RESNET) {
+    good = resnet_case(&c);
+  } else if (small) {
     c.x = malloc(sizeof(float) * SMALL_BATCH * SMALL_IN);
     c.target = malloc(sizeof(float) * SMALL_BATCH * SMALL_OUT);
     for (int i = 0; i < SMALL_BATCH * SMALL_IN; i++)
@@ -163,7 +202,7 @@ int main(int argc, char **argv) {
     good = c.model && bench_ok(clpar_adam_create_for(c.model, &adam, &c.opt), "Adam");
   }
   /* Warm-up: kernels compile and the allocator's cache fills. */
-  good = good && timed(&c, small ? 100 : 2) > 0;
+  good = good && timed(&c, small ? 100 : kind == MODEL_RESNET ? 1 : 2) > 0;
   clpar_memory_stats m0, m1;
   clpar_device_memory_stats(c.dev, &m0);
   double plain = -1;
@@ -172,8 +211,8 @@ int main(int argc, char **argv) {
   const char *python = use_torch && good ? find_python() : NULL;
   double torch_ms = -1;
   int torch_threads = 0;
-  if (python &&
-      !run_torch(python, small ? "small" : "mlp", steps, rounds, &torch_ms, &torch_threads)) {
+  if (python && !run_torch(python, model_names[kind], steps, rounds, torch_threads_want, &torch_ms,
+                           &torch_threads)) {
     fprintf(stderr, "bench/torch_step.py failed under %s\n", python);
     torch_ms = -1;
   }
@@ -182,7 +221,7 @@ int main(int argc, char **argv) {
   clpar_profile prof = {0};
   double profiled = -1;
   /* Device time, where the device records it (the host backend does not). */
-  if (good && !small && clpar_device_profile_start(c.dev) == CLPAR_OK) {
+  if (good && kind == MODEL_MLP && clpar_device_profile_start(c.dev) == CLPAR_OK) {
     profiled = timed(&c, steps);
     good = profiled > 0 && bench_ok(clpar_device_profile_read(c.dev, &prof), "profile read");
     clpar_device_profile_stop(c.dev);
@@ -191,7 +230,10 @@ int main(int argc, char **argv) {
     /* The host backend's OpenMP threads spin between ops unless told not to; on a machine
      * shared with other work that decides its speed (docs/DESIGN.md), so say which. */
     const char *wait = getenv("OMP_WAIT_POLICY");
-    char torch_part[256];
+    char torch_part[256], torch_ips[64] = "";
+    if (torch_ms > 0 && kind == MODEL_RESNET)
+      snprintf(torch_ips, sizeof torch_ips, ", \"torch_images_per_s\": %.2f",
+               RESNET_BATCH * 1e3 / torch_ms);
     if (torch_ms > 0)
       snprintf(torch_part, sizeof torch_part,
                "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f, "
@@ -203,7 +245,15 @@ int main(int argc, char **argv) {
                : python   ? "failed"
                           : "missing",
                wait ? wait : "default");
-    if (small) {
+    if (kind == MODEL_RESNET) {
+      printf(
+          "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"ResNet-50\", "
+          "\"batch\": %d, \"image_size\": %d, \"classes\": %d, \"loss\": \"MSE\", "
+          "\"optimizer\": \"SGD\", \"steps\": %d, \"rounds\": %d, \"ms_per_step\": %.2f, "
+          "\"images_per_s\": %.2f, %s%s}\n",
+          clpar_device_id(c.dev), RESNET_BATCH, RESNET_SIZE, RESNET_CLASSES, steps, rounds,
+          plain * 1e3, RESNET_BATCH / plain, torch_part, torch_ips);
+    } else if (small) {
       printf(
           "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"Linear 5-2\", "
           "\"batch\": %d, \"loss\": \"MSE\", \"optimizer\": \"SGD\", \"steps\": %d, "

@@ -168,8 +168,13 @@ clpar_status clpar_tensor_empty(clpar_device *dev, int ndim, const int64_t *shap
 
 clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int ndim,
                                       const int64_t *shape, clpar_tensor **out) {
-  int64_t numel;
-  clpar_status s = clpar_check_shape("tensor", ndim, shape, &numel);
+  /* A 0-d tensor (shape [], one element) only of an int dtype: a counter such as BatchNorm's
+   * num_batches_tracked, which PyTorch keeps 0-d. Float tensors keep 1..8 dimensions, so no
+   * math op meets a tensor without one. */
+  int64_t numel = 1;
+  clpar_status s = ndim == 0 && dtype != CLPAR_FLOAT32
+                       ? CLPAR_OK
+                       : clpar_check_shape("tensor", ndim, shape, &numel);
   if (s != CLPAR_OK) return s;
   clpar_storage *st = calloc(1, sizeof *st);
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");

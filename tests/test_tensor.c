@@ -249,6 +249,37 @@ static void test_scope_and_internal_references(void **state) {
   assert_int_equal(end.bytes_in_use, base.bytes_in_use);
 }
 
+/* An int tensor may be 0-d (BatchNorm's num_batches_tracked, shape [] as in PyTorch); a float
+ * one may not. */
+static void test_zero_dim_int(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0), *other = tu_second_device(dev);
+  clpar_tensor *c, *moved = NULL, *f = NULL, *rows = NULL;
+  int64_t v = 41, back = 0;
+  tu_ok(clpar_tensor_zeros_dtype(dev, CLPAR_INT64, 0, NULL, &c));
+  char buf[16];
+  assert_int_equal(clpar_tensor_ndim(c), 0);
+  assert_int_equal(clpar_tensor_numel(c), 1);
+  assert_string_equal(clpar_tensor_shape_str(c, buf, sizeof buf), "[]");
+  tu_ok(clpar_tensor_read_raw(c, &back, sizeof back));
+  assert_int_equal(back, 0);
+  tu_ok(clpar_tensor_write_raw(c, &v, sizeof v));
+  if (other) {
+    tu_ok(clpar_tensor_to(c, other, &moved));
+    assert_int_equal(clpar_tensor_ndim(moved), 0);
+    tu_ok(clpar_tensor_read_raw(moved, &back, sizeof back));
+    assert_int_equal(back, 41);
+  }
+  assert_int_not_equal(clpar_tensor_rows(c, 0, 1, &rows), CLPAR_OK);
+  assert_int_equal(clpar_tensor_zeros(dev, 0, NULL, &f), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_tensor_zeros_dtype(dev, CLPAR_FLOAT32, 0, NULL, &f),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_null(f);
+  assert_null(rows);
+  clpar_tensor_free(moved);
+  clpar_tensor_free(c);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   clpar_device *dev = clpar_device_get(0);
@@ -315,6 +346,7 @@ int main(void) {
       cmocka_unit_test(test_scopes_out_of_order),
       cmocka_unit_test(test_scope_and_internal_references),
       cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_zero_dim_int),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -19,5 +19,6 @@
 #include "dist.h"
 #include "checkpoint.h"
 #include "data.h"
+#include "models.h"
 
 #endif

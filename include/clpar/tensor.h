@@ -36,7 +36,9 @@ CLPAR_API size_t clpar_dtype_size(clpar_dtype dtype);
 /* "float32", "int32", "int64"; "unknown" for a value that is no clpar_dtype. */
 CLPAR_API const char *clpar_dtype_name(clpar_dtype dtype);
 
-/* Every dimension must be >= 1. */
+/* 1 to 8 dimensions, every one >= 1. An int tensor (the _dtype functions below) may also
+ * have 0 dimensions (ndim 0, shape NULL: one element, PyTorch's shape []), as BatchNorm's
+ * num_batches_tracked has. */
 CLPAR_API clpar_status clpar_tensor_zeros(clpar_device *dev, int ndim, const int64_t *shape,
                                           clpar_tensor **out);
 /* Copies numel floats from data (row-major). */
