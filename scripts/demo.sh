@@ -2,7 +2,8 @@
 # demo.sh — the README's demo command: on a fresh Debian 12 machine, installs what is missing,
 # builds clpar, and runs the main samples over 4 PoCL devices (or over the machine's real GPUs
 # when it has some): the devices with a GEMM checked on each, PyTorch's DataParallel tutorial,
-# and an MLP trained with DataParallel whose weights match a one-device run.
+# an MLP trained with DataParallel whose weights match a one-device run, digits from a CSV file,
+# the seeds' ToyModel split over two devices, and a small ResNet training run.
 set -euo pipefail
 CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$CLPAR_ROOT/scripts/deps.sh"
@@ -36,3 +37,9 @@ echo "== samples/train_digits (the UCI handwritten digits from gzip CSV, DataPar
 ckpt_dir=$(mktemp -d)
 ./build-demo/samples/train_digits --epochs 30 --checkpoint "$ckpt_dir/digits.safetensors"
 rm -rf "$ckpt_dir"
+echo
+echo "== samples/model_parallel (the seeds' ToyModel: net1 on one device, net2 on another)"
+./build-demo/samples/model_parallel
+echo
+echo "== samples/resnet50, small (torchvision's ResNet-18, 8 images of 3x32x32; the seeds' full run: ./build-demo/samples/resnet50)"
+./build-demo/samples/resnet50 --model resnet18 --batch 8 --image-size 32 --classes 10
