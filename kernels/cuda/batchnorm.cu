@@ -3,16 +3,11 @@
  * gradient. Reductions: one block per channel, each thread summing a strided part in double
  * (a channel may hold hundreds of thousands of elements), then a tree in shared memory. */
 #include "cuda/cuda_kernels.h"
+#include "launch.cuh"
 
 namespace {
 
-constexpr unsigned block_size = 256;
-constexpr size_t max_blocks = 65535;
-
-unsigned blocks_for(size_t n) {
-  size_t b = (n + block_size - 1) / block_size;
-  return (unsigned)(b < max_blocks ? b : max_blocks);
-}
+using namespace clpar_launch;
 
 /* The block's sum of v, in every thread. */
 __device__ double block_sum(double v, double *scratch) {

@@ -3,16 +3,11 @@
  * between a GEMM's [O, n * P] result and NCHW. Grid-stride loops over 32-bit indices where
  * they fit, 64-bit otherwise. */
 #include "cuda/cuda_kernels.h"
+#include "launch.cuh"
 
 namespace {
 
-constexpr unsigned block_size = 256;
-constexpr size_t max_blocks = 65535;
-
-unsigned blocks_for(size_t n) {
-  size_t b = (n + block_size - 1) / block_size;
-  return (unsigned)(b < max_blocks ? b : max_blocks);
-}
+using namespace clpar_launch;
 
 /* The kernels are templates over the index type: 32-bit indices (a chunk's columns fit, as the
  * core bounds them at 64 MiB, unless one image alone is larger) avoid the GPU's slow 64-bit

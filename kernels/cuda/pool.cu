@@ -4,16 +4,11 @@
 #include <math.h>
 
 #include "cuda/cuda_kernels.h"
+#include "launch.cuh"
 
 namespace {
 
-constexpr unsigned block_size = 256;
-constexpr size_t max_blocks = 65535;
-
-unsigned blocks_for(size_t n) {
-  size_t b = (n + block_size - 1) / block_size;
-  return (unsigned)(b < max_blocks ? b : max_blocks);
-}
+using namespace clpar_launch;
 
 #define GRID_LOOP(e, total)                                                     \
   for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (total); \

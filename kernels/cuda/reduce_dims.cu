@@ -10,11 +10,11 @@
 #include <stdint.h>
 
 #include "cuda/cuda_kernels.h"
+#include "launch.cuh"
 
 namespace {
 
-constexpr unsigned block_size = 256;
-constexpr size_t max_blocks = 65535; /* grid-stride loops: any cap is correct */
+using namespace clpar_launch;
 constexpr size_t narrow = 16, long_red = 64;
 
 __global__ void reduce_sum_items_kernel(size_t outer, size_t red, size_t inner, const float *a,
@@ -55,10 +55,6 @@ __global__ void expand_kernel(size_t n, size_t red, size_t inner, const float *a
     out[j] = a[j / (red * inner) * inner + j % inner];
 }
 
-unsigned blocks_for(size_t n) {
-  size_t blocks = (n + block_size - 1) / block_size;
-  return (unsigned)(blocks > max_blocks ? max_blocks : blocks);
-}
 
 }  // namespace
 
