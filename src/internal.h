@@ -348,6 +348,10 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 /* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
  * made outside module.c (src/nn/conv.c). */
 uint64_t clpar_param_seed_next(void);
+/* Adds "weight" (wshape, ndim dims) and, when bias, "bias" ([wshape[0]]) to m, uniform in
+ * [-bound, bound) from the next seeds, as nn.Linear and nn.Conv2d initialize them. */
+clpar_status clpar_module_add_uniform_params(clpar_module *m, clpar_device *dev, int ndim,
+                                             const int64_t *wshape, int bias, float bound);
 /* The floats a convolution's column buffer may take per chunk of images (src/nn/conv.c;
  * 64 MiB): tests lower it to run the chunked path over several chunks. */
 extern int64_t clpar_conv_chunk_floats;

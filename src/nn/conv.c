@@ -408,14 +408,7 @@ clpar_status clpar_conv2d_create(int64_t in_ch, int64_t out_ch, int64_t kh, int6
     return s;
   }
   float bound = 1.0f / sqrtf((float)(ws[1] * kh * kw));
-  clpar_tensor *w = NULL, *b = NULL;
-  s = clpar_tensor_rand_uniform(dev, 4, ws, clpar_param_seed_next(), -bound, bound, &w);
-  if (s == CLPAR_OK) s = clpar_module_add_parameter(m, "weight", w);
-  if (s == CLPAR_OK && bias)
-    s = clpar_tensor_rand_uniform(dev, 1, &out_ch, clpar_param_seed_next(), -bound, bound, &b);
-  if (s == CLPAR_OK && bias) s = clpar_module_add_parameter(m, "bias", b);
-  clpar_tensor_free(w);
-  clpar_tensor_free(b);
+  s = clpar_module_add_uniform_params(m, dev, 4, ws, bias, bound);
   if (s != CLPAR_OK) {
     clpar_module_free(m);
     return s;

@@ -605,22 +605,28 @@ clpar_status clpar_linear_create(int64_t in_features, int64_t out_features, int 
   clpar_status s = clpar_check_size("clpar_linear_create", dev, 2, ws, &numel);
   if (s != CLPAR_OK) return s;
   clpar_module *m;
-  clpar_tensor *w = NULL, *b = NULL;
   s = clpar_module_create("Linear", linear_forward, NULL, NULL, &m);
   if (s != CLPAR_OK) return s;
-  s = clpar_tensor_rand_uniform(dev, 2, ws, next_seed(), -bound, bound, &w);
-  if (s == CLPAR_OK) s = clpar_module_add_parameter(m, "weight", w);
-  if (s == CLPAR_OK && bias)
-    s = clpar_tensor_rand_uniform(dev, 1, &out_features, next_seed(), -bound, bound, &b);
-  if (s == CLPAR_OK && bias) s = clpar_module_add_parameter(m, "bias", b);
-  clpar_tensor_free(w);
-  clpar_tensor_free(b);
+  s = clpar_module_add_uniform_params(m, dev, 2, ws, bias, bound);
   if (s != CLPAR_OK) {
     clpar_module_free(m);
     return s;
   }
   *out = m;
   return CLPAR_OK;
+}
+
+clpar_status clpar_module_add_uniform_params(clpar_module *m, clpar_device *dev, int ndim,
+                                             const int64_t *wshape, int bias, float bound) {
+  clpar_tensor *w = NULL, *b = NULL;
+  clpar_status s = clpar_tensor_rand_uniform(dev, ndim, wshape, next_seed(), -bound, bound, &w);
+  if (s == CLPAR_OK) s = clpar_module_add_parameter(m, "weight", w);
+  if (s == CLPAR_OK && bias)
+    s = clpar_tensor_rand_uniform(dev, 1, wshape, next_seed(), -bound, bound, &b);
+  if (s == CLPAR_OK && bias) s = clpar_module_add_parameter(m, "bias", b);
+  clpar_tensor_free(w);
+  clpar_tensor_free(b);
+  return s;
 }
 
 static clpar_status relu_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
