@@ -10,14 +10,155 @@
  * timed in alternating rounds after a warm-up; the best round of each counts. Prints one JSON
  * object per shape (GFLOP/s of the convolution, of the GEMMs, their ratio) and a total.
  *
+ * On an OpenCL device (built with OpenCL) the forward alone is also timed against CLBlast's
+ * CLBlastSconvgemm (im2col + batched GEMM in one call; x NCHW, weight [O, C kh kw], y NCHW, as
+ * PyTorch) on a context of the bench's own on the same cl_device_id, on the same data, in the
+ * same alternating rounds: "fwd_ms" (clpar_conv2d, no bias, synchronized), "convgemm_ms",
+ * "convgemm_speedup" (fwd_ms / convgemm_ms: above 1, Xconvgemm is faster) and
+ * "convgemm_err" (max |y_convgemm - y_clpar| / max |y_clpar|). Before the shapes, one small
+ * odd case (stride, padding and dilation differing per axis) checks Xconvgemm's layouts against
+ * clpar_conv2d the same way ({"check": "convgemm", ...}).
+ *
  *   POCL_DEVICES=pthread ./bench_conv [device-index] [batch] [image]
  *   CLPAR_DEVICES=host ./bench_conv 0 2 112 */
+#ifdef BENCH_HAVE_OPENCL
+#include <CL/cl.h>
+#include <clblast_c.h>
+#endif
 #include <clpar/clpar.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench_util.h"
+
+#ifdef BENCH_HAVE_OPENCL
+/* The cl_device_id behind "opencl:N": the backend numbers devices across platforms in
+ * enumeration order, as bench_gemm does. */
+static cl_device_id find_cl_device(int ordinal) {
+  cl_platform_id plats[16];
+  cl_uint np = 0;
+  if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return NULL;
+  for (cl_uint p = 0; p < np; p++) {
+    cl_device_id devs[64];
+    cl_uint nd = 0;
+    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &nd) != CL_SUCCESS) continue;
+    if (ordinal < (int)nd) return devs[ordinal];
+    ordinal -= (int)nd;
+  }
+  return NULL;
+}
+
+/* CLBlastSconvgemm on x [n, c, h, w] and w [o, c, kh, kw] copied from clpar tensors into
+ * buffers of our own context; y [n, o, oh, ow]. */
+typedef struct {
+  cl_context ctx;
+  cl_command_queue q;
+  cl_mem x, w, y;
+  size_t n, c, h, wd, o, kh, kw, ph, pw, sh, sw, dh, dw, ylen;
+} cg_raw;
+
+static void cg_release(cg_raw *r) {
+  if (r->x) clReleaseMemObject(r->x);
+  if (r->w) clReleaseMemObject(r->w);
+  if (r->y) clReleaseMemObject(r->y);
+  if (r->q) clReleaseCommandQueue(r->q);
+  if (r->ctx) clReleaseContext(r->ctx);
+  *r = (cg_raw){0};
+}
+
+static cl_mem cg_upload(cl_context ctx, const clpar_tensor *t, cl_int *err) {
+  size_t n = (size_t)clpar_tensor_numel(t);
+  float *h = malloc(n * sizeof *h);
+  cl_mem m = NULL;
+  if (!h || !bench_ok(clpar_tensor_read(t, h, n), "read"))
+    *err = CL_OUT_OF_HOST_MEMORY;
+  else
+    m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof *h, h, err);
+  free(h);
+  return m;
+}
+
+static int cg_setup(cg_raw *r, cl_device_id dev, const clpar_tensor *x, const clpar_tensor *w,
+                    const clpar_conv2d_options *o) {
+  int64_t xs[4], ws[4];
+  for (int i = 0; i < 4; i++) xs[i] = clpar_tensor_dim(x, i), ws[i] = clpar_tensor_dim(w, i);
+  *r = (cg_raw){.n = (size_t)xs[0],
+                .c = (size_t)xs[1],
+                .h = (size_t)xs[2],
+                .wd = (size_t)xs[3],
+                .o = (size_t)ws[0],
+                .kh = (size_t)ws[2],
+                .kw = (size_t)ws[3],
+                .ph = (size_t)o->padding[0],
+                .pw = (size_t)o->padding[1],
+                .sh = (size_t)o->stride[0],
+                .sw = (size_t)o->stride[1],
+                .dh = (size_t)o->dilation[0],
+                .dw = (size_t)o->dilation[1]};
+  size_t oh = (r->h + 2 * r->ph - r->dh * (r->kh - 1) - 1) / r->sh + 1;
+  size_t ow = (r->wd + 2 * r->pw - r->dw * (r->kw - 1) - 1) / r->sw + 1;
+  r->ylen = r->n * r->o * oh * ow;
+  cl_int err = CL_SUCCESS;
+  r->ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+  if (err == CL_SUCCESS) r->q = clCreateCommandQueue(r->ctx, dev, 0, &err);
+  if (err == CL_SUCCESS) r->x = cg_upload(r->ctx, x, &err);
+  if (err == CL_SUCCESS) r->w = cg_upload(r->ctx, w, &err);
+  if (err == CL_SUCCESS)
+    r->y = clCreateBuffer(r->ctx, CL_MEM_READ_WRITE, r->ylen * sizeof(float), NULL, &err);
+  if (err != CL_SUCCESS) {
+    fprintf(stderr, "convgemm setup: OpenCL error %d\n", (int)err);
+    cg_release(r);
+    return 0;
+  }
+  return 1;
+}
+
+static int cg_run(cg_raw *r) {
+  CLBlastStatusCode st = CLBlastSconvgemm(CLBlastKernelModeCrossCorrelation, r->c, r->h, r->wd,
+                                          r->kh, r->kw, r->ph, r->pw, r->sh, r->sw, r->dh, r->dw,
+                                          r->o, r->n, r->x, 0, r->w, 0, r->y, 0, &r->q, NULL);
+  if (st != CLBlastSuccess) fprintf(stderr, "CLBlastSconvgemm: status %d\n", (int)st);
+  return st == CLBlastSuccess && clFinish(r->q) == CL_SUCCESS;
+}
+
+/* max |y_convgemm - y| / max |y| against clpar's y; -1 on failure. */
+static double cg_error(cg_raw *r, const clpar_tensor *y) {
+  float *a = malloc(r->ylen * sizeof *a), *b = malloc(r->ylen * sizeof *b);
+  double d = 0, m = 0;
+  int ok = a && b && (size_t)clpar_tensor_numel(y) == r->ylen &&
+           bench_ok(clpar_tensor_read(y, a, r->ylen), "read") &&
+           clEnqueueReadBuffer(r->q, r->y, CL_TRUE, 0, r->ylen * sizeof *b, b, 0, NULL, NULL) ==
+               CL_SUCCESS;
+  for (size_t i = 0; ok && i < r->ylen; i++)
+    d = fmax(d, fabs((double)a[i] - b[i])), m = fmax(m, fabs((double)a[i]));
+  free(a), free(b);
+  return ok ? d / (m > 0 ? m : 1) : -1;
+}
+
+/* The small odd case: Xconvgemm against clpar_conv2d on the device. */
+static int cg_check(clpar_device *dev, cl_device_id cl) {
+  int64_t xs[4] = {3, 5, 11, 9}, ws[4] = {7, 5, 3, 2};
+  clpar_conv2d_options o = {{2, 1}, {1, 2}, {2, 3}, 1};
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x, *w, *y;
+  cg_raw r = {0};
+  int ok = bench_ok(clpar_tensor_rand_uniform(dev, 4, xs, 11, -1, 1, &x), "x") &&
+           bench_ok(clpar_tensor_rand_uniform(dev, 4, ws, 12, -1, 1, &w), "w") &&
+           bench_ok(clpar_conv2d(x, w, NULL, &o, &y), "conv2d") && cg_setup(&r, cl, x, w, &o) &&
+           cg_run(&r);
+  double err = ok ? cg_error(&r, y) : -1;
+  printf(
+      "{\"bench\": \"conv\", \"check\": \"convgemm\", \"x\": [3, 5, 11, 9], "
+      "\"w\": [7, 5, 3, 2], \"stride\": [2, 1], \"padding\": [1, 2], "
+      "\"dilation\": [2, 3], \"convgemm_err\": %.3g}\n",
+      err);
+  cg_release(&r);
+  clpar_scope_end(sc);
+  return ok && err >= 0 && err < 1e-4;
+}
+#endif
 
 typedef struct {
   const char *name;
@@ -57,6 +198,23 @@ static int conv_pass(bench_case *bc, clpar_device *dev) {
   return ok && bench_ok(clpar_device_synchronize(dev), "synchronize");
 }
 
+#ifdef BENCH_HAVE_OPENCL
+/* The forward alone, no graph recorded (torch.no_grad), synchronized; *y kept when y. */
+static int fwd_pass(bench_case *bc, clpar_device *dev, clpar_tensor **y) {
+  int was = clpar_set_grad_enabled(0);
+  clpar_tensor *out = NULL;
+  int ok = bench_ok(clpar_conv2d(bc->x, bc->w, NULL, &bc->opt, &out), "conv2d forward") &&
+           bench_ok(clpar_device_synchronize(dev), "synchronize");
+  clpar_set_grad_enabled(was);
+  if (ok && y)
+    *y = out;
+  else
+    clpar_tensor_free(out);
+  return ok;
+}
+
+#endif
+
 static int gemm_pass(bench_case *bc, clpar_device *dev) {
   return bench_ok(clpar_gemm(0, 0, 1, bc->a, bc->b, 0, bc->c), "gemm forward") &&
          bench_ok(clpar_gemm(0, 1, 1, bc->c, bc->b, 0, bc->dw), "gemm weight") &&
@@ -82,8 +240,22 @@ int main(int argc, char **argv) {
   clpar_device *dev = clpar_device_get(index);
   clpar_device_info info;
   clpar_device_get_info(dev, &info);
-  double total_conv = 0, total_gemm = 0, total_flop = 0;
-  int failed = 0;
+  double total_conv = 0, total_gemm = 0, total_flop = 0, total_fwd = 0, total_cg = 0;
+  int failed = 0, convgemm = 0;
+#ifdef BENCH_HAVE_OPENCL
+  cl_device_id cl = NULL;
+  if (strcmp(info.backend, "opencl") == 0) {
+    const char *colon = strchr(info.id, ':');
+    cl = find_cl_device(colon ? atoi(colon + 1) : 0);
+    convgemm = cl != NULL;
+    if (!cl) fprintf(stderr, "no cl_device_id for %s: Xconvgemm skipped\n", info.id);
+  }
+  if (convgemm && !cg_check(dev, cl)) {
+    fprintf(stderr, "CLBlastSconvgemm disagrees with clpar_conv2d or failed\n");
+    clpar_shutdown();
+    return 1;
+  }
+#endif
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && !failed; i++) {
     const conv_shape *s = &shapes[i];
     int64_t side = s->in224 * image / 224, k = s->k;
@@ -103,7 +275,18 @@ int main(int argc, char **argv) {
              bench_ok(clpar_tensor_zeros(dev, 2, as, &bc.dw), "dw") &&
              bench_ok(clpar_tensor_zeros(dev, 2, bs, &bc.col), "col");
     ok = ok && conv_pass(&bc, dev) && gemm_pass(&bc, dev); /* warm-up */
-    double best_conv = INFINITY, best_gemm = INFINITY;
+    double best_conv = INFINITY, best_gemm = INFINITY, best_fwd = INFINITY, best_cg = INFINITY;
+    double cg_err = -1;
+#ifdef BENCH_HAVE_OPENCL
+    cg_raw raw = {0};
+    clpar_tensor *y = NULL;
+    if (ok && convgemm) { /* warm-up (compiles CLBlast's kernels) and the check */
+      ok = cg_setup(&raw, cl, bc.x, bc.w, &bc.opt) && cg_run(&raw) && fwd_pass(&bc, dev, &y);
+      cg_err = ok ? cg_error(&raw, y) : -1;
+      clpar_tensor_free(y);
+      ok = ok && cg_err >= 0;
+    }
+#endif
     for (int r = 0; ok && r < 3; r++) {
       double t0 = bench_now();
       ok = conv_pass(&bc, dev);
@@ -112,7 +295,21 @@ int main(int argc, char **argv) {
       double t2 = bench_now();
       best_conv = fmin(best_conv, t1 - t0);
       best_gemm = fmin(best_gemm, t2 - t1);
+#ifdef BENCH_HAVE_OPENCL
+      if (ok && convgemm) {
+        t0 = bench_now();
+        ok = fwd_pass(&bc, dev, NULL);
+        t1 = bench_now();
+        ok = ok && cg_run(&raw);
+        t2 = bench_now();
+        best_fwd = fmin(best_fwd, t1 - t0);
+        best_cg = fmin(best_cg, t2 - t1);
+      }
+#endif
     }
+#ifdef BENCH_HAVE_OPENCL
+    cg_release(&raw);
+#endif
     free_case(&bc);
     if (!ok) {
       failed = 1;
@@ -128,6 +325,16 @@ int main(int argc, char **argv) {
         info.id, s->name, (long long)batch, (long long)side, (long long)s->o, (long long)NP,
         (long long)K, 1e3 * best_conv, 1e3 * best_gemm, flop / best_conv * 1e-9,
         flop / best_gemm * 1e-9, best_gemm / best_conv);
+    if (convgemm) {
+      total_fwd += best_fwd, total_cg += best_cg;
+      printf(
+          "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": \"forward\", "
+          "\"batch\": %lld, \"input\": %lld, \"fwd_ms\": %.3f, \"convgemm_ms\": %.3f, "
+          "\"fwd_gflops\": %.2f, \"convgemm_gflops\": %.2f, \"convgemm_speedup\": %.3f, "
+          "\"convgemm_err\": %.3g}\n",
+          info.id, s->name, (long long)batch, (long long)side, 1e3 * best_fwd, 1e3 * best_cg,
+          flop / 3 / best_fwd * 1e-9, flop / 3 / best_cg * 1e-9, best_fwd / best_cg, cg_err);
+    }
     fflush(stdout);
   }
   if (!failed)
@@ -137,6 +344,13 @@ int main(int argc, char **argv) {
         "\"conv_gflops\": %.2f, \"gemm_gflops\": %.2f, \"ratio\": %.3f}\n",
         info.id, info.name, (long long)batch, (long long)image, 1e3 * total_conv, 1e3 * total_gemm,
         total_flop / total_conv * 1e-9, total_flop / total_gemm * 1e-9, total_gemm / total_conv);
+  if (!failed && convgemm)
+    printf(
+        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"total\", \"pass\": "
+        "\"forward\", \"batch\": %lld, \"image\": %lld, \"fwd_ms\": %.3f, "
+        "\"convgemm_ms\": %.3f, \"convgemm_speedup\": %.3f}\n",
+        info.id, (long long)batch, (long long)image, 1e3 * total_fwd, 1e3 * total_cg,
+        total_fwd / total_cg);
   clpar_shutdown();
   return failed;
 }
