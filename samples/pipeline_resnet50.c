@@ -24,8 +24,10 @@
  *
  * The devices are the first two selected; with one selected, the host backend is the second:
  *   POCL_DEVICES="pthread pthread" ./pipeline_resnet50                  (the tutorial's sizes)
- *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./pipeline_resnet50 --batch 24 \
- *       --image-size 32 --classes 10 --batches 1 --repeat 3 --splits 1,3,6,12,24
+ *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./pipeline_resnet50 --batch 16 \
+ *       --image-size 64 --classes 10 --batches 1 --repeat 3 --split 4 --splits 1,2,4,8,16
+ *   (about 4 minutes on a busy 2-core machine; at 32x32 a micro-batch of one row leaves
+ *   layer4's BatchNorms one value per channel, which training mode refuses, as PyTorch does)
  *   flags: --batch N --image-size S --classes C --batches B --repeat R --split S
  *          --splits a,b,c --schedule gpipe|1f1b --json FILE (default pipeline_resnet50.json)
  *   scripts/plot_pipeline.sh pipeline_resnet50.json plots/ */

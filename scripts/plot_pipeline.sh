@@ -43,7 +43,7 @@ for sched in GPipe 1F1B; do
     | sort_by(.split_size)[] | [.split_size, .seconds_mean, .seconds_std] | @tsv' \
     <<<"$rows" >"$tmp/$sched.tsv"
 done
-unit=$(jq -r '.[0] | if .batches then "seconds per train() of \(.batches) batches" else "seconds per step" end' <<<"$rows")
+unit=$(jq -r '.[0] | if .batches then "seconds per train() of \(.batches) batch\(if .batches > 1 then "es" else "" end)" else "seconds per step" end' <<<"$rows")
 one=$(jq '[.[] | select(.setup == "one device")][0].seconds_mean // empty' <<<"$rows")
 mp=$(jq '[.[] | select(.setup == "model parallel")][0].seconds_mean // empty' <<<"$rows")
 
