@@ -65,6 +65,20 @@ CLPAR_API clpar_status clpar_resnet50(int64_t num_classes, clpar_device *dev, cl
 CLPAR_API clpar_status clpar_resnet101(int64_t num_classes, clpar_device *dev, clpar_module **out);
 CLPAR_API clpar_status clpar_resnet152(int64_t num_classes, clpar_device *dev, clpar_module **out);
 
+/* The model-parallel tutorial's cut of a ResNet (seeds/model_and_pipeline_parallel.txt, with
+ * split 2: ModelParallelResNet50's seq1 and seq2 + fc): *head = Sequential(conv1, bn1, relu,
+ * maxpool, layer1 .. layer<split>), *tail = Sequential(layer<split+1> .. layer4, avgpool,
+ * Flatten(1, -1), fc), so that tail(head(x)) is resnet(x) and the two are ready to be stages of
+ * clpar_pipeline_create. split: 1 to 3. resnet must have clpar_resnet_create's children. The
+ * Sequentials hold resnet's own child modules (a module may be a child at several places,
+ * nn.h), not copies: parameters, buffers and training mode are shared with resnet, which may
+ * be kept or freed (its children then live on in head and tail). Nothing is moved: put head
+ * and tail on their devices with clpar_module_to or clpar_pipeline_create. Parameter names are
+ * Sequential's: "0.weight" (conv1), "4.0.conv1.weight" (layer1.0.conv1) in head. On error
+ * nothing is made and resnet is unchanged. */
+CLPAR_API clpar_status clpar_resnet_split(clpar_module *resnet, int split, clpar_module **head,
+                                          clpar_module **tail);
+
 #ifdef __cplusplus
 }
 #endif

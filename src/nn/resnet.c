@@ -256,3 +256,44 @@ clpar_status clpar_resnet152(int64_t num_classes, clpar_device *dev, clpar_modul
   return clpar_resnet_create(CLPAR_RESNET_BOTTLENECK, (const int[4]){3, 8, 36, 3}, num_classes, dev,
                              out);
 }
+
+/* The seeds' cut: Sequentials over the ResNet's own children (each child gains a parent, nn.h:
+ * a module may be a child at several places), so head and tail share the parameters, buffers
+ * and training flags with resnet and outlive it when it is freed. */
+clpar_status clpar_resnet_split(clpar_module *resnet, int split, clpar_module **head,
+                                clpar_module **tail) {
+  static const char *const names[] = {"conv1",  "bn1",    "relu",   "maxpool", "layer1",
+                                      "layer2", "layer3", "layer4", "avgpool", "fc"};
+  enum { N_NAMES = 10, FIRST_LAYER = 4 };
+  if (!resnet || !head || !tail || split < 1 || split > 3)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_resnet_split: bad arguments (resnet %p, split %d, head %p, tail "
+                           "%p); split is the last layer of the head, 1 to 3",
+                           (void *)resnet, split, (void *)head, (void *)tail);
+  clpar_module *c[N_NAMES + 1];
+  for (int i = 0; i < N_NAMES; i++)
+    if (!(c[i] = clpar_module_child(resnet, names[i])))
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "clpar_resnet_split: the %s module has no child \"%s\"; a ResNet of "
+                             "clpar_resnet_create is needed",
+                             clpar_module_type(resnet), names[i]);
+  int n_head = FIRST_LAYER + split, n_tail = N_NAMES - n_head;
+  /* the tail: layer<split+1> .. layer4, avgpool, Flatten(1, -1), fc */
+  c[N_NAMES] = c[N_NAMES - 1];
+  clpar_module *h = NULL, *t = NULL;
+  clpar_status s = clpar_flatten_create(1, -1, &c[N_NAMES - 1]);
+  if (s != CLPAR_OK) return s;
+  s = clpar_sequential_create(c, n_head, &h);
+  if (s == CLPAR_OK) {
+    s = clpar_sequential_create(c + n_head, n_tail + 1, &t);
+  } else {
+    clpar_module_free(c[N_NAMES - 1]); /* the Flatten no Sequential took */
+  }
+  if (s != CLPAR_OK) {
+    clpar_module_free(h);
+    return s;
+  }
+  *head = h;
+  *tail = t;
+  return CLPAR_OK;
+}
