@@ -57,4 +57,23 @@ static inline int bench_train_step(clpar_module *model, clpar_optimizer *opt, cl
   return good;
 }
 
+#ifdef BENCH_HAVE_OPENCL
+#include <CL/cl.h>
+/* The cl_device_id behind "opencl:N" (for raw CLBlast calls on clpar's device): the backend
+ * numbers devices across platforms in enumeration order, as this does. */
+static inline cl_device_id bench_cl_device(int ordinal) {
+  cl_platform_id plats[16];
+  cl_uint np = 0;
+  if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return NULL;
+  for (cl_uint p = 0; p < np; p++) {
+    cl_device_id devs[64];
+    cl_uint nd = 0;
+    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &nd) != CL_SUCCESS) continue;
+    if (ordinal < (int)nd) return devs[ordinal];
+    ordinal -= (int)nd;
+  }
+  return NULL;
+}
+#endif
+
 #endif

@@ -34,21 +34,6 @@
 #include "bench_util.h"
 
 #ifdef BENCH_HAVE_OPENCL
-/* The cl_device_id behind "opencl:N": the backend numbers devices across platforms in
- * enumeration order, as bench_gemm does. */
-static cl_device_id find_cl_device(int ordinal) {
-  cl_platform_id plats[16];
-  cl_uint np = 0;
-  if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return NULL;
-  for (cl_uint p = 0; p < np; p++) {
-    cl_device_id devs[64];
-    cl_uint nd = 0;
-    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &nd) != CL_SUCCESS) continue;
-    if (ordinal < (int)nd) return devs[ordinal];
-    ordinal -= (int)nd;
-  }
-  return NULL;
-}
 
 /* CLBlastSconvgemm on x [n, c, h, w] and w [o, c, kh, kw] copied from clpar tensors into
  * buffers of our own context; y [n, o, oh, ow]. */
@@ -246,7 +231,7 @@ int main(int argc, char **argv) {
   cl_device_id cl = NULL;
   if (strcmp(info.backend, "opencl") == 0) {
     const char *colon = strchr(info.id, ':');
-    cl = find_cl_device(colon ? atoi(colon + 1) : 0);
+    cl = bench_cl_device(colon ? atoi(colon + 1) : 0);
     convgemm = cl != NULL;
     if (!cl) fprintf(stderr, "no cl_device_id for %s: Xconvgemm skipped\n", info.id);
   }

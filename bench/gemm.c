@@ -40,22 +40,6 @@ typedef struct {
 /* ---- CLBlast ---- */
 #ifdef BENCH_HAVE_OPENCL
 
-/* The cl_device_id behind "opencl:N": the backend numbers devices across platforms in
- * enumeration order, as we do here. */
-static cl_device_id find_cl_device(int ordinal) {
-  cl_platform_id plats[16];
-  cl_uint np = 0;
-  if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return NULL;
-  for (cl_uint p = 0; p < np; p++) {
-    cl_device_id devs[64];
-    cl_uint nd = 0;
-    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &nd) != CL_SUCCESS) continue;
-    if (ordinal < (int)nd) return devs[ordinal];
-    ordinal -= (int)nd;
-  }
-  return NULL;
-}
-
 typedef struct {
   cl_context ctx;
   cl_command_queue q;
@@ -74,7 +58,7 @@ static void cl_release(void *p) {
 }
 
 static void *cl_setup(int ordinal, size_t n, const float *ha, const float *hb) {
-  cl_device_id dev = find_cl_device(ordinal);
+  cl_device_id dev = bench_cl_device(ordinal);
   cl_raw *r = calloc(1, sizeof *r);
   cl_int err = dev && r ? CL_SUCCESS : CL_INVALID_DEVICE;
   size_t bytes = n * n * sizeof(float);

@@ -930,29 +930,27 @@ static int32_t *at_i32w(clpar_bref r) {
 }
 
 static clpar_status cuda_maxpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
-                                    clpar_bref idx) {
+                                 clpar_bref idx) {
   cuda_dev *d = dev;
   CUDA_OP(d, "maxpool", clpar_cuda_maxpool(d->stream, g, at(x), at(y), at_i32w(idx)));
 }
 
 static clpar_status cuda_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
-                                             clpar_bref idx, clpar_bref dx) {
+                                          clpar_bref idx, clpar_bref dx) {
   cuda_dev *d = dev;
   CUDA_OP(d, "maxpool_backward",
           clpar_cuda_maxpool_backward(d->stream, g, at(dy), at_i32(idx), at(dx)));
 }
 
-static clpar_status cuda_avgpool(void *dev, clpar_conv_geom g, clpar_bref x,
-                                             clpar_bref y) {
+static clpar_status cuda_avgpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y) {
   cuda_dev *d = dev;
   CUDA_OP(d, "avgpool", clpar_cuda_avgpool(d->stream, g, at(x), at(y)));
 }
 
 static clpar_status cuda_avgpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
-                                                      clpar_bref dx) {
+                                          clpar_bref dx) {
   cuda_dev *d = dev;
-  CUDA_OP(d, "avgpool_backward",
-          clpar_cuda_avgpool_backward(d->stream, g, at(dy), at(dx)));
+  CUDA_OP(d, "avgpool_backward", clpar_cuda_avgpool_backward(d->stream, g, at(dy), at(dx)));
 }
 
 static clpar_status cuda_bn_stats(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
@@ -974,23 +972,22 @@ static clpar_status cuda_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar
 }
 
 static clpar_status cuda_bn_backward_sums(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
-                                            clpar_bref g, clpar_bref mean, clpar_bref var,
-                                            float eps, clpar_bref sum_g, clpar_bref sum_gxhat) {
+                                          clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
+                                          clpar_bref sum_g, clpar_bref sum_gxhat) {
   cuda_dev *d = dev;
   CUDA_OP(d, "bn_backward_sums",
           clpar_cuda_bn_backward_sums(d->stream, n, c, p, at(x), at(g), at(mean), at(var), eps,
-                                        at(sum_g), at(sum_gxhat)));
+                                      at(sum_g), at(sum_gxhat)));
 }
 
 static clpar_status cuda_bn_backward(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
-                                           clpar_bref g, clpar_bref mean, clpar_bref var,
-                                           clpar_bref weight, float eps, clpar_bref sum_g,
-                                           clpar_bref sum_gxhat, int training, clpar_bref dx) {
+                                     clpar_bref g, clpar_bref mean, clpar_bref var,
+                                     clpar_bref weight, float eps, clpar_bref sum_g,
+                                     clpar_bref sum_gxhat, int training, clpar_bref dx) {
   cuda_dev *d = dev;
-  CUDA_OP(
-      d, "bn_backward",
-      clpar_cuda_bn_backward(d->stream, n, c, p, at(x), at(g), at(mean), at(var), opt(weight),
-                                   eps, opt(sum_g), opt(sum_gxhat), training, at(dx)));
+  CUDA_OP(d, "bn_backward",
+          clpar_cuda_bn_backward(d->stream, n, c, p, at(x), at(g), at(mean), at(var), opt(weight),
+                                 eps, opt(sum_g), opt(sum_gxhat), training, at(dx)));
 }
 
 /* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL). */

@@ -113,13 +113,12 @@ cudaError_t clpar_cuda_swap01(cudaStream_t stream, size_t a, size_t b, size_t p,
                               const float *bias, float *out);
 /* kernels/cuda/pool.cu */
 cudaError_t clpar_cuda_maxpool(cudaStream_t stream, clpar_conv_geom g, const float *x, float *y,
-                                  int32_t *idx);
+                               int32_t *idx);
 cudaError_t clpar_cuda_maxpool_backward(cudaStream_t stream, clpar_conv_geom g, const float *dy,
-                                           const int32_t *idx, float *dx);
-cudaError_t clpar_cuda_avgpool(cudaStream_t stream, clpar_conv_geom g, const float *x,
-                                           float *y);
-cudaError_t clpar_cuda_avgpool_backward(cudaStream_t stream, clpar_conv_geom g,
-                                                    const float *dy, float *dx);
+                                        const int32_t *idx, float *dx);
+cudaError_t clpar_cuda_avgpool(cudaStream_t stream, clpar_conv_geom g, const float *x, float *y);
+cudaError_t clpar_cuda_avgpool_backward(cudaStream_t stream, clpar_conv_geom g, const float *dy,
+                                        float *dx);
 /* kernels/cuda/batchnorm.cu; weight, bias, running_mean/var may be NULL (running_var is
  * updated when running_mean is given). */
 cudaError_t clpar_cuda_bn_stats(cudaStream_t stream, size_t n, size_t c, size_t p, const float *x,
@@ -129,14 +128,14 @@ cudaError_t clpar_cuda_bn_apply(cudaStream_t stream, size_t n, size_t c, size_t 
                                 const float *mean, const float *var, const float *weight,
                                 const float *bias, float eps, float *y);
 cudaError_t clpar_cuda_bn_backward_sums(cudaStream_t stream, size_t n, size_t c, size_t p,
-                                          const float *x, const float *g, const float *mean,
-                                          const float *var, float eps, float *sum_g,
-                                          float *sum_gxhat);
+                                        const float *x, const float *g, const float *mean,
+                                        const float *var, float eps, float *sum_g,
+                                        float *sum_gxhat);
 cudaError_t clpar_cuda_bn_backward(cudaStream_t stream, size_t n, size_t c, size_t p,
-                                         const float *x, const float *g, const float *mean,
-                                         const float *var, const float *weight, float eps,
-                                         const float *sum_g, const float *sum_gxhat, int training,
-                                         float *dx);
+                                   const float *x, const float *g, const float *mean,
+                                   const float *var, const float *weight, float eps,
+                                   const float *sum_g, const float *sum_gxhat, int training,
+                                   float *dx);
 
 #ifdef __cplusplus
 }

@@ -87,7 +87,7 @@ static pool32 pool_geom(clpar_conv_geom g) {
 }
 
 clpar_status clpar_ocl_maxpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y,
-                                  clpar_bref idx) {
+                               clpar_bref idx) {
   pool32 k = pool_geom(g);
   cl_mem xm = AS_MEM(x.buf), ym = AS_MEM(y.buf), im = AS_MEM(idx.buf);
   cl_ulong xo = x.off, yo = y.off, io = idx.off, total = (cl_ulong)(g.n * g.oh * g.ow);
@@ -97,8 +97,8 @@ clpar_status clpar_ocl_maxpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar
   return clpar_ocl_launch_1d(dev, "pool.cl", "max_pool2d_f32", args, 17, total);
 }
 
-clpar_status clpar_ocl_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
-                                           clpar_bref idx, clpar_bref dx) {
+clpar_status clpar_ocl_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy, clpar_bref idx,
+                                        clpar_bref dx) {
   pool32 k = pool_geom(g);
   cl_mem gm = AS_MEM(dy.buf), im = AS_MEM(idx.buf), dm = AS_MEM(dx.buf);
   cl_ulong go = dy.off, io = idx.off, dof = dx.off, total = (cl_ulong)(g.n * g.h * g.w);
@@ -108,8 +108,7 @@ clpar_status clpar_ocl_maxpool_backward(void *dev, clpar_conv_geom g, clpar_bref
   return clpar_ocl_launch_1d(dev, "pool.cl", "max_pool2d_backward_f32", args, 17, total);
 }
 
-clpar_status clpar_ocl_avgpool(void *dev, clpar_conv_geom g, clpar_bref x,
-                                           clpar_bref y) {
+clpar_status clpar_ocl_avgpool(void *dev, clpar_conv_geom g, clpar_bref x, clpar_bref y) {
   pool32 k = pool_geom(g);
   cl_mem xm = AS_MEM(x.buf), ym = AS_MEM(y.buf);
   cl_ulong xo = x.off, yo = y.off, total = (cl_ulong)(g.n * g.oh * g.ow);
@@ -119,7 +118,7 @@ clpar_status clpar_ocl_avgpool(void *dev, clpar_conv_geom g, clpar_bref x,
 }
 
 clpar_status clpar_ocl_avgpool_backward(void *dev, clpar_conv_geom g, clpar_bref dy,
-                                                    clpar_bref dx) {
+                                        clpar_bref dx) {
   pool32 k = pool_geom(g);
   cl_mem gm = AS_MEM(dy.buf), dm = AS_MEM(dx.buf);
   cl_ulong go = dy.off, dof = dx.off, total = (cl_ulong)(g.n * g.h * g.w);
@@ -157,8 +156,8 @@ clpar_status clpar_ocl_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar_b
 }
 
 clpar_status clpar_ocl_bn_backward_sums(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
-                                          clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
-                                          clpar_bref sum_g, clpar_bref sum_gxhat) {
+                                        clpar_bref g, clpar_bref mean, clpar_bref var, float eps,
+                                        clpar_bref sum_g, clpar_bref sum_gxhat) {
   cl_mem xm = AS_MEM(x.buf), gm = AS_MEM(g.buf), mm = AS_MEM(mean.buf), vm = AS_MEM(var.buf);
   cl_mem sgm = AS_MEM(sum_g.buf), sxm = AS_MEM(sum_gxhat.buf);
   cl_ulong xo = x.off, go = g.off, mo = mean.off, vo = var.off, sgo = sum_g.off,
@@ -170,9 +169,9 @@ clpar_status clpar_ocl_bn_backward_sums(void *dev, size_t n, size_t c, size_t p,
 }
 
 clpar_status clpar_ocl_bn_backward(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
-                                         clpar_bref g, clpar_bref mean, clpar_bref var,
-                                         clpar_bref weight, float eps, clpar_bref sum_g,
-                                         clpar_bref sum_gxhat, int training, clpar_bref dx) {
+                                   clpar_bref g, clpar_bref mean, clpar_bref var, clpar_bref weight,
+                                   float eps, clpar_bref sum_g, clpar_bref sum_gxhat, int training,
+                                   clpar_bref dx) {
   cl_mem xm = AS_MEM(x.buf), gm = AS_MEM(g.buf), mm = AS_MEM(mean.buf), vm = AS_MEM(var.buf);
   cl_mem wm = OPT_MEM(weight, var), sgm = OPT_MEM(sum_g, var), sxm = OPT_MEM(sum_gxhat, var);
   cl_mem dm = AS_MEM(dx.buf);

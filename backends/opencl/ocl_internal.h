@@ -47,12 +47,12 @@ typedef struct clpar_ocl_device {
   pthread_mutex_t prog_lock;
   clpar_ocl_program *programs;
   atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
-  cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE, enforced by ocl_alloc */
+  cl_ulong max_alloc;   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE, enforced by ocl_alloc */
   size_t max_wg_size;
   cl_mem_flags buffer_flags; /* tensors' buffers: see ocl_alloc */
   /* a CPU device: small GEMMs take gemm_small.cl (ocl_gemm) */
   int cpu;
-  cl_mem scratch;            /* partial sums of sum_rows, grown on demand; guarded by lock */
+  cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
   /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
    * reading the profile sums their device times. Guarded by prof_lock. */
   pthread_mutex_t prof_lock;

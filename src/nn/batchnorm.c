@@ -38,15 +38,15 @@ static clpar_status bn_backward(clpar_node *node, clpar_tensor *g, clpar_tensor 
   if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &ch, &sgx);
   if (s == CLPAR_OK)
     s = clpar_dev_bn_backward_sums(dev, n, c, p, clpar_tensor_bref(x), clpar_tensor_bref(g),
-                                     clpar_tensor_bref(mean), clpar_tensor_bref(var), eps,
-                                     clpar_tensor_bref(sg), clpar_tensor_bref(sgx));
+                                   clpar_tensor_bref(mean), clpar_tensor_bref(var), eps,
+                                   clpar_tensor_bref(sg), clpar_tensor_bref(sgx));
   if (s == CLPAR_OK && x->requires_grad) {
     s = clpar_tensor_empty(dev, x->ndim, x->shape, &dx);
     if (s == CLPAR_OK)
       s = clpar_dev_bn_backward(dev, n, c, p, clpar_tensor_bref(x), clpar_tensor_bref(g),
-                                      clpar_tensor_bref(mean), clpar_tensor_bref(var), opt_ref(wt),
-                                      eps, clpar_tensor_bref(sg), clpar_tensor_bref(sgx), training,
-                                      clpar_tensor_bref(dx));
+                                clpar_tensor_bref(mean), clpar_tensor_bref(var), opt_ref(wt), eps,
+                                clpar_tensor_bref(sg), clpar_tensor_bref(sgx), training,
+                                clpar_tensor_bref(dx));
   }
   if (s != CLPAR_OK) {
     if (sgx) clpar_device_fail(dev, s);

@@ -44,7 +44,7 @@ static clpar_status max_pool_backward(clpar_node *node, clpar_tensor *g, clpar_t
   clpar_status s = clpar_tensor_empty(dev, x->ndim, x->shape, &r);
   if (s != CLPAR_OK) return s;
   s = clpar_dev_maxpool_backward(dev, node_geom(node), clpar_tensor_bref(g),
-                                    clpar_tensor_bref(node->saved[0]), clpar_tensor_bref(r));
+                                 clpar_tensor_bref(node->saved[0]), clpar_tensor_bref(r));
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(r);
@@ -105,7 +105,7 @@ clpar_status clpar_max_pool2d(const clpar_tensor *x, const int64_t kernel[2],
   if (s == CLPAR_OK) s = pooled(dev, x, g.oh, g.ow, &idx); /* int32 elements */
   if (s == CLPAR_OK)
     s = clpar_dev_maxpool(dev, g, clpar_tensor_bref(x), clpar_tensor_bref(y),
-                             clpar_tensor_bref(idx));
+                          clpar_tensor_bref(idx));
   if (s != CLPAR_OK) {
     if (idx) clpar_device_fail(dev, s);
     clpar_tensor_free(y);
@@ -133,8 +133,7 @@ static clpar_status adaptive_backward(clpar_node *node, clpar_tensor *g, clpar_t
   clpar_device *dev = node->dev;
   clpar_status s = clpar_tensor_empty(dev, x->ndim, x->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = clpar_dev_avgpool_backward(dev, node_geom(node), clpar_tensor_bref(g),
-                                             clpar_tensor_bref(r));
+  s = clpar_dev_avgpool_backward(dev, node_geom(node), clpar_tensor_bref(g), clpar_tensor_bref(r));
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(r);
@@ -162,8 +161,7 @@ clpar_status clpar_adaptive_avg_pool2d(const clpar_tensor *x, int64_t out_h, int
   clpar_device *dev = x->storage->dev;
   clpar_tensor *y = NULL;
   s = pooled(dev, x, out_h, out_w, &y);
-  if (s == CLPAR_OK)
-    s = clpar_dev_avgpool(dev, g, clpar_tensor_bref(x), clpar_tensor_bref(y));
+  if (s == CLPAR_OK) s = clpar_dev_avgpool(dev, g, clpar_tensor_bref(x), clpar_tensor_bref(y));
   if (s != CLPAR_OK) {
     if (y) clpar_device_fail(dev, s);
     clpar_tensor_free(y);
