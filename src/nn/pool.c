@@ -25,13 +25,13 @@ static clpar_status check_image(const char *fn, const clpar_tensor *x, clpar_ten
 }
 
 /* The output: x's shape with the last two dimensions oh, ow. */
-static clpar_status pooled(clpar_device *dev, const clpar_tensor *x, int64_t oh, int64_t ow,
-                           clpar_tensor **out) {
+static clpar_status pooled(clpar_device *dev, clpar_dtype dtype, const clpar_tensor *x, int64_t oh,
+                           int64_t ow, clpar_tensor **out) {
   int64_t shape[4];
   for (int i = 0; i < x->ndim - 2; i++) shape[i] = x->shape[i];
   shape[x->ndim - 2] = oh;
   shape[x->ndim - 1] = ow;
-  return clpar_tensor_empty(dev, x->ndim, shape, out);
+  return clpar_tensor_empty_dtype(dev, dtype, x->ndim, shape, out);
 }
 
 static clpar_conv_geom node_geom(const clpar_node *n) {
@@ -101,8 +101,8 @@ clpar_status clpar_max_pool2d(const clpar_tensor *x, const int64_t kernel[2],
   *ctx = g;
   clpar_device *dev = x->storage->dev;
   clpar_tensor *y = NULL, *idx = NULL;
-  s = pooled(dev, x, g.oh, g.ow, &y);
-  if (s == CLPAR_OK) s = pooled(dev, x, g.oh, g.ow, &idx); /* int32 elements */
+  s = pooled(dev, CLPAR_FLOAT32, x, g.oh, g.ow, &y);
+  if (s == CLPAR_OK) s = pooled(dev, CLPAR_INT32, x, g.oh, g.ow, &idx); /* the argmax */
   if (s == CLPAR_OK)
     s = clpar_dev_maxpool(dev, g, clpar_tensor_bref(x), clpar_tensor_bref(y),
                           clpar_tensor_bref(idx));
@@ -160,7 +160,7 @@ clpar_status clpar_adaptive_avg_pool2d(const clpar_tensor *x, int64_t out_h, int
   *ctx = g;
   clpar_device *dev = x->storage->dev;
   clpar_tensor *y = NULL;
-  s = pooled(dev, x, out_h, out_w, &y);
+  s = pooled(dev, CLPAR_FLOAT32, x, out_h, out_w, &y);
   if (s == CLPAR_OK) s = clpar_dev_avgpool(dev, g, clpar_tensor_bref(x), clpar_tensor_bref(y));
   if (s != CLPAR_OK) {
     if (y) clpar_device_fail(dev, s);
