@@ -117,18 +117,21 @@ static void staging_put(void *user) {
   pthread_mutex_unlock(&b->dev->staging_lock);
 }
 
-clpar_status clpar_staging_reserve(clpar_device *dev, int blocks) {
-  int n = blocks < 8 ? blocks : 8;
+clpar_status clpar_staging_reserve(clpar_device *dev, int transfers, size_t bytes) {
+  if (bytes <= SMALL) return CLPAR_OK; /* plain host memory: nothing to reserve */
+  size_t size = block_size(bytes < CHUNK ? bytes : CHUNK);
+  int per = bytes > CHUNK ? 2 : 1;
+  int n = transfers * per < 8 ? transfers * per : 8;
   for (int i = 0; i < n; i++) {
     clpar_staging_block *b = calloc(1, sizeof *b);
     if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
-    clpar_status s = clpar_dev_host_alloc_sync(dev, MIN_BLOCK, &b->handle, &b->ptr);
+    clpar_status s = clpar_dev_host_alloc_sync(dev, size, &b->handle, &b->ptr);
     if (s != CLPAR_OK) {
       free(b);
       return s;
     }
     b->dev = dev;
-    b->size = MIN_BLOCK;
+    b->size = size;
     staging_put(b);
   }
   return CLPAR_OK;
