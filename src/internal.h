@@ -36,6 +36,8 @@ struct clpar_device {
   /* pinned host memory for transfers, by size; guarded by staging_lock */
   pthread_mutex_t staging_lock;
   clpar_staging_block *staging_free;
+  clpar_staging_block *staging_busy; /* in use by copies to other devices, oldest first */
+  int staging_blocks;                /* pinned blocks made for the pool (asked for) */
   /* atomic counters (clpar_device_counters) */
   uint64_t host_waits;  /* a thread blocked on the device (callers' waits, backend_waits) */
   uint64_t queue_waits; /* the worker waited for another device's event */
