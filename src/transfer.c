@@ -10,8 +10,10 @@
  * peer copies: the backend's peer_access and copy_peer) skip staging too: the source's queue
  * copies into the destination's buffer. Staging blocks are kept per device and reused; when
  * none is free, the transfer uses plain host memory and the worker allocates one more pinned
- * block in the background, so no transfer waits for a worker; transfers of up to 16 KiB always
- * use plain host memory. */
+ * block in the background, so no caller waits for a worker; once the device has KEEP pinned
+ * blocks, a copy to another device instead reuses the oldest busy one, its source's queue
+ * waiting for that block's last write (a queue wait). Transfers of up to 16 KiB always use
+ * plain host memory. */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +99,10 @@ static clpar_status refill(clpar_device *dev, size_t size) {
  * KiB gains nothing from pinning); larger ones come from dev's pool of pinned blocks. When the
  * pool has none free (the first transfers of a size, or the caller running ahead of the
  * device), this transfer goes through plain host memory and the worker is asked for one more
- * pinned block: the caller never waits for the worker to allocate. */
+ * pinned block: the caller never waits for the worker to allocate. With wait (a copy to another
+ * device) and KEEP pinned blocks made, the oldest busy block that fits is taken instead and
+ * *wait is set to the event its last write completes with: the source's queue must wait for it
+ * before using the block (the caller releases it). */
 static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_block **out,
                                 clpar_event **wait) {
   if (bytes <= SMALL) return plain_block(dev, bytes, out);
