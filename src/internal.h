@@ -36,6 +36,8 @@ struct clpar_device {
   /* pinned host memory for transfers, by size; guarded by staging_lock */
   pthread_mutex_t staging_lock;
   clpar_staging_block *staging_free;
+  clpar_staging_block *staging_busy; /* in use by copies to other devices, oldest first */
+  int staging_blocks;                /* pinned blocks made for the pool (asked for) */
   /* atomic counters (clpar_device_counters) */
   uint64_t host_waits;  /* a thread blocked on the device (callers' waits, backend_waits) */
   uint64_t queue_waits; /* the worker waited for another device's event */
@@ -148,9 +150,12 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
 clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
                             size_t bytes);
 void clpar_staging_destroy(clpar_device *dev);
-/* Allocates blocks of the smallest staging size up front (at clpar_init), so that small
- * uploads (labels, a batch) never wait for the worker to allocate pinned memory. */
-clpar_status clpar_staging_reserve(clpar_device *dev, int blocks);
+/* Allocates, up front and waiting for dev's worker, the pinned staging blocks that transfers
+ * transfers of bytes each from dev (or uploads of bytes to dev) in flight at once take (at most
+ * 8 blocks a call; none for transfers small enough to use plain memory): at clpar_init for
+ * small uploads (labels, a batch), at clpar_data_parallel_create for its flat copies. The
+ * blocks join dev's pool for any transfer. */
+clpar_status clpar_staging_reserve(clpar_device *dev, int transfers, size_t bytes);
 
 /* Gets a buffer of at least bytes from the device's cache or driver; never one that queued
  * work of another device still uses. */

@@ -225,7 +225,7 @@ static clpar_status init_locked(void) {
   for (int i = 0; i < selected_count; i++) selected[i]->index = i;
   for (int i = 0; s == CLPAR_OK && i < all_count; i++) s = clpar_worker_start(all_devices[i]);
   for (int i = 0; s == CLPAR_OK && i < selected_count; i++)
-    s = clpar_staging_reserve(selected[i], 2);
+    s = clpar_staging_reserve(selected[i], 2, (size_t)64 << 10);
   return s;
 }
 

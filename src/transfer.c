@@ -10,8 +10,11 @@
  * peer copies: the backend's peer_access and copy_peer) skip staging too: the source's queue
  * copies into the destination's buffer. Staging blocks are kept per device and reused; when
  * none is free, the transfer uses plain host memory and the worker allocates one more pinned
- * block in the background, so no transfer waits for a worker; transfers of up to 16 KiB always
- * use plain host memory. */
+ * block in the background, so no caller waits for a worker; once the device has KEEP pinned
+ * blocks, a copy to another device instead reuses the oldest busy one, its source's queue
+ * waiting for that block's last write (a queue wait). Transfers of up to 16 KiB always use
+ * plain host memory. */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,11 +24,19 @@
 #define MIN_BLOCK ((size_t)64 << 10)
 #define SMALL ((size_t)16 << 10)
 
+/* Pinned blocks at most per device before a copy to another device waits for a busy block of
+ * the pool (on the source's queue) rather than going through plain memory. */
+#define KEEP 8
+
 struct clpar_staging_block {
   clpar_device *dev;
   void *handle, *ptr;
   size_t size;
   clpar_staging_block *next;
+  /* pinned blocks, under dev->staging_lock: */
+  clpar_event *free_at; /* the last write from the block that another device posted */
+  int callbacks;        /* completion callbacks of free_at and earlier ones still to run */
+  int busy;             /* in dev->staging_busy */
 };
 
 static size_t block_size(size_t bytes) {
@@ -78,6 +89,9 @@ static clpar_status refill(clpar_device *dev, size_t size) {
     free(b);
     return s;
   }
+  pthread_mutex_lock(&dev->staging_lock);
+  dev->staging_blocks++;
+  pthread_mutex_unlock(&dev->staging_lock);
   return put_when_done(dev, b);
 }
 
@@ -85,16 +99,27 @@ static clpar_status refill(clpar_device *dev, size_t size) {
  * KiB gains nothing from pinning); larger ones come from dev's pool of pinned blocks. When the
  * pool has none free (the first transfers of a size, or the caller running ahead of the
  * device), this transfer goes through plain host memory and the worker is asked for one more
- * pinned block: the caller never waits for the worker to allocate. */
-static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_block **out) {
+ * pinned block: the caller never waits for the worker to allocate. With wait (a copy to another
+ * device) and KEEP pinned blocks made, the oldest busy block that fits is taken instead and
+ * *wait is set to the event its last write completes with: the source's queue must wait for it
+ * before using the block (the caller releases it). */
+static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_block **out,
+                                clpar_event **wait) {
   if (bytes <= SMALL) return plain_block(dev, bytes, out);
   size_t size = block_size(bytes);
   pthread_mutex_lock(&dev->staging_lock);
   clpar_staging_block **best = NULL;
   for (clpar_staging_block **p = &dev->staging_free; *p; p = &(*p)->next)
     if ((*p)->size >= size && (!best || (*p)->size < (*best)->size)) best = p;
+  if (!best && wait && dev->staging_blocks >= KEEP)
+    for (clpar_staging_block **p = &dev->staging_busy; *p && !best; p = &(*p)->next)
+      if ((*p)->size >= size) best = p; /* the oldest busy block that fits */
   clpar_staging_block *b = best ? *best : NULL;
   if (b) *best = b->next;
+  if (b && b->busy) { /* the caller's queue waits for its last write (a queue wait) */
+    b->busy = 0;
+    *wait = clpar_event_retain(b->free_at);
+  }
   pthread_mutex_unlock(&dev->staging_lock);
   if (b) {
     *out = b;
@@ -104,31 +129,86 @@ static clpar_status staging_get(clpar_device *dev, size_t bytes, clpar_staging_b
   return s != CLPAR_OK ? s : plain_block(dev, bytes, out);
 }
 
-/* Back to its pool; runs when the last transfer through it completed (any thread). */
+/* The pool takes back a block whose last write (ev, on another device) is posted: it is busy
+ * until ev completes, and then free (staging_done), unless a later copy took it again. */
+static void staging_done(void *user);
+static void staging_busy(clpar_staging_block *b, clpar_event *ev) {
+  clpar_device *dev = b->dev;
+  pthread_mutex_lock(&dev->staging_lock);
+  clpar_event *old = b->free_at;
+  b->free_at = clpar_event_retain(ev);
+  b->callbacks++;
+  b->busy = 1;
+  b->next = NULL;
+  clpar_staging_block **p = &dev->staging_busy;
+  while (*p) p = &(*p)->next;
+  *p = b;
+  pthread_mutex_unlock(&dev->staging_lock);
+  clpar_event_release(old); /* not the callback's event: free_at held it until now */
+  if (clpar_event_then(ev, staging_done, b) != CLPAR_OK) {
+    clpar_event_sync(ev);
+    staging_done(b);
+  }
+}
+
+/* Back to its pool; runs when the last transfer through it completed (any thread). A block
+ * whose earlier write to another device may still run goes back busy (staging_done frees it). */
 static void staging_put(void *user) {
   clpar_staging_block *b = user;
   if (!b->handle) { /* plain memory */
     free(b);
     return;
   }
-  pthread_mutex_lock(&b->dev->staging_lock);
-  b->next = b->dev->staging_free;
-  b->dev->staging_free = b;
-  pthread_mutex_unlock(&b->dev->staging_lock);
+  clpar_device *dev = b->dev;
+  pthread_mutex_lock(&dev->staging_lock);
+  if (b->callbacks > 0) {
+    b->busy = 1;
+    b->next = NULL;
+    clpar_staging_block **p = &dev->staging_busy;
+    while (*p) p = &(*p)->next;
+    *p = b;
+  } else {
+    b->next = dev->staging_free;
+    dev->staging_free = b;
+  }
+  pthread_mutex_unlock(&dev->staging_lock);
 }
 
-clpar_status clpar_staging_reserve(clpar_device *dev, int blocks) {
-  int n = blocks < 8 ? blocks : 8;
+/* free_at of a busy block completed (any thread): the block is free once the last of its
+ * callbacks ran and no copy took it in between. */
+static void staging_done(void *user) {
+  clpar_staging_block *b = user;
+  clpar_device *dev = b->dev;
+  pthread_mutex_lock(&dev->staging_lock);
+  if (--b->callbacks == 0 && b->busy) {
+    clpar_staging_block **p = &dev->staging_busy;
+    while (*p != b) p = &(*p)->next;
+    *p = b->next;
+    b->busy = 0;
+    b->next = dev->staging_free;
+    dev->staging_free = b;
+  }
+  pthread_mutex_unlock(&dev->staging_lock);
+}
+
+clpar_status clpar_staging_reserve(clpar_device *dev, int transfers, size_t bytes) {
+  if (bytes <= SMALL) return CLPAR_OK; /* plain host memory: nothing to reserve */
+  size_t size = block_size(bytes < CHUNK ? bytes : CHUNK);
+  int per = bytes > CHUNK ? 2 : 1;
+  int n = transfers * per < 8 ? transfers * per : 8;
   for (int i = 0; i < n; i++) {
     clpar_staging_block *b = calloc(1, sizeof *b);
     if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
-    clpar_status s = clpar_dev_host_alloc_sync(dev, MIN_BLOCK, &b->handle, &b->ptr);
+    clpar_status s = clpar_dev_host_alloc_sync(dev, size, &b->handle, &b->ptr);
     if (s != CLPAR_OK) {
       free(b);
       return s;
     }
     b->dev = dev;
-    b->size = MIN_BLOCK;
+    b->size = size;
+    pthread_mutex_lock(&dev->staging_lock);
+    dev->staging_blocks++;
+    pthread_mutex_unlock(&dev->staging_lock);
     staging_put(b);
   }
   return CLPAR_OK;
@@ -136,12 +216,21 @@ clpar_status clpar_staging_reserve(clpar_device *dev, int blocks) {
 
 void clpar_staging_destroy(clpar_device *dev) {
   pthread_mutex_lock(&dev->staging_lock);
+  while (dev->staging_busy) { /* all queues are drained: their last callbacks are due */
+    clpar_event *ev = clpar_event_retain(dev->staging_busy->free_at);
+    pthread_mutex_unlock(&dev->staging_lock);
+    clpar_event_sync(ev);
+    clpar_event_release(ev);
+    sched_yield();
+    pthread_mutex_lock(&dev->staging_lock);
+  }
   clpar_staging_block *b = dev->staging_free;
   dev->staging_free = NULL;
   pthread_mutex_unlock(&dev->staging_lock);
   while (b) {
     clpar_staging_block *next = b->next;
     clpar_dev_host_free_sync(dev, b->handle);
+    clpar_event_release(b->free_at);
     free(b);
     b = next;
   }
@@ -243,7 +332,14 @@ static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst
   size_t chunk = bytes < CHUNK ? bytes : CHUNK;
   int nslots = bytes > CHUNK ? 2 : 1;
   clpar_status s = CLPAR_OK;
-  for (int i = 0; i < nslots && s == CLPAR_OK; i++) s = staging_get(src, chunk, &slot[i]);
+  for (int i = 0; i < nslots && s == CLPAR_OK; i++) {
+    clpar_event *busy = NULL; /* a busy block: its last write must complete first */
+    s = staging_get(src, chunk, &slot[i], &busy);
+    if (busy) {
+      if (s == CLPAR_OK) s = clpar_event_wait(src, busy);
+      clpar_event_release(busy);
+    }
+  }
   for (size_t at = 0, i = 0; s == CLPAR_OK && at < bytes; at += chunk, i++) {
     size_t n = bytes - at < chunk ? bytes - at : chunk;
     int k = (int)(i % 2);
@@ -261,8 +357,11 @@ static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst
   }
   for (int k = 0; k < 2; k++) {
     if (!slot[k]) continue;
-    /* Back to the pool once the last write from it completed (at once if none was made). */
-    if (!written[k] || clpar_event_then(written[k], staging_put, slot[k]) != CLPAR_OK) {
+    /* Back to the pool: a pinned block busy until its last write completed; plain memory
+     * freed then (at once if no write was made). */
+    if (written[k] && slot[k]->handle) {
+      staging_busy(slot[k], written[k]);
+    } else if (!written[k] || clpar_event_then(written[k], staging_put, slot[k]) != CLPAR_OK) {
       if (written[k]) clpar_event_sync(written[k]);
       staging_put(slot[k]);
     }
@@ -291,7 +390,7 @@ clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, s
   for (size_t at = 0; at < bytes; at += CHUNK) {
     size_t n = bytes - at < CHUNK ? bytes - at : CHUNK;
     clpar_staging_block *b;
-    clpar_status s = staging_get(dev, n, &b);
+    clpar_status s = staging_get(dev, n, &b, NULL);
     if (s != CLPAR_OK) return s;
     s = fill(user, at, b->ptr, n);
     if (s != CLPAR_OK) { /* nothing posted reads the block: straight back to the pool */

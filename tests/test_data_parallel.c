@@ -3,7 +3,8 @@
  * the device order permuted, uneven weights); the split sizes; replicas that copy only what
  * changed; an error inside one replica reported with its device, with nothing changed; a
  * training step that blocks the caller only to read the loss and makes a fixed number of
- * transfers; backward after the wrapper was freed. The devices are the selected ones, plus a
+ * transfers; backward after the wrapper was freed; training with parameters large enough for
+ * pinned staging, many steps posted ahead. The devices are the selected ones, plus a
  * second one when one is selected (tu_second_device: the host backend, or, when host is the
  * one selected, an unselected PoCL device), so every run spans two devices at least. */
 #include <math.h>
@@ -27,22 +28,27 @@ static void no_second_device(void) {
   skip();
 }
 
-/* An MLP 5-16-3 with fixed weights (seeded), its parameters on dev. */
-static clpar_module *make_mlp(clpar_device *dev) {
+/* An MLP 5-hidden-3 with fixed weights (seeded), its parameters on dev. */
+static clpar_module *make_mlp_hidden(clpar_device *dev, int64_t hidden) {
   clpar_module *layers[3], *mlp;
   clpar_manual_seed(11);
-  tu_ok(clpar_linear_create(5, 16, 1, dev, &layers[0]));
+  tu_ok(clpar_linear_create(5, hidden, 1, dev, &layers[0]));
   tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(16, 3, 1, dev, &layers[2]));
+  tu_ok(clpar_linear_create(hidden, 3, 1, dev, &layers[2]));
   tu_ok(clpar_sequential_create(layers, 3, &mlp));
   return mlp;
 }
 
-/* Trains m for steps SGD steps on batches of rows rows; params (flattened) into out. */
-static void train(clpar_module *m, clpar_device *data_dev, int rows, int steps, float *out,
-                  int n_out) {
+static clpar_module *make_mlp(clpar_device *dev) {
+  return make_mlp_hidden(dev, 16);
+}
+
+/* Trains m for steps SGD steps (learning rate lr) on batches of rows rows; params (flattened)
+ * into out. */
+static void train_lr(clpar_module *m, clpar_device *data_dev, int rows, int steps, float lr,
+                     float *out, int n_out) {
   clpar_optimizer *opt;
-  clpar_sgd_options o = {.lr = 0.1f, .momentum = 0.9f};
+  clpar_sgd_options o = {.lr = lr, .momentum = 0.9f};
   tu_ok(clpar_sgd_create_for(m, &o, &opt));
   for (int step = 0; step < steps; step++) {
     clpar_scope *sc = clpar_scope_begin();
@@ -70,6 +76,11 @@ static void train(clpar_module *m, clpar_device *data_dev, int rows, int steps, 
   }
   assert_int_equal(at, n_out);
   clpar_optimizer_free(opt);
+}
+
+static void train(clpar_module *m, clpar_device *data_dev, int rows, int steps, float *out,
+                  int n_out) {
+  train_lr(m, data_dev, rows, steps, 0.1f, out, n_out);
 }
 
 enum { N_PARAMS = 5 * 16 + 16 + 16 * 3 + 3 };
@@ -106,6 +117,31 @@ static void test_training_equals_one_device(void **state) {
   compare_training(devs, n, w, 29, "DataParallel, uneven weights");
   float tiny_first[4] = {0.001f, 1, 1, 1}; /* the first device gets no rows at all */
   compare_training(devs, n, tiny_first, 5, "DataParallel, no rows on the parameters' device");
+}
+
+/* Parameters above the 16 KiB that go through plain memory (5-1024-3: 36 KiB): the flat copies
+ * take pinned staging blocks, and over 24 steps posted without reading anything back (the
+ * caller runs ahead) blocks are reused while still busy once a device has 8 (transfer.c). */
+static void test_training_through_pinned_staging(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) no_second_device();
+  enum { H = 1024, P = 5 * H + H + H * 3 + 3 };
+  float *ref = malloc(sizeof(float) * P), *got = malloc(sizeof(float) * P);
+  assert_non_null(ref);
+  assert_non_null(got);
+  clpar_module *single = make_mlp_hidden(devs[0], H);
+  train_lr(single, devs[0], 30, 24, 0.002f, ref, P);
+  clpar_module_free(single);
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
+  tu_ok(clpar_data_parallel_create(make_mlp_hidden(devs[0], H), &o, &dp));
+  train_lr(dp, devs[0], 30, 24, 0.002f, got, P);
+  tu_assert_close(got, ref, P, 1e-4f, 1e-5f, "DataParallel, 36 KiB of parameters, 24 steps");
+  clpar_module_free(dp);
+  free(ref);
+  free(got);
 }
 
 static void test_forward_equals_one_device(void **state) {
@@ -429,6 +465,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_equals_one_device),
       cmocka_unit_test(test_training_equals_one_device),
+      cmocka_unit_test(test_training_through_pinned_staging),
       cmocka_unit_test(test_split_sizes),
       cmocka_unit_test(test_replicas_copy_only_what_changed),
       cmocka_unit_test(test_replica_error_is_reported),

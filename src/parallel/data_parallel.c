@@ -544,6 +544,14 @@ clpar_status clpar_data_parallel_create(clpar_module *module,
   }
   for (int k = 0; s == CLPAR_OK && k < st->n; k++)
     s = replica_init(&st->replicas[k], module, st->flat, st->devices[k], k == 0);
+  /* Pinned staging for the flat copies of two steps in flight (the caller runs ahead of the
+   * devices): G -> R_k from devices[0]'s pool, each replica's gradient back from its own. */
+  size_t flat_bytes =
+      s == CLPAR_OK && st->flat ? (size_t)clpar_tensor_numel(st->flat) * sizeof(float) : 0;
+  if (s == CLPAR_OK && st->n > 1)
+    s = clpar_staging_reserve(st->devices[0], 2 * (st->n - 1), flat_bytes);
+  for (int k = 1; s == CLPAR_OK && k < st->n; k++)
+    s = clpar_staging_reserve(st->devices[k], 2, flat_bytes);
   clpar_module *dp = NULL;
   if (s == CLPAR_OK)
     s = clpar_module_create("DataParallel", dp_forward, st, dp_free, &dp);
