@@ -401,6 +401,10 @@ struct clpar_module {
   int n_retired;
   /* DataParallel, Pipeline: the wrapper's state (its type says which; freed by free_user) */
   void *parallel;
+  /* a DataParallel replica on another device than the wrapped module (src/parallel): its
+   * buffers are overwritten from the module's before each forward, so what a forward writes
+   * to them in place (BatchNorm2d's counter) is never seen */
+  int replica;
 };
 
 /* A module buffer's bytes and their byte offset in its storage: buffers are moved, copied

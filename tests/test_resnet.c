@@ -554,6 +554,13 @@ static void test_data_parallel(void **state) {
   tu_expect_equal(y, want, 1e-4f, 1e-5f, "DataParallel training output");
   assert_int_equal(
       read_count(clpar_module_buffer(clpar_module_child(m, "bn1"), "num_batches_tracked")), 1);
+  /* A second training forward: the counters count without the host waiting for any device
+   * (a replica that counted would read its freshly copied counter back, once per BatchNorm). */
+  uint64_t waits = clpar_device_host_waits(d0) + clpar_device_host_waits(d1);
+  tu_ok(clpar_module_forward(dp, x, &y));
+  assert_int_equal(clpar_device_host_waits(d0) + clpar_device_host_waits(d1), waits);
+  assert_int_equal(
+      read_count(clpar_module_buffer(clpar_module_child(m, "bn1"), "num_batches_tracked")), 2);
   tu_ok(clpar_module_train(dp, 0));
   tu_ok(clpar_module_train(single, 0));
   set_ref_weights(single); /* both from the same state again (running statistics too) */

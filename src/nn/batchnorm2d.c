@@ -9,8 +9,10 @@
  * unchanged the next value is written without a read. Anything else that wrote the counter
  * (a checkpoint load, a copy, a move) changed the version, and the value is then read once.
  * The remembered state is in the module's user data, which a DataParallel replica shares: it
- * is locked, and it names the tensor it counted, so two replicas' counters are never mixed
- * up (they are read instead). */
+ * is locked, and it names the tensor it counted. A replica on another device does not count:
+ * DataParallel overwrites its buffers from the module's before every forward, so its count
+ * would never be seen (PyTorch's replicas count and drop it), and counting would read its
+ * freshly copied counter back, one host wait per BatchNorm per replica per step. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -81,7 +83,7 @@ static clpar_status bn_forward(clpar_module *self, clpar_tensor *x, clpar_tensor
   clpar_status s = clpar_batch_norm(x, mean, var, clpar_module_parameter(self, "weight"),
                                     clpar_module_parameter(self, "bias"), training || !c->track,
                                     c->momentum, c->eps, y);
-  if (s == CLPAR_OK && training && c->track) {
+  if (s == CLPAR_OK && training && c->track && !self->replica) {
     s = count_batch(c, counter);
     if (s != CLPAR_OK) {
       clpar_tensor_free(*y);

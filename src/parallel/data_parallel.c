@@ -165,6 +165,7 @@ static clpar_status clone_tree(const clpar_module *src, const clpar_tensor *g, c
                                clpar_device *dev, buffer_map *map, clpar_module **out) {
   clpar_module *m;
   clpar_status s = clpar_module_create(src->type, src->forward, src->user, NULL, &m);
+  if (s == CLPAR_OK) m->replica = 1;
   for (int i = 0; s == CLPAR_OK && i < src->n_params; i++) {
     const clpar_tensor *p = src->params[i].item;
     clpar_tensor *view;
