@@ -9,6 +9,9 @@
  * The bubble: on p stages of equal cost, a step's ideal time is one device's over p; the
  * measured bubble is 1 - T_one / (p T), against GPipe's (p - 1) / (m + p - 1) for m
  * micro-batches (the transfers and the per-micro-batch overheads count as bubble here).
+ * device_busy_ms_per_step is each device's own time in kernels, GEMMs and local copies
+ * (clpar_device_profile_*): a pipeline whose busy times grow over model parallel's pays for
+ * its micro-batches in compute, one whose busy times stay but whose step does not shrink idles.
  *
  * Models are entries of `models`: a way to cut the model into stages, make a batch and take
  * the loss. "mlp" is compute-balanced: each of the two stages is layers x (Linear(W, W),
@@ -126,6 +129,7 @@ typedef struct {
   double *times; /* per round, seconds per step */
   int n_times;
   uint64_t waits; /* host waits on either device during the rounds' steps */
+  double busy[2]; /* seconds each device computed during the rounds (device profiling) */
 } setup;
 
 static int make_setup(setup *c, const model_spec *ms, const args *a, kind k, int64_t split) {
@@ -186,6 +190,11 @@ static uint64_t waits_now(void) {
 
 static int round_of(setup *c, const model_spec *ms, int steps) {
   if (!sync_all()) return 0;
+  /* Device time: how long each device's kernels, GEMMs and local copies ran (not counting
+   * host transfers); against the wall time it shows how much of a step each device idled. */
+  int prof = 1;
+  for (int d = 0; d < 2; d++)
+    prof = prof && clpar_device_profile_start(clpar_device_get(d)) == CLPAR_OK;
   double t0 = bench_now();
   uint64_t w0 = waits_now();
   int good = 1;
@@ -193,6 +202,12 @@ static int round_of(setup *c, const model_spec *ms, int steps) {
   c->waits += waits_now() - w0; /* before the synchronizing below, which waits by design */
   good = good && sync_all();
   c->times[c->n_times++] = (bench_now() - t0) / steps;
+  for (int d = 0; d < 2; d++) {
+    clpar_profile pr = {0, 0};
+    if (prof && clpar_device_profile_read(clpar_device_get(d), &pr) == CLPAR_OK)
+      c->busy[d] += pr.device_seconds;
+    clpar_device_profile_stop(clpar_device_get(d));
+  }
   return good;
 }
 
@@ -223,6 +238,9 @@ static void report(const setup *c, const args *a, double one, double mp) {
       (long long)(c->k == GPIPE || c->k == ONE_F_ONE_B ? c->split : a->batch), m, c->n_times,
       a->steps, mean, std, mean / one, mp / mean,
       (double)c->waits / ((double)c->n_times * a->steps));
+  double steps = (double)c->n_times * a->steps;
+  printf(", \"device_busy_ms_per_step\": [%.2f, %.2f]", 1e3 * c->busy[0] / steps,
+         1e3 * c->busy[1] / steps);
   if (c->k == GPIPE || c->k == ONE_F_ONE_B)
     printf(", \"bubble_measured\": %.3f, \"bubble_gpipe_theory\": %.3f", 1.0 - one / (p * mean),
            (double)(p - 1) / (m + p - 1));
