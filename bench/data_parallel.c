@@ -78,6 +78,8 @@ typedef struct {
   double best;                  /* seconds per step, best round */
   clpar_data_parallel_stats st; /* of the best round */
   double waits, transfers;      /* per step, in the best round */
+  double busy[2], busy_wall;    /* per step, in the profiled round: each device's time in
+                                   kernels, GEMMs and local copies, and the round's wall time */
 } config;
 
 static int step(config *c) {
@@ -123,6 +125,24 @@ static int round_of(config *c, int steps) {
   return good;
 }
 
+/* One more round with device profiling on (it adds an event per op, so the timed rounds run
+ * without it): how long each device computed per step, against the step's wall time. */
+static int profiled_round(config *c, int steps) {
+  int good = 1;
+  for (int d = 0; d < 2; d++)
+    good = good && bench_ok(clpar_device_profile_start(clpar_device_get(d)), "profile");
+  double t0 = bench_now();
+  for (int i = 0; good && i < steps; i++) good = step(c);
+  for (int d = 0; d < 2; d++) {
+    clpar_profile pr = {0, 0};
+    good = good && bench_ok(clpar_device_profile_read(clpar_device_get(d), &pr), "profile");
+    c->busy[d] = pr.device_seconds / steps;
+    clpar_device_profile_stop(clpar_device_get(d));
+  }
+  c->busy_wall = (bench_now() - t0) / steps;
+  return good;
+}
+
 static void report(const config *c, int steps, int rounds, double baseline) {
   const clpar_data_parallel_stats *st = &c->st;
   printf(
@@ -131,13 +151,15 @@ static void report(const config *c, int steps, int rounds, double baseline) {
       "\"samples_per_s\": %.1f, \"speedup\": %.3f, \"host_waits_per_step\": %.2f, "
       "\"transfers_per_step\": %.2f, \"per_step_host_ms\": {\"scatter\": %.3f, \"replicate\": "
       "%.3f, \"apply\": %.3f, \"gather\": %.3f, \"reduce\": %.3f}, "
-      "\"replica_parameter_copies_per_step\": %.2f}\n",
+      "\"replica_parameter_copies_per_step\": %.2f, \"profiled_ms_per_step\": %.2f, "
+      "\"device_busy_ms_per_step\": [%.2f, %.2f]}\n",
       c->m->name, (long long)c->m->batch, c->n, clpar_device_id(clpar_device_get(0)),
       c->n > 1 ? "," : "", c->n > 1 ? clpar_device_id(clpar_device_get(1)) : "", steps, rounds,
       c->best * 1e3, (double)c->m->batch / c->best, baseline / c->best, c->waits, c->transfers,
       st->scatter_seconds / steps * 1e3, st->replicate_seconds / steps * 1e3,
       st->apply_seconds / steps * 1e3, st->gather_seconds / steps * 1e3,
-      st->reduce_seconds / steps * 1e3, (double)st->parameters_copied / steps);
+      st->reduce_seconds / steps * 1e3, (double)st->parameters_copied / steps, c->busy_wall * 1e3,
+      c->busy[0] * 1e3, c->busy[1] * 1e3);
   fflush(stdout);
 }
 
@@ -166,6 +188,7 @@ int main(int argc, char **argv) {
     config one = {0}, two = {0};
     good = setup(&one, &models[mi], 1) && setup(&two, &models[mi], 2);
     for (int r = 0; good && r < rounds; r++) good = round_of(&one, steps) && round_of(&two, steps);
+    good = good && profiled_round(&one, steps) && profiled_round(&two, steps);
     if (good) {
       report(&one, steps, rounds, one.best);
       report(&two, steps, rounds, one.best);
