@@ -35,10 +35,17 @@ cleanup() {
   for ns in "${made[@]}"; do ip netns del "$ns" || echo "warning: could not delete namespace $ns"; done
   rm -rf "$dir"
 }
+# A signal stops the job (bash runs traps during `wait`, not while a foreground child runs),
+# then the exit's cleanup kills what is left in the namespaces.
+job=
+on_signal() {
+  [ -z "$job" ] || kill -TERM "$job" 2>/dev/null
+  exit "$1"
+}
 trap cleanup EXIT
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'on_signal 129' HUP
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 skip() {
   echo "SKIPPED: $*"
@@ -90,8 +97,11 @@ timeout -k 10 "$limit" ip netns exec "$ns_a" "$mpiexec" "$@" -np 2 --host "$addr
   --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
   bash -c 'r=$OMPI_COMM_WORLD_RANK; readlink /proc/self/ns/net >"$0.ns.$r" &&
     { env | grep -E "^(POCL|CLPAR)_" | sort >"$0.env.$r"; } && exec "$1"' "$dir/rank" "$bin" \
-  >"$dir/out" 2>&1
+  >"$dir/out" 2>&1 &
+job=$!
+wait "$job"
 rc=$?
+job=
 [ $rc -ne 124 ] && [ $rc -ne 137 ] || fail "the job hung (killed after $limit s)"
 [ $rc -eq 0 ] || fail "mpirun exited with $rc"
 
