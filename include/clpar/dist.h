@@ -153,6 +153,18 @@ typedef struct clpar_ddp_stats {
 } clpar_ddp_stats;
 CLPAR_API clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out);
 
+/* How ddp reduces its gradients, chosen at creation identically on every rank: "nccl" (NCCL
+ * all-reduces each bucket in place on the rank's CUDA device, ordered with the device's other
+ * work; backward returns without waiting) or "mpi" (through host memory, as described above).
+ * NCCL is used when clpar was built with it (CMake option CLPAR_NCCL), every rank's module
+ * lives on one CUDA device, and CLPAR_DIST_BACKEND (auto, mpi or nccl; read by
+ * clpar_dist_init) allows it; with nccl, a rank that cannot use it makes creation fail on every
+ * rank. *why (when why is not NULL) gets a sentence saying why, valid while ddp lives. NULL for
+ * a module that is not a DistributedDataParallel. With NCCL, the stats count all-reduce time as
+ * the communication thread sees it (from when the device could start it to its completion;
+ * read and write 0, wait 0), and clpar_ddp_synchronize waits for the all-reduces posted so far. */
+CLPAR_API const char *clpar_ddp_backend(const clpar_module *ddp, const char **why);
+
 #ifdef __cplusplus
 }
 #endif
