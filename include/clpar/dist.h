@@ -29,6 +29,9 @@ CLPAR_API int clpar_dist_available(void);
 CLPAR_API clpar_status clpar_dist_init(void);
 CLPAR_API void clpar_dist_finalize(void);
 
+/* CLPAR_DIST_BACKEND (auto, mpi or nccl; see clpar_ddp_backend) is checked here too: another
+ * value makes clpar_dist_init fail. */
+
 /* -1 before clpar_dist_init. */
 CLPAR_API int clpar_dist_rank(void);
 CLPAR_API int clpar_dist_world_size(void);
@@ -109,7 +112,11 @@ typedef struct clpar_ddp_options {
  * parameter that got no gradient leaves its bucket waiting, and the next forward fails
  * (CLPAR_ERROR_NO_GRADIENT) naming it. A bucket's all-reduce that times out (clpar_dist_timeout)
  * makes clpar_ddp_synchronize and the next forward return CLPAR_ERROR_TIMEOUT; backward
- * itself returns after the deadline. */
+ * itself returns after the deadline.
+ *
+ * On CUDA devices with NCCL (clpar_ddp_backend), each bucket is instead averaged in place on
+ * the device by NCCL, ordered with the device's other work, and backward returns without
+ * waiting; a NCCL all-reduce that does not complete within the deadline is aborted. */
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
                                         clpar_module **out);
 /* Returns the first error of the communication thread since the last call (CLPAR_OK when

@@ -1,4 +1,6 @@
 /* ddp.c — DistributedDataParallel over MPI, one process per device, after PyTorch's Reducer.
+ * (On CUDA devices with NCCL the buckets are reduced on the device instead: ddp_nccl.c; the
+ * hooks and the module below serve both.)
  *
  * The module is flattened (clpar_module_flatten), so its gradients are one flat buffer per
  * device. Parameters are taken in reverse order (backward produces the last layers' gradients

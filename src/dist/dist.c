@@ -290,7 +290,11 @@ clpar_status clpar_dist_init(void) {
     if (s == CLPAR_OK) s = read_debug(&debug);
     if (s == CLPAR_OK) g.debug = debug;
     int backend;
-    if (s == CLPAR_OK) s = clpar_dist_parse_backend(getenv("CLPAR_DIST_BACKEND"), &backend);
+    if (s == CLPAR_OK && clpar_dist_parse_backend(getenv("CLPAR_DIST_BACKEND"), &backend)) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "%s", clpar_last_error());
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_dist_init: %s", msg);
+    }
     if (s == CLPAR_OK) g.backend = backend;
     if (s == CLPAR_OK) s = join_job();
     if (s == CLPAR_OK) {
