@@ -49,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 10
+#define CLPAR_BACKEND_ABI_VERSION 11
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -73,6 +73,9 @@ void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
  * clpar_device_host_waits and in the counters' backend_waits. Outside an entry called by
  * the core's dispatch it does nothing. */
 void clpar_backend_waited(void);
+
+/* The size of a communicator's id (comm_id, comm_init): NCCL's ncclUniqueId. */
+#define CLPAR_COMM_ID_BYTES 128
 
 /* A buffer and an offset into it, in floats. */
 typedef struct clpar_bref {
@@ -197,7 +200,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bn_backward_sums, QUEUE, 1)  \
   X(bn_backward, QUEUE, 1)       \
   X(bias_act, QUEUE, 0)          \
-  X(bias_act_backward, QUEUE, 0)
+  X(bias_act_backward, QUEUE, 0) \
+  X(comm_id, DIRECT, 0)          \
+  X(comm_init, DIRECT, 0)        \
+  X(comm_query, DIRECT, 0)       \
+  X(comm_abort, DIRECT, 0)       \
+  X(comm_free, DIRECT, 0)        \
+  X(comm_allreduce, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -407,6 +416,38 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_bias_act_backward(F)                                                   \
   F(clpar_act_kind, act) F(size_t, rows) F(size_t, cols) F(clpar_bref, g) F(clpar_bref, y)    \
   F(clpar_bref, out) F(clpar_bref, db) F(int, accumulate)
+
+/* ---- collectives between processes on the device itself (ABI 11; CUDA with NCCL) ----
+ * For DistributedDataParallel (src/dist/ddp.c): one communicator per process and device, made
+ * from an id that one process creates and sends to the others (over MPI); the core sees the
+ * id as CLPAR_COMM_ID_BYTES opaque bytes and the communicator as an opaque handle. All six are
+ * optional and come together: a device without them has its gradients reduced through host
+ * memory over MPI. No entry may block for the other processes: comm_init returns at once and
+ * comm_query tells when the communicator is ready, so that the core can give up at its
+ * deadline (comm_abort) instead of hanging for a process that never comes. */
+/* A new id (ncclGetUniqueId) into id, bytes == CLPAR_COMM_ID_BYTES. */
+#define CLPAR_BE_ARGS_comm_id(F) F(void *, id) F(size_t, bytes)
+/* Starts joining the communicator of nranks processes named by id as rank, with this device
+ * (made current); *comm is the handle at once, ready when comm_query says so. */
+#define CLPAR_BE_ARGS_comm_init(F) \
+  F(const void *, id) F(size_t, bytes) F(int, nranks) F(int, rank) F(void **, comm)
+/* *pending = 1 while the communicator is still joining or enqueueing an operation; 0 when it
+ * is idle. An error of the communicator (its init failed, a peer's connection broke, it was
+ * aborted) is returned, naming it. Any thread, any time. */
+#define CLPAR_BE_ARGS_comm_query(F) F(void *, comm) F(int *, pending)
+/* Stops every operation of the communicator (running on the device or still being set up),
+ * so that nothing waits for it any more; later entries on it fail. Any thread, any time. */
+#define CLPAR_BE_ARGS_comm_abort(F) F(void *, comm)
+/* Frees the handle: the communicator is destroyed (NCCL: finalized, which flushes, then
+ * destroyed; aborted instead if flushing takes more than timeout_s seconds), or was aborted.
+ * The core calls it once no operation of it is queued. */
+#define CLPAR_BE_ARGS_comm_free(F) F(void *, comm) F(double, timeout_s)
+/* On the device's queue, after everything posted before it: data[0 .. n) (floats) replaced
+ * in place by its average over the communicator's ranks, without the host. If the
+ * communicator needs time to enqueue (it is still connecting), the entry waits for it at most
+ * timeout_s seconds, then fails with CLPAR_ERROR_TIMEOUT. */
+#define CLPAR_BE_ARGS_comm_allreduce(F) \
+  F(void *, comm) F(clpar_bref, data) F(size_t, n) F(double, timeout_s)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -263,9 +263,11 @@ clpar_status clpar_compose_bias_act_backward(clpar_device *dev, clpar_act_kind a
 
 /* ---- entries that cannot be composed ----
  * The dispatch needs a composition for every optional queue entry, but these bits are never
- * set (not in composable_mask): a backend without profile, copy_peer or tune_gemm has the
- * entry posted as before, and it fails on the worker naming the entry (profile), or is never
- * called (copy_peer: transfer.c asks peer_access first; tune_gemm: tune.c checks the table). */
+ * set (not in composable_mask): a backend without profile, copy_peer, tune_gemm or
+ * comm_allreduce has the entry posted as before, and it fails on the worker naming the entry
+ * (profile), or is never called (copy_peer: transfer.c asks peer_access first; tune_gemm:
+ * tune.c checks the table; comm_allreduce: DistributedDataParallel checks the device has every
+ * comm_ entry). */
 
 static clpar_status refuse(const clpar_device *dev, const char *what) {
   return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: the %s backend has no %s", dev->bd.info.id,
@@ -294,6 +296,12 @@ clpar_status clpar_compose_tune_gemm(clpar_device *dev, const clpar_gemm_shape *
                                      clpar_tune_result *result) {
   (void)shapes, (void)n_shapes, (void)options, (void)result;
   return refuse(dev, "tune_gemm");
+}
+
+clpar_status clpar_compose_comm_allreduce(clpar_device *dev, void *comm, clpar_bref data, size_t n,
+                                          double timeout_s) {
+  (void)comm, (void)data, (void)n, (void)timeout_s;
+  return refuse(dev, "comm_allreduce");
 }
 
 /* ---- which entries are composed ---- */

@@ -77,6 +77,11 @@ badenv)
   done
   CLPAR_DIST_TIMEOUT=0.5 run 1 "$@"
   has '^RESULT init: CLPAR_OK' || fail "CLPAR_DIST_TIMEOUT=0.5 was refused"
+  CLPAR_DIST_BACKEND=gloo run 1 "$@"
+  has '^RESULT init: CLPAR_ERROR_INVALID_ARGUMENT: clpar_dist_init: CLPAR_DIST_BACKEND="gloo": give auto' ||
+    fail "CLPAR_DIST_BACKEND=gloo was not refused"
+  CLPAR_DIST_BACKEND=MPI run 1 "$@"
+  has '^RESULT init: CLPAR_OK' || fail "CLPAR_DIST_BACKEND=MPI was refused"
   ;;
 *) fail "unknown scenario" ;;
 esac

@@ -62,6 +62,8 @@ endif()
 get_filename_component(_clpar_root "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
 file(GLOB _clpar_cuda_sources CONFIGURE_DEPENDS
   ${_clpar_root}/backends/cuda/*.c ${_clpar_root}/kernels/cuda/*.cu)
+# cuda_nccl.c is added by cmake/ClparNCCL.cmake when NCCL is built (after MPI is found).
+list(FILTER _clpar_cuda_sources EXCLUDE REGEX "/cuda_nccl\\.c$")
 
 target_sources(clpar_objects PRIVATE ${_clpar_cuda_sources})
 target_compile_options(clpar_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)

@@ -1,4 +1,4 @@
-/* cuda_backend.c — clpar's CUDA backend (backend ABI 5): the CUDA runtime for memory, streams
+/* cuda_backend.c — clpar's CUDA backend (backend ABI 11): the CUDA runtime for memory, streams
  * and events, cuBLAS for GEMM, and clpar's own kernels (kernels/cuda/) for the element-wise
  * ops, the row-wise ones (softmax, the loss) and the optimizer updates.
  *
@@ -30,6 +30,10 @@
  * after peer_access has checked cudaDeviceCanAccessPeer and enabled the access. Like the rest
  * of this module, that has been compiled but never run: no GPU was available.
  *
+ * With NCCL (CMake option CLPAR_NCCL), the comm_ entries give DistributedDataParallel an
+ * all-reduce between processes on the device's own stream (cuda_nccl.c); without it they are
+ * NULL and DDP reduces CUDA devices' gradients in pinned host memory over MPI.
+ *
  * A machine without a GPU or without the driver probes to no device, which is not an error:
  * the module is compiled and linked everywhere and runs where a GPU is. */
 #include <limits.h>
@@ -45,6 +49,9 @@
 
 #include "backend.h"
 #include "cuda/cuda_kernels.h"
+#ifdef CLPAR_HAVE_NCCL
+#include "cuda/cuda_nccl.h"
+#endif
 
 /* The events around one profiled op, recorded on the device's stream before and after it. */
 typedef struct prof_pair {
@@ -990,7 +997,65 @@ static clpar_status cuda_bn_backward(void *dev, size_t n, size_t c, size_t p, cl
                                  eps, opt(sum_g), opt(sum_gxhat), training, at(dx)));
 }
 
-/* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL). */
+/* ---- collectives between processes: NCCL (cuda_nccl.c; CMake option CLPAR_NCCL) ---- */
+
+#ifdef CLPAR_HAVE_NCCL
+static clpar_status cuda_comm_id(void *dev, void *id, size_t bytes) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  return s == CLPAR_OK ? clpar_nccl_id(id, bytes) : s;
+}
+
+/* NCCL takes the communicator's device from the calling thread's current one. */
+static clpar_status cuda_comm_init(void *dev, const void *id, size_t bytes, int nranks, int rank,
+                                   void **comm) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  return s == CLPAR_OK ? clpar_nccl_init(d->ordinal, id, bytes, nranks, rank, comm) : s;
+}
+
+static clpar_status cuda_comm_query(void *dev, void *comm, int *pending) {
+  cuda_dev *d = dev;
+  clpar_status s = use_device(d);
+  return s == CLPAR_OK ? clpar_nccl_query(comm, pending) : s;
+}
+
+static clpar_status cuda_comm_abort(void *dev, void *comm) {
+  cuda_dev *d = dev;
+  (void)use_device(d); /* abort whatever happens */
+  clpar_clear_error();
+  return clpar_nccl_abort(comm);
+}
+
+static clpar_status cuda_comm_free(void *dev, void *comm, double timeout_s) {
+  cuda_dev *d = dev;
+  (void)use_device(d);
+  clpar_clear_error();
+  return clpar_nccl_free(comm, timeout_s);
+}
+
+/* On the device's stream, in order with its other work: the gradients a backward kernel has
+ * just written are averaged there, and the optimizer's kernels enqueued later read the
+ * averages, with no host wait between (profiled as one op). */
+static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, size_t n,
+                                        double timeout_s) {
+  cuda_dev *d = dev;
+  prof_pair prof;
+  clpar_status s = op_begin(d, &prof);
+  if (s != CLPAR_OK) return s;
+  return op_end(d, &prof, clpar_nccl_allreduce(comm, at(data), n, d->stream, timeout_s));
+}
+#else
+#define cuda_comm_id NULL
+#define cuda_comm_init NULL
+#define cuda_comm_query NULL
+#define cuda_comm_abort NULL
+#define cuda_comm_free NULL
+#define cuda_comm_allreduce NULL
+#endif
+
+/* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL, and the comm_
+ * entries without NCCL). */
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
 #undef CLPAR_BE_PREFIX_

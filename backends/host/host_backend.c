@@ -80,6 +80,13 @@ static clpar_status host_event_free(void *dev, void *ev) {
 #define host_peer_access NULL
 #define host_copy_peer NULL
 #define host_tune_gemm NULL
+/* No collectives on the device: DistributedDataParallel reduces host devices over MPI. */
+#define host_comm_id NULL
+#define host_comm_init NULL
+#define host_comm_query NULL
+#define host_comm_abort NULL
+#define host_comm_free NULL
+#define host_comm_allreduce NULL
 
 static clpar_status host_host_alloc(void *dev, size_t bytes, void **handle, void **ptr) {
   clpar_status s = host_alloc(dev, bytes, ptr);

@@ -280,6 +280,14 @@ static clpar_status ocl_event_free(void *dev, void *ev) {
  * copy, and copies between OpenCL devices go through host staging (src/transfer.c). */
 #define ocl_peer_access NULL
 #define ocl_copy_peer NULL
+/* No OpenCL all-reduce library exists: DistributedDataParallel reduces OpenCL devices'
+ * gradients in host memory over MPI. */
+#define ocl_comm_id NULL
+#define ocl_comm_init NULL
+#define ocl_comm_query NULL
+#define ocl_comm_abort NULL
+#define ocl_comm_free NULL
+#define ocl_comm_allreduce NULL
 
 /* src stays valid until a later event completes (the core's promise): nothing is copied and
  * nothing waits. */

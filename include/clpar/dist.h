@@ -29,6 +29,9 @@ CLPAR_API int clpar_dist_available(void);
 CLPAR_API clpar_status clpar_dist_init(void);
 CLPAR_API void clpar_dist_finalize(void);
 
+/* CLPAR_DIST_BACKEND (auto, mpi or nccl; see clpar_ddp_backend) is checked here too: another
+ * value makes clpar_dist_init fail. */
+
 /* -1 before clpar_dist_init. */
 CLPAR_API int clpar_dist_rank(void);
 CLPAR_API int clpar_dist_world_size(void);
@@ -109,7 +112,11 @@ typedef struct clpar_ddp_options {
  * parameter that got no gradient leaves its bucket waiting, and the next forward fails
  * (CLPAR_ERROR_NO_GRADIENT) naming it. A bucket's all-reduce that times out (clpar_dist_timeout)
  * makes clpar_ddp_synchronize and the next forward return CLPAR_ERROR_TIMEOUT; backward
- * itself returns after the deadline. */
+ * itself returns after the deadline.
+ *
+ * On CUDA devices with NCCL (clpar_ddp_backend), each bucket is instead averaged in place on
+ * the device by NCCL, ordered with the device's other work, and backward returns without
+ * waiting; a NCCL all-reduce that does not complete within the deadline is aborted. */
 CLPAR_API clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *options,
                                         clpar_module **out);
 /* Returns the first error of the communication thread since the last call (CLPAR_OK when
@@ -152,6 +159,18 @@ typedef struct clpar_ddp_stats {
   double wait_seconds;
 } clpar_ddp_stats;
 CLPAR_API clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out);
+
+/* How ddp reduces its gradients, chosen at creation identically on every rank: "nccl" (NCCL
+ * all-reduces each bucket in place on the rank's CUDA device, ordered with the device's other
+ * work; backward returns without waiting) or "mpi" (through host memory, as described above).
+ * NCCL is used when clpar was built with it (CMake option CLPAR_NCCL), every rank's module
+ * lives on one CUDA device, and CLPAR_DIST_BACKEND (auto, mpi or nccl; read by
+ * clpar_dist_init) allows it; with nccl, a rank that cannot use it makes creation fail on every
+ * rank. *why (when why is not NULL) gets a sentence saying why, valid while ddp lives. NULL for
+ * a module that is not a DistributedDataParallel. With NCCL, the stats count all-reduce time as
+ * the communication thread sees it (from when the device could start it to its completion;
+ * read and write 0, wait 0), and clpar_ddp_synchronize waits for the all-reduces posted so far. */
+CLPAR_API const char *clpar_ddp_backend(const clpar_module *ddp, const char **why);
 
 #ifdef __cplusplus
 }

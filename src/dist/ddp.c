@@ -1,4 +1,6 @@
 /* ddp.c — DistributedDataParallel over MPI, one process per device, after PyTorch's Reducer.
+ * (On CUDA devices with NCCL the buckets are reduced on the device instead: ddp_nccl.c; the
+ * hooks and the module below serve both.)
  *
  * The module is flattened (clpar_module_flatten), so its gradients are one flat buffer per
  * device. Parameters are taken in reverse order (backward produces the last layers' gradients
@@ -43,94 +45,18 @@
 #include <string.h>
 #include <time.h>
 
-#include "dist/dist_internal.h"
-#include "internal.h"
-
-enum { MESSAGE_SIZE = 768 };
+#include "dist/ddp_internal.h"
 
 int clpar_ddp_pin_cpu = 0;
 
-typedef struct ddp_state ddp_state;
-
-typedef struct {
-  ddp_state *st;
-  clpar_tensor *param; /* a reference of ours */
-  char *name;          /* "module.<name>" */
-  int bucket;
-  int64_t offset; /* in floats, in the bucket's buffer */
-  int64_t numel;
-  int ready;  /* its gradient is final in the current backward */
-  int unused; /* find_unused_parameters: the last forward's graph does not reach it */
-} ddp_param;
-
-/* Gradients of consecutive parameters of a bucket that lie next to each other in one device
- * buffer (a flat group's gradient, in reverse), and next to each other in the bucket's buffer:
- * one read and one write each. */
-typedef struct {
-  clpar_storage *storage;
-  size_t word; /* where in storage the lowest of them starts */
-  int64_t host, numel;
-} ddp_run;
-
-typedef struct {
-  int first, count; /* params[first .. first+count) */
-  int64_t numel;
-  clpar_device *dev; /* where its parameters live (a bucket never spans devices) */
-  float *buf;        /* host memory: pinned (the device's host_alloc) or, failing that, malloc */
-  void *pin;         /* host_free's handle, or NULL for malloc */
-  ddp_run *runs;     /* count entries; n_runs used, made when the bucket's reads are posted */
-  int n_runs;
-  clpar_event *read_done; /* the reads posted into buf completed */
-  int read_failed;        /* posting them failed: the bucket takes part with zeros */
-  int pending;            /* parameters still to become ready in this backward */
-  int complete;           /* pending reached 0 (the backward thread's own flag) */
-  int ready;              /* its reads are posted: the communication thread may take it */
-} ddp_bucket;
-
-enum { BUFFER_HEADER = 8 + MESSAGE_SIZE }; /* status, padding, rank 0's message */
-
-struct ddp_state {
-  MPI_Comm comm; /* the job's communicator duplicated for this module's collectives */
-  uint64_t seq;  /* collectives on comm so far (the timeout's message names the number) */
-  int abandoned; /* a collective on comm timed out: its buffers stay allocated */
-  int world;
-  int n_params;
-  ddp_param *params; /* in bucket order: the module's parameters reversed */
-  int n_buffers;
-  clpar_tensor **buffers; /* references of ours, in the module's buffer order */
-  char **buffer_names;    /* "module.<name>" */
-  size_t *buffer_at;      /* each buffer's bytes in the block, 8-aligned, after the header */
-  size_t block_bytes;
-  unsigned char *block; /* the broadcast's host memory */
-  int sync_buffers;     /* the next forward broadcasts (the previous one synchronized) */
-  int n_buckets;
-  ddp_bucket *buckets;
-  pthread_t thread;
-  int thread_started;
-  pthread_mutex_t lock; /* everything below, and the ready flags above */
-  pthread_cond_t cv;
-  int stop;
-  int next;          /* the bucket the communication thread reduces next */
-  int busy;          /* it is reducing one now */
-  int n_ready;       /* buckets ready in this backward */
-  int no_sync;       /* clpar_ddp_set_sync(0): gradients accumulate locally, hooks do nothing */
-  int find_unused;   /* clpar_ddp_options.find_unused_parameters */
-  int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
-  int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
-  uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
-  int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
-  clpar_status ended_status;
-  char ended_msg[MESSAGE_SIZE];
-  ddp_param **by_address; /* the parameters sorted by tensor address (find_unused) */
-  clpar_status error;
-  char message[MESSAGE_SIZE];
-  clpar_ddp_stats stats;
-};
-
-static double now(void) {
+double clpar_ddp_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double now(void) {
+  return clpar_ddp_now();
 }
 
 static clpar_status oom(void) {
@@ -138,7 +64,7 @@ static clpar_status oom(void) {
 }
 
 /* Keeps the first error of the communication thread (or a hook) for the program to see. */
-static void record_error(ddp_state *st, clpar_status s, const char *what) {
+void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what) {
   pthread_mutex_lock(&st->lock);
   if (st->error == CLPAR_OK) {
     st->error = s;
@@ -160,7 +86,7 @@ static int adjacent(const ddp_param *b, const ddp_param *a) {
 
 /* The bucket's runs, from its parameters' gradients as they are now; a parameter with no
  * gradient memory (never reached, find_unused_parameters) is in none, and gets zeros. */
-static void make_runs(ddp_state *st, ddp_bucket *b) {
+void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b) {
   b->n_runs = 0;
   ddp_run *r = NULL;
   for (int i = b->first; i < b->first + b->count; i++) {
@@ -189,7 +115,7 @@ static void make_runs(ddp_state *st, ddp_bucket *b) {
  * those gradients and before the rest of backward, and an event the communication thread
  * waits for. Nothing here waits for the device. */
 static void post_reads(ddp_state *st, ddp_bucket *b) {
-  make_runs(st, b);
+  clpar_ddp_make_runs(st, b);
   clpar_status s = CLPAR_OK;
   size_t bytes = 0;
   for (int k = 0; s == CLPAR_OK && k < b->n_runs; k++) {
@@ -200,7 +126,7 @@ static void post_reads(ddp_state *st, ddp_bucket *b) {
   }
   if (s == CLPAR_OK) s = clpar_event_record(b->dev, &b->read_done);
   if (s != CLPAR_OK) {
-    record_error(st, s, "posting the copy of a bucket's gradients to host memory");
+    clpar_ddp_record_error(st, s, "posting the copy of a bucket's gradients to host memory");
     clpar_worker_drain(b->dev); /* no read posted may write b->buf after this */
     b->read_failed = 1;
   }
@@ -219,7 +145,8 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
   clpar_event_release(b->read_done);
   b->read_done = NULL;
   if (s != CLPAR_OK) {
-    if (!b->read_failed) record_error(st, s, "copying a bucket's gradients to host memory");
+    if (!b->read_failed)
+      clpar_ddp_record_error(st, s, "copying a bucket's gradients to host memory");
     memset(b->buf, 0, (size_t)b->numel * sizeof(float));
   }
   for (int i = b->first; i < b->first + b->count; i++) {
@@ -247,7 +174,7 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
   }
   double t2 = now();
   if (s != CLPAR_OK) {
-    record_error(st, s, "all-reducing a bucket");
+    clpar_ddp_record_error(st, s, "all-reducing a bucket");
   } else {
     float scale = 1.0f / (float)st->world;
     for (int64_t k = 0; k < b->numel; k++) b->buf[k] *= scale;
@@ -260,7 +187,7 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
       __atomic_add_fetch(&b->dev->bytes_in, (uint64_t)r->numel * sizeof(float), __ATOMIC_RELAXED);
     }
     if (s != CLPAR_OK) {
-      record_error(st, s, "writing averaged gradients back");
+      clpar_ddp_record_error(st, s, "writing averaged gradients back");
       clpar_worker_drain(b->dev);
     }
     /* a parameter this rank did not use has the others' gradient now */
@@ -278,6 +205,10 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
 
 static void *comm_thread(void *arg) {
   ddp_state *st = arg;
+  if (st->nccl) { /* the device reduces: the thread only watches (ddp_nccl.c) */
+    clpar_ddp_nccl_watch(st);
+    return NULL;
+  }
   pthread_mutex_lock(&st->lock);
   for (;;) {
     while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready))
@@ -308,6 +239,7 @@ static void reset_step(ddp_state *st) {
   }
   st->next = 0;
   st->n_ready = 0;
+  st->nccl_posted = 0;
   st->unused_armed = 0;
 }
 
@@ -336,6 +268,11 @@ static void grad_ready(clpar_tensor *t, void *user) {
       if (st->params[i].unused && !st->params[i].ready) mark_ready(st, &st->params[i]);
   }
   mark_ready(st, p);
+  if (st->nccl) { /* all-reduced on the device, in order; backward does not wait */
+    if (clpar_ddp_nccl_post(st)) reset_step(st); /* the last bucket is posted */
+    pthread_mutex_unlock(&st->lock);
+    return;
+  }
   for (int k = 0; k < st->n_buckets; k++) {
     ddp_bucket *b = &st->buckets[k];
     if (!b->complete || b->ready) continue;
@@ -564,6 +501,7 @@ static clpar_status broadcast_buffers(ddp_state *st, const char *what);
 static clpar_status begin_step(ddp_state *st, int has_inputs, int *sync) {
   pthread_mutex_lock(&st->lock);
   clpar_status s = take_error(st);
+  if (s == CLPAR_OK && st->nccl_dead) s = clpar_set_error(CLPAR_ERROR_TIMEOUT, "%s", st->dead_msg);
   if (s == CLPAR_OK) s = check_finished_step(st);
   *sync = st->sync_buffers; /* the communication thread is idle now: no bucket is pending */
   if (has_inputs) st->sync_buffers = clpar_is_grad_enabled() && !st->no_sync;
@@ -598,8 +536,9 @@ static void ddp_free(void *user) {
     st->stop = 1;
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->lock);
-    pthread_join(st->thread, NULL);
+    pthread_join(st->thread, NULL); /* with NCCL, after the last all-reduce completed */
   }
+  if (st->nccl) clpar_ddp_nccl_free(st);
   for (int i = 0; i < st->n_params; i++) {
     ddp_param *p = &st->params[i];
     if (p->param) {
@@ -623,6 +562,7 @@ static void ddp_free(void *user) {
   for (int k = 0; k < st->n_buckets; k++) {
     ddp_bucket *b = &st->buckets[k];
     clpar_event_release(b->read_done);
+    clpar_tensor_release(b->grad_ref);
     if (b->pin) {
       /* the queue may still write the averages from it; after clpar_shutdown (a program that
        * frees the module too late) the device is gone, and the block is left to the process */
@@ -654,7 +594,7 @@ static void ddp_free(void *user) {
 
 /* Whether every rank's ok is set; the message of the lowest rank that failed becomes every
  * rank's error (so all fail together, with the same words). */
-static clpar_status agree(ddp_state *st, clpar_status mine, const char *what) {
+clpar_status clpar_ddp_agree(ddp_state *st, clpar_status mine, const char *what) {
   char msg[MESSAGE_SIZE] = "";
   if (mine != CLPAR_OK) snprintf(msg, sizeof msg, "%s", clpar_last_error());
   int bad = mine != CLPAR_OK ? clpar_dist_rank() : INT_MAX, first_bad = INT_MAX;
@@ -737,7 +677,7 @@ static clpar_status check_same_list(ddp_state *st, int buffers) {
   const char *noun = buffers ? "buffer" : "parameter";
   char *mine = signature(st, buffers), *root = NULL;
   unsigned long long len = mine ? strlen(mine) + 1 : 0;
-  clpar_status s = agree(st, mine ? CLPAR_OK : oom(), "clpar_ddp_create");
+  clpar_status s = clpar_ddp_agree(st, mine ? CLPAR_OK : oom(), "clpar_ddp_create");
   if (s == CLPAR_OK)
     s = clpar_dist_bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, st->comm,
                          buffers ? "clpar_ddp_create: broadcasting the size of rank 0's buffer list"
@@ -746,7 +686,7 @@ static clpar_status check_same_list(ddp_state *st, int buffers) {
                          ++st->seq);
   if (s == CLPAR_OK) {
     root = clpar_dist_rank() == 0 ? mine : malloc(len);
-    s = agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
+    s = clpar_ddp_agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
   }
   if (s == CLPAR_OK && len > INT_MAX)
     s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_ddp_create: too many %ss", noun);
@@ -761,7 +701,7 @@ static clpar_status check_same_list(ddp_state *st, int buffers) {
     clpar_status mine_s = compare_signatures(mine, root, clpar_dist_rank(), noun, msg, sizeof msg)
                               ? clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "%s", msg)
                               : CLPAR_OK;
-    s = agree(st, mine_s, what);
+    s = clpar_ddp_agree(st, mine_s, what);
   }
   if (root != mine) free(root);
   free(mine);
@@ -776,12 +716,12 @@ static clpar_status broadcast_parameters(ddp_state *st) {
     most = n > most ? n : most;
   }
   float *buf = malloc((size_t)most * sizeof(float));
-  clpar_status s = agree(st, buf ? CLPAR_OK : oom(), "clpar_ddp_create");
+  clpar_status s = clpar_ddp_agree(st, buf ? CLPAR_OK : oom(), "clpar_ddp_create");
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
     clpar_tensor *p = st->params[i].param;
     int64_t n = clpar_tensor_numel(p);
     clpar_status mine = clpar_dist_rank() == 0 ? clpar_tensor_read(p, buf, (size_t)n) : CLPAR_OK;
-    s = agree(st, mine, "clpar_ddp_create: reading a parameter on rank 0");
+    s = clpar_ddp_agree(st, mine, "clpar_ddp_create: reading a parameter on rank 0");
     if (s == CLPAR_OK)
       s = clpar_dist_bcast(buf, (int)n, MPI_FLOAT, 0, st->comm,
                            "clpar_ddp_create: broadcasting parameters from rank 0", ++st->seq);
@@ -852,6 +792,15 @@ static clpar_status make_buckets(ddp_state *st, double cap_mb) {
     }
     b->pending = b->count;
     if (!(b->runs = calloc((size_t)b->count, sizeof *b->runs))) return oom();
+  }
+  st->stats.buckets = st->n_buckets;
+  return CLPAR_OK;
+}
+
+/* MPI: each bucket's host memory, pinned from the device's backend when it gives some. */
+static clpar_status alloc_host_buffers(ddp_state *st) {
+  for (int k = 0; k < st->n_buckets; k++) {
+    ddp_bucket *b = &st->buckets[k];
     size_t bytes = (size_t)b->numel * sizeof(float);
     void *ptr = NULL;
     /* pinned memory where the device copies by DMA; on a CPU device (PoCL's CPU driver, the
@@ -866,7 +815,6 @@ static clpar_status make_buckets(ddp_state *st, double cap_mb) {
       if (!(b->buf = malloc(bytes))) return oom();
     }
   }
-  st->stats.buckets = st->n_buckets;
   return CLPAR_OK;
 }
 
@@ -985,9 +933,9 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
     if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, dup);
   }
   /* flat gradients: a bucket's gradients are then one copy each way (make_buckets) */
-  if (s == CLPAR_OK) s = agree(st, clpar_module_flatten(module), "clpar_ddp_create");
-  if (s == CLPAR_OK) s = agree(st, take_parameters(st, module), "clpar_ddp_create");
-  if (s == CLPAR_OK) s = agree(st, take_buffers(st, module), "clpar_ddp_create");
+  if (s == CLPAR_OK) s = clpar_ddp_agree(st, clpar_module_flatten(module), "clpar_ddp_create");
+  if (s == CLPAR_OK) s = clpar_ddp_agree(st, take_parameters(st, module), "clpar_ddp_create");
+  if (s == CLPAR_OK) s = clpar_ddp_agree(st, take_buffers(st, module), "clpar_ddp_create");
   if (s == CLPAR_OK) s = check_same_list(st, 0);
   if (s == CLPAR_OK) s = check_same_list(st, 1);
   if (s == CLPAR_OK && st->n_params == 0)
@@ -996,7 +944,10 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   if (s == CLPAR_OK)
     s = broadcast_buffers(st, "clpar_ddp_create: broadcasting buffers from rank 0");
   st->sync_buffers = 1;
-  if (s == CLPAR_OK) s = make_buckets(st, cap_mb);
+  if (s == CLPAR_OK) s = clpar_ddp_agree(st, make_buckets(st, cap_mb), "clpar_ddp_create");
+  if (s == CLPAR_OK) s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
+  if (s == CLPAR_OK && !st->nccl)
+    s = clpar_ddp_agree(st, alloc_host_buffers(st), "clpar_ddp_create");
   if (s == CLPAR_OK && !(st->by_address = malloc((size_t)st->n_params * sizeof *st->by_address)))
     s = oom();
   if (s == CLPAR_OK) {
@@ -1073,9 +1024,17 @@ clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
                            "clpar_ddp_synchronize: not a DistributedDataParallel module");
   pthread_mutex_lock(&st->lock);
   while (st->busy) pthread_cond_wait(&st->cv, &st->lock);
+  if (st->nccl) clpar_ddp_nccl_wait_idle(st); /* the device's all-reduces posted so far */
   clpar_status s = take_error(st);
   pthread_mutex_unlock(&st->lock);
   return s;
+}
+
+const char *clpar_ddp_backend(const clpar_module *ddp, const char **why) {
+  ddp_state *st = state_of(ddp);
+  if (why) *why = st ? st->backend_why : "not a DistributedDataParallel module";
+  if (!st) return NULL;
+  return st->nccl ? "nccl" : "mpi";
 }
 
 clpar_status clpar_ddp_join(clpar_module *ddp) {

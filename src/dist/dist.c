@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "internal.h"
@@ -86,6 +87,11 @@ clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out) 
   (void)ddp, (void)out;
   return no_mpi("clpar_ddp_stats_get");
 }
+const char *clpar_ddp_backend(const clpar_module *ddp, const char **why) {
+  (void)ddp;
+  if (why) *why = "clpar was built without MPI (CMake option CLPAR_MPI)";
+  return NULL;
+}
 
 #else
 
@@ -104,6 +110,7 @@ static struct {
   clpar_device *device;
   double timeout; /* CLPAR_DIST_TIMEOUT, seconds */
   int debug;      /* CLPAR_DIST_DEBUG */
+  int backend;    /* CLPAR_DIST_BACKEND: CLPAR_DIST_BACKEND_AUTO, _MPI or _NCCL */
   uint64_t seq;   /* collectives on world so far */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER,
        .world = MPI_COMM_NULL,
@@ -240,6 +247,34 @@ static clpar_status read_debug(int *out) {
   return CLPAR_OK;
 }
 
+clpar_status clpar_dist_parse_backend(const char *v, int *mode) {
+  *mode = CLPAR_DIST_BACKEND_AUTO;
+  if (!v || !*v || !strcasecmp(v, "auto")) return CLPAR_OK;
+  if (!strcasecmp(v, "mpi")) {
+    *mode = CLPAR_DIST_BACKEND_MPI;
+    return CLPAR_OK;
+  }
+  if (!strcasecmp(v, "nccl")) {
+    *mode = CLPAR_DIST_BACKEND_NCCL;
+    return CLPAR_OK;
+  }
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                         "CLPAR_DIST_BACKEND=\"%.64s\": give auto (NCCL on CUDA devices when "
+                         "clpar has it, else MPI), mpi or nccl",
+                         v);
+}
+
+int clpar_dist_backend_mode(void) {
+  return g.backend;
+}
+
+clpar_status clpar_dist_set_backend(const char *value) {
+  int mode;
+  clpar_status s = clpar_dist_parse_backend(value, &mode);
+  if (s == CLPAR_OK) g.backend = mode;
+  return s;
+}
+
 double clpar_dist_timeout(void) {
   return g.refs > 0 ? g.timeout : -1;
 }
@@ -254,6 +289,13 @@ clpar_status clpar_dist_init(void) {
     int debug;
     if (s == CLPAR_OK) s = read_debug(&debug);
     if (s == CLPAR_OK) g.debug = debug;
+    int backend;
+    if (s == CLPAR_OK && clpar_dist_parse_backend(getenv("CLPAR_DIST_BACKEND"), &backend)) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "%s", clpar_last_error());
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_dist_init: %s", msg);
+    }
+    if (s == CLPAR_OK) g.backend = backend;
     if (s == CLPAR_OK) s = join_job();
     if (s == CLPAR_OK) {
       s = clpar_init();
@@ -462,7 +504,26 @@ static clpar_status timed_out(const char *what, uint64_t seq, double waited,
   return clpar_set_error(CLPAR_ERROR_TIMEOUT, "%s", text);
 }
 
+/* clpar_dist_wait's poll: MPI_Test under the lock. */
+static int test_request(void *user, clpar_status *status, const char *what) {
+  int done = 0;
+  clpar_mpi_lock();
+  int rc = MPI_Test((MPI_Request *)user, &done, MPI_STATUS_IGNORE);
+  clpar_mpi_unlock();
+  if (rc != MPI_SUCCESS) {
+    *status = clpar_mpi_error(rc, what);
+    return 1;
+  }
+  *status = CLPAR_OK;
+  return done;
+}
+
 clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq) {
+  return clpar_dist_wait_for(test_request, req, what, seq);
+}
+
+clpar_status clpar_dist_wait_for(clpar_dist_poll_fn poll, void *user, const char *what,
+                                 uint64_t seq) {
   double start = now(), timeout = g.timeout;
   double warn_after = timeout / 2 < 60 ? timeout / 2 : 60;
   double grace = timeout / 4 < 1 ? timeout / 4 : 1; /* for answers after the deadline */
@@ -472,19 +533,16 @@ clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq) {
   where_msg *answers = NULL;
   int *answered = NULL;
   for (;;) {
-    int done = 0;
-    clpar_mpi_lock();
-    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc == MPI_SUCCESS && !done) {
-      answer_questions(what, seq);
-      if (answers) take_answers(answers, answered);
-    }
-    clpar_mpi_unlock();
-    if (rc != MPI_SUCCESS || done) {
+    clpar_status status = CLPAR_OK;
+    if (poll(user, &status, what)) {
       free(answers);
       free(answered);
-      return rc == MPI_SUCCESS ? CLPAR_OK : clpar_mpi_error(rc, what);
+      return status;
     }
+    clpar_mpi_lock();
+    answer_questions(what, seq);
+    if (answers) take_answers(answers, answered);
+    clpar_mpi_unlock();
     double t = now() - start;
     if (!warned && t >= warn_after) {
       warned = 1;

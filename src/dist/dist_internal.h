@@ -24,6 +24,13 @@ clpar_status clpar_mpi_error(int code, const char *what);
  * the request is left pending (MPI cannot cancel a collective): the caller must not free or
  * reuse the buffers it gave, and every later collective of clpar fails at once. */
 clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq);
+/* clpar_dist_wait for anything else (NCCL's collectives on a device, src/dist/ddp_nccl.c):
+ * poll(user, &status, what) returns 1 when the collective has finished, with status CLPAR_OK
+ * or its error (returned as it is), 0 while it has not. The same deadline, warning, "where
+ * are you?" answers and timeout message as clpar_dist_wait; poll runs without the MPI lock. */
+typedef int (*clpar_dist_poll_fn)(void *user, clpar_status *status, const char *what);
+clpar_status clpar_dist_wait_for(clpar_dist_poll_fn poll, void *user, const char *what,
+                                 uint64_t seq);
 /* Nonzero once a collective has timed out; with the status set naming that collective. */
 int clpar_dist_check_broken(void);
 /* The same, without setting the status. */
@@ -39,6 +46,17 @@ clpar_status clpar_dist_allreduce(void *buf, int count, MPI_Datatype type, MPI_O
                                   const char *what, uint64_t seq);
 clpar_status clpar_dist_bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
                               const char *what, uint64_t seq);
+
+/* How DistributedDataParallel reduces gradients: CLPAR_DIST_BACKEND, read and checked by
+ * clpar_dist_init. AUTO: NCCL on the device when every rank's module lives on one CUDA device
+ * with NCCL, else MPI through host memory; MPI: always MPI; NCCL: NCCL or an error. */
+enum { CLPAR_DIST_BACKEND_AUTO = 0, CLPAR_DIST_BACKEND_MPI = 1, CLPAR_DIST_BACKEND_NCCL = 2 };
+/* *mode from a value of CLPAR_DIST_BACKEND: "auto" (or NULL, or empty), "mpi" or "nccl"
+ * (any case); CLPAR_ERROR_INVALID_ARGUMENT naming the value otherwise. */
+clpar_status clpar_dist_parse_backend(const char *value, int *mode);
+int clpar_dist_backend_mode(void);
+/* For tests: the mode as CLPAR_DIST_BACKEND=value would set it (checked the same way). */
+clpar_status clpar_dist_set_backend(const char *value);
 
 /* For tests: 1 gives DistributedDataParallel's buckets pinned memory (the device's host_alloc)
  * on CPU devices too, so that the path GPUs take runs here (src/dist/ddp.c; default 0). */

@@ -1,0 +1,149 @@
+/* ddp_internal.h — what ddp.c (DistributedDataParallel, the MPI path and the module) shares
+ * with ddp_nccl.c (the NCCL path for CUDA devices): the module's state, its buckets and
+ * parameters. */
+#ifndef CLPAR_DDP_INTERNAL_H
+#define CLPAR_DDP_INTERNAL_H
+
+#include <pthread.h>
+
+#include "dist/dist_internal.h"
+#include "internal.h"
+
+enum { MESSAGE_SIZE = 768 };
+
+typedef struct ddp_state ddp_state;
+
+typedef struct {
+  ddp_state *st;
+  clpar_tensor *param; /* a reference of ours */
+  char *name;          /* "module.<name>" */
+  int bucket;
+  int64_t offset; /* in floats, in the bucket's buffer */
+  int64_t numel;
+  int ready;  /* its gradient is final in the current backward */
+  int unused; /* find_unused_parameters: the last forward's graph does not reach it */
+} ddp_param;
+
+/* Gradients of consecutive parameters of a bucket that lie next to each other in one device
+ * buffer (a flat group's gradient, in reverse), and next to each other in the bucket's buffer:
+ * one read and one write each. */
+typedef struct {
+  clpar_storage *storage;
+  size_t word; /* where in storage the lowest of them starts */
+  int64_t host, numel;
+} ddp_run;
+
+typedef struct {
+  int first, count; /* params[first .. first+count) */
+  int64_t numel;
+  clpar_device *dev; /* where its parameters live (a bucket never spans devices) */
+  float *buf;        /* host memory: pinned (the device's host_alloc) or, failing that, malloc */
+  void *pin;         /* host_free's handle, or NULL for malloc */
+  ddp_run *runs;     /* count entries; n_runs used, made when the bucket's reads are posted */
+  int n_runs;
+  clpar_event *read_done; /* the reads posted into buf completed */
+  int read_failed;        /* posting them failed: the bucket takes part with zeros */
+  int pending;            /* parameters still to become ready in this backward */
+  int complete;           /* pending reached 0 (the backward thread's own flag) */
+  int ready;              /* its reads are posted: the communication thread may take it */
+  /* NCCL (src/dist/ddp_nccl.c): the bucket's range of the flat gradient, fixed at creation,
+   * all-reduced there in place; grad_ref keeps that memory alive */
+  clpar_tensor *grad_ref;
+  size_t grad_word;
+} ddp_bucket;
+
+/* NCCL: an all-reduce posted on the device, which the communication thread watches (its
+ * completion, NCCL's errors, the deadline), in the order posted. */
+typedef struct ddp_watch {
+  struct ddp_watch *next;
+  clpar_event *done; /* recorded right after the all-reduce; NULL if that failed */
+  int bucket;
+  uint64_t seq;  /* the collective's number on the module's communicator */
+  double posted; /* now() when it was posted */
+} ddp_watch;
+
+enum { BUFFER_HEADER = 8 + MESSAGE_SIZE }; /* status, padding, rank 0's message */
+
+struct ddp_state {
+  MPI_Comm comm; /* the job's communicator duplicated for this module's collectives */
+  uint64_t seq;  /* collectives on comm so far (the timeout's message names the number) */
+  int abandoned; /* a collective on comm timed out: its buffers stay allocated */
+  int world;
+  int n_params;
+  ddp_param *params; /* in bucket order: the module's parameters reversed */
+  int n_buffers;
+  clpar_tensor **buffers; /* references of ours, in the module's buffer order */
+  char **buffer_names;    /* "module.<name>" */
+  size_t *buffer_at;      /* each buffer's bytes in the block, 8-aligned, after the header */
+  size_t block_bytes;
+  unsigned char *block; /* the broadcast's host memory */
+  int sync_buffers;     /* the next forward broadcasts (the previous one synchronized) */
+  int n_buckets;
+  ddp_bucket *buckets;
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t lock; /* everything below, and the ready flags above */
+  pthread_cond_t cv;
+  int stop;
+  int next;          /* the bucket the communication thread reduces next */
+  int busy;          /* it is reducing one now */
+  int n_ready;       /* buckets ready in this backward */
+  int no_sync;       /* clpar_ddp_set_sync(0): gradients accumulate locally, hooks do nothing */
+  int find_unused;   /* clpar_ddp_options.find_unused_parameters */
+  int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
+  int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
+  uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
+  int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
+  clpar_status ended_status;
+  char ended_msg[MESSAGE_SIZE];
+  ddp_param **by_address; /* the parameters sorted by tensor address (find_unused) */
+  clpar_status error;
+  char message[MESSAGE_SIZE];
+  clpar_ddp_stats stats;
+  /* how the buckets are reduced (ddp_choose_backend): over MPI through host memory (nccl 0),
+   * or by NCCL on the one device every parameter lives on (nccl 1), and why */
+  int nccl;
+  char backend_why[MESSAGE_SIZE];
+  clpar_device *nccl_dev;
+  void *nccl_comm; /* the backend's communicator (comm_init) */
+  int nccl_posted; /* buckets posted in this backward: always 0, 1, ... in order */
+  ddp_watch *watch_head, *watch_tail; /* posted, not yet seen complete (under lock) */
+  double watch_done;                  /* now() when the thread last saw one complete */
+  int nccl_dead; /* the communicator was aborted: every later step fails with dead_msg */
+  char dead_msg[MESSAGE_SIZE];
+};
+
+/* ---- shared by ddp.c and ddp_nccl.c ---- */
+
+double clpar_ddp_now(void);
+/* Keeps the first error of the communication thread (or a hook) for the program to see:
+ * "DistributedDataParallel: <what>: <the thread's error message>". */
+void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
+/* Collective: CLPAR_OK when every rank's mine is; else every rank fails with the message of
+ * the lowest rank that failed, prefixed by what. */
+clpar_status clpar_ddp_agree(ddp_state *st, clpar_status mine, const char *what);
+/* The bucket's runs of adjacent gradients, as its parameters' gradients are now. */
+void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b);
+
+/* ---- NCCL (src/dist/ddp_nccl.c) ---- */
+
+/* At creation, on every rank (collective): chooses how the buckets are reduced, identically on
+ * every rank (CLPAR_DIST_BACKEND, and whether every rank's parameters live on one CUDA device
+ * with NCCL, each bucket one range of a flat gradient), sets st->nccl and st->backend_why, and
+ * with NCCL makes the communicator (rank 0's id broadcast over MPI). In auto mode a
+ * communicator that fails to come up on any rank falls back to MPI on every rank. */
+clpar_status clpar_ddp_choose_backend(ddp_state *st);
+/* On the backward thread, st->lock held (released while posting): posts the all-reduce of
+ * every complete bucket not yet posted, in bucket order, stopping at the first incomplete
+ * one; 1 once the last bucket is posted (the caller then starts the next backward afresh).
+ * Nothing here waits for the device or the other ranks (but CLPAR_DIST_DEBUG's check). */
+int clpar_ddp_nccl_post(ddp_state *st);
+/* The communication thread's loop with NCCL: watches the posted all-reduces in order until
+ * stop is set and none is left. */
+void clpar_ddp_nccl_watch(ddp_state *st);
+/* st->lock held: waits until every posted all-reduce was seen complete (or failed). */
+void clpar_ddp_nccl_wait_idle(ddp_state *st);
+/* After the thread has ended: frees the communicator and what is left of the watch list. */
+void clpar_ddp_nccl_free(ddp_state *st);
+
+#endif
