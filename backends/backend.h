@@ -480,7 +480,10 @@ typedef struct clpar_backend_device {
 
 /* A probe appends the backend's devices to *devs (realloc'ed, *count updated). No devices is
  * not an error (a machine without the driver returns CLPAR_OK and adds none). On error the
- * devices it already added stay valid and owned by the caller. */
+ * devices it already added stay valid and owned by the caller. A driver's error is logged and
+ * clpar_init goes on with the devices found; CLPAR_ERROR_INVALID_ARGUMENT is kept for the
+ * user's own configuration given wrong (an environment variable the backend reads, named in
+ * the message): clpar_init fails with it. */
 typedef clpar_status (*clpar_backend_probe_fn)(clpar_backend_device **devs, int *count);
 
 clpar_status clpar_host_probe(clpar_backend_device **devs, int *count);

@@ -43,6 +43,7 @@ struct clpar_device {
   uint64_t queue_waits; /* the worker waited for another device's event */
   uint64_t transfers_in, transfers_out, bytes_in, bytes_out;
   uint64_t backend_waits; /* of host_waits, those inside a backend entry */
+  uint64_t peer_copies;   /* transfers in or out by the backend's copy_peer */
   /* The fused entries the core composes from primitives (src/compose.c) instead of calling
    * the backend: bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
    * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). */

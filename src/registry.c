@@ -80,12 +80,16 @@ static int iface_complete(const clpar_backend_iface *f) {
   return complete;
 }
 
-/* Runs one backend's probe and wraps what it found, numbering ids per backend. */
-static void probe_backend(const char *name, clpar_backend_probe_fn probe) {
+/* Runs one backend's probe and wraps what it found, numbering ids per backend. A driver's
+ * error is logged; the user's configuration error (CLPAR_ERROR_INVALID_ARGUMENT, backend.h)
+ * is returned, its message kept, for clpar_init to fail with. */
+static clpar_status probe_backend(const char *name, clpar_backend_probe_fn probe) {
   clpar_backend_device *found = NULL;
   int n = 0;
-  clpar_status s = probe(&found, &n);
-  if (s != CLPAR_OK)
+  clpar_status s = probe(&found, &n), ret = CLPAR_OK;
+  if (s == CLPAR_ERROR_INVALID_ARGUMENT)
+    ret = s;
+  else if (s != CLPAR_OK)
     clpar_log(CLPAR_LOG_WARN, "%s devices could not all be listed: %s", name, clpar_last_error());
   for (int i = 0; i < n; i++) {
     if (!iface_complete(found[i].iface)) {
@@ -118,6 +122,7 @@ static void probe_backend(const char *name, clpar_backend_probe_fn probe) {
               d->bd.info.vendor);
   }
   free(found);
+  return ret;
 }
 
 static void list_devices(char *buf, size_t size) {
@@ -203,15 +208,16 @@ static void select_default(void) {
 
 static clpar_status init_locked(void) {
   clpar_log_init_from_env();
-  probe_backend("host", clpar_host_probe);
+  clpar_status probed = probe_backend("host", clpar_host_probe);
   if (all_count == 0) return CLPAR_ERROR_INTERNAL;
   host_device = all_devices[0];
 #ifdef CLPAR_HAVE_OPENCL
-  probe_backend("opencl", clpar_opencl_probe);
+  if (probed == CLPAR_OK) probed = probe_backend("opencl", clpar_opencl_probe);
 #endif
 #ifdef CLPAR_HAVE_CUDA
-  probe_backend("cuda", clpar_cuda_probe);
+  if (probed == CLPAR_OK) probed = probe_backend("cuda", clpar_cuda_probe);
 #endif
+  if (probed != CLPAR_OK) return probed;
   selected = calloc((size_t)all_count, sizeof *selected);
   if (!selected) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   const char *spec = getenv("CLPAR_DEVICES");
@@ -349,5 +355,6 @@ clpar_status clpar_device_counters_get(const clpar_device *dev, clpar_device_cou
   out->bytes_in = __atomic_load_n(&dev->bytes_in, __ATOMIC_RELAXED);
   out->bytes_out = __atomic_load_n(&dev->bytes_out, __ATOMIC_RELAXED);
   out->backend_waits = __atomic_load_n(&dev->backend_waits, __ATOMIC_RELAXED);
+  out->peer_copies = __atomic_load_n(&dev->peer_copies, __ATOMIC_RELAXED);
   return CLPAR_OK;
 }

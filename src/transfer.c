@@ -319,6 +319,10 @@ static clpar_status peer_copy(clpar_device *dst, clpar_storage *dst_st, size_t d
   if (s == CLPAR_OK) s = order_after(dst, src, &done);
   if (s == CLPAR_OK) s = mark_busy(dst_st, done);
   clpar_event_release(done);
+  if (s == CLPAR_OK) {
+    __atomic_add_fetch(&dst->peer_copies, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&src->peer_copies, 1, __ATOMIC_RELAXED);
+  }
   return s;
 }
 

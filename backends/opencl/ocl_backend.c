@@ -3,8 +3,11 @@
  *
  * Each device gets its own context and one in-order queue: PoCL runs two devices in
  * parallel only when they live in separate contexts, and an in-order queue gives every op
- * its ordering for free, so ops enqueue and return. Buffers are cl_mem handles; offsets are
- * kernel arguments (sub-buffers have alignment rules an arbitrary row offset breaks). */
+ * its ordering for free, so ops enqueue and return. With CLPAR_OPENCL_CONTEXT=platform the
+ * devices of a platform share one context instead (each keeps its own queue) and copy
+ * between each other's buffers directly (ocl_peer_access, ocl_copy_peer). Buffers are cl_mem
+ * handles; offsets are kernel arguments (sub-buffers have alignment rules an arbitrary row offset
+ * breaks). */
 #include <clblast_c.h>
 #include <math.h>
 #include <stdio.h>
@@ -275,11 +278,6 @@ static clpar_status ocl_event_free(void *dev, void *ev) {
 }
 
 #define ocl_supports_op NULL
-/* A buffer can be copied by another device's queue only within one context, and clpar gives
- * each device a context of its own (clCreateContext per device, ocl_probe): there is no peer
- * copy, and copies between OpenCL devices go through host staging (src/transfer.c). */
-#define ocl_peer_access NULL
-#define ocl_copy_peer NULL
 /* No OpenCL all-reduce library exists: DistributedDataParallel reduces OpenCL devices'
  * gradients in host memory over MPI. */
 #define ocl_comm_id NULL
@@ -288,6 +286,35 @@ static clpar_status ocl_event_free(void *dev, void *ev) {
 #define ocl_comm_abort NULL
 #define ocl_comm_free NULL
 #define ocl_comm_allreduce NULL
+
+/* ---- peer copies (devices sharing one context: CLPAR_OPENCL_CONTEXT=platform) ---- */
+
+/* A buffer of one context can be used by any queue of that context: devices that share it
+ * copy between each other's buffers with clEnqueueCopyBuffer. Devices of separate contexts
+ * (the default) cannot, and copy through host staging (src/transfer.c). */
+static clpar_status ocl_peer_access(void *dev, void *peer, int *yes) {
+  const clpar_ocl_device *d = dev, *p = peer;
+  *yes = d != p && d->context == p->context;
+  return CLPAR_OK;
+}
+
+/* Runs on this (the source) device's queue. The core has made this queue wait for the
+ * destination's earlier work (so nothing of it still uses dst) and makes the destination's
+ * queue wait for this copy's completion before it enqueues anything after it: every use of a
+ * buffer by a second queue of the context comes after the first queue's commands on it
+ * completed, as the OpenCL memory model asks of objects shared between queues. */
+static clpar_status ocl_copy_peer(void *dev, void *peer, void *dst, size_t dst_off_bytes,
+                                  const void *src, size_t src_off_bytes, size_t bytes) {
+  clpar_ocl_device *d = dev;
+  (void)peer;
+  pthread_mutex_lock(&d->lock);
+  cl_event ev;
+  cl_int err = clEnqueueCopyBuffer(d->queue, AS_MEM((void *)src), AS_MEM(dst), src_off_bytes,
+                                   dst_off_bytes, bytes, 0, NULL, profile_slot(d, &ev));
+  if (err == CL_SUCCESS) profile_keep(d, ev);
+  pthread_mutex_unlock(&d->lock);
+  return err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clEnqueueCopyBuffer", "peer copy");
+}
 
 /* src stays valid until a later event completes (the core's promise): nothing is copied and
  * nothing waits. */
@@ -856,7 +883,7 @@ static clpar_status ocl_destroy(void *dev) {
   pthread_mutex_destroy(&d->prof_lock);
   if (d->scratch) clReleaseMemObject(d->scratch);
   if (d->queue) clReleaseCommandQueue(d->queue);
-  if (d->context) clReleaseContext(d->context);
+  if (d->context) clReleaseContext(d->context); /* a shared one: this device's reference */
   pthread_mutex_destroy(&d->lock);
   pthread_mutex_destroy(&d->prog_lock);
   free(d);
@@ -917,7 +944,6 @@ static void fill_info(clpar_ocl_device *d, clpar_device_info *info) {
   d->max_alloc = max_alloc;
 }
 
-/* A context and queue of its own for one device; NULL (error set) on failure. */
 /* A device that is switched off or cannot compile kernels (some custom devices) is of no
  * use: every op builds its kernels from source. */
 static int usable(cl_device_id device) {
@@ -927,23 +953,29 @@ static int usable(cl_device_id device) {
   return available && compiler;
 }
 
-static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id device) {
-  if (!usable(device)) {
-    clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "opencl: device unavailable or without a compiler");
-    return NULL;
-  }
+/* Opens device in shared (a context of several devices of the platform; the device keeps a
+ * reference to it) or, when shared is NULL, in a context of its own. NULL (error set) on
+ * failure. */
+static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id device,
+                                     cl_context shared) {
   clpar_ocl_device *d = calloc(1, sizeof *d);
   if (!d) {
     clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: device context");
     return NULL;
   }
-  cl_int err;
+  cl_int err = CL_SUCCESS;
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)platform, 0};
   d->platform = platform;
   d->device = device;
-  d->context = clCreateContext(props, 1, &device, NULL, NULL, &err);
+  if (shared) {
+    err = clRetainContext(shared);
+    d->context = shared;
+    d->shared_context = 1;
+  } else {
+    d->context = clCreateContext(props, 1, &device, NULL, NULL, &err);
+  }
   if (err != CL_SUCCESS) {
-    cl_fail(err, "clCreateContext", NULL);
+    cl_fail(err, shared ? "clRetainContext" : "clCreateContext", NULL);
     free(d);
     return NULL;
   }
@@ -978,10 +1010,43 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   return d;
 }
 
+/* CLPAR_OPENCL_CONTEXT: "device" (unset or empty too) gives every device a context of its
+ * own; "platform" gives the usable devices of each platform one shared context, so that they
+ * copy between each other directly (ocl_copy_peer). Anything else is the user's error. */
+typedef enum { CONTEXT_PER_DEVICE, CONTEXT_PER_PLATFORM } context_mode;
+
+static clpar_status read_context_mode(context_mode *mode) {
+  const char *v = getenv("CLPAR_OPENCL_CONTEXT");
+  *mode = CONTEXT_PER_DEVICE;
+  if (!v || !*v || strcmp(v, "device") == 0) return CLPAR_OK;
+  if (strcmp(v, "platform") == 0) {
+    *mode = CONTEXT_PER_PLATFORM;
+    return CLPAR_OK;
+  }
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                         "CLPAR_OPENCL_CONTEXT=\"%.64s\": give \"device\" (a context per "
+                         "OpenCL device, the default) or \"platform\" (one context per platform)",
+                         v);
+}
+
+/* One context for the n devices of a platform (n >= 2); NULL, with a warning, when the driver
+ * refuses: the devices then get contexts of their own. */
+static cl_context shared_context(cl_platform_id platform, const cl_device_id *ids, cl_uint n) {
+  cl_int err;
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)platform, 0};
+  cl_context c = clCreateContext(props, n, ids, NULL, NULL, &err);
+  if (err == CL_SUCCESS) return c;
+  clpar_log(CLPAR_LOG_WARN,
+            "opencl: clCreateContext for %u devices of a platform: %s; CLPAR_OPENCL_CONTEXT="
+            "platform ignored there, each device gets a context of its own",
+            (unsigned)n, clpar_ocl_error_name(err));
+  return NULL;
+}
+
 /* Adds the devices of one platform. A device that cannot be opened is skipped with a
  * warning, so one broken driver does not hide the others; running out of memory is fatal. */
-static clpar_status probe_platform(cl_platform_id platform, clpar_backend_device **devs,
-                                   int *count) {
+static clpar_status probe_platform(cl_platform_id platform, context_mode mode,
+                                   clpar_backend_device **devs, int *count) {
   cl_uint n = 0;
   cl_int err = clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 0, NULL, &n);
   if (err == CL_DEVICE_NOT_FOUND || n == 0) return CLPAR_OK;
@@ -993,9 +1058,27 @@ static clpar_status probe_platform(cl_platform_id platform, clpar_backend_device
   cl_device_id *ids = malloc(n * sizeof *ids);
   if (!ids) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: probing devices");
   err = clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, n, ids, NULL);
+  if (err != CL_SUCCESS) {
+    clpar_log(CLPAR_LOG_WARN, "opencl: clGetDeviceIDs: %s; skipping a platform",
+              clpar_ocl_error_name(err));
+    free(ids);
+    return CLPAR_OK;
+  }
+  cl_uint nu = 0; /* the usable devices, in order, at the front of ids */
+  for (cl_uint i = 0; i < n; i++) {
+    if (usable(ids[i]))
+      ids[nu++] = ids[i];
+    else
+      clpar_log(CLPAR_LOG_WARN,
+                "opencl: skipping a device: opencl: device unavailable or without a compiler");
+  }
+  /* The probe's reference to the shared context is dropped below: each device holds one,
+   * and the context goes when the last of them is destroyed (ocl_destroy). */
+  cl_context shared =
+      mode == CONTEXT_PER_PLATFORM && nu >= 2 ? shared_context(platform, ids, nu) : NULL;
   clpar_status s = CLPAR_OK;
-  for (cl_uint i = 0; err == CL_SUCCESS && i < n && s == CLPAR_OK; i++) {
-    clpar_ocl_device *d = open_device(platform, ids[i]);
+  for (cl_uint i = 0; i < nu && s == CLPAR_OK; i++) {
+    clpar_ocl_device *d = open_device(platform, ids[i], shared);
     if (!d) {
       clpar_log(CLPAR_LOG_WARN, "opencl: skipping a device: %s", clpar_last_error());
       continue;
@@ -1010,11 +1093,15 @@ static clpar_status probe_platform(cl_platform_id platform, clpar_backend_device
     slot->ctx = d;
     fill_info(d, &slot->info);
   }
+  if (shared) clReleaseContext(shared);
   free(ids);
   return s;
 }
 
 clpar_status clpar_opencl_probe(clpar_backend_device **devs, int *count) {
+  context_mode mode;
+  clpar_status bad = read_context_mode(&mode);
+  if (bad != CLPAR_OK) return bad; /* the user's error: clpar_init fails with it */
   cl_uint n = 0;
   cl_int err = clGetPlatformIDs(0, NULL, &n);
   /* No ICD loader configuration or no platform: a machine without OpenCL, not an error. */
@@ -1025,7 +1112,7 @@ clpar_status clpar_opencl_probe(clpar_backend_device **devs, int *count) {
   if (!ids) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: probing platforms");
   err = clGetPlatformIDs(n, ids, NULL);
   clpar_status s = err == CL_SUCCESS ? CLPAR_OK : cl_fail(err, "clGetPlatformIDs", NULL);
-  for (cl_uint i = 0; s == CLPAR_OK && i < n; i++) s = probe_platform(ids[i], devs, count);
+  for (cl_uint i = 0; s == CLPAR_OK && i < n; i++) s = probe_platform(ids[i], mode, devs, count);
   free(ids);
   return s;
 }

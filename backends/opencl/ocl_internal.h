@@ -33,12 +33,15 @@ typedef struct clpar_ocl_span {
   cl_event last;
 } clpar_ocl_span;
 
-/* One OpenCL device. Each device has its own context and in-order queue: PoCL only runs two
- * devices at once when they live in separate contexts (DESIGN.md). */
+/* One OpenCL device. Each device has its own in-order queue and, by default, its own context:
+ * PoCL only runs two devices at once when they live in separate contexts (DESIGN.md). With
+ * CLPAR_OPENCL_CONTEXT=platform the devices of a platform share one context (each device
+ * holds a reference to it) and copy between each other directly. */
 typedef struct clpar_ocl_device {
   cl_platform_id platform;
   cl_device_id device;
   cl_context context;
+  int shared_context; /* context is shared with the platform's other devices */
   cl_command_queue queue;
   /* Held around every command on the queue (kernel arguments are shared state, and PoCL's
    * basic devices deadlocked when two threads drove one queue at once: DataParallel). */

@@ -280,20 +280,37 @@ static cl_program build_from_binary(clpar_ocl_device *dev, const uint8_t *bin, s
   return prog;
 }
 
-/* The device binary of a built program (malloc'ed), or NULL when the driver gives none. */
-static uint8_t *program_binary(cl_program prog, size_t *size) {
+/* dev's binary of a built program (malloc'ed), or NULL when the driver gives none. A program
+ * made from source in a context shared by several devices (CLPAR_OPENCL_CONTEXT=platform)
+ * belongs to all of them, built for dev alone: its binary is the one at dev's position. */
+static uint8_t *program_binary(cl_program prog, cl_device_id device, size_t *size) {
   cl_uint ndev = 0;
   if (clGetProgramInfo(prog, CL_PROGRAM_NUM_DEVICES, sizeof ndev, &ndev, NULL) != CL_SUCCESS ||
-      ndev != 1)
+      ndev == 0 || ndev > 1024)
     return NULL;
-  if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof *size, size, NULL) != CL_SUCCESS ||
-      *size == 0 || *size > ENTRY_MAX_PAYLOAD)
-    return NULL;
-  uint8_t *bin = malloc(*size);
-  if (bin && clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
-    free(bin);
-    bin = NULL;
+  cl_device_id *devs = malloc(ndev * sizeof *devs);
+  size_t *sizes = malloc(ndev * sizeof *sizes);
+  uint8_t **bins = calloc(ndev, sizeof *bins);
+  uint8_t *bin = NULL;
+  cl_uint at = ndev;
+  if (devs && sizes && bins &&
+      clGetProgramInfo(prog, CL_PROGRAM_DEVICES, ndev * sizeof *devs, devs, NULL) == CL_SUCCESS &&
+      clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, ndev * sizeof *sizes, sizes, NULL) ==
+          CL_SUCCESS)
+    for (at = 0; at < ndev && devs[at] != device; at++) continue;
+  if (at < ndev && sizes[at] > 0 && sizes[at] <= ENTRY_MAX_PAYLOAD) {
+    bins[at] = bin = malloc(sizes[at]);
+    /* NULL entries: the driver skips those devices' binaries (OpenCL 1.2, 5.6.7). */
+    if (bin && clGetProgramInfo(prog, CL_PROGRAM_BINARIES, ndev * sizeof *bins, bins, NULL) !=
+                   CL_SUCCESS) {
+      free(bin);
+      bin = NULL;
+    }
+    *size = sizes[at];
   }
+  free(devs);
+  free(sizes);
+  free(bins);
   return bin;
 }
 
@@ -342,7 +359,7 @@ static clpar_status build(clpar_ocl_device *dev, const char *what, const char *s
     s = build_from_source(dev, what, source, size, options, out);
   if (s == CLPAR_OK && use_disk && !prog) {
     size_t bin_size = 0;
-    uint8_t *bin = program_binary(*out, &bin_size);
+    uint8_t *bin = program_binary(*out, dev->device, &bin_size);
     if (bin) entry_write(dirfd, dir, name, key, bin, bin_size);
     free(bin);
   }

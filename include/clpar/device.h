@@ -113,6 +113,9 @@ typedef struct clpar_device_counters {
   uint64_t bytes_in, bytes_out;
   uint64_t backend_waits; /* of host_waits, the waits inside the backend (a clFinish, a blocking
                            * map, a cudaStreamSynchronize before cudaFree, ...) */
+  uint64_t peer_copies;   /* of transfers_in and transfers_out, those the driver copied straight
+                           * between the two devices' memories (CUDA peer copies; OpenCL devices
+                           * sharing a context), without host staging */
 } clpar_device_counters;
 CLPAR_API clpar_status clpar_device_counters_get(const clpar_device *dev,
                                                  clpar_device_counters *out);
