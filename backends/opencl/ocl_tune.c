@@ -3,8 +3,10 @@
  * CLBlast picks kernel parameters from a database of devices it has seen; a CPU under PoCL
  * gets generic ones (about 28 GFLOP/s at n = 1024 here, where tuned ones give 2-3x). The tuner
  * times whole CLBlastSgemm calls on the shapes a model runs, with candidate parameters for
- * the indirect kernel (Xgemm), the direct one (XgemmDirect) and the size where CLBlast switches
- * between them (GemmRoutine), each set through CLBlastOverrideParameters. Every candidate's
+ * the indirect kernel (Xgemm), the kernels its path pads and transposes the matrices with
+ * (Pad, Transpose, Padtranspose: each candidate against the one kept, in alternating turns),
+ * the direct one (XgemmDirect) and the size where CLBlast switches between them
+ * (GemmRoutine), each set through CLBlastOverrideParameters. Every candidate's
  * result is checked against double-precision dot products at sampled positions (C is filled
  * with NaN first, so a kernel that skips elements fails too); a candidate that fails to build,
  * errors or computes wrong values is dropped. The fastest combination is kept only if it beats
@@ -15,7 +17,8 @@
  * written with the trusted-file helpers (src/trusted_file.c: the user's own private directory,
  * regular files of the user's only, atomic replacement), since CLBlast compiles and runs what
  * its parameters say. A stale entry (another driver), a corrupt one or one the helpers refuse
- * is ignored with a warning. clpar_ocl_tune_apply reads it when a device is opened. */
+ * is ignored with a warning, as is one whose values CLBlast could not run (params_check).
+ * clpar_ocl_tune_apply reads it when a device is opened. */
 #include <clblast_c.h>
 #include <errno.h>
 #include <math.h>
@@ -35,10 +38,13 @@
 #define TUNE_MAX_FILE 16384
 #define TUNE_MAX_VALUE ((size_t)1 << 20)
 #define SAMPLES 48
-/* Candidates per kernel when the caller does not say: Xgemm and XgemmDirect, and each of the
+/* Candidates per kernel when the caller does not say: Xgemm, XgemmDirect, and each of the
  * indirect path's pad and transpose kernels. Each costs a compilation of CLBlast's GEMM
- * program (10-40 s on PoCL), so the default run stays near 10 minutes. */
-#define DEFAULT_GEMM_CANDIDATES 24
+ * program (on PoCL 10-20 s for Xgemm's and the helpers', 20-40 s for XgemmDirect's, which
+ * has four kernels), so a default run on the MLP of bench/train_step takes about 10 minutes
+ * on 2 busy cores. */
+#define DEFAULT_XGEMM_CANDIDATES 16
+#define DEFAULT_DIRECT_CANDIDATES 8
 #define DEFAULT_HELPER_CANDIDATES 4
 
 /* CLBlast's names (its database's) for the kernels its GEMM runs: the indirect kernel, the
@@ -758,11 +764,12 @@ static void refine(tuner *t, int kernel, const clpar_ocl_params *cands, int n,
 static clpar_status run_search(tuner *t, clpar_ocl_params def[K_COUNT]) {
   clpar_ocl_device *d = t->d;
   const clpar_tune_options *o = t->opt;
-  int per = o->candidates ? o->candidates : o->quick ? 2 : DEFAULT_GEMM_CANDIDATES;
+  int per_x = o->candidates ? o->candidates : o->quick ? 2 : DEFAULT_XGEMM_CANDIDATES;
+  int per_d = o->candidates ? o->candidates : o->quick ? 2 : DEFAULT_DIRECT_CANDIDATES;
   int per_helper = o->candidates ? o->candidates : o->quick ? 1 : DEFAULT_HELPER_CANDIDATES;
-  int most = per > per_helper ? per : per_helper;
-  clpar_ocl_params *cx = calloc((size_t)per + 1, sizeof *cx),
-                   *cd = calloc((size_t)per + 1, sizeof *cd),
+  int most = per_helper;
+  clpar_ocl_params *cx = calloc((size_t)per_x + 1, sizeof *cx),
+                   *cd = calloc((size_t)per_d + 1, sizeof *cd),
                    *ch = calloc((size_t)most * 3, sizeof *ch);
   double *times = calloc((size_t)t->n_shapes * 5, sizeof *times);
   size_t local_mem = device_local_mem(d->device); /* 0: no transpose candidates */
@@ -775,8 +782,8 @@ static clpar_status run_search(tuner *t, clpar_ocl_params def[K_COUNT]) {
   /* candidate 0 of each GEMM kernel is CLBlast's own; the helpers start from CLBlast's own */
   cx[0] = def[K_XGEMM];
   cd[0] = def[K_DIRECT];
-  int nx = 1 + xgemm_candidates(&def[K_XGEMM], d->max_wg_size, cx + 1, per);
-  int nd = 1 + direct_candidates(&def[K_DIRECT], d->max_wg_size, cd + 1, per);
+  int nx = 1 + xgemm_candidates(&def[K_XGEMM], d->max_wg_size, cx + 1, per_x);
+  int nd = 1 + direct_candidates(&def[K_DIRECT], d->max_wg_size, cd + 1, per_d);
   clpar_ocl_params *c_tra = ch, *c_padtra = ch + most, *c_pad = ch + 2 * most;
   int ntra = transpose_candidates(&def[K_TRA], d->max_wg_size, local_mem, c_tra, per_helper);
   int npadtra =
