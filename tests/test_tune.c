@@ -1,9 +1,13 @@
 /* test_tune.c — CLBlast GEMM tuning (clpar_device_tune_gemm, backends/opencl/ocl_tune.c): bad
  * arguments are refused and a device without CLBlast says so; a real tuning run on a small
  * grid (one candidate per kernel, two tiny shapes) writes an entry that is applied when the
- * device is opened, after which GEMMs still match the host; CLPAR_TUNE=off ignores it; and a
- * corrupt, truncated, stale, out-of-range, linked or group-writable entry is ignored with a
- * warning, never applied, never a crash. Skips the OpenCL parts without an OpenCL device. */
+ * device is opened (all six kernels' parameters, the pad and transpose kernels' included, in
+ * force as written), after which GEMMs still match the host, also with other pad and
+ * transpose values and every GEMM forced through the indirect path that runs them;
+ * CLPAR_TUNE=off ignores it; and a corrupt, truncated, stale, out-of-range, unrunnable
+ * (a zero divisor, a bad vector width, too large a work-group), linked or group-writable
+ * entry is ignored with a warning, never applied, never a crash. Skips the OpenCL parts without an
+ * OpenCL device. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,9 +65,9 @@ static void test_tune_arguments(void **state) {
   assert_int_equal(clpar_device_tune_gemm(dev, &ok, 1, &neg, &r), CLPAR_ERROR_INVALID_ARGUMENT);
 }
 
-/* GEMMs on dev in all four transposes match the host's. */
-static void expect_gemms_match_host(clpar_device *dev) {
-  const int64_t m = 37, n = 29, k = 41;
+/* GEMMs on dev in all four transposes match the host's: at m n k, and (when indirect) at a
+ * size CLBlast pads (so runs Pad and Padtranspose) and one it does not (Transpose). */
+static void expect_gemms_match_host_at(clpar_device *dev, int64_t m, int64_t n, int64_t k) {
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++) {
       int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {tb ? n : k, tb ? k : n};
@@ -81,6 +85,11 @@ static void expect_gemms_match_host(clpar_device *dev) {
       clpar_tensor_free(c);
       clpar_tensor_free(hc);
     }
+}
+
+static void expect_gemms_match_host(clpar_device *dev) {
+  expect_gemms_match_host_at(dev, 37, 29, 41);
+  expect_gemms_match_host_at(dev, 128, 128, 128);
 }
 
 typedef struct {
@@ -121,6 +130,57 @@ static void put(const char *path, const char *text, mode_t mode) {
   assert_int_equal(chmod(path, mode), 0);
 }
 
+/* A copy of text with kernel's name=value (the parameter must be on that kernel's line). */
+static char *with_value(const char *text, const char *kernel, const char *name, const char *value) {
+  char key[64];
+  snprintf(key, sizeof key, "\n%s ", kernel);
+  const char *line = strstr(text, key);
+  assert_non_null(line);
+  const char *eol = strchr(line + 1, '\n');
+  assert_non_null(eol);
+  snprintf(key, sizeof key, " %s=", name);
+  const char *at = strstr(line, key);
+  assert_true(at && at < eol);
+  at += strlen(key);
+  const char *rest = at + strcspn(at, " \n");
+  size_t head = (size_t)(at - text);
+  char *out = malloc(strlen(text) + strlen(value) + 1);
+  assert_non_null(out);
+  memcpy(out, text, head);
+  strcpy(out + head, value);
+  strcat(out, rest);
+  return out;
+}
+
+/* with_value, freeing text. */
+static char *set_value(char *text, const char *kernel, const char *name, const char *value) {
+  char *out = with_value(text, kernel, name, value);
+  free(text);
+  return out;
+}
+
+/* CLBlast's parameters for kernel on d are those on kernel's line of text, all of them. */
+static void expect_in_force(clpar_ocl_device *d, const char *text, const char *kernel) {
+  clpar_ocl_params p;
+  assert_int_equal(clpar_ocl_clblast_params(d->device, kernel, &p), 0);
+  assert_true(p.n > 0);
+  char key[64];
+  snprintf(key, sizeof key, "\n%s ", kernel);
+  const char *line = strstr(text, key);
+  assert_non_null(line);
+  const char *eol = strchr(line + 1, '\n');
+  int on_line = 0;
+  for (const char *q = strchr(line + 1, ' '); q && q < eol; q = strchr(q + 1, ' ')) on_line++;
+  assert_int_equal(on_line, p.n);
+  for (int i = 0; i < p.n; i++) {
+    char want[64];
+    snprintf(want, sizeof want, " %s=%zu", p.name[i], p.value[i]);
+    const char *at = strstr(line, want);
+    if (!at || at > eol || (at[strlen(want)] != ' ' && at[strlen(want)] != '\n'))
+      fail_msg("%s: %s=%zu in force, not what the entry says", kernel, p.name[i], p.value[i]);
+  }
+}
+
 /* Applies the entry at path as an open device would: expect what it did, and one warning
  * exactly when it was ignored. */
 static void expect_apply(clpar_ocl_device *d, clpar_ocl_tune_applied want, const char *what) {
@@ -159,8 +219,39 @@ static void test_tune_run_and_entries(void **state) {
 
   clpar_log_set_callback(count_warnings, NULL);
   char *good = slurp(path);
+  assert_int_equal(strncmp(good, "clpar-tune 2\n", 13), 0);
+  static const char *const kernels[] = {"Xgemm", "XgemmDirect", "GemmRoutine",
+                                        "Pad",   "Transpose",   "Padtranspose"};
+  static const char *const helper_params[] = {
+      " PAD_DIMX=", " PAD_DIMY=",    " PAD_WPTX=",    " PAD_WPTY=",   " TRA_DIM=",   " TRA_WPT=",
+      " TRA_PAD=",  " TRA_SHUFFLE=", " PADTRA_TILE=", " PADTRA_WPT=", " PADTRA_PAD="};
+  for (size_t i = 0; i < sizeof helper_params / sizeof *helper_params; i++)
+    assert_non_null(strstr(good, helper_params[i]));
   expect_apply(d, CLPAR_OCL_TUNE_APPLIED, "the entry just written");
+  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
+    expect_in_force(d, good, kernels[i]);
   expect_gemms_match_host(dev);
+
+  /* The pad and transpose kernels with other values, and every GEMM through the indirect
+   * path that runs them: applied as written, and still right. */
+  char *other = with_value(good, "GemmRoutine", "XGEMM_MIN_INDIRECT_SIZE", "1");
+  other = set_value(other, "Transpose", "TRA_DIM", "4");
+  other = set_value(other, "Transpose", "TRA_WPT", "8");
+  other = set_value(other, "Transpose", "TRA_PAD", "1");
+  other = set_value(other, "Transpose", "TRA_SHUFFLE", "0");
+  other = set_value(other, "Padtranspose", "PADTRA_TILE", "8");
+  other = set_value(other, "Padtranspose", "PADTRA_WPT", "2");
+  other = set_value(other, "Padtranspose", "PADTRA_PAD", "1");
+  other = set_value(other, "Pad", "PAD_DIMX", "8");
+  other = set_value(other, "Pad", "PAD_DIMY", "8");
+  other = set_value(other, "Pad", "PAD_WPTX", "4");
+  other = set_value(other, "Pad", "PAD_WPTY", "2");
+  put(path, other, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_APPLIED, "other pad and transpose values");
+  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
+    expect_in_force(d, other, kernels[i]);
+  expect_gemms_match_host(dev);
+  free(other);
   setenv("CLPAR_TUNE", "off", 1);
   expect_apply(d, CLPAR_OCL_TUNE_OFF, "CLPAR_TUNE=off");
   unsetenv("CLPAR_TUNE");
@@ -187,6 +278,39 @@ static void test_tune_run_and_entries(void **state) {
   memcpy(strstr(bad, "\nXgemmDirect ") + 1, "XgemmDiXect", 11);
   put(path, bad, 0600);
   expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "unknown kernel");
+  /* values the pad and transpose kernels cannot run with: each ignored, never applied */
+  static const char *const corrupt[][3] = {
+      {"Transpose", "TRA_WPT", "3"},           /* not a vector width */
+      {"Transpose", "TRA_DIM", "0"},           /* a divisor */
+      {"Transpose", "TRA_SHUFFLE", "2"},       /* a flag */
+      {"Transpose", "TRA_DIM", "99999999"},    /* out of range */
+      {"Padtranspose", "PADTRA_TILE", "4096"}, /* a work-group of 16M */
+      {"Padtranspose", "PADTRA_WPT", "0"},
+      {"Padtranspose", "PADTRA_WPT", "x"},
+      {"Pad", "PAD_WPTX", "0"},
+      {"Pad", "PAD_DIMY", "-8"},
+  };
+  for (size_t i = 0; i < sizeof corrupt / sizeof *corrupt; i++) {
+    char *c = with_value(good, corrupt[i][0], corrupt[i][1], corrupt[i][2]);
+    put(path, c, 0600);
+    char what[128];
+    snprintf(what, sizeof what, "%s %s=%s", corrupt[i][0], corrupt[i][1], corrupt[i][2]);
+    expect_apply(d, CLPAR_OCL_TUNE_IGNORED, what);
+    free(c);
+  }
+  snprintf(bad, 65536, "%s", good);
+  *strstr(bad, "\nPadtranspose ") = '\0'; /* and end gone with it */
+  strcat(bad, "\nend\n");
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "no Padtranspose line");
+  snprintf(bad, 65536, "%s", good);
+  memcpy(strstr(bad, "\nPad ") + 1, "Pxd", 3);
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "unknown kernel Pxd");
+  snprintf(bad, 65536, "%s", good);
+  memcpy(bad, "clpar-tune 1", 12);
+  put(path, bad, 0600);
+  expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "the previous format");
   put(path, good, 0620);
   expect_apply(d, CLPAR_OCL_TUNE_IGNORED, "group-writable");
   char target[4400];

@@ -7,7 +7,8 @@
  *
  * --mlp lists the GEMMs of a stack of Linear layers (forward x W^T, and backward's dX and dW)
  * at --batch rows; without --shape or --mlp, the MLP 784-1024-1024-10 at batch 256 of
- * bench/train_step. --quick tries 2 candidates per kernel (CI). */
+ * bench/train_step. --quick tries 2 candidates per GEMM kernel and 1 per pad/transpose kernel
+ * (CI). --help says what it tunes. */
 #include <clpar/clpar.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +17,40 @@
 
 #define MAX_SHAPES 64
 
+static const char usage_text[] =
+    "usage: clpar-tune [--device ID|INDEX] [--quick] [--candidates N]\n"
+    "                  [--mlp IN,H,...,OUT] [--batch B] [--shape m,n,k[,ta,tb]]...\n";
+
 static void usage(void) {
-  fprintf(stderr,
-          "usage: clpar-tune [--device ID|INDEX] [--quick] [--candidates N]\n"
-          "                  [--mlp IN,H,...,OUT] [--batch B] [--shape m,n,k[,ta,tb]]...\n");
+  fputs(usage_text, stderr);
+}
+
+static void help(void) {
+  fputs(usage_text, stdout);
+  fputs(
+      "\n"
+      "Tunes CLBlast's single-precision GEMM for an OpenCL device on the GEMM shapes of a\n"
+      "model, timing whole GEMMs and checking every candidate's results: the indirect kernel\n"
+      "(Xgemm), then the kernels its path pads and transposes the matrices with (Transpose,\n"
+      "Padtranspose, Pad; each candidate kept only if faster than what is kept, timed in\n"
+      "turns), the direct kernel (XgemmDirect), and the size where CLBlast switches between\n"
+      "them. The result is kept only if it beats CLBlast's own parameters, saved under\n"
+      "CLPAR_CACHE_DIR per device, driver and CLBlast version, and applied whenever clpar\n"
+      "opens the device (CLPAR_TUNE=off ignores it). A progress bar goes to stderr, a JSON\n"
+      "line with the result to stdout.\n"
+      "\n"
+      "  --device ID|INDEX  the device (opencl:1, or its index; default 0)\n"
+      "  --mlp IN,H,...,OUT the GEMMs of Linear layers: forward, dW and dX (default\n"
+      "                     784,1024,1024,10, the MLP of bench/train_step)\n"
+      "  --batch B          the MLP's batch (default 256)\n"
+      "  --shape m,n,k[,ta,tb]  one GEMM, row-major C = op(A) op(B); repeat for more\n"
+      "  --candidates N     candidates per kernel (default 16 for Xgemm, 8 for\n"
+      "                     XgemmDirect, 4 for each pad/transpose kernel)\n"
+      "  --quick            2 per GEMM kernel, 1 per pad/transpose kernel (CI)\n"
+      "\n"
+      "Each candidate compiles CLBlast's GEMM program (10-40 s on PoCL, then cached by\n"
+      "PoCL): the default run on the MLP takes minutes.\n",
+      stdout);
 }
 
 static double now_s(void) {
@@ -61,7 +92,10 @@ int main(int argc, char **argv) {
   int nd = 4, explicit_shapes = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(a, "--quick") == 0) {
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      help();
+      return 0;
+    } else if (strcmp(a, "--quick") == 0) {
       opt.quick = 1;
     } else if (strcmp(a, "--device") == 0 && v) {
       device = v, i++;

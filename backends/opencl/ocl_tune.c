@@ -3,8 +3,10 @@
  * CLBlast picks kernel parameters from a database of devices it has seen; a CPU under PoCL
  * gets generic ones (about 28 GFLOP/s at n = 1024 here, where tuned ones give 2-3x). The tuner
  * times whole CLBlastSgemm calls on the shapes a model runs, with candidate parameters for
- * the indirect kernel (Xgemm), the direct one (XgemmDirect) and the size where CLBlast switches
- * between them (GemmRoutine), each set through CLBlastOverrideParameters. Every candidate's
+ * the indirect kernel (Xgemm), the kernels its path pads and transposes the matrices with
+ * (Pad, Transpose, Padtranspose: each candidate against the one kept, in alternating turns),
+ * the direct one (XgemmDirect) and the size where CLBlast switches between them
+ * (GemmRoutine), each set through CLBlastOverrideParameters. Every candidate's
  * result is checked against double-precision dot products at sampled positions (C is filled
  * with NaN first, so a kernel that skips elements fails too); a candidate that fails to build,
  * errors or computes wrong values is dropped. The fastest combination is kept only if it beats
@@ -15,7 +17,8 @@
  * written with the trusted-file helpers (src/trusted_file.c: the user's own private directory,
  * regular files of the user's only, atomic replacement), since CLBlast compiles and runs what
  * its parameters say. A stale entry (another driver), a corrupt one or one the helpers refuse
- * is ignored with a warning. clpar_ocl_tune_apply reads it when a device is opened. */
+ * is ignored with a warning, as is one whose values CLBlast could not run (params_check).
+ * clpar_ocl_tune_apply reads it when a device is opened. */
 #include <clblast_c.h>
 #include <errno.h>
 #include <math.h>
@@ -31,13 +34,32 @@
 #ifndef CLPAR_CLBLAST_VERSION
 #define CLPAR_CLBLAST_VERSION "unknown"
 #endif
-#define TUNE_FORMAT "clpar-tune 1"
+#define TUNE_FORMAT "clpar-tune 2"
 #define TUNE_MAX_FILE 16384
 #define TUNE_MAX_VALUE ((size_t)1 << 20)
 #define SAMPLES 48
+/* Candidates per kernel when the caller does not say: Xgemm, XgemmDirect, and each of the
+ * indirect path's pad and transpose kernels. Each costs a compilation of CLBlast's GEMM
+ * program (on PoCL 10-20 s for Xgemm's and the helpers', 20-40 s for XgemmDirect's, which
+ * has four kernels), so a default run on the MLP of bench/train_step takes about 10 minutes
+ * on 2 busy cores. */
+#define DEFAULT_XGEMM_CANDIDATES 16
+#define DEFAULT_DIRECT_CANDIDATES 8
+#define DEFAULT_HELPER_CANDIDATES 4
 
-static const char *const kernels[3] = {"Xgemm", "XgemmDirect", "GemmRoutine"};
-enum { K_XGEMM, K_DIRECT, K_ROUTINE, K_COUNT };
+/* CLBlast's names (its database's) for the kernels its GEMM runs: the indirect kernel, the
+ * direct one, the switch-over size between them, and the indirect path's helpers that pad
+ * (CopyPadMatrix, and CopyMatrix when C is copied back), transpose whole tiles
+ * (TransposeMatrixFast) and transpose with padding (TransposePadMatrix, TransposeMatrix).
+ * "Copy" (CopyMatrixFast) is not here: a real-valued GEMM never runs it (it is chosen only
+ * where the source needs neither padding nor transposing, and then the GEMM copies nothing),
+ * so it keeps CLBlast's parameters. */
+static const char *const kernels[] = {"Xgemm", "XgemmDirect", "GemmRoutine",
+                                      "Pad",   "Transpose",   "Padtranspose"};
+enum { K_XGEMM, K_DIRECT, K_ROUTINE, K_PAD, K_TRA, K_PADTRA, K_COUNT };
+/* A parameter each kernel must have in this CLBlast, or the tuner refuses to run. */
+static const char *const kernel_key[] = {"MWG",      "WGD",     "XGEMM_MIN_INDIRECT_SIZE",
+                                         "PAD_DIMX", "TRA_DIM", "PADTRA_TILE"};
 
 /* ---- the entry: which device it is for, and the parameters ---- */
 
@@ -124,6 +146,91 @@ static int defaults_get(cl_device_id dev, clpar_ocl_params out[K_COUNT]) {
   return e ? 0 : -1;
 }
 
+/* ---- what CLBlast can run: an entry's values are checked before they are applied ---- */
+
+typedef struct {
+  const char *nonzero[12];    /* divisors in CLBlast's host code or its kernels */
+  const char *vector[2];      /* vector widths: 1, 2, 4, 8 or 16 */
+  const char *flag[4];        /* 0 or 1 */
+  const char *wg[2];          /* the work-group is wg[0] x wg[1] (wg[1] NULL: wg[0] squared) */
+  const char *multiple[2][3]; /* [0] a multiple of [1] x [2] */
+} kernel_rules;
+
+static const kernel_rules rules[K_COUNT] = {
+    [K_XGEMM] = {{"MWG", "NWG", "KWG", "MDIMC", "NDIMC", "MDIMA", "NDIMB", "KWI", "VWM", "VWN",
+                  "KREG"},
+                 {"VWM", "VWN"},
+                 {"SA", "SB", "STRM", "STRN"},
+                 {"MDIMC", "NDIMC"},
+                 {{"MWG", "MDIMC", "VWM"}, {"NWG", "NDIMC", "VWN"}}},
+    [K_DIRECT] = {{"WGD", "MDIMCD", "NDIMCD", "MDIMAD", "NDIMBD", "KWID", "VWMD", "VWND"},
+                  {"VWMD", "VWND"},
+                  {"PADA", "PADB"},
+                  {"MDIMCD", "NDIMCD"},
+                  {{"WGD", "MDIMCD", "VWMD"}, {"WGD", "NDIMCD", "VWND"}}},
+    [K_ROUTINE] = {{NULL}, {NULL}, {NULL}, {NULL}, {{NULL}}},
+    [K_PAD] = {{"PAD_DIMX", "PAD_DIMY", "PAD_WPTX", "PAD_WPTY"},
+               {NULL},
+               {NULL},
+               {"PAD_DIMX", "PAD_DIMY"},
+               {{NULL}}},
+    [K_TRA] =
+        {{"TRA_DIM", "TRA_WPT"}, {"TRA_WPT"}, {"TRA_PAD", "TRA_SHUFFLE"}, {"TRA_DIM"}, {{NULL}}},
+    [K_PADTRA] = {{"PADTRA_TILE", "PADTRA_WPT"}, {NULL}, {"PADTRA_PAD"}, {"PADTRA_TILE"}, {{NULL}}},
+};
+
+/* The value of name in p, or dflt when this CLBlast has no such parameter. */
+static size_t value_or(const clpar_ocl_params *p, const char *name, size_t dflt) {
+  for (int i = 0; i < p->n; i++)
+    if (strcmp(p->name[i], name) == 0) return p->value[i];
+  return dflt;
+}
+
+/* 0 when kernel's parameters p are ones CLBlast can compile and launch on a device with
+ * max_wg work-items per group and local_mem bytes of local memory (a zero divisor would be a
+ * division by zero in CLBlast's host code); -1 with the offending parameter in *bad. */
+static int params_check(int kernel, const clpar_ocl_params *p, size_t max_wg, size_t local_mem,
+                        const char **bad) {
+  const kernel_rules *r = &rules[kernel];
+  for (int i = 0; i < 12 && r->nonzero[i]; i++)
+    if (value_or(p, r->nonzero[i], 1) == 0) return *bad = r->nonzero[i], -1;
+  for (int i = 0; i < 2 && r->vector[i]; i++) {
+    size_t v = value_or(p, r->vector[i], 1);
+    if (v != 1 && v != 2 && v != 4 && v != 8 && v != 16) return *bad = r->vector[i], -1;
+  }
+  for (int i = 0; i < 4 && r->flag[i]; i++)
+    if (value_or(p, r->flag[i], 0) > 1) return *bad = r->flag[i], -1;
+  if (r->wg[0]) {
+    size_t x = value_or(p, r->wg[0], 1), y = r->wg[1] ? value_or(p, r->wg[1], 1) : x;
+    if (x * y > max_wg) return *bad = r->wg[0], -1;
+  }
+  for (int i = 0; i < 2 && r->multiple[i][0]; i++) {
+    size_t x = value_or(p, r->multiple[i][0], 1), y = value_or(p, r->multiple[i][1], 1),
+           z = value_or(p, r->multiple[i][2], 1);
+    if (x % (y * z) != 0) return *bad = r->multiple[i][0], -1;
+  }
+  /* the transposes' local tiles (CLBlast's transpose_fast.hpp and transpose_pad.hpp) */
+  if (kernel == K_TRA) {
+    size_t d = value_or(p, "TRA_DIM", 1), w = value_or(p, "TRA_WPT", 1);
+    if (sizeof(float) * w * (w * d) * (d + value_or(p, "TRA_PAD", 0)) > local_mem)
+      return *bad = "TRA_DIM", -1;
+  }
+  if (kernel == K_PADTRA) {
+    size_t tw = value_or(p, "PADTRA_TILE", 1) * value_or(p, "PADTRA_WPT", 1);
+    if (tw > ((size_t)1 << 16) ||
+        sizeof(float) * tw * (tw + value_or(p, "PADTRA_PAD", 0)) > local_mem)
+      return *bad = "PADTRA_TILE", -1;
+  }
+  return 0;
+}
+
+static size_t device_local_mem(cl_device_id dev) {
+  cl_ulong bytes = 0;
+  return clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof bytes, &bytes, NULL) == CL_SUCCESS
+             ? (size_t)bytes
+             : 0;
+}
+
 /* Parses "Kernel NAME=v NAME=v ..." into p, which must come out with exactly the names of
  * want (CLBlast's set for that kernel). */
 static int parse_kernel_line(char *line, const clpar_ocl_params *want, clpar_ocl_params *p) {
@@ -154,7 +261,9 @@ static int entry_parse(clpar_ocl_device *d, char *text, const clpar_ocl_params d
   char header[1200];
   entry_header(d, header, sizeof header);
   if (strncmp(text, TUNE_FORMAT "\n", strlen(TUNE_FORMAT) + 1) != 0) {
-    *why = "not a clpar tuning entry (or another format)";
+    *why = strncmp(text, "clpar-tune ", 11) == 0
+               ? "stale: written by another clpar-tune format (run clpar-tune again)"
+               : "not a clpar tuning entry";
     return -1;
   }
   if (strncmp(text, header, strlen(header)) != 0) {
@@ -182,10 +291,11 @@ static int entry_parse(clpar_ocl_device *d, char *text, const clpar_ocl_params d
     }
     have[k] = 1;
   }
-  if (!ended || !have[K_XGEMM] || !have[K_DIRECT] || !have[K_ROUTINE]) {
-    *why = "corrupt: truncated or missing a kernel";
-    return -1;
-  }
+  for (int k = 0; k < K_COUNT; k++)
+    if (!ended || !have[k]) {
+      *why = "corrupt: truncated or missing a kernel";
+      return -1;
+    }
   return 0;
 }
 
@@ -217,6 +327,17 @@ clpar_ocl_tune_applied clpar_ocl_tune_apply(clpar_ocl_device *d) {
     if (strlen(text) != size)
       why = "corrupt: a NUL byte in the text";
     else if (entry_parse(d, text, defaults, saved, &why) == 0) {
+      size_t local_mem = device_local_mem(d->device);
+      const char *bad = NULL;
+      for (int j = 0; j < K_COUNT && !bad; j++)
+        if (params_check(j, &saved[j], d->max_wg_size, local_mem, &bad) != 0) {
+          snprintf(why_buf, sizeof why_buf,
+                   "corrupt: %s's %s is not a value CLBlast can run on this device", kernels[j],
+                   bad);
+          why = why_buf;
+        }
+    }
+    if (!why) {
       int k = 0;
       while (k < K_COUNT && params_apply(d->device, k, &saved[k]) == 0) k++;
       if (k < K_COUNT) {
@@ -476,6 +597,77 @@ static int direct_candidates(const clpar_ocl_params *base, size_t max_wg, clpar_
   return pick_some(all, n, out, count, 6789);
 }
 
+/* Candidates for the indirect path's helpers, from the values CLBlast's own tuners try
+ * (src/tuning/kernels/copy_pad.hpp, transpose_fast.hpp, transpose_pad.hpp), within the
+ * device's work-group size and local memory; words per work-item at most 8 per dimension
+ * (more unrolls into code that PoCL's LLVM is slow to compile, as with Xgemm's tiles). */
+static int pad_candidates(const clpar_ocl_params *base, size_t max_wg, clpar_ocl_params *out,
+                          int count) {
+  static const size_t dim[] = {8, 16, 32}, wpt[] = {1, 2, 4};
+  clpar_ocl_params *all = malloc(81 * sizeof *all);
+  int n = 0;
+  if (!all) return 0;
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 3; b++)
+      for (int c = 0; c < 3; c++)
+        for (int e = 0; e < 3; e++) {
+          if (dim[a] * dim[b] > max_wg) continue;
+          clpar_ocl_params p = *base;
+          if (set(&p, "PAD_DIMX", dim[a]) | set(&p, "PAD_DIMY", dim[b]) |
+              set(&p, "PAD_WPTX", wpt[c]) | set(&p, "PAD_WPTY", wpt[e])) {
+            free(all);
+            return 0;
+          }
+          all[n++] = p;
+        }
+  return pick_some(all, n, out, count, 2468);
+}
+
+static int transpose_candidates(const clpar_ocl_params *base, size_t max_wg, size_t local_mem,
+                                clpar_ocl_params *out, int count) {
+  static const size_t dim[] = {4, 8, 16, 32}, wpt[] = {1, 2, 4, 8};
+  clpar_ocl_params *all = malloc(64 * sizeof *all);
+  int n = 0;
+  if (!all) return 0;
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 4; b++)
+      for (size_t pad = 0; pad < 2; pad++)
+        for (size_t shuffle = 0; shuffle < 2; shuffle++) {
+          size_t d = dim[a], w = wpt[b];
+          /* the kernel's local tile: w rows of w d values by d + pad (transpose_fast.hpp) */
+          if (d * d > max_wg || sizeof(float) * w * (w * d) * (d + pad) > local_mem) continue;
+          clpar_ocl_params p = *base;
+          if (set(&p, "TRA_DIM", d) | set(&p, "TRA_WPT", w) | set(&p, "TRA_PAD", pad) |
+              set(&p, "TRA_SHUFFLE", shuffle)) {
+            free(all);
+            return 0;
+          }
+          all[n++] = p;
+        }
+  return pick_some(all, n, out, count, 1357);
+}
+
+static int padtranspose_candidates(const clpar_ocl_params *base, size_t max_wg, size_t local_mem,
+                                   clpar_ocl_params *out, int count) {
+  static const size_t tile[] = {8, 16, 32}, wpt[] = {1, 2, 4, 8};
+  clpar_ocl_params *all = malloc(24 * sizeof *all);
+  int n = 0;
+  if (!all) return 0;
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 4; b++)
+      for (size_t pad = 0; pad < 2; pad++) {
+        size_t tl = tile[a], w = wpt[b];
+        if (tl * tl > max_wg || sizeof(float) * (tl * w) * (tl * w + pad) > local_mem) continue;
+        clpar_ocl_params p = *base;
+        if (set(&p, "PADTRA_TILE", tl) | set(&p, "PADTRA_WPT", w) | set(&p, "PADTRA_PAD", pad)) {
+          free(all);
+          return 0;
+        }
+        all[n++] = p;
+      }
+  return pick_some(all, n, out, count, 97531);
+}
+
 /* ---- the search ---- */
 
 typedef struct {
@@ -532,24 +724,72 @@ static void search(tuner *t, int kernel, const clpar_ocl_params *cands, int n,
   }
 }
 
+/* Tries each candidate of kernel against the parameters kept so far (*kept), the routine
+ * forced as it is, in alternating turns (kept, candidate, kept, candidate) so that a change
+ * in the machine's load falls on both; the best of each's turns counts. A candidate replaces
+ * *kept only if it computes right and is faster by more than MARGIN. kept_times gets the
+ * per-shape times (best of the turns) of what is kept in the end. */
+#define MARGIN 0.02
+static void refine(tuner *t, int kernel, const clpar_ocl_params *cands, int n,
+                   clpar_ocl_params *kept, double *kept_times, double *scratch) {
+  int ns = t->n_shapes;
+  double *tk = scratch + ns, *tc = scratch + 2 * ns;
+  for (int i = 0; i < n; i++) {
+    double sum_k = -1, sum_c = -1;
+    for (int s = 0; s < ns; s++) tk[s] = tc[s] = -1;
+    for (int turn = 0; turn < 2; turn++) {
+      double x = params_apply(t->d->device, kernel, kept) == 0 ? time_all(t, scratch) : -1;
+      if (x >= 0 && (sum_k < 0 || x < sum_k)) sum_k = x;
+      for (int s = 0; s < ns && x >= 0; s++)
+        if (tk[s] < 0 || scratch[s] < tk[s]) tk[s] = scratch[s];
+      double y = params_apply(t->d->device, kernel, &cands[i]) == 0 ? time_all(t, scratch) : -1;
+      if (y < 0) {
+        sum_c = -1;
+        break;
+      }
+      if (sum_c < 0 || y < sum_c) sum_c = y;
+      for (int s = 0; s < ns; s++)
+        if (tc[s] < 0 || scratch[s] < tc[s]) tc[s] = scratch[s];
+    }
+    t->result->candidates_tried++;
+    if (sum_c < 0) t->result->candidates_failed++;
+    int better = sum_c >= 0 && sum_k >= 0 && sum_c < sum_k * (1.0 - MARGIN);
+    if (better) *kept = cands[i];
+    if (sum_k >= 0 || better) memcpy(kept_times, better ? tc : tk, (size_t)ns * sizeof *tk);
+    progress(t, kernels[kernel], i + 1, n);
+  }
+  params_apply(t->d->device, kernel, kept);
+}
+
 static clpar_status run_search(tuner *t, clpar_ocl_params def[K_COUNT]) {
   clpar_ocl_device *d = t->d;
-  int per = t->opt->candidates ? t->opt->candidates : t->opt->quick ? 2 : 24;
-  clpar_ocl_params *cx = calloc((size_t)per + 1, sizeof *cx),
-                   *cd = calloc((size_t)per + 1, sizeof *cd);
-  double *times = calloc((size_t)t->n_shapes * 4, sizeof *times);
+  const clpar_tune_options *o = t->opt;
+  int per_x = o->candidates ? o->candidates : o->quick ? 2 : DEFAULT_XGEMM_CANDIDATES;
+  int per_d = o->candidates ? o->candidates : o->quick ? 2 : DEFAULT_DIRECT_CANDIDATES;
+  int per_helper = o->candidates ? o->candidates : o->quick ? 1 : DEFAULT_HELPER_CANDIDATES;
+  int most = per_helper;
+  clpar_ocl_params *cx = calloc((size_t)per_x + 1, sizeof *cx),
+                   *cd = calloc((size_t)per_d + 1, sizeof *cd),
+                   *ch = calloc((size_t)most * 3, sizeof *ch);
+  double *times = calloc((size_t)t->n_shapes * 5, sizeof *times);
+  size_t local_mem = device_local_mem(d->device); /* 0: no transpose candidates */
   clpar_status s = CLPAR_OK;
-  if (!cx || !cd || !times) {
+  if (!cx || !cd || !ch || !times) {
     s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: tuning");
     goto out;
   }
   double *t_ind = times, *t_dir = times + t->n_shapes, *scratch = times + 2 * t->n_shapes;
-  /* candidate 0 of each kernel is CLBlast's own */
+  /* candidate 0 of each GEMM kernel is CLBlast's own; the helpers start from CLBlast's own */
   cx[0] = def[K_XGEMM];
   cd[0] = def[K_DIRECT];
-  int nx = 1 + xgemm_candidates(&def[K_XGEMM], d->max_wg_size, cx + 1, per);
-  int nd = 1 + direct_candidates(&def[K_DIRECT], d->max_wg_size, cd + 1, per);
-  t->total = 2 + nx + nd;
+  int nx = 1 + xgemm_candidates(&def[K_XGEMM], d->max_wg_size, cx + 1, per_x);
+  int nd = 1 + direct_candidates(&def[K_DIRECT], d->max_wg_size, cd + 1, per_d);
+  clpar_ocl_params *c_tra = ch, *c_padtra = ch + most, *c_pad = ch + 2 * most;
+  int ntra = transpose_candidates(&def[K_TRA], d->max_wg_size, local_mem, c_tra, per_helper);
+  int npadtra =
+      padtranspose_candidates(&def[K_PADTRA], d->max_wg_size, local_mem, c_padtra, per_helper);
+  int npad = pad_candidates(&def[K_PAD], d->max_wg_size, c_pad, per_helper);
+  t->total = 2 + nx + nd + ntra + npadtra + npad;
   /* CLBlast's parameters throughout: the baseline */
   for (int k = 0; k < K_COUNT; k++) params_apply(d->device, k, &def[k]);
   double base = time_all(t, scratch);
@@ -560,11 +800,21 @@ static clpar_status run_search(tuner *t, clpar_ocl_params def[K_COUNT]) {
                         d->dev_name);
     goto out;
   }
-  clpar_ocl_params best[K_COUNT] = {def[K_XGEMM], def[K_DIRECT], def[K_ROUTINE]};
+  clpar_ocl_params best[K_COUNT];
+  memcpy(best, def, sizeof best);
   for (int i = 0; i < t->n_shapes; i++) t_ind[i] = t_dir[i] = -1;
   if (routine_force(t, &def[K_ROUTINE], 1) == 0) /* m n k < 1: always indirect */
     search(t, K_XGEMM, cx, nx, &best[K_XGEMM], t_ind, scratch);
   params_apply(d->device, K_XGEMM, &best[K_XGEMM]);
+  /* The indirect path's pad and transpose kernels, with the Xgemm just chosen, each candidate
+   * against what is kept so far; t_ind follows what is kept. */
+  if (t_ind[0] >= 0 && routine_force(t, &def[K_ROUTINE], 1) == 0) {
+    refine(t, K_TRA, c_tra, ntra, &best[K_TRA], t_ind, scratch);
+    refine(t, K_PADTRA, c_padtra, npadtra, &best[K_PADTRA], t_ind, scratch);
+    refine(t, K_PAD, c_pad, npad, &best[K_PAD], t_ind, scratch);
+  } else {
+    t->done += ntra + npadtra + npad;
+  }
   if (routine_force(t, &def[K_ROUTINE], 1 << 20) == 0) /* always direct */
     search(t, K_DIRECT, cd, nd, &best[K_DIRECT], t_dir, scratch);
   params_apply(d->device, K_DIRECT, &best[K_DIRECT]);
@@ -618,6 +868,7 @@ static clpar_status run_search(tuner *t, clpar_ocl_params def[K_COUNT]) {
 out:
   free(cx);
   free(cd);
+  free(ch);
   free(times);
   return s;
 }
@@ -631,8 +882,7 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
     return clpar_set_error(CLPAR_ERROR_BACKEND,
                            "opencl: %s: CLBlast does not report its GEMM parameters", d->dev_name);
   for (int k = 0; k < K_COUNT; k++)
-    if (k != K_ROUTINE ? !param(&def[k], k == K_XGEMM ? "MWG" : "WGD")
-                       : !param(&def[k], "XGEMM_MIN_INDIRECT_SIZE"))
+    if (!param(&def[k], kernel_key[k]))
       return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                              "opencl: CLBlast %s names its GEMM parameters differently",
                              CLPAR_CLBLAST_VERSION);

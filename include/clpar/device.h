@@ -135,8 +135,10 @@ typedef struct clpar_gemm_shape {
 typedef void (*clpar_tune_progress_fn)(void *user, int done, int total, const char *what);
 
 typedef struct clpar_tune_options {
-  int quick;                       /* a small grid (a few candidates per kernel): for CI */
-  int candidates;                  /* candidates per kernel; 0 picks 24 (quick: 2) */
+  int quick; /* a small grid (a few candidates per kernel): for CI */
+  /* candidates per kernel; 0 picks 16 for Xgemm, 8 for XgemmDirect, 4 for each pad/transpose
+   * kernel (quick: 2, 2 and 1) */
+  int candidates;
   clpar_tune_progress_fn progress; /* may be NULL */
   void *user;
 } clpar_tune_options;
@@ -148,14 +150,14 @@ typedef struct clpar_tune_result {
   char path[512];                          /* the tuning entry written under CLPAR_CACHE_DIR */
 } clpar_tune_result;
 
-/* Tunes CLBlast's GEMM kernels (Xgemm, XgemmDirect, and the size where it switches between
- * them) for dev on the given shapes: times whole GEMMs with each candidate, checking every
- * candidate's results against double-precision sums, keeps the fastest (CLBlast's defaults
- * when nothing beats them), applies it at once and saves it under CLPAR_CACHE_DIR, keyed
- * by device, driver and CLBlast version; every later clpar_init applies it when it opens
- * the device (CLPAR_TUNE=off ignores saved entries). CLBlast keeps parameters per device for
- * the whole process. Takes seconds per candidate. CLPAR_ERROR_UNSUPPORTED on a device that
- * is not OpenCL. options may be NULL; result may be NULL. */
+/* Tunes CLBlast's GEMM kernels (Xgemm, the pad and transpose kernels of its indirect path,
+ * XgemmDirect, and the size where it switches between them) for dev on the given shapes: times
+ * whole GEMMs with each candidate, checking every candidate's results against double-precision
+ * sums, keeps the fastest (CLBlast's defaults when nothing beats them), applies it at once and
+ * saves it under CLPAR_CACHE_DIR, keyed by device, driver and CLBlast version; every later
+ * clpar_init applies it when it opens the device (CLPAR_TUNE=off ignores saved entries). CLBlast
+ * keeps parameters per device for the whole process. Takes seconds per candidate.
+ * CLPAR_ERROR_UNSUPPORTED on a device that is not OpenCL. options and result may be NULL. */
 CLPAR_API clpar_status clpar_device_tune_gemm(clpar_device *dev, const clpar_gemm_shape *shapes,
                                               int n_shapes, const clpar_tune_options *options,
                                               clpar_tune_result *result);
