@@ -135,6 +135,28 @@ void clpar_event_block(clpar_event *ev, clpar_device *dev);
 clpar_status clpar_transfer(clpar_device *dst_dev, struct clpar_storage *dst_st, size_t dst_off,
                             clpar_device *src_dev, struct clpar_storage *src_st, size_t src_off,
                             size_t bytes);
+/* clpar_transfer posted in two halves, for a copy whose source is ready long before its
+ * destination needs it (the pipeline's copies between stages): begin posts the source's part
+ * now (its queue reads into staging; the caller keeps src_st alive until finish or cancel),
+ * finish posts the destination's part
+ * (its queue waits for that read and writes) and frees the half, cancel frees it unfinished.
+ * Where no staging is needed (one device, the host device, a peer copy) or the copy is very
+ * large, finish posts the whole transfer. */
+typedef struct clpar_transfer_half clpar_transfer_half;
+clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
+                                  struct clpar_storage *src_st, size_t src_off, size_t bytes,
+                                  clpar_transfer_half **out);
+clpar_status clpar_transfer_finish(clpar_transfer_half *h, clpar_device *dst_dev,
+                                   struct clpar_storage *dst_st, size_t dst_off);
+void clpar_transfer_cancel(clpar_transfer_half *h);
+/* clpar_tensor_to in two halves over clpar_transfer_begin/finish (src/tensor.c): begin posts
+ * the source's read now, finish makes the copy on dev (one autograd node, as clpar_tensor_to)
+ * when it is needed; either ends the move, and cancel drops one unfinished. */
+typedef struct clpar_tensor_transit clpar_tensor_transit;
+clpar_status clpar_tensor_to_begin(const clpar_tensor *t, clpar_device *dev,
+                                   clpar_tensor_transit **out);
+clpar_status clpar_tensor_to_finish(clpar_tensor_transit *m, clpar_tensor **out);
+void clpar_tensor_to_cancel(clpar_tensor_transit *m);
 /* Uploads host memory the caller may reuse at once (copied into staging first). */
 clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
                           size_t bytes);

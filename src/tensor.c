@@ -472,6 +472,66 @@ clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_ten
   return s;
 }
 
+/* clpar_tensor_to in two halves (internal.h). */
+struct clpar_tensor_transit {
+  clpar_tensor *src; /* retained until finish or cancel */
+  clpar_device *dev;
+  clpar_transfer_half *half;
+};
+
+clpar_status clpar_tensor_to_begin(const clpar_tensor *t, clpar_device *dev,
+                                   clpar_tensor_transit **out) {
+  clpar_status s = check_device("clpar_tensor_to", dev);
+  if (s != CLPAR_OK) return s;
+  if (!t || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
+  if (clpar_check_alive("clpar_tensor_to", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_tensor_transit *m = calloc(1, sizeof *m);
+  if (!m) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
+  m->src = clpar_tensor_retain((clpar_tensor *)t);
+  m->dev = dev;
+  s = clpar_transfer_begin(dev, t->storage->dev, t->storage, t->offset * CLPAR_WORD_BYTES,
+                           clpar_tensor_bytes(t), &m->half);
+  if (s != CLPAR_OK) {
+    clpar_tensor_release(m->src);
+    free(m);
+    return s;
+  }
+  *out = m;
+  return CLPAR_OK;
+}
+
+clpar_status clpar_tensor_to_finish(clpar_tensor_transit *m, clpar_tensor **out) {
+  const clpar_tensor *t = m->src;
+  clpar_tensor *r = NULL;
+  clpar_status s = clpar_tensor_empty_dtype(m->dev, t->dtype, t->ndim, t->shape, &r);
+  if (s == CLPAR_OK) {
+    clpar_tensor_touch(r);
+    s = clpar_transfer_finish(m->half, m->dev, r->storage, r->offset * CLPAR_WORD_BYTES);
+  } else {
+    clpar_transfer_cancel(m->half);
+  }
+  if (s == CLPAR_OK) {
+    clpar_node *node;
+    s = clpar_record_op(r, "clpar_tensor_to", to_backward, (clpar_tensor **)&t, 1, &node);
+    if (node) node->transfer = t->storage->dev != m->dev;
+  }
+  if (s == CLPAR_OK)
+    *out = r;
+  else
+    clpar_tensor_free(r);
+  clpar_tensor_release(m->src);
+  free(m);
+  return s;
+}
+
+void clpar_tensor_to_cancel(clpar_tensor_transit *m) {
+  if (!m) return;
+  clpar_transfer_cancel(m->half);
+  clpar_tensor_release(m->src);
+  free(m);
+}
+
 /* A view of t's storage with another offset and shape, registered with the scope. */
 static clpar_status make_view(clpar_tensor *t, size_t offset, int ndim, const int64_t *shape,
                               clpar_tensor **out) {

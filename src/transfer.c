@@ -388,6 +388,89 @@ clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t
   return through_staging(dst_dev, dst_st->buf, dst_off, src_dev, src_st->buf, src_off, bytes);
 }
 
+/* ---- a transfer posted in two halves ---- */
+
+/* Up to this many bytes a staged transfer is split (one block); larger ones, and those that
+ * need no staging, are posted whole at clpar_transfer_finish. */
+#define SPLIT_MAX ((size_t)256 << 20)
+
+struct clpar_transfer_half {
+  clpar_device *src;
+  clpar_storage *src_st; /* the caller keeps it alive until finish or cancel */
+  size_t src_off, bytes;
+  clpar_staging_block *block; /* NULL: posted whole at finish */
+  clpar_event *read;          /* the source's read into block */
+};
+
+clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
+                                  clpar_storage *src_st, size_t src_off, size_t bytes,
+                                  clpar_transfer_half **out) {
+  clpar_transfer_half *h = calloc(1, sizeof *h);
+  if (!h) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+  h->src = src_dev;
+  h->src_st = src_st;
+  h->src_off = src_off;
+  h->bytes = bytes;
+  clpar_status s = CLPAR_OK;
+  if (bytes > 0 && bytes <= SPLIT_MAX && dst_dev != src_dev && dst_dev != clpar_device_host() &&
+      !peer_ok(dst_dev, src_dev)) {
+    clpar_event *busy = NULL;
+    s = staging_get(src_dev, bytes, &h->block, &busy);
+    if (busy) {
+      if (s == CLPAR_OK) s = clpar_event_wait(src_dev, busy);
+      clpar_event_release(busy);
+    }
+    if (s == CLPAR_OK) s = clpar_dev_read(src_dev, src_st->buf, src_off, h->block->ptr, bytes);
+    if (s == CLPAR_OK) s = clpar_event_record(src_dev, &h->read);
+  }
+  if (s != CLPAR_OK) {
+    clpar_transfer_cancel(h);
+    return s;
+  }
+  *out = h;
+  return CLPAR_OK;
+}
+
+/* Frees h; its block goes back to the pool once the work posted with it has completed. */
+static void half_free(clpar_transfer_half *h, clpar_event *last) {
+  if (h->block) {
+    if (last && h->block->handle) {
+      staging_busy(h->block, last);
+    } else if (!last || clpar_event_then(last, staging_put, h->block) != CLPAR_OK) {
+      if (last)
+        clpar_event_sync(last);
+      else
+        clpar_worker_drain(h->src); /* a read may have been posted without its event */
+      staging_put(h->block);
+    }
+  }
+  clpar_event_release(h->read);
+  free(h);
+}
+
+clpar_status clpar_transfer_finish(clpar_transfer_half *h, clpar_device *dst_dev,
+                                   clpar_storage *dst_st, size_t dst_off) {
+  if (!h->block) {
+    clpar_status s =
+        clpar_transfer(dst_dev, dst_st, dst_off, h->src, h->src_st, h->src_off, h->bytes);
+    half_free(h, NULL);
+    return s;
+  }
+  count(dst_dev, h->src, h->bytes);
+  clpar_event *written = NULL;
+  clpar_status s = clpar_event_wait(dst_dev, h->read);
+  if (s == CLPAR_OK) s = clpar_dev_write(dst_dev, dst_st->buf, dst_off, h->block->ptr, h->bytes);
+  if (s == CLPAR_OK) s = clpar_event_record(dst_dev, &written);
+  if (s != CLPAR_OK) clpar_worker_drain(dst_dev); /* a write may have been posted */
+  half_free(h, written ? written : h->read);
+  clpar_event_release(written);
+  return s;
+}
+
+void clpar_transfer_cancel(clpar_transfer_half *h) {
+  if (h) half_free(h, h->read);
+}
+
 clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                clpar_fill_fn fill, void *user) {
   count(dev, NULL, bytes);

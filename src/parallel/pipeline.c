@@ -42,9 +42,10 @@ typedef struct {
 typedef struct {
   int i, m;
   int64_t start, rows;
-  clpar_tensor *x;    /* its activation: the input of stage next (retained) */
-  int next;           /* the next stage to run */
-  clpar_tensor *loss; /* train_step: its weighted loss, with its graph (retained) */
+  clpar_tensor *x;              /* its activation: the input of stage next (retained) */
+  clpar_tensor_transit *moving; /* x on its way to stage next's device, or NULL */
+  int next;                     /* the next stage to run */
+  clpar_tensor *loss;           /* train_step: its weighted loss, with its graph (retained) */
 } micro;
 
 static double now(void) {
@@ -134,15 +135,28 @@ static clpar_status stage_error(const pipe_state *st, int s, const micro *mb, cl
 
 /* Stage s on mb->x (copied to the stage's device first when it is elsewhere), in a scope of
  * its own: what the stage makes stays alive only through the graph. mb->x becomes the
- * stage's output. */
+ * stage's output. Its copy to the next stage's device is posted in two halves: the read on
+ * this stage's queue now, right behind the forward, and the write on the next stage's queue
+ * when that stage runs the micro-batch. Posted whole at either moment, 1F1B's devices took
+ * turns instead of overlapping: at the consumer's forward, the read of micro-batch i + 1 sat
+ * on the producer's queue behind the backward of micro-batch i, which waits for the
+ * consumer; at the producer's forward, the write sat on the consumer's queue ahead of that
+ * backward, which then waited for the producer's next forward. */
 static clpar_status run_stage(const pipe_state *st, int s, micro *mb) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *in = mb->x, *out = NULL;
   clpar_status r = CLPAR_OK;
-  if (in->storage->dev != st->devices[s]) r = clpar_tensor_to(mb->x, st->devices[s], &in);
+  if (mb->moving) {
+    r = clpar_tensor_to_finish(mb->moving, &in);
+    mb->moving = NULL;
+  } else if (in->storage->dev != st->devices[s]) {
+    r = clpar_tensor_to(mb->x, st->devices[s], &in);
+  }
   if (r == CLPAR_OK) r = clpar_module_forward(st->stages[s], in, &out);
   if (r == CLPAR_OK && !out)
     r = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "the stage's forward gave no output");
+  if (r == CLPAR_OK && s + 1 < st->n && out->storage->dev != st->devices[s + 1])
+    r = clpar_tensor_to_begin(out, st->devices[s + 1], &mb->moving);
   if (r == CLPAR_OK) {
     clpar_tensor_retain(out);
     clpar_tensor_release(mb->x);
@@ -182,6 +196,7 @@ static clpar_status micro_gather(const pipe_state *st, micro *mb) {
 
 static void micros_release(micro *mbs, int m) {
   for (int i = 0; mbs && i < m; i++) {
+    clpar_tensor_to_cancel(mbs[i].moving);
     clpar_tensor_release(mbs[i].x);
     clpar_tensor_release(mbs[i].loss);
   }
