@@ -141,7 +141,7 @@ clpar_status clpar_transfer(clpar_device *dst_dev, struct clpar_storage *dst_st,
  * finish posts the destination's part
  * (its queue waits for that read and writes) and frees the half, cancel frees it unfinished.
  * Where no staging is needed (one device, the host device, a peer copy) or the copy is very
- * large, finish posts the whole transfer. */
+ * large, finish posts the whole transfer: the source must not be written between the two. */
 typedef struct clpar_transfer_half clpar_transfer_half;
 clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
                                   struct clpar_storage *src_st, size_t src_off, size_t bytes,

@@ -86,6 +86,67 @@ static void test_copy_between_devices_does_not_block(void **state) {
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) clpar_tensor_free(list[i]);
 }
 
+/* A copy posted in two halves (the pipeline's copies between stages): finish, posted after
+ * other work on the destination, gives the source's values, with one node whose backward
+ * brings the gradient back; an unfinished half is cancelled without a leak. Where the copy
+ * goes through staging, begin posts the source's read at once: a later write to the source on
+ * its own queue does not reach the copy (which shows the read was posted early). Sizes: plain
+ * staging (under 16 KiB), one pinned block, and one above the staging chunk. Both directions,
+ * and to the host device (posted whole at finish). */
+static void test_copy_in_two_halves(void **state) {
+  (void)state;
+  clpar_device *a, *b;
+  if (!two_devices(&a, &b)) skip();
+  const int64_t sizes[] = {1000, 70000, 1200007};
+  clpar_device *pairs[][2] = {{a, b}, {b, a}, {a, tu_host()}};
+  for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+    clpar_device *from = pairs[p][0], *to = pairs[p][1];
+    if (from == to) continue;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      int64_t n = sizes[k];
+      clpar_tensor *src = tu_make(from, 1, &n, 40 + k), *dst = NULL, *unfinished_src;
+      tu_ok(clpar_tensor_set_requires_grad(src, 1));
+      clpar_tensor_transit *moving = NULL, *dropped = NULL;
+      tu_ok(clpar_tensor_to_begin(src, to, &moving));
+      unfinished_src = tu_make(from, 1, &n, 60 + k);
+      tu_ok(clpar_tensor_to_begin(unfinished_src, to, &dropped));
+      /* through staging, the source changes on its queue after begin: the copy has read it
+       * already (a peer copy or a copy to the host device is posted whole at finish) */
+      const char *ctx = getenv("CLPAR_OPENCL_CONTEXT");
+      int staged = from != tu_host() && to != tu_host() && !(ctx && !strcmp(ctx, "platform"));
+      if (staged) {
+        clpar_scope *sc = clpar_scope_begin();
+        clpar_tensor *twice;
+        int was = clpar_set_grad_enabled(0);
+        tu_ok(clpar_scale(src, 2.0f, &twice));
+        tu_ok(clpar_copy(src, twice));
+        clpar_set_grad_enabled(was);
+        clpar_scope_end(sc);
+      }
+      clpar_tensor *busy = tu_make(to, 1, &n, 80 + k); /* the destination's queue has work */
+      tu_ok(clpar_tensor_to_finish(moving, &dst));
+      clpar_tensor_to_cancel(dropped);
+      assert_ptr_equal(clpar_tensor_device(dst), to);
+      float *want = tu_rand((size_t)n, 40 + k), *got = tu_read(dst);
+      tu_assert_close(got, want, (size_t)n, 0, 0, "a copy in two halves");
+      /* the gradient of sum(dst) comes back to src's device: all ones */
+      clpar_tensor *loss;
+      tu_ok(clpar_sum(dst, &loss));
+      tu_ok(clpar_backward(loss));
+      clpar_tensor *g = clpar_tensor_grad(src);
+      assert_non_null(g);
+      assert_ptr_equal(clpar_tensor_device(g), from);
+      float *gv = tu_read(g);
+      for (int64_t i = 0; i < n; i++) assert_true(gv[i] == 1.0f);
+      free(want);
+      free(got);
+      free(gv);
+      clpar_tensor *list[] = {src, dst, unfinished_src, busy, loss};
+      for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) clpar_tensor_free(list[i]);
+    }
+  }
+}
+
 /* Many small ops and transfers across two queues, with every intermediate freed at once:
  * a buffer handed out again while queued work still used it would change the results. */
 static void test_allocator_across_queues(void **state) {
@@ -217,6 +278,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_async_error_surfaces_at_next_call),
       cmocka_unit_test(test_copy_between_devices_does_not_block),
+      cmocka_unit_test(test_copy_in_two_halves),
       cmocka_unit_test(test_allocator_across_queues),
       cmocka_unit_test(test_grad_hook_runs_once_when_final),
       cmocka_unit_test(test_backward_claims_its_graph),
