@@ -467,16 +467,21 @@ static clpar_status ensure_scratch(clpar_ocl_device *d, size_t bytes) {
   return CLPAR_OK;
 }
 
+/* How a sum over rows is split: one pass for up to SUM_ROWS_ONE_PASS rows, else chunks of at
+ * least SUM_ROWS_CHUNK rows, at most SUM_ROWS_MAX_CHUNKS of them; returns their number. */
+static size_t sum_chunks(size_t rows, size_t *chunk) {
+  *chunk = rows;
+  if (rows <= SUM_ROWS_ONE_PASS) return 1;
+  *chunk = (rows + SUM_ROWS_MAX_CHUNKS - 1) / SUM_ROWS_MAX_CHUNKS;
+  if (*chunk < SUM_ROWS_CHUNK) *chunk = SUM_ROWS_CHUNK;
+  return (rows + *chunk - 1) / *chunk;
+}
+
 static clpar_status ocl_sum_rows(void *dev, size_t rows, size_t cols, clpar_bref a,
                                  clpar_bref out) {
   clpar_ocl_device *d = dev;
   cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
-  size_t chunk = rows, nchunks = 1;
-  if (rows > SUM_ROWS_ONE_PASS) {
-    chunk = (rows + SUM_ROWS_MAX_CHUNKS - 1) / SUM_ROWS_MAX_CHUNKS;
-    if (chunk < SUM_ROWS_CHUNK) chunk = SUM_ROWS_CHUNK;
-    nchunks = (rows + chunk - 1) / chunk;
-  }
+  size_t chunk, nchunks = sum_chunks(rows, &chunk);
   pthread_mutex_lock(&d->lock);
   clpar_status s = nchunks > 1 ? ensure_scratch(d, nchunks * cols * sizeof(float)) : CLPAR_OK;
   if (s == CLPAR_OK && nchunks > 1) {
@@ -707,12 +712,7 @@ static clpar_status ocl_bias_act_backward(void *dev, clpar_act_kind act, size_t 
     return ocl_unary_backward(dev, kind, rows * cols, g, y, out);
   }
   cl_mem gm = AS_MEM(g.buf), ym = AS_MEM(y.buf), om = AS_MEM(out.buf), dm = AS_MEM(db.buf);
-  size_t chunk = rows, nchunks = 1;
-  if (rows > SUM_ROWS_ONE_PASS) {
-    chunk = (rows + SUM_ROWS_MAX_CHUNKS - 1) / SUM_ROWS_MAX_CHUNKS;
-    if (chunk < SUM_ROWS_CHUNK) chunk = SUM_ROWS_CHUNK;
-    nchunks = (rows + chunk - 1) / chunk;
-  }
+  size_t chunk, nchunks = sum_chunks(rows, &chunk);
   pthread_mutex_lock(&d->lock);
   clpar_status s = nchunks > 1 ? ensure_scratch(d, nchunks * cols * sizeof(float)) : CLPAR_OK;
   if (s == CLPAR_OK && nchunks > 1) {
