@@ -3,7 +3,8 @@
 # builds clpar, and runs the main samples over 4 PoCL devices (or over the machine's real GPUs
 # when it has some): the devices with a GEMM checked on each, PyTorch's DataParallel tutorial,
 # an MLP trained with DataParallel whose weights match a one-device run, digits from a CSV file,
-# the seeds' ToyModel split over two devices, and a small ResNet training run.
+# the seeds' ToyModel split over two devices, a small ResNet training run, and
+# DistributedDataParallel on 2 processes (mpirun).
 set -euo pipefail
 CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$CLPAR_ROOT/scripts/deps.sh"
@@ -43,3 +44,13 @@ echo "== samples/model_parallel (the seeds' ToyModel: net1 on one device, net2 o
 echo
 echo "== samples/resnet50, small (torchvision's ResNet-18, 8 images of 3x32x32; the seeds' full run: ./build-demo/samples/resnet50)"
 ./build-demo/samples/resnet50 --model resnet18 --batch 8 --image-size 32 --classes 10
+echo
+echo "== samples/ddp (DistributedDataParallel: 2 processes under mpirun, one device each)"
+if [ -x build-demo/samples/ddp ] && command -v mpirun >/dev/null; then
+  # As root, Open MPI runs only with its two opt-ins. Each rank drives one PoCL "basic" device
+  # with one thread, so the two ranks share the cores evenly (on GPUs, rank r takes GPU r).
+  if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+  POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun --oversubscribe -np 2 ./build-demo/samples/ddp 100
+else
+  echo "(not built here: clpar found no MPI; scripts/deps.sh installs Open MPI)"
+fi
