@@ -261,71 +261,16 @@ static void test_data_parallel_equals_one_device(void **state) {
   clpar_module_free(dp);
 }
 
-typedef struct {
-  clpar_device *dev0, *dev1;
-} toy_devices;
-
-static clpar_status toy_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **out,
-                                void *user) {
-  const toy_devices *d = user;
-  clpar_tensor *h;
-  clpar_status s = clpar_module_forward(clpar_module_child(self, "net1"), x, &h);
-  if (s == CLPAR_OK) s = clpar_relu(h, &h);
-  if (s == CLPAR_OK && d->dev1 != d->dev0) s = clpar_tensor_to(h, d->dev1, &h);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net2"), h, out);
-  return s;
-}
-
-/* The seed's ToyModel (net1 = Linear(10, 10) on dev0, ReLU, net2 = Linear(10, 5) on dev1),
- * 5 SGD steps; losses and weights out. */
-static void toy_train(toy_devices *d, float *losses, float *weights) {
-  clpar_module *m, *net1, *net2;
-  clpar_manual_seed(0);
-  tu_ok(clpar_module_create("ToyModel", toy_forward, d, NULL, &m));
-  tu_ok(clpar_linear_create(10, 10, 1, d->dev0, &net1));
-  tu_ok(clpar_module_add_child(m, "net1", net1));
-  tu_ok(clpar_linear_create(10, 5, 1, d->dev1, &net2));
-  tu_ok(clpar_module_add_child(m, "net2", net2));
-  clpar_optimizer *opt;
-  clpar_sgd_options o = {.lr = 0.001f};
-  tu_ok(clpar_sgd_create_for(m, &o, &opt));
-  for (int step = 0; step < 5; step++) {
-    clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *x, *labels, *y, *loss;
-    tu_ok(
-        clpar_tensor_rand_normal(d->dev0, 2, (int64_t[]){20, 10}, 100 + (uint64_t)step, 0, 1, &x));
-    tu_ok(clpar_optimizer_zero_grad(opt));
-    tu_ok(clpar_module_forward(m, x, &y));
-    tu_ok(clpar_tensor_rand_normal(d->dev1, 2, (int64_t[]){20, 5}, 200 + (uint64_t)step, 0, 1,
-                                   &labels));
-    tu_ok(clpar_mse_loss(y, labels, CLPAR_REDUCTION_MEAN, &loss));
-    tu_ok(clpar_backward(loss));
-    tu_ok(clpar_optimizer_step(opt));
-    tu_ok(clpar_tensor_read(loss, &losses[step], 1));
-    clpar_scope_end(sc);
-  }
-  int at = 0;
-  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
-    clpar_tensor *p;
-    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
-    tu_ok(clpar_tensor_read(p, weights + at, (size_t)(165 - at)));
-    at += (int)clpar_tensor_numel(p);
-  }
-  assert_int_equal(at, 165);
-  clpar_optimizer_free(opt);
-  clpar_module_free(m);
-}
-
 static void test_toy_model_parallel_equals_one_device(void **state) {
   (void)state;
   clpar_device *a, *b;
   need_pair(&a, &b);
-  toy_devices split = {a, b}, one = {a, a};
+  tu_toy_devices split = {a, b}, one = {a, a};
   float l_split[5], l_one[5], w_split[165], w_one[165];
   clpar_device_counters a0 = counters(a);
-  toy_train(&split, l_split, w_split);
+  tu_toy_train(&split, 0, &(clpar_sgd_options){.lr = 0.001f}, 5, l_split, w_split);
   clpar_device_counters a1 = counters(a);
-  toy_train(&one, l_one, w_one);
+  tu_toy_train(&one, 0, &(clpar_sgd_options){.lr = 0.001f}, 5, l_one, w_one);
   tu_assert_close(l_split, l_one, 5, 1e-5f, 1e-7f, "ToyModel losses");
   tu_assert_close(w_split, w_one, 165, 1e-5f, 1e-6f, "ToyModel weights");
   /* per step: the activation to b and its gradient back to a, peer copies both (the other

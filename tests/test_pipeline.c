@@ -399,75 +399,14 @@ static void test_stage_error_changes_nothing(void **state) {
 
 /* ---- the seed's ToyModel, model parallel ---- */
 
-typedef struct {
-  clpar_device *dev0, *dev1;
-} toy_devices;
-
-static clpar_status toy_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **out,
-                                void *user) {
-  const toy_devices *d = user;
-  clpar_tensor *h;
-  clpar_status s = CLPAR_OK;
-  if (clpar_tensor_device(x) != d->dev0) s = clpar_tensor_to(x, d->dev0, &x);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net1"), x, &h);
-  if (s == CLPAR_OK) s = clpar_relu(h, &h);
-  if (s == CLPAR_OK && d->dev1 != d->dev0) s = clpar_tensor_to(h, d->dev1, &h);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net2"), h, out);
-  return s;
-}
-
-static clpar_module *toy_create(toy_devices *d) {
-  clpar_module *m, *net1, *net2;
-  clpar_manual_seed(0);
-  tu_ok(clpar_module_create("ToyModel", toy_forward, d, NULL, &m));
-  tu_ok(clpar_linear_create(10, 10, 1, d->dev0, &net1));
-  tu_ok(clpar_module_add_child(m, "net1", net1));
-  tu_ok(clpar_linear_create(10, 5, 1, d->dev1, &net2));
-  tu_ok(clpar_module_add_child(m, "net2", net2));
-  return m;
-}
-
-static void toy_train(toy_devices *d, float *losses, float *weights) {
-  clpar_module *m = toy_create(d);
-  clpar_optimizer *opt;
-  clpar_sgd_options o = {.lr = 0.001f};
-  tu_ok(clpar_sgd_create_for(m, &o, &opt));
-  for (int step = 0; step < 5; step++) {
-    clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *x, *labels, *y, *loss;
-    tu_ok(clpar_tensor_rand_normal(clpar_device_host(), 2, (int64_t[]){20, 10},
-                                   100 + (uint64_t)step, 0, 1, &x));
-    tu_ok(clpar_optimizer_zero_grad(opt));
-    tu_ok(clpar_module_forward(m, x, &y));
-    assert_ptr_equal(clpar_tensor_device(y), d->dev1);
-    tu_ok(clpar_tensor_rand_normal(d->dev1, 2, (int64_t[]){20, 5}, 200 + (uint64_t)step, 0, 1,
-                                   &labels));
-    tu_ok(clpar_mse_loss(y, labels, CLPAR_REDUCTION_MEAN, &loss));
-    tu_ok(clpar_backward(loss));
-    tu_ok(clpar_optimizer_step(opt));
-    tu_ok(clpar_tensor_read(loss, &losses[step], 1));
-    clpar_scope_end(sc);
-  }
-  size_t at = 0;
-  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
-    clpar_tensor *p;
-    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
-    tu_ok(clpar_tensor_read(p, weights + at, 100));
-    at += (size_t)clpar_tensor_numel(p);
-  }
-  assert_int_equal(at, 165);
-  clpar_optimizer_free(opt);
-  clpar_module_free(m);
-}
-
 static void test_toy_model_parallel_equals_one_device(void **state) {
   (void)state;
   clpar_device *devs[MAX_STAGES];
   if (pick_devices(devs) < 2) skip();
-  toy_devices split = {devs[0], devs[1]}, one = {devs[0], devs[0]};
+  tu_toy_devices split = {devs[0], devs[1]}, one = {devs[0], devs[0]};
   float l_split[5], l_one[5], w_split[165], w_one[165];
-  toy_train(&split, l_split, w_split);
-  toy_train(&one, l_one, w_one);
+  tu_toy_train(&split, 0, &(clpar_sgd_options){.lr = 0.001f}, 5, l_split, w_split);
+  tu_toy_train(&one, 0, &(clpar_sgd_options){.lr = 0.001f}, 5, l_one, w_one);
   tu_assert_close(l_split, l_one, 5, 1e-5f, 1e-7f, "ToyModel losses");
   tu_assert_close(w_split, w_one, 165, 1e-5f, 1e-6f, "ToyModel weights");
 }

@@ -160,92 +160,20 @@ static void test_adamw(void **state) {
   each_device(RUN_ADAMW, 3, adamw_losses, adamw_params);
 }
 
-/* The seeds' ToyModel: net1 = Linear(10, 10) on one device, ReLU, net2 = Linear(10, 5) on
- * another; the activation moves between them with a differentiable copy. */
-typedef struct {
-  clpar_device *dev0, *dev1;
-} toy_devices;
-
-static clpar_status toy_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y, void *user) {
-  toy_devices *d = user;
-  clpar_tensor *x0 = NULL, *h = NULL, *r = NULL, *r1 = NULL;
-  clpar_status s = clpar_tensor_to(x, d->dev0, &x0);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net1"), x0, &h);
-  if (s == CLPAR_OK) s = clpar_relu(h, &r);
-  if (s == CLPAR_OK) s = clpar_tensor_to(r, d->dev1, &r1);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net2"), r1, y);
-  clpar_tensor_free(x0);
-  clpar_tensor_free(h);
-  clpar_tensor_free(r);
-  clpar_tensor_free(r1);
-  return s;
-}
-
-static clpar_module *make_toy(toy_devices *d) {
-  clpar_module *m, *net1, *net2;
-  clpar_manual_seed(7);
-  tu_ok(clpar_module_create("ToyModel", toy_forward, d, NULL, &m));
-  tu_ok(clpar_linear_create(10, 10, 1, d->dev0, &net1));
-  tu_ok(clpar_linear_create(10, 5, 1, d->dev1, &net2));
-  tu_ok(clpar_module_add_child(m, "net1", net1));
-  tu_ok(clpar_module_add_child(m, "net2", net2));
-  return m;
-}
-
-/* Three SGD steps of the ToyModel; returns its parameters, flattened, in out (165 floats). */
-static void train_toy(toy_devices *d, float *out) {
-  clpar_module *m = make_toy(d);
-  static const char *names[] = {"net1.weight", "net1.bias", "net2.weight", "net2.bias"};
-  assert_int_equal(clpar_module_parameter_count(m), 4);
-  for (int i = 0; i < 4; i++) {
-    const char *name;
-    tu_ok(clpar_module_parameter_at(m, i, &name, NULL));
-    assert_string_equal(name, names[i]);
-  }
-  clpar_optimizer *opt;
-  clpar_sgd_options o = {.lr = 0.05f, .momentum = 0.5f};
-  tu_ok(clpar_sgd_create_for(m, &o, &opt));
-  for (int step = 0; step < 3; step++) {
-    clpar_scope *sc = clpar_scope_begin();
-    clpar_tensor *x, *labels, *y, *loss;
-    tu_ok(
-        clpar_tensor_rand_normal(d->dev0, 2, (int64_t[]){20, 10}, 100 + (uint64_t)step, 0, 1, &x));
-    tu_ok(clpar_tensor_rand_normal(d->dev1, 2, (int64_t[]){20, 5}, 200 + (uint64_t)step, 0, 1,
-                                   &labels));
-    tu_ok(clpar_optimizer_zero_grad(opt));
-    tu_ok(clpar_module_forward(m, x, &y));
-    assert_ptr_equal(clpar_tensor_device(y), d->dev1); /* labels go where the output is */
-    tu_ok(clpar_mse_loss(y, labels, CLPAR_REDUCTION_MEAN, &loss));
-    tu_ok(clpar_backward(loss));
-    tu_ok(clpar_optimizer_step(opt));
-    clpar_scope_end(sc);
-  }
-  int at = 0;
-  for (int i = 0; i < 4; i++) {
-    clpar_tensor *p;
-    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
-    tu_ok(clpar_tensor_read(p, out + at, (size_t)(165 - at)));
-    at += (int)clpar_tensor_numel(p);
-  }
-  assert_int_equal(at, 165);
-  clpar_optimizer_free(opt);
-  clpar_module_free(m);
-}
-
 /* Split over the first selected device and a second one (tu_second_device), so that the
  * activation and its gradient always cross devices. */
 static void test_model_parallel_matches_one_device(void **state) {
   (void)state;
-  toy_devices one = {tu_host(), tu_host()};
-  toy_devices split = {clpar_device_get(0), tu_second_device(clpar_device_get(0))};
+  tu_toy_devices one = {tu_host(), tu_host()};
+  tu_toy_devices split = {clpar_device_get(0), tu_second_device(clpar_device_get(0))};
   if (!split.dev1) {
     print_message("no second device on this machine to split over\n");
     skip();
   }
   assert_ptr_not_equal(split.dev0, split.dev1);
   float ref[165], got[165];
-  train_toy(&one, ref);
-  train_toy(&split, got);
+  tu_toy_train(&one, 7, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.5f}, 3, NULL, ref);
+  tu_toy_train(&split, 7, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.5f}, 3, NULL, got);
   tu_assert_close(got, ref, 165, 1e-4f, 1e-5f, "ToyModel split over two devices");
 }
 

@@ -116,3 +116,67 @@ void tu_remove_dir(const char *path) {
   }
   rmdir(path);
 }
+
+static clpar_status toy_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **out,
+                                void *user) {
+  const tu_toy_devices *d = user;
+  clpar_tensor *h;
+  clpar_status s = CLPAR_OK;
+  if (clpar_tensor_device(x) != d->dev0) s = clpar_tensor_to(x, d->dev0, &x);
+  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net1"), x, &h);
+  if (s == CLPAR_OK) s = clpar_relu(h, &h);
+  if (s == CLPAR_OK && d->dev1 != d->dev0) s = clpar_tensor_to(h, d->dev1, &h);
+  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "net2"), h, out);
+  return s;
+}
+
+clpar_module *tu_toy_create(tu_toy_devices *d, uint64_t seed) {
+  clpar_module *m, *net1, *net2;
+  clpar_manual_seed(seed);
+  tu_ok(clpar_module_create("ToyModel", toy_forward, d, NULL, &m));
+  tu_ok(clpar_linear_create(10, 10, 1, d->dev0, &net1));
+  tu_ok(clpar_module_add_child(m, "net1", net1));
+  tu_ok(clpar_linear_create(10, 5, 1, d->dev1, &net2));
+  tu_ok(clpar_module_add_child(m, "net2", net2));
+  return m;
+}
+
+void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd, int steps,
+                  float *losses, float *weights) {
+  clpar_module *m = tu_toy_create(d, seed);
+  static const char *names[] = {"net1.weight", "net1.bias", "net2.weight", "net2.bias"};
+  assert_int_equal(clpar_module_parameter_count(m), 4);
+  for (int i = 0; i < 4; i++) {
+    const char *name;
+    tu_ok(clpar_module_parameter_at(m, i, &name, NULL));
+    assert_string_equal(name, names[i]);
+  }
+  clpar_optimizer *opt;
+  tu_ok(clpar_sgd_create_for(m, sgd, &opt));
+  for (int step = 0; step < steps; step++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x, *labels, *y, *loss;
+    tu_ok(
+        clpar_tensor_rand_normal(d->dev0, 2, (int64_t[]){20, 10}, 100 + (uint64_t)step, 0, 1, &x));
+    tu_ok(clpar_tensor_rand_normal(d->dev1, 2, (int64_t[]){20, 5}, 200 + (uint64_t)step, 0, 1,
+                                   &labels));
+    tu_ok(clpar_optimizer_zero_grad(opt));
+    tu_ok(clpar_module_forward(m, x, &y));
+    assert_ptr_equal(clpar_tensor_device(y), d->dev1); /* labels go where the output is */
+    tu_ok(clpar_mse_loss(y, labels, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_optimizer_step(opt));
+    if (losses) tu_ok(clpar_tensor_read(loss, &losses[step], 1));
+    clpar_scope_end(sc);
+  }
+  size_t at = 0;
+  for (int i = 0; i < 4; i++) {
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    tu_ok(clpar_tensor_read(p, weights + at, 165 - at));
+    at += (size_t)clpar_tensor_numel(p);
+  }
+  assert_int_equal(at, 165);
+  clpar_optimizer_free(opt);
+  clpar_module_free(m);
+}

@@ -58,4 +58,18 @@ void tu_expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol,
 /* Reads a whole tensor into a new malloc'ed buffer. */
 float *tu_read(const clpar_tensor *t);
 
+/* The seeds' ToyModel, model parallel: net1 = Linear(10, 10) on dev0, ReLU, net2 =
+ * Linear(10, 5) on dev1 (dev0 == dev1: one device); forward moves the input to dev0 and the
+ * activation to dev1 with the differentiable copy. */
+typedef struct {
+  clpar_device *dev0, *dev1;
+} tu_toy_devices;
+/* Made with clpar_manual_seed(seed) (d must outlive the module). */
+clpar_module *tu_toy_create(tu_toy_devices *d, uint64_t seed);
+/* steps SGD steps (MSE, batch 20 of fixed random inputs on dev0 and targets on dev1, both
+ * seeded by the step), checking the output's device and the parameters' names; the losses
+ * (steps of them; losses may be NULL) and the 165 parameters after, flattened, out. */
+void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd, int steps,
+                  float *losses, float *weights);
+
 #endif
