@@ -7,7 +7,8 @@
 #include "ocl_internal.h"
 
 #define AS_MEM(buf) ((cl_mem)(buf))
-#define WG_REDUCE 64 /* work-items per channel in the batch-norm reductions */
+#define WG_REDUCE 64 /* most work-items per channel in the batch-norm reductions */
+#define PER_ITEM 8   /* fewest elements each of them sums (a work-group's tree is not free) */
 
 static clpar_status launch_2d(clpar_ocl_device *d, const char *file, const char *name,
                               const karg *args, int nargs, size_t n0, size_t n1) {
@@ -15,11 +16,16 @@ static clpar_status launch_2d(clpar_ocl_device *d, const char *file, const char 
   return clpar_ocl_launch(d, file, name, args, nargs, 2, global, NULL);
 }
 
-/* One work-group per channel; args[nargs - 1] is the kernel's __local scratch. */
+/* One work-group per channel, each reducing per_channel elements; args[nargs - 1] is the
+ * kernel's __local scratch. The work-group is a power of two no larger than a channel needs:
+ * a 64-wide tree over the 16 elements of a small micro-batch's channel cost more than the sums
+ * (on PoCL, bn_stats over 2048 channels of 16 took 1 ms; DESIGN.md, pipeline). */
 static clpar_status launch_channels(clpar_ocl_device *d, const char *name, karg *args, int nargs,
-                                    size_t channels) {
+                                    size_t channels, size_t per_channel) {
   size_t local = 1;
-  while (local * 2 <= WG_REDUCE && local * 2 <= d->max_wg_size) local *= 2;
+  while (local * 2 <= WG_REDUCE && local * 2 <= d->max_wg_size &&
+         local * 2 * PER_ITEM <= per_channel)
+    local *= 2;
   size_t global = channels * local;
   args[nargs - 1].size = local * sizeof(float);
   return clpar_ocl_launch(d, "batchnorm.cl", name, args, nargs, 1, &global, &local);
@@ -138,7 +144,7 @@ clpar_status clpar_ocl_bn_stats(void *dev, size_t n, size_t c, size_t p, clpar_b
   karg args[] = {KARG(xm),  KARG(xo),  KARG(mm),  KARG(mo),  KARG(vm),      KARG(vo),
                  KARG(rmm), KARG(rmo), KARG(rvm), KARG(rvo), KARG(running), KARG(momentum),
                  KARG(cn),  KARG(cc),  KARG(cp),  {0, NULL}};
-  return launch_channels(dev, "bn_stats_f32", args, 16, c);
+  return launch_channels(dev, "bn_stats_f32", args, 16, c, n * p);
 }
 
 clpar_status clpar_ocl_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
@@ -165,7 +171,7 @@ clpar_status clpar_ocl_bn_backward_sums(void *dev, size_t n, size_t c, size_t p,
   karg args[] = {KARG(xm),  KARG(xo), KARG(gm),  KARG(go),  KARG(mm),  KARG(mo),
                  KARG(vm),  KARG(vo), KARG(eps), KARG(sgm), KARG(sgo), KARG(sxm),
                  KARG(sxo), KARG(cn), KARG(cc),  KARG(cp),  {0, NULL}};
-  return launch_channels(dev, "bn_backward_reduce_f32", args, 17, c);
+  return launch_channels(dev, "bn_backward_reduce_f32", args, 17, c, n * p);
 }
 
 clpar_status clpar_ocl_bn_backward(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
