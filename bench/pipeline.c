@@ -16,12 +16,11 @@
  * Models are entries of `models`: a way to cut the model into stages, make a batch and take
  * the loss. "mlp" has equal stages: each of the two is layers x (Linear(W, W), ReLU), the
  * loss an MSE against a random target (in backward the first stage computes no gradient for
- * its input, so it runs 5 of a step's 11 GEMMs at --layers 2). "resnet50" is ResNet-50 cut as the
- * seed cuts it (clpar_resnet_split: conv1 .. layer2 | layer3 .. fc) at --image-size (default 64)
- * with
- * --classes (default 1000), MSE against one-hot targets; its stages are not of equal cost
- * (by FLOPs about 45% and 55%: the ideal pipeline is then 1.8x one device, not 2x, and the
- * bubble measured here counts the imbalance too).
+ * its input, so it runs 5 of a step's 11 GEMMs at --layers 2). "resnet50" is ResNet-50 cut
+ * as the seed cuts it (clpar_resnet_split: conv1 .. layer2 | layer3 .. fc) at --image-size
+ * (default 64) with --classes (default 1000), MSE against one-hot targets; its stages are not
+ * of equal cost (by FLOPs about 45% and 55%: the ideal pipeline is then 1.8x one device, not
+ * 2x, and the bubble measured here counts the imbalance too).
  *
  * On this 2-core machine, two PoCL "basic" devices each run in their own worker thread:
  *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_pipeline \
