@@ -70,7 +70,7 @@ static void check_gemm(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, 
 
 static void test_gemm(void **state) {
   (void)state;
-  for (int d = 0; d < clpar_device_count(); d++)
+  for (int d = 0; d < clpar_device_count(); d++) {
     for (int t = 0; t < 4; t++) {
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 37, 53, 29);
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 1, 7, 64);
@@ -78,6 +78,11 @@ static void test_gemm(void **state) {
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 19, 24, 40);
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 3, 8, 8);
     }
+    /* B transposed (nt), k a multiple of 8: a CPU device's small kernel at any size while B
+     * holds at most 2^22 floats (m and n not multiples of a work-group), CLBlast past that */
+    check_gemm(clpar_device_get(d), 0, 1, 67, 1029, 1024);
+    check_gemm(clpar_device_get(d), 0, 1, 5, 2049, 2048);
+  }
 }
 
 static void test_gemm_on_views(void **state) {
