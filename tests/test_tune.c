@@ -63,6 +63,14 @@ static void test_tune_arguments(void **state) {
                      CLPAR_ERROR_INVALID_ARGUMENT);
   clpar_tune_options neg = {.candidates = -1};
   assert_int_equal(clpar_device_tune_gemm(dev, &ok, 1, &neg, &r), CLPAR_ERROR_INVALID_ARGUMENT);
+  /* on a CPU device, shapes that all take clpar's own small kernel leave nothing to tune */
+  clpar_device_info info;
+  tu_ok(clpar_device_get_info(dev, &info));
+  if (ocl_device() && info.type == CLPAR_DEVICE_CPU) {
+    clpar_gemm_shape small[] = {{16, 16, 16, 0, 0}, {512, 1024, 1024, 0, 1}};
+    assert_int_equal(clpar_device_tune_gemm(dev, small, 2, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(clpar_last_error(), "nothing to tune"));
+  }
 }
 
 /* GEMMs on dev in all four transposes match the host's: at m n k, and (when indirect) at a

@@ -561,13 +561,18 @@ static clpar_status gemm_small(clpar_ocl_device *d, int trans_a, int trans_b, si
                 args, 14, 2, global, local);
 }
 
+int clpar_ocl_gemm_takes_small(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
+                               size_t n, size_t k) {
+  int fits = trans_b ? !trans_a && k % 8 == 0 : n % 8 == 0;
+  int small = k > 0 && (m * n <= SMALL_GEMM_MACS / k || (trans_b && n <= SMALL_NT_B_FLOATS / k));
+  return d->cpu && fits && small;
+}
+
 static clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
                              float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb,
                              float beta, clpar_bref c, size_t ldc) {
   clpar_ocl_device *d_ = dev;
-  int fits = trans_b ? !trans_a && k % 8 == 0 : n % 8 == 0;
-  int small = k > 0 && (m * n <= SMALL_GEMM_MACS / k || (trans_b && n <= SMALL_NT_B_FLOATS / k));
-  if (d_->cpu && fits && small)
+  if (clpar_ocl_gemm_takes_small(d_, trans_a, trans_b, m, n, k))
     return gemm_small(d_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   pthread_mutex_lock(&d_->lock);
   clpar_status s_ =

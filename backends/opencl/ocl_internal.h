@@ -73,6 +73,11 @@ typedef struct clpar_ocl_device {
   char platform_version[256];
 } clpar_ocl_device;
 
+/* Whether ocl_gemm runs this GEMM with gemm_small.cl rather than CLBlast (CPU devices only;
+ * the tuner leaves such shapes out: CLBlast never runs them). */
+int clpar_ocl_gemm_takes_small(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
+                               size_t n, size_t k);
+
 /* ---- kernel launches (ocl_backend.c), for the ops kept in files of their own ---- */
 
 /* One kernel argument: its size and a pointer to its value (NULL value: __local memory). */

@@ -886,20 +886,41 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
       return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                              "opencl: CLBlast %s names its GEMM parameters differently",
                              CLPAR_CLBLAST_VERSION);
-  tune_shape *ts = calloc((size_t)n_shapes, sizeof *ts);
+  /* only the shapes CLBlast runs: on a CPU device some take gemm_small.cl (ocl_gemm) */
+  int n_blast = 0;
+  for (int i = 0; i < n_shapes; i++)
+    n_blast +=
+        !clpar_ocl_gemm_takes_small(d, shapes[i].trans_a, shapes[i].trans_b, (size_t)shapes[i].m,
+                                    (size_t)shapes[i].n, (size_t)shapes[i].k);
+  if (!n_blast)
+    return clpar_set_error(
+        CLPAR_ERROR_INVALID_ARGUMENT,
+        "opencl: %s: none of the %d shapes runs CLBlast on this CPU device (each "
+        "takes clpar's own small-GEMM kernel: B transposed with at most 2^22 "
+        "floats, or at most 2^20 multiply-adds), so there is nothing to tune",
+        d->dev_name, n_shapes);
+  if (n_blast < n_shapes)
+    clpar_log(CLPAR_LOG_INFO,
+              "opencl: %s: tuning on %d of the %d shapes; the others take clpar's own small-GEMM "
+              "kernel on this CPU device",
+              d->dev_name, n_blast, n_shapes);
+  tune_shape *ts = calloc((size_t)n_blast, sizeof *ts);
   if (!ts) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: tuning");
   pthread_mutex_lock(&d->lock);
   pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock); /* one device compiles at a time */
   clpar_status s = CLPAR_OK;
-  for (int i = 0; i < n_shapes && s == CLPAR_OK; i++) s = shape_init(d, &ts[i], &shapes[i], 7 + i);
+  for (int i = 0, j = 0; i < n_shapes && s == CLPAR_OK; i++)
+    if (!clpar_ocl_gemm_takes_small(d, shapes[i].trans_a, shapes[i].trans_b, (size_t)shapes[i].m,
+                                    (size_t)shapes[i].n, (size_t)shapes[i].k))
+      s = shape_init(d, &ts[j++], &shapes[i], 7 + i);
   if (s == CLPAR_OK) {
-    tuner t = {d, ts, n_shapes, options->quick ? 1 : 3, 0, 0, options, result};
+    tuner t = {d, ts, n_blast, options->quick ? 1 : 3, 0, 0, options, result};
     s = run_search(&t, def);
   }
   if (s == CLPAR_OK) atomic_store(&d->gemm_warm, 1); /* CLBlast has compiled for it */
   pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
   pthread_mutex_unlock(&d->lock);
-  for (int i = 0; i < n_shapes; i++) shape_free(&ts[i]);
+  for (int i = 0; i < n_blast; i++) shape_free(&ts[i]);
   free(ts);
   return s;
 }

@@ -157,6 +157,9 @@ typedef struct clpar_tune_result {
  * saves it under CLPAR_CACHE_DIR, keyed by device, driver and CLBlast version; every later
  * clpar_init applies it when it opens the device (CLPAR_TUNE=off ignores saved entries). CLBlast
  * keeps parameters per device for the whole process. Takes seconds per candidate.
+ * On a CPU device the shapes that run clpar's own small-GEMM kernel instead of CLBlast (B
+ * transposed with B of at most 2^22 floats, or at most 2^20 multiply-adds) are left out, and
+ * CLPAR_ERROR_INVALID_ARGUMENT comes back when no shape is left.
  * CLPAR_ERROR_UNSUPPORTED on a device that is not OpenCL. options and result may be NULL. */
 CLPAR_API clpar_status clpar_device_tune_gemm(clpar_device *dev, const clpar_gemm_shape *shapes,
                                               int n_shapes, const clpar_tune_options *options,
