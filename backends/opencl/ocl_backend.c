@@ -536,7 +536,7 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
 /* With B transposed and A not (nt: a Linear's forward, a convolution's weight gradient),
  * gemm_small's dot products (A's row and B's row both read along k) beat CLBlast on CPU
  * devices at any size while B stays within this many floats (16 MiB). Measured on PoCL, best
- * of 5: one basic device, against CLBlast's own parameters, 2.2-5x on 12 shapes (m 15 to 2048,
+ * of 5: one basic device, against CLBlast's own parameters, 2.3-7x on 14 shapes (m 15 to 2048,
  * n 256 to 4608, k 16 to 2304; 1024^3 21.8 against 9.5 GFLOP/s, 256 x 2304 x 64 34 against
  * 4.9); the pthread device (2 cores) 1.7-4x untuned, and 0.85-2.8x against a clpar-tune entry.
  * With B of 64 MiB (32 x 4096 x 4096) it lost (9.7 against 14.4 tuned). The other transposes
