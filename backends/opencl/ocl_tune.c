@@ -873,6 +873,11 @@ out:
   return s;
 }
 
+static int runs_clblast(const clpar_ocl_device *d, const clpar_gemm_shape *s) {
+  return !clpar_ocl_gemm_takes_small(d, s->trans_a, s->trans_b, (size_t)s->m, (size_t)s->n,
+                                     (size_t)s->k);
+}
+
 clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shapes,
                            const clpar_tune_options *options, clpar_tune_result *result) {
   clpar_ocl_device *d = dev;
@@ -888,10 +893,7 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
                              CLPAR_CLBLAST_VERSION);
   /* only the shapes CLBlast runs: on a CPU device some take gemm_small.cl (ocl_gemm) */
   int n_blast = 0;
-  for (int i = 0; i < n_shapes; i++)
-    n_blast +=
-        !clpar_ocl_gemm_takes_small(d, shapes[i].trans_a, shapes[i].trans_b, (size_t)shapes[i].m,
-                                    (size_t)shapes[i].n, (size_t)shapes[i].k);
+  for (int i = 0; i < n_shapes; i++) n_blast += runs_clblast(d, &shapes[i]);
   if (!n_blast)
     return clpar_set_error(
         CLPAR_ERROR_INVALID_ARGUMENT,
@@ -910,9 +912,7 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
   pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock); /* one device compiles at a time */
   clpar_status s = CLPAR_OK;
   for (int i = 0, j = 0; i < n_shapes && s == CLPAR_OK; i++)
-    if (!clpar_ocl_gemm_takes_small(d, shapes[i].trans_a, shapes[i].trans_b, (size_t)shapes[i].m,
-                                    (size_t)shapes[i].n, (size_t)shapes[i].k))
-      s = shape_init(d, &ts[j++], &shapes[i], 7 + i);
+    if (runs_clblast(d, &shapes[i])) s = shape_init(d, &ts[j++], &shapes[i], 7 + i);
   if (s == CLPAR_OK) {
     tuner t = {d, ts, n_blast, options->quick ? 1 : 3, 0, 0, options, result};
     s = run_search(&t, def);
