@@ -1,4 +1,4 @@
-/* pipeline.c — the seed's experiment (seeds/model_and_pipeline_parallel.txt): one training
+/* pipeline.c — the experiment of "Single-Machine Model Parallel Best Practices": one training
  * step of a model on one device, split over two devices (model parallel), and pipelined over
  * them at several split sizes, GPipe (the module's forward, then one backward, as the seed
  * does) and 1F1B (clpar_pipeline_train_step). Rounds alternate between the set-ups so that

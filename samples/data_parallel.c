@@ -1,5 +1,5 @@
 /* data_parallel.c — PyTorch's "Optional: Data Parallelism" tutorial, line for line, in C
- * (seeds/data_parallel_tutorial.*): a Model of one Linear(5, 2) whose forward prints the size
+ * (pytorch.org tutorials): a Model of one Linear(5, 2) whose forward prints the size
  * of what each replica sees, a random data set of 100 rows of 5 features, batches of 30, and
  * DataParallel over every selected device. With 2, 3, 4 or 8 devices it prints the chunk
  * sizes of the tutorial's tables ([15, 5] twice per batch of 30 on 2 devices, and so on).

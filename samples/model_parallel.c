@@ -1,5 +1,5 @@
 /* model_parallel.c — PyTorch's "Single-Machine Model Parallel" ToyModel in C
- * (seeds/model_and_pipeline_parallel.txt): net1 = Linear(10, 10) on the first device, ReLU,
+ * ("Single-Machine Model Parallel Best Practices"): net1 = Linear(10, 10) on device 0, ReLU,
  * net2 = Linear(10, 5) on the second; forward moves the input to the first device and the
  * activation to the second (clpar_tensor_to: a differentiable copy that does not wait), the
  * labels go to the output's device, and MSE + SGD(lr 0.001) train it on batches of 20 random

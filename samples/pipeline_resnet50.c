@@ -1,5 +1,5 @@
 /* pipeline_resnet50.c — the experiment of PyTorch's "Single-Machine Model Parallel" tutorial
- * (seeds/model_and_pipeline_parallel.txt) on the selected devices: the seeds' train() (ResNet-50,
+ * ("Single-Machine Model Parallel Best Practices") on the selected devices: its train() (ResNet-50,
  * MSE against one-hot labels, SGD lr 0.001, 3 batches of 120 images of 3x128x128, 1000
  * classes) timed
  *   1. on one device (the first selected),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sample_data_parallel.sh SAMPLE — runs samples/data_parallel over 1, 2, 3, 4 and 8 PoCL
 # devices and checks that the replicas' input sizes, batch by batch, are the chunk sizes of
-# the tables in seeds/data_parallel_tutorial.* (100 rows, batches of 30). Exit 77: skipped.
+# the tables in PyTorch's "Optional: Data Parallelism" (100 rows, batches of 30). Exit 77: skipped.
 set -u
 sample=$1
 declare -A expect=(

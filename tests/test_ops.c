@@ -176,7 +176,7 @@ static void test_concat_split(void **state) {
 
 static void test_chunk_sizes_match_tutorials(void **state) {
   (void)state;
-  /* The tables printed in seeds/data_parallel_tutorial.*: batch 30 and the last batch of 10
+  /* The tables of PyTorch's "Optional: Data Parallelism": batch 30 and the last batch of 10
    * (100 rows, batch 30) over 2, 3, 4 and 8 GPUs. */
   static const struct {
     int64_t rows;

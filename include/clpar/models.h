@@ -65,7 +65,7 @@ CLPAR_API clpar_status clpar_resnet50(int64_t num_classes, clpar_device *dev, cl
 CLPAR_API clpar_status clpar_resnet101(int64_t num_classes, clpar_device *dev, clpar_module **out);
 CLPAR_API clpar_status clpar_resnet152(int64_t num_classes, clpar_device *dev, clpar_module **out);
 
-/* The model-parallel tutorial's cut of a ResNet (seeds/model_and_pipeline_parallel.txt, with
+/* The cut of a ResNet in "Single-Machine Model Parallel Best Practices" (with
  * split 2: ModelParallelResNet50's seq1 and seq2 + fc): *head = Sequential(conv1, bn1, relu,
  * maxpool, layer1 .. layer<split>), *tail = Sequential(layer<split+1> .. layer4, avgpool,
  * Flatten(1, -1), fc), so that tail(head(x)) is resnet(x) and the two are ready to be stages of
