@@ -69,3 +69,39 @@ clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s) {
   memcpy(error_message + plen - 2, ": ", 2);
   return s;
 }
+
+const char *clpar_escape(const char *s, size_t len, char *buf, size_t size) {
+  static const char hex[] = "0123456789abcdef";
+  size_t at = 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    int c1 = c == 0xc2 && i + 1 < len && (unsigned char)s[i + 1] >= 0x80 &&
+             (unsigned char)s[i + 1] <= 0x9f;
+    char piece[9];
+    size_t n = 0;
+    if (c < 0x20 || c == 0x7f || c1) {
+      for (int k = 0; k <= c1; k++) {
+        unsigned char b = (unsigned char)s[i + (size_t)k];
+        piece[n++] = '\\';
+        piece[n++] = 'x';
+        piece[n++] = hex[b >> 4];
+        piece[n++] = hex[b & 15];
+      }
+    } else if (c == '\\') {
+      piece[n++] = '\\';
+      piece[n++] = '\\';
+    } else {
+      piece[n++] = (char)c;
+    }
+    if (at + n + 4 > size && (i + (size_t)c1 + 1 < len || at + n + 1 > size)) {
+      memcpy(buf + at, "...", 4 <= size - at ? 4 : size - at);
+      buf[size - 1] = '\0';
+      return buf;
+    }
+    memcpy(buf + at, piece, n);
+    at += n;
+    i += (size_t)c1;
+  }
+  buf[at] = '\0';
+  return buf;
+}

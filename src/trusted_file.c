@@ -36,6 +36,29 @@ static const char *file_kind(mode_t m) {
   return "not a regular file";
 }
 
+clpar_status clpar_open_regular(const char *path, int *fd, int64_t *size) {
+  *fd = -1;
+  *size = 0;
+  int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (f < 0) return clpar_set_error(CLPAR_ERROR_IO, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  clpar_status s = CLPAR_OK;
+  if (fstat(f, &st) != 0)
+    s = clpar_set_error(CLPAR_ERROR_IO, "cannot stat %s: %s", path, strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    s = clpar_set_error(CLPAR_ERROR_IO, "%s is %s, not a regular file", path,
+                        file_kind(st.st_mode));
+  else if (fcntl(f, F_SETFL, fcntl(f, F_GETFL) & ~O_NONBLOCK) != 0)
+    s = clpar_set_error(CLPAR_ERROR_IO, "cannot read %s: %s", path, strerror(errno));
+  if (s != CLPAR_OK) {
+    close(f);
+    return s;
+  }
+  *fd = f;
+  *size = (int64_t)st.st_size;
+  return CLPAR_OK;
+}
+
 /* The checks shared by directories and files: owned by this user, not writable by others. */
 static clpar_status check_owner_mode(const char *what, const char *path, const struct stat *st) {
   uid_t me = geteuid();

@@ -287,15 +287,11 @@ clpar_status clpar_st_read(const char *path, clpar_st_file *f) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "safetensors read: NULL argument");
   memset(f, 0, sizeof *f);
   f->fd = -1;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) return clpar_set_error(CLPAR_ERROR_IO, "cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  clpar_status s = CLPAR_OK;
-  if (fstat(fd, &st) != 0)
-    s = clpar_set_error(CLPAR_ERROR_IO, "cannot stat %s: %s", path, strerror(errno));
-  else if (!S_ISREG(st.st_mode))
-    s = clpar_set_error(CLPAR_ERROR_IO, "%s is not a regular file", path);
-  uint64_t size = s == CLPAR_OK ? (uint64_t)st.st_size : 0, hn = 0;
+  int fd;
+  int64_t file_size;
+  clpar_status s = clpar_open_regular(path, &fd, &file_size);
+  if (s != CLPAR_OK) return s;
+  uint64_t size = (uint64_t)file_size, hn = 0;
   uint8_t first8[8] = {0}, *header = NULL;
   if (s == CLPAR_OK && size >= 8) s = read_at(fd, path, first8, 8, 0);
   if (s == CLPAR_OK) s = check_size(path, first8, size, &hn);
