@@ -519,9 +519,12 @@ clpar_status clpar_open_regular(const char *path, int *fd, int64_t *size);
  * fill one buffer again and again). An error stops the write and is returned. */
 typedef clpar_status (*clpar_part_fn)(void *user, int i, const void **data, size_t *size);
 /* Writes parts 0 .. n-1 (total bytes in all) one after another to path as one new file: a
- * temporary file in the same directory, synced, renamed over path, and the directory synced;
- * a crash at any point leaves either the old file or the new one, whole (a temporary file may
- * be left behind). */
+ * temporary file in the same directory (".<name>.<16 random hex digits>.tmp", created O_EXCL,
+ * so no one can plant or predict it), synced, renamed over path, and the directory synced; a
+ * crash at any point leaves either the old file or the new one, whole (a temporary file may
+ * be left behind). A regular file at path keeps its permission bits (a 0600 file stays
+ * 0600); a new one is 0666 less the umask. A symbolic link at path is replaced by the file,
+ * and its target left unchanged. */
 clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
                                      void *user);
 /* Test-only: called at each point of an atomic write (NULL outside tests). */
