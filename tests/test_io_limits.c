@@ -1,8 +1,8 @@
 /* test_io_limits.c — the data readers and the loader against hostile input: paths that are not
  * regular files (a FIFO nobody writes, a link to a character device) refused before they are
- * read, CSV fields of only blanks refused like empty ones, the loader's sizes checked without
- * overflow, and a gzip-compressed CSV (one stream or several concatenated) refused past the
- * cap on its decompressed text, naming the cap. */
+ * read, CSV fields of only blanks refused like empty ones, text from a file escaped in messages,
+ * the loader's sizes checked without overflow, and a gzip-compressed CSV (one stream or several
+ * concatenated) refused past the cap on its decompressed text, naming the cap. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -135,6 +135,28 @@ static void test_csv_blank_field_refused(void **state) {
   }
 }
 
+/* A .npy whose dtype string holds an escape character: shown escaped in the message. */
+static void test_npy_dtype_escaped(void **state) {
+  (void)state;
+  char p[128];
+  path_in(p, sizeof p, "esc.npy");
+  char h[128] = "\x93NUMPY\x01\x00";
+  const char *dict = "{'descr': '<\x1b[2J', 'fortran_order': False, 'shape': (1,), }";
+  size_t len = strlen(dict), padded = (10 + len + 1 + 63) / 64 * 64 - 10;
+  h[8] = (char)padded;
+  h[9] = 0;
+  memcpy(h + 10, dict, len);
+  memset(h + 10 + len, ' ', padded - len - 1);
+  h[10 + padded - 1] = '\n';
+  FILE *f = fopen(p, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(h, 1, 10 + padded, f), 10 + padded);
+  assert_int_equal(fclose(f), 0);
+  clpar_npy_array a;
+  assert_int_equal(clpar_npy_read(p, &a), CLPAR_ERROR_CORRUPT);
+  assert_non_null(strstr(clpar_last_error(), "dtype '<\\x1b[2J'"));
+}
+
 /* ---- the loader's sizes ---- */
 
 static void test_loader_huge_batch_size(void **state) {
@@ -236,6 +258,7 @@ int main(void) {
       cmocka_unit_test(test_fifo_refused_before_open),
       cmocka_unit_test(test_link_to_device_refused),
       cmocka_unit_test(test_csv_blank_field_refused),
+      cmocka_unit_test(test_npy_dtype_escaped),
       cmocka_unit_test(test_loader_huge_batch_size),
       cmocka_unit_test(test_csv_gz_text_cap),
   };

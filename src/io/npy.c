@@ -90,11 +90,13 @@ static clpar_status parse_descr(npy_parser *p, clpar_npy_array *a) {
     a->dtype = CLPAR_NPY_I32;
   else if (!strcmp(d, "<i8"))
     a->dtype = CLPAR_NPY_I64;
-  else
+  else {
+    char esc[CLPAR_ESC_SIZE];
     return clpar_set_error(CLPAR_ERROR_CORRUPT,
                            "%s: dtype '%s' at byte %zu is not supported (only '<f4', '<i4' "
                            "and '<i8')",
-                           p->path, d, p->base + p->at);
+                           p->path, CLPAR_ESC(d, esc), p->base + p->at);
+  }
   return CLPAR_OK;
 }
 
