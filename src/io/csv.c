@@ -50,14 +50,17 @@ static clpar_status slurp(const char *path, int64_t max, char **text, size_t *le
   if (!buf) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: no memory", path);
   while (s == CLPAR_OK) {
     if (cap - n < (1 << 15) + 1) {
-      char *more = cap < SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+      /* doubling, but not far past what the cap lets through */
+      size_t want = cap < SIZE_MAX / 2 ? cap * 2 : 0;
+      if ((uint64_t)want > (uint64_t)max + (1 << 16)) want = (size_t)max + (1 << 16);
+      char *more = want > cap ? realloc(buf, want) : NULL;
       if (!more) {
         s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory at %zu bytes", path,
                             n);
         break;
       }
       buf = more;
-      cap *= 2;
+      cap = want;
     }
     int got = gzread(g, buf + n, 1 << 15);
     if (got < 0) s = read_error(path, g, n);
