@@ -46,7 +46,7 @@ fuzz_one() { # fuzz_one TARGET SECONDS MAX_LEN SOURCES...
 for target in "${targets[@]}"; do
   case $target in
   safetensors) fuzz_one safetensors "$secs" 4096 src/io/safetensors.c src/trusted_file.c ;;
-  npy) fuzz_one npy $(((secs + 1) / 2)) 1024 src/io/npy.c ;;
+  npy) fuzz_one npy $(((secs + 1) / 2)) 1024 src/io/npy.c src/trusted_file.c ;;
   *) echo "fuzz.sh: unknown target $target (safetensors, npy)"; exit 2 ;;
   esac
 done

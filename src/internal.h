@@ -495,15 +495,36 @@ void clpar_weighted_sizes(int64_t rows, const float *weights, int n, int64_t *si
 /* Counter-based generator shared by every backend: the value for (seed, index). */
 float clpar_rng_uniform01(uint64_t seed, uint64_t index);
 
-/* ---- crash-safe files (src/trusted_file.c) ---- */
+/* ---- text from files in messages (src/status.c) ---- */
+
+/* Room for one escaped name or value in a message: longer ones are cut (with "..."). */
+#define CLPAR_ESC_SIZE 200
+/* s (len bytes, NUL bytes included) made fit for a message or a log line, into buf of size
+ * (>= 8) bytes: control bytes (below 0x20, DEL and the UTF-8 C1 controls) as \xNN and the
+ * backslash as \\, so that a name or value read from a file cannot move a terminal's cursor,
+ * forge a log line or hide text; cut with "..." to fit. Returns buf. */
+const char *clpar_escape(const char *s, size_t len, char *buf, size_t size);
+/* A NUL-terminated s escaped into buf, a char array of the caller's (CLPAR_ESC_SIZE). */
+#define CLPAR_ESC(s, buf) clpar_escape((s), strlen(s), (buf), sizeof(buf))
+
+/* ---- files read and written (src/trusted_file.c) ---- */
+
+/* Opens path for reading only if it is a regular file: the open cannot block (O_NONBLOCK, so a
+ * FIFO nobody writes is refused, not waited on) and the check is made with fstat on the
+ * descriptor then read (a link is followed to what it names, and a device or FIFO behind it
+ * is refused). *size: the file's size. CLPAR_ERROR_IO naming path and what it is. */
+clpar_status clpar_open_regular(const char *path, int *fd, int64_t *size);
 
 /* Part i of a file being written: its bytes, valid until the next call (so a producer can
  * fill one buffer again and again). An error stops the write and is returned. */
 typedef clpar_status (*clpar_part_fn)(void *user, int i, const void **data, size_t *size);
 /* Writes parts 0 .. n-1 (total bytes in all) one after another to path as one new file: a
- * temporary file in the same directory, synced, renamed over path, and the directory synced;
- * a crash at any point leaves either the old file or the new one, whole (a temporary file may
- * be left behind). */
+ * temporary file in the same directory (".<name>.<16 random hex digits>.tmp", created O_EXCL,
+ * so no one can plant or predict it), synced, renamed over path, and the directory synced; a
+ * crash at any point leaves either the old file or the new one, whole (a temporary file may
+ * be left behind). A regular file at path keeps its permission bits (a 0600 file stays
+ * 0600); a new one is 0666 less the umask. A symbolic link at path is replaced by the file,
+ * and its target left unchanged. */
 clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
                                      void *user);
 /* Test-only: called at each point of an atomic write (NULL outside tests). */

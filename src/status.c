@@ -69,3 +69,49 @@ clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s) {
   memcpy(error_message + plen - 2, ": ", 2);
   return s;
 }
+
+/* Byte i of s (len bytes) as it is shown, in piece (8 bytes); returns the bytes written and
+ * sets *used to the bytes of s taken (2 for a UTF-8 C1 control). */
+static size_t escape_one(const char *s, size_t len, size_t i, char *piece, size_t *used) {
+  static const char hex[] = "0123456789abcdef";
+  unsigned char c = (unsigned char)s[i];
+  int c1 = c == 0xc2 && i + 1 < len && (unsigned char)s[i + 1] >= 0x80 &&
+           (unsigned char)s[i + 1] <= 0x9f;
+  size_t n = 0;
+  *used = 1 + (size_t)c1;
+  if (c < 0x20 || c == 0x7f || c1) {
+    for (size_t k = 0; k < *used; k++) {
+      unsigned char b = (unsigned char)s[i + k];
+      piece[n++] = '\\';
+      piece[n++] = 'x';
+      piece[n++] = hex[b >> 4];
+      piece[n++] = hex[b & 15];
+    }
+  } else if (c == '\\') {
+    piece[n++] = '\\';
+    piece[n++] = '\\';
+  } else {
+    piece[n++] = (char)c;
+  }
+  return n;
+}
+
+const char *clpar_escape(const char *s, size_t len, char *buf, size_t size) {
+  char piece[8];
+  size_t used, total = 0;
+  for (size_t i = 0; i < len; i += used) total += escape_one(s, len, i, piece, &used);
+  size_t room = total < size ? size - 1 : size - 4; /* cut: room for "..." */
+  size_t at = 0;
+  for (size_t i = 0; i < len; i += used) {
+    size_t n = escape_one(s, len, i, piece, &used);
+    if (at + n > room) break;
+    memcpy(buf + at, piece, n);
+    at += n;
+  }
+  if (total >= size) {
+    memcpy(buf + at, "...", 3);
+    at += 3;
+  }
+  buf[at] = '\0';
+  return buf;
+}

@@ -10,9 +10,12 @@
  * directory's descriptor with O_NOFOLLOW (a symbolic link is refused, not followed) and
  * O_NONBLOCK (a FIFO planted at an entry's path cannot block the open), and checked with
  * fstat on the descriptor that is then read, so nothing can be swapped between check and use.
- * An entry is written to a new file (O_EXCL, 0600) in the same directory, synced, and renamed
- * over the old one, so a reader never sees half an entry and a link at the path is replaced,
- * never written through. The API is declared in backends/backend.h, for backends. */
+ * An entry is written to a new file (O_EXCL, 0600, an unpredictable name) in the same
+ * directory, synced, and renamed over the old one, so a reader never sees half an entry and a
+ * link at the path is replaced, never written through. The API is declared in
+ * backends/backend.h, for backends. The other files clpar saves (checkpoints) are written the
+ * same way (clpar_file_write_atomic, keeping the mode of the file replaced), and the files it
+ * reads are opened by clpar_open_regular, which refuses anything but a regular file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -34,6 +38,29 @@ static const char *file_kind(mode_t m) {
   if (S_ISCHR(m)) return "a character device";
   if (S_ISBLK(m)) return "a block device";
   return "not a regular file";
+}
+
+clpar_status clpar_open_regular(const char *path, int *fd, int64_t *size) {
+  *fd = -1;
+  *size = 0;
+  int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (f < 0) return clpar_set_error(CLPAR_ERROR_IO, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  clpar_status s = CLPAR_OK;
+  if (fstat(f, &st) != 0)
+    s = clpar_set_error(CLPAR_ERROR_IO, "cannot stat %s: %s", path, strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    s = clpar_set_error(CLPAR_ERROR_IO, "%s is %s, not a regular file", path,
+                        file_kind(st.st_mode));
+  else if (fcntl(f, F_SETFL, fcntl(f, F_GETFL) & ~O_NONBLOCK) != 0)
+    s = clpar_set_error(CLPAR_ERROR_IO, "cannot read %s: %s", path, strerror(errno));
+  if (s != CLPAR_OK) {
+    close(f);
+    return s;
+  }
+  *fd = f;
+  *size = (int64_t)st.st_size;
+  return CLPAR_OK;
 }
 
 /* The checks shared by directories and files: owned by this user, not writable by others. */
@@ -255,25 +282,58 @@ static clpar_status write_parts(int fd, int n, uint64_t total, clpar_part_fn par
   return CLPAR_OK;
 }
 
-/* A new file (O_EXCL, mode before umask) next to name, written, synced, renamed over name, and
- * the directory synced so that the rename itself survives a crash. what names the file's
- * kind in messages. */
-static clpar_status write_in_dir(int dirfd, const char *what, const char *name, int n,
-                                 uint64_t total, clpar_part_fn part, void *user, mode_t mode) {
-  static unsigned counter; /* atomic */
-  char tmp[300];
-  int fd = -1;
-  for (int attempt = 0; fd < 0 && attempt < 100; attempt++) {
-    unsigned k = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    int len = snprintf(tmp, sizeof tmp, ".tmp-%ld-%u-%.200s", (long)getpid(), k, name);
-    if (len < 0 || (size_t)len >= sizeof tmp)
+/* 64 bits that another process cannot guess: from the kernel's generator, else (it cannot
+ * fail for 8 bytes on Linux, but other systems) mixed from the clock, the process and a
+ * counter. */
+static uint64_t unpredictable(void) {
+  uint64_t r;
+  if (getentropy(&r, sizeof r) == 0) return r;
+  static uint64_t counter; /* atomic */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  r = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) ^ (uint64_t)getpid() << 32 ^
+      (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^ (uint64_t)(uintptr_t)&r;
+  r = (r ^ (r >> 30)) * 0xBF58476D1CE4E5B9ull;
+  r = (r ^ (r >> 27)) * 0x94D049BB133111EBull;
+  return r ^ (r >> 31);
+}
+
+/* Creates the temporary file next to name: ".<name>.<16 random hex digits>.tmp", O_EXCL, so
+ * that nobody can plant a file or a link at the name in advance, nor guess it. */
+static clpar_status create_temp(int dirfd, const char *what, const char *name, mode_t mode,
+                                int exact, char *tmp, size_t size, int *fd) {
+  *fd = -1;
+  for (int attempt = 0; *fd < 0 && attempt < 16; attempt++) {
+    int len = snprintf(tmp, size, ".%.200s.%016llx.tmp", name, (unsigned long long)unpredictable());
+    if (len < 0 || (size_t)len >= size)
       return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s name %s is too long", what, name);
-    fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    if (fd < 0 && errno != EEXIST) break;
+    *fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (*fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0)
+  /* exact: the mode whatever the umask (the mode of the file replaced is kept) */
+  if (*fd >= 0 && exact && fchmod(*fd, mode) != 0) {
+    int err = errno;
+    close(*fd);
+    unlinkat(dirfd, tmp, 0);
+    *fd = -1;
+    errno = err;
+  }
+  if (*fd < 0)
     return clpar_set_error(CLPAR_ERROR_IO, "cannot create a temporary file for %s %s: %s", what,
                            name, strerror(errno));
+  return CLPAR_OK;
+}
+
+/* A new file (O_EXCL, of mode: exactly, or less the umask) next to name, written, synced,
+ * renamed over name, and the directory synced so that the rename itself survives a crash.
+ * what names the file's kind in messages. */
+static clpar_status write_in_dir(int dirfd, const char *what, const char *name, int n,
+                                 uint64_t total, clpar_part_fn part, void *user, mode_t mode,
+                                 int exact) {
+  char tmp[300];
+  int fd;
+  clpar_status cs = create_temp(dirfd, what, name, mode, exact, tmp, sizeof tmp, &fd);
+  if (cs != CLPAR_OK) return cs;
   stage(CLPAR_WRITE_CREATED);
   clpar_status ps = write_parts(fd, n, total, part, user);
   int ok = ps == CLPAR_OK, err = errno;
@@ -324,7 +384,7 @@ clpar_status clpar_trusted_file_write(int dirfd, const char *name, const void *d
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_trusted_file_write: NULL data");
   const void *parts[1] = {data};
   parts_list l = {parts, &size};
-  return write_in_dir(dirfd, "cache entry", name, 1, size, from_list, &l, 0600);
+  return write_in_dir(dirfd, "cache entry", name, 1, size, from_list, &l, 0600, 1);
 }
 
 clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
@@ -344,7 +404,14 @@ clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, cl
                         strerror(errno));
   free(dir);
   if (s != CLPAR_OK) return s;
-  s = write_in_dir(dirfd, "file", name, n, total, part, user, 0666);
+  /* A regular file at path keeps its permission bits; a new file gets 0666 less the umask. A
+   * symbolic link at path is replaced by the new file, not written through: its target is left
+   * as it was (following it would let whoever can write the directory aim the save at any
+   * file this user may write). */
+  struct stat st;
+  int keep = fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+  s = write_in_dir(dirfd, "file", name, n, total, part, user, keep ? st.st_mode & 0777 : 0666,
+                   keep);
   close(dirfd);
   return s;
 }

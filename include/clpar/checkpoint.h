@@ -3,7 +3,11 @@
  * ("0.weight", "fc.bias"); and resumable training checkpoints (model, optimizer state,
  * generator state, step and epoch). Every file is written crash-safe: to a temporary file in
  * the same directory, synced, renamed over the old one, and the directory synced, so a process
- * killed in the middle of a save leaves the previous file intact. */
+ * killed in the middle of a save leaves the previous file intact. A save over an existing file
+ * keeps its permission bits (a 0600 file stays 0600); a save to a path that is a symbolic link
+ * replaces the link with the new file and leaves the link's target unchanged. A file's header
+ * is bounded in cost before it is parsed: more JSON than 262,144 tokens plus one per 16 bytes
+ * of tensor data is CLPAR_ERROR_TOO_LARGE. */
 #ifndef CLPAR_CHECKPOINT_H
 #define CLPAR_CHECKPOINT_H
 
@@ -55,14 +59,19 @@ CLPAR_API clpar_status clpar_safetensors_load(clpar_module *m, const char *path,
  * buffers as "model.<name>", the optimizer's state under PyTorch's names
  * ("optimizer.state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq"), and in the metadata
  * the optimizer's kind, options and per-parameter step counts, the parameter generator's
- * state (clpar_manual_seed) and the caller's step and epoch. opt may be NULL. */
+ * state (clpar_manual_seed), the caller's step and epoch, and each tensor's zlib crc32 (as
+ * "crc32.<name>": 8 hex digits, and "checksums": "crc32"; strings, so PyTorch's safetensors
+ * reads the file as any other). opt may be NULL. The tensors are read from their devices
+ * twice, once for the checksums and once for the file. */
 CLPAR_API clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
                                              const clpar_optimizer *opt, int64_t step,
                                              int64_t epoch);
 /* Restores a checkpoint into a model and optimizer built as those that were saved (same
  * architecture, same optimizer kind over the same parameters): strict, all or nothing. The
  * optimizer's options (lr, ...) are restored too, as PyTorch's optimizer.load_state_dict
- * does. step and epoch may be NULL. */
+ * does. Every tensor is checked against its checksum before anything is loaded: a mismatch is
+ * CLPAR_ERROR_CORRUPT naming the tensor. A file without checksums (from a clpar before they
+ * were written, or rewritten by PyTorch) loads unchecked. step and epoch may be NULL. */
 CLPAR_API clpar_status clpar_checkpoint_load(const char *path, clpar_module *m,
                                              clpar_optimizer *opt, int64_t *step, int64_t *epoch);
 

@@ -36,10 +36,11 @@ typedef struct clpar_npy_array {
   void *data;
 } clpar_npy_array;
 
-/* Reads path. Another dtype, Fortran order, a header longer than 65,535 bytes (v1) or
- * 1,000,000 bytes (v2/v3), a shape whose product overflows, or data that does not fill the
- * rest of the file exactly is CLPAR_ERROR_CORRUPT naming the file and byte offset; on error
- * *out is left zeroed. */
+/* Reads path, which must be a regular file (or a link to one: a FIFO or a device is
+ * CLPAR_ERROR_IO, refused without blocking). Another dtype, Fortran order, a header longer
+ * than 65,535 bytes (any version), a shape whose product overflows, or data that does not fill
+ * the rest of the file exactly is CLPAR_ERROR_CORRUPT naming the file and byte offset; on
+ * error *out is left zeroed. */
 CLPAR_API clpar_status clpar_npy_read(const char *path, clpar_npy_array *out);
 /* Frees data (the struct is the caller's); accepts NULL. */
 CLPAR_API void clpar_npy_array_free(clpar_npy_array *a);
@@ -63,10 +64,29 @@ CLPAR_API clpar_status clpar_dataset_from_npy(const char *features_path, const c
 /* One sample per line of comma-separated numbers (a file whose first two bytes are gzip's magic
  * is read through zlib); label_column (0-based; negative counts from the end, -1 the last) is
  * the label, an integer, and the other columns are the features (1-D samples). skip_header:
- * the first line is column names and is skipped. A bad number or a line with another count of
- * columns is CLPAR_ERROR_CORRUPT naming the file, line and column. */
+ * the first line is column names and is skipped. A bad number (an empty field, or one of only
+ * blanks, included) or a line with another count of columns is CLPAR_ERROR_CORRUPT naming the
+ * file, line and column. The text is capped at CLPAR_CSV_MAX_TEXT_DEFAULT bytes. */
 CLPAR_API clpar_status clpar_dataset_from_csv(const char *path, int label_column, int skip_header,
                                               clpar_dataset **out);
+
+/* The default cap on a CSV file's text (after decompression): 1 GiB. */
+#define CLPAR_CSV_MAX_TEXT_DEFAULT ((int64_t)1 << 30)
+
+/* Limits for clpar_dataset_from_csv_opts; a zero field takes its default. */
+typedef struct clpar_csv_options {
+  /* The most bytes of text read (after decompression, all gzip streams of the file together):
+   * a longer file is CLPAR_ERROR_TOO_LARGE, found before much more than this is held in
+   * memory. 0: CLPAR_CSV_MAX_TEXT_DEFAULT. */
+  int64_t max_text_bytes;
+} clpar_csv_options;
+
+/* clpar_dataset_from_csv with limits (opt NULL: every default; clpar_dataset_from_csv is this
+ * with NULL). Only a regular file is read (or a link to one): a FIFO, a device or a directory
+ * is CLPAR_ERROR_IO before anything is read. */
+CLPAR_API clpar_status clpar_dataset_from_csv_opts(const char *path, int label_column,
+                                                   int skip_header, const clpar_csv_options *opt,
+                                                   clpar_dataset **out);
 CLPAR_API int64_t clpar_dataset_size(const clpar_dataset *ds);
 /* One sample's shape (without the batch dimension); dim i of 0..ndim-1, else 0. */
 CLPAR_API int clpar_dataset_sample_ndim(const clpar_dataset *ds);
@@ -88,9 +108,10 @@ typedef struct clpar_loader_options {
 
 typedef struct clpar_loader clpar_loader;
 
-/* A loader over ds (which must outlive it) making batches on dev. Fails with CLPAR_ERROR_EMPTY
- * when an epoch would have no batch (an empty dataset, or fewer samples than batch_size with
- * drop_last). The background thread starts at the first clpar_loader_next. */
+/* A loader over ds (which must outlive it) making batches on dev. A batch_size above the
+ * dataset's size (up to INT64_MAX) gives one batch of every sample, as PyTorch's DataLoader.
+ * Fails with CLPAR_ERROR_EMPTY when an epoch would have no batch (fewer samples than
+ * batch_size with drop_last). The background thread starts at the first clpar_loader_next. */
 CLPAR_API clpar_status clpar_loader_create(const clpar_dataset *ds, clpar_device *dev,
                                            const clpar_loader_options *opt, clpar_loader **out);
 /* The next batch of the current epoch: *features a new tensor (batch, sample...) on the

@@ -12,12 +12,15 @@
  * and shape, and reports anything else as mismatched, naming both dtypes. Values travel as
  * raw bytes (clpar_tensor_read_raw / write_raw), little endian as the format's. Module
  * buffers become more named entries, added by add_module and matched by plan_make next to
- * the parameters. */
+ * the parameters. A training checkpoint carries a crc32 per tensor in its metadata, checked
+ * before a load changes anything. Names and values from a file are escaped (clpar_escape)
+ * before they go into a message. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "io/safetensors.h"
 
@@ -222,7 +225,8 @@ static int check_entry(const clpar_st_file *f, int idx, const clpar_tensor *t, n
   char fs[160], ms[160];
   shape_str(e, fs, sizeof fs);
   clpar_tensor_shape_str(t, ms, sizeof ms);
-  list_add(bad, "%s (%s %s in the file, %s %s in the module)", e->name,
+  char esc[CLPAR_ESC_SIZE];
+  list_add(bad, "%s (%s %s in the file, %s %s in the module)", CLPAR_ESC(e->name, esc),
            clpar_st_dtype_name(e->dtype), fs, clpar_st_dtype_name(want), ms);
   return 0;
 }
@@ -293,9 +297,10 @@ static clpar_status plan_make(const clpar_module *m, const clpar_st_file *f, con
     p->used[idx] = 1;
     if (check_entry(f, idx, p->params[i], &p->mismatched)) p->entry[i] = idx;
   }
+  char esc[CLPAR_ESC_SIZE];
   for (int j = 0; j < f->n; j++)
     if (!p->used[j] && starts_with(f->tensors[j].name, prefix))
-      list_add(&p->unexpected, "%s", f->tensors[j].name);
+      list_add(&p->unexpected, "%s", CLPAR_ESC(f->tensors[j].name, esc));
   if (p->missing.oom || p->unexpected.oom || p->mismatched.oom) return NOMEM("load");
   return CLPAR_OK;
 }
@@ -408,6 +413,103 @@ static clpar_status add_optimizer(write_set *w, const clpar_optimizer *o) {
   return s;
 }
 
+/* ---- metadata values ---- */
+
+/* Metadata value key as text: NULL when absent, "" when it holds a NUL byte (so that no
+ * number or name is read from its first part). shown: the whole value escaped for a message,
+ * in quotes, or "missing". */
+static const char *meta_text(const clpar_st_file *f, const char *key, char *shown, size_t size) {
+  size_t len = 0;
+  const char *v = clpar_st_meta_len(f, key, &len);
+  if (!v) {
+    snprintf(shown, size, "missing");
+    return NULL;
+  }
+  shown[0] = '"';
+  clpar_escape(v, len, shown + 1, size - 2);
+  strcat(shown, "\"");
+  return strlen(v) == len ? v : "";
+}
+
+/* ---- checksums ---- */
+
+/* Each tensor of a training checkpoint has its zlib crc32 in the metadata, as 8 hex digits
+ * under "crc32.<name>", and "checksums" is "crc32"; strings, so PyTorch's safetensors reads
+ * the file as any other. A file without "checksums" (written by PyTorch, or by a clpar from
+ * before checksums) loads unchecked. The values are read from their devices once for the
+ * checksums and once more as the file is written, so that no host copy of the whole model
+ * is needed. */
+#define CHECKSUM_KIND "crc32"
+
+static clpar_status add_checksums(write_set *w) {
+  size_t most = 1;
+  for (int i = 0; i < w->n; i++) {
+    size_t bytes = (size_t)clpar_tensor_numel(w->e[i].src) * clpar_st_dtype_size(w->e[i].dtype);
+    if (bytes > most) most = bytes;
+  }
+  uint8_t *buf = malloc(most);
+  clpar_status s = buf ? meta_add(w, "checksums", "%s", CHECKSUM_KIND) : NOMEM("checkpoint");
+  for (int i = 0, n = w->n; s == CLPAR_OK && i < n; i++) {
+    size_t bytes = (size_t)clpar_tensor_numel(w->e[i].src) * clpar_st_dtype_size(w->e[i].dtype);
+    s = w->e[i].fill(w->e[i].src, buf, bytes);
+    char key[600];
+    snprintf(key, sizeof key, "crc32.%s", w->e[i].name);
+    unsigned long crc = crc32_z(crc32_z(0, Z_NULL, 0), buf, bytes);
+    if (s == CLPAR_OK) s = meta_add(w, key, "%08lx", crc);
+  }
+  free(buf);
+  return s;
+}
+
+/* Tensor i's crc32, read from the file in chunks. */
+static clpar_status file_crc(const clpar_st_file *f, int i, uint8_t *buf, size_t size,
+                             unsigned long *crc) {
+  const clpar_st_tensor *t = &f->tensors[i];
+  uint64_t total = t->end - t->begin;
+  *crc = crc32_z(0, Z_NULL, 0);
+  for (uint64_t at = 0; at < total;) {
+    size_t n = total - at < size ? (size_t)(total - at) : size;
+    clpar_status s = clpar_st_tensor_read_part(f, i, at, buf, n);
+    if (s != CLPAR_OK) return s;
+    *crc = crc32_z(*crc, buf, n);
+    at += n;
+  }
+  return CLPAR_OK;
+}
+
+/* Every tensor's data against its checksum, before anything is loaded. */
+static clpar_status verify_checksums(const clpar_st_file *f, const char *path) {
+  char shown[CLPAR_ESC_SIZE + 2], esc[CLPAR_ESC_SIZE];
+  const char *kind = meta_text(f, "checksums", shown, sizeof shown);
+  if (!kind) return CLPAR_OK;
+  if (strcmp(kind, CHECKSUM_KIND) != 0)
+    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"checksums\" is %s, not \"%s\"",
+                           path, shown, CHECKSUM_KIND);
+  enum { CHUNK = 1 << 20 };
+  uint8_t *buf = malloc(CHUNK);
+  clpar_status s = buf ? CLPAR_OK : NOMEM(path);
+  for (int i = 0; s == CLPAR_OK && i < f->n; i++) {
+    char key[600];
+    snprintf(key, sizeof key, "crc32.%s", f->tensors[i].name);
+    const char *v = meta_text(f, key, shown, sizeof shown);
+    char *end = NULL;
+    unsigned long want = v && strlen(v) == 8 ? strtoul(v, &end, 16) : 0, got = 0;
+    if (!v || strlen(v) != 8 || *end)
+      s = clpar_set_error(CLPAR_ERROR_CORRUPT,
+                          "%s: tensor \"%s\" has no checksum (metadata \"crc32.<name>\" is "
+                          "%s, not 8 hex digits)",
+                          path, CLPAR_ESC(f->tensors[i].name, esc), shown);
+    if (s == CLPAR_OK) s = file_crc(f, i, buf, CHUNK, &got);
+    if (s == CLPAR_OK && got != want)
+      s = clpar_set_error(CLPAR_ERROR_CORRUPT,
+                          "%s: tensor \"%s\" does not match its checksum (crc32 %08lx of its "
+                          "data, %08lx in the metadata): the file is damaged; nothing was loaded",
+                          path, CLPAR_ESC(f->tensors[i].name, esc), got, want);
+  }
+  free(buf);
+  return s;
+}
+
 clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
                                    const clpar_optimizer *opt, int64_t step, int64_t epoch) {
   if (!path || !m)
@@ -423,6 +525,7 @@ clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
   if (s == CLPAR_OK) s = meta_add(&w, "rng.counter", "%llu", (unsigned long long)counter);
   if (s == CLPAR_OK) s = add_module(&w, m, "model.");
   if (s == CLPAR_OK && opt) s = add_optimizer(&w, opt);
+  if (s == CLPAR_OK) s = add_checksums(&w);
   if (s == CLPAR_OK) s = set_write(&w, path);
   set_free(&w);
   return s;
@@ -431,38 +534,41 @@ clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
 /* Metadata value key as a number; CLPAR_ERROR_CORRUPT when absent or malformed. */
 static clpar_status meta_i64(const clpar_st_file *f, const char *path, const char *key, int64_t lo,
                              int64_t *out) {
-  const char *v = clpar_st_meta(f, key);
+  char shown[CLPAR_ESC_SIZE + 2];
+  const char *v = meta_text(f, key, shown, sizeof shown);
   char *end = NULL;
   errno = 0;
   long long x = v ? strtoll(v, &end, 10) : 0;
   if (!v || !*v || *end || errno || x < lo)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT,
-                           "%s: metadata \"%s\" is %s%s%s, not an integer >= %lld", path, key,
-                           v ? "\"" : "missing", v ? v : "", v ? "\"" : "", (long long)lo);
+    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is %s, not an integer >= %lld",
+                           path, key, shown, (long long)lo);
   *out = x;
   return CLPAR_OK;
 }
 
 static clpar_status meta_u64(const clpar_st_file *f, const char *path, const char *key,
                              uint64_t *out) {
-  const char *v = clpar_st_meta(f, key);
+  char shown[CLPAR_ESC_SIZE + 2];
+  const char *v = meta_text(f, key, shown, sizeof shown);
   char *end = NULL;
   errno = 0;
   unsigned long long x = v && *v != '-' ? strtoull(v, &end, 10) : 0;
   if (!v || !*v || *v == '-' || *end || errno)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is not an unsigned integer",
-                           path, key);
+    return clpar_set_error(CLPAR_ERROR_CORRUPT,
+                           "%s: metadata \"%s\" is %s, not an unsigned integer", path, key, shown);
   *out = x;
   return CLPAR_OK;
 }
 
 static clpar_status meta_float(const clpar_st_file *f, const char *path, const char *key,
                                float *out) {
-  const char *v = clpar_st_meta(f, key);
+  char shown[CLPAR_ESC_SIZE + 2];
+  const char *v = meta_text(f, key, shown, sizeof shown);
   char *end = NULL;
   float x = v ? strtof(v, &end) : 0.0f;
   if (!v || !*v || *end)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is not a number", path, key);
+    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is %s, not a number", path,
+                           key, shown);
   *out = x;
   return CLPAR_OK;
 }
@@ -511,14 +617,16 @@ static void opt_plan_free(opt_plan *q) {
 static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
                                   const clpar_optimizer *o, opt_plan *q) {
   memset(q, 0, sizeof *q);
-  const char *kind = clpar_optimizer_kind(o), *fkind = clpar_st_meta(f, "optimizer.kind");
+  char shown[CLPAR_ESC_SIZE + 2];
+  const char *kind = clpar_optimizer_kind(o),
+             *fkind = meta_text(f, "optimizer.kind", shown, sizeof shown);
   int n = clpar_optimizer_size(o);
   int64_t fn = 0;
   if (!fkind)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s holds no optimizer state", path);
   if (strcmp(fkind, kind) != 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s holds the state of %s, not of %s",
-                           path, fkind, kind);
+                           path, shown, kind);
   clpar_status s = meta_i64(f, path, "optimizer.params", 0, &fn);
   if (s == CLPAR_OK && fn != n)
     s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
@@ -555,9 +663,10 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
       free(v);
     }
   }
+  char esc[CLPAR_ESC_SIZE];
   for (int j = 0; s == CLPAR_OK && j < f->n; j++)
     if (!used[j] && starts_with(f->tensors[j].name, "optimizer."))
-      list_add(&bad, "%s (unexpected)", f->tensors[j].name);
+      list_add(&bad, "%s (unexpected)", CLPAR_ESC(f->tensors[j].name, esc));
   if (s == CLPAR_OK && bad.len)
     s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                         "%s: the optimizer's state does not match (nothing was loaded): %s", path,
@@ -569,12 +678,13 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
 
 static clpar_status read_counters(const clpar_st_file *f, const char *path, int64_t *step,
                                   int64_t *epoch, uint64_t *seed, uint64_t *counter) {
-  const char *format = clpar_st_meta(f, "format");
+  char shown[CLPAR_ESC_SIZE + 2];
+  const char *format = meta_text(f, "format", shown, sizeof shown);
   if (!format || strcmp(format, TRAIN_FORMAT) != 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "%s is not a clpar training checkpoint (metadata format \"%s\", "
+                           "%s is not a clpar training checkpoint (metadata format %s, "
                            "expected \"%s\")",
-                           path, format ? format : "(none)", TRAIN_FORMAT);
+                           path, shown, TRAIN_FORMAT);
   clpar_status s = meta_i64(f, path, "step", INT64_MIN, step);
   if (s == CLPAR_OK) s = meta_i64(f, path, "epoch", INT64_MIN, epoch);
   if (s == CLPAR_OK) s = meta_u64(f, path, "rng.seed", seed);
@@ -596,6 +706,7 @@ clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_opti
   opt_plan q = {0};
   memset(&p, 0, sizeof p);
   s = read_counters(&f, path, &st, &ep, &seed, &counter);
+  if (s == CLPAR_OK) s = verify_checksums(&f, path);
   if (s == CLPAR_OK) s = plan_make(m, &f, "model.", &p);
   if (s == CLPAR_OK && !plan_clean(&p)) s = plan_error(path, &p);
   if (s == CLPAR_OK && opt) s = opt_plan_make(&f, path, opt, &q);

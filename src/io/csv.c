@@ -1,47 +1,76 @@
 /* csv.c — a dataset from a CSV file of numbers, one sample per line, optionally gzip-compressed
- * (zlib's gzread reads a plain file unchanged, so both go through it). The file is decompressed
- * into memory and parsed in place; every field is checked (a number, a label that is an int32,
- * the same count of columns on every line) and an error names the file, line and column. */
+ * (zlib's gzread reads a plain file unchanged, so both go through it). Only a regular file is
+ * opened (a FIFO or a device could block or never end), and the text is capped
+ * (clpar_csv_options.max_text_bytes: a small .gz can inflate a thousandfold). The file is
+ * decompressed into memory and parsed in place; every field is checked (a number, a label that is
+ * an int32, the same count of columns on every line) and an error names the file, line and column.
+ */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "internal.h"
 #include "io/dataset.h"
 
-/* The whole (decompressed) file, NUL-terminated, in *text. */
-static clpar_status slurp(const char *path, char **text, size_t *len) {
-  gzFile g = gzopen(path, "rb");
-  if (!g) return clpar_set_error(CLPAR_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
+/* Opens path (a regular file only) for gzread. */
+static clpar_status open_text(const char *path, gzFile *g) {
+  int fd;
+  int64_t size;
+  clpar_status s = clpar_open_regular(path, &fd, &size);
+  if (s != CLPAR_OK) return s;
+  *g = gzdopen(fd, "rb");
+  if (!*g) {
+    close(fd);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", path);
+  }
+  return CLPAR_OK;
+}
+
+static clpar_status read_error(const char *path, gzFile g, size_t n) {
+  int code;
+  const char *msg = gzerror(g, &code);
+  return clpar_set_error(code == Z_ERRNO ? CLPAR_ERROR_IO : CLPAR_ERROR_CORRUPT,
+                         "%s: read failed after %zu bytes of text: %s", path, n,
+                         code == Z_ERRNO ? strerror(errno) : msg);
+}
+
+/* The whole (decompressed: every gzip stream of the file) text, NUL-terminated, in *text;
+ * more than max bytes of it is CLPAR_ERROR_TOO_LARGE, found before more than max + 32 KiB is
+ * held. */
+static clpar_status slurp(const char *path, int64_t max, char **text, size_t *len) {
+  gzFile g;
+  clpar_status s = open_text(path, &g);
+  if (s != CLPAR_OK) return s;
   size_t cap = 1 << 16, n = 0;
   char *buf = malloc(cap);
-  clpar_status s =
-      buf ? CLPAR_OK : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: no memory", path);
+  if (!buf) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: no memory", path);
   while (s == CLPAR_OK) {
     if (cap - n < (1 << 15) + 1) {
-      char *more = cap < SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+      /* doubling, but not far past what the cap lets through */
+      size_t want = cap < SIZE_MAX / 2 ? cap * 2 : 0;
+      if ((uint64_t)want > (uint64_t)max + (1 << 16)) want = (size_t)max + (1 << 16);
+      char *more = want > cap ? realloc(buf, want) : NULL;
       if (!more) {
         s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory at %zu bytes", path,
                             n);
         break;
       }
       buf = more;
-      cap *= 2;
+      cap = want;
     }
     int got = gzread(g, buf + n, 1 << 15);
-    if (got < 0) {
-      int code;
-      const char *msg = gzerror(g, &code);
-      s = clpar_set_error(code == Z_ERRNO ? CLPAR_ERROR_IO : CLPAR_ERROR_CORRUPT,
-                          "%s: read failed after %zu bytes of text: %s", path, n,
-                          code == Z_ERRNO ? strerror(errno) : msg);
-      break;
-    }
-    if (got == 0) break;
+    if (got < 0) s = read_error(path, g, n);
+    if (got <= 0) break;
     n += (size_t)got;
+    if ((uint64_t)n > (uint64_t)max)
+      s = clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                          "%s: the text (decompressed) is longer than the %lld bytes allowed "
+                          "(clpar_csv_options.max_text_bytes); refused at %zu bytes",
+                          path, (long long)max, n);
   }
   int code = Z_OK;
   if (s == CLPAR_OK) {
@@ -82,6 +111,12 @@ static clpar_status grow(const char *path, csv_out *o) {
   return CLPAR_OK;
 }
 
+/* Whether s is blanks (spaces, tabs) to its end: what may follow a number in a field. A field
+ * of only blanks has no number (strto* then leave end at the field's start). */
+static int blank_to_end(const char *s) {
+  return s[strspn(s, " \t")] == '\0';
+}
+
 /* Parses one line (NUL-terminated, no newline) of number lineno into row o->rows. */
 static clpar_status parse_line(const char *path, int64_t lineno, char *line, int label_col,
                                csv_out *o) {
@@ -92,29 +127,27 @@ static clpar_status parse_line(const char *path, int64_t lineno, char *line, int
     if (col >= o->cols)
       return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: line %lld has more than %d columns", path,
                              (long long)lineno, o->cols);
-    char *end;
+    char *end, esc[CLPAR_ESC_SIZE];
     errno = 0;
     if (col == label_col) {
       long v = strtol(field, &end, 10);
-      while (*end == ' ' || *end == '\t') end++;
-      if (end == field || *end || errno || v < INT32_MIN || v > INT32_MAX) {
+      if (end == field || !blank_to_end(end) || errno || v < INT32_MIN || v > INT32_MAX) {
         /* a label written as a float ("3.0") is accepted when it is an exact integer */
         double d = strtod(field, &end);
-        while (*end == ' ' || *end == '\t') end++;
-        if (end == field || *end || !(d >= INT32_MIN && d <= INT32_MAX) || d != (double)(int32_t)d)
+        if (end == field || !blank_to_end(end) || !(d >= INT32_MIN && d <= INT32_MAX) ||
+            d != (double)(int32_t)d)
           return clpar_set_error(CLPAR_ERROR_CORRUPT,
                                  "%s: line %lld, column %d: label '%s' is not an int32", path,
-                                 (long long)lineno, col + 1, field);
+                                 (long long)lineno, col + 1, CLPAR_ESC(field, esc));
         v = (long)d;
       }
       o->y[o->rows] = (int32_t)v;
     } else {
       float v = strtof(field, &end);
-      while (*end == ' ' || *end == '\t') end++;
-      if (end == field || *end)
+      if (end == field || !blank_to_end(end))
         return clpar_set_error(CLPAR_ERROR_CORRUPT,
                                "%s: line %lld, column %d: '%s' is not a number", path,
-                               (long long)lineno, col + 1, field);
+                               (long long)lineno, col + 1, CLPAR_ESC(field, esc));
       o->x[o->rows * (o->cols - 1) + f++] = v;
     }
     if (!comma) break;
@@ -135,11 +168,22 @@ static int count_cols(const char *line) {
 
 clpar_status clpar_dataset_from_csv(const char *path, int label_column, int skip_header,
                                     clpar_dataset **out) {
+  return clpar_dataset_from_csv_opts(path, label_column, skip_header, NULL, out);
+}
+
+clpar_status clpar_dataset_from_csv_opts(const char *path, int label_column, int skip_header,
+                                         const clpar_csv_options *opt, clpar_dataset **out) {
   if (!path || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_dataset_from_csv: NULL argument");
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_dataset_from_csv: NULL path or out");
+  int64_t max = opt && opt->max_text_bytes ? opt->max_text_bytes : CLPAR_CSV_MAX_TEXT_DEFAULT;
+  if (max < 0)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_dataset_from_csv: options->max_text_bytes is %lld, not >= 0",
+                           (long long)max);
   char *text = NULL;
   size_t len = 0;
-  clpar_status s = slurp(path, &text, &len);
+  clpar_status s = slurp(path, max, &text, &len);
   if (s != CLPAR_OK) return s;
   csv_out o = {0};
   int64_t lineno = 0;

@@ -286,12 +286,12 @@ clpar_status clpar_loader_create(const clpar_dataset *ds, clpar_device *dev,
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: batch_size %lld < 1", fn,
                            (long long)opt->batch_size);
   int64_t bs = opt->batch_size > ds->n ? ds->n : opt->batch_size;
-  int64_t batches =
-      opt->drop_last ? ds->n / opt->batch_size : (ds->n + opt->batch_size - 1) / opt->batch_size;
+  /* a ceiling without n + batch_size - 1, which overflows for a batch_size near INT64_MAX */
+  int64_t batches = ds->n / opt->batch_size + (!opt->drop_last && ds->n % opt->batch_size != 0);
   if (batches < 1)
     return clpar_set_error(CLPAR_ERROR_EMPTY,
-                           "%s: an epoch has no batch (%lld samples, batch_size %lld, "
-                           "drop_last)",
+                           "%s: an epoch has no batch: %lld samples are fewer than batch_size "
+                           "%lld and drop_last drops the partial batch",
                            fn, (long long)ds->n, (long long)opt->batch_size);
   clpar_loader *l = calloc(1, sizeof *l);
   if (!l) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);

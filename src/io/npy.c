@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "io/dataset.h"
@@ -90,11 +90,13 @@ static clpar_status parse_descr(npy_parser *p, clpar_npy_array *a) {
     a->dtype = CLPAR_NPY_I32;
   else if (!strcmp(d, "<i8"))
     a->dtype = CLPAR_NPY_I64;
-  else
+  else {
+    char esc[CLPAR_ESC_SIZE];
     return clpar_set_error(CLPAR_ERROR_CORRUPT,
                            "%s: dtype '%s' at byte %zu is not supported (only '<f4', '<i4' "
                            "and '<i8')",
-                           p->path, d, p->base + p->at);
+                           p->path, CLPAR_ESC(d, esc), p->base + p->at);
+  }
   return CLPAR_OK;
 }
 
@@ -230,13 +232,16 @@ clpar_status clpar_npy_read(const char *path, clpar_npy_array *out) {
   if (!path || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_npy_read: NULL path or out");
   memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return clpar_set_error(CLPAR_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  clpar_status s = CLPAR_OK;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
-    s = clpar_set_error(CLPAR_ERROR_IO, "%s: not a regular file", path);
-  if (s == CLPAR_OK) s = clpar_npy_read_stream(path, f, (int64_t)st.st_size, out);
+  int fd;
+  int64_t size;
+  clpar_status s = clpar_open_regular(path, &fd, &size);
+  if (s != CLPAR_OK) return s;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", path);
+  }
+  s = clpar_npy_read_stream(path, f, size, out);
   fclose(f);
   return s;
 }

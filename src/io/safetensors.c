@@ -1,5 +1,7 @@
 /* safetensors.c — the safetensors container: an 8-byte little-endian header size, a JSON
- * header (Jansson: UTF-8 checked, duplicate keys refused) and one data block. The reader
+ * header (Jansson: UTF-8 checked, duplicate keys refused, NUL allowed in metadata values as
+ * the reference allows it) and one data block. The header's cost in memory is bounded
+ * before Jansson parses it (check_cost). The reader
  * trusts nothing in the file: it makes every check of the reference implementation (header
  * size limit, JSON, known dtypes, offsets contiguous from 0, shapes that match the byte
  * counts without overflow, data covering the file exactly), and a file that fails one is
@@ -59,6 +61,7 @@ void clpar_st_free(clpar_st_file *f) {
   free(f->tensors);
   free(f->meta_keys);
   free(f->meta_values);
+  free(f->meta_lens);
   free(f->buf);
   if (f->path && f->fd >= 0) close(f->fd); /* a file read from a path has both */
   free(f->path);
@@ -73,8 +76,15 @@ int clpar_st_find(const clpar_st_file *f, const char *name) {
 }
 
 const char *clpar_st_meta(const clpar_st_file *f, const char *key) {
+  return clpar_st_meta_len(f, key, NULL);
+}
+
+const char *clpar_st_meta_len(const clpar_st_file *f, const char *key, size_t *len) {
   for (int i = 0; i < f->n_meta; i++)
-    if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
+    if (strcmp(f->meta_keys[i], key) == 0) {
+      if (len) *len = f->meta_lens[i];
+      return f->meta_values[i];
+    }
   return NULL;
 }
 
@@ -95,15 +105,26 @@ static clpar_status parse_metadata(const char *what, json_t *meta, clpar_st_file
   size_t n = json_object_size(meta);
   f->meta_keys = calloc(n ? n : 1, sizeof *f->meta_keys);
   f->meta_values = calloc(n ? n : 1, sizeof *f->meta_values);
-  if (!f->meta_keys || !f->meta_values) return NOMEM(what);
+  f->meta_lens = calloc(n ? n : 1, sizeof *f->meta_lens);
+  if (!f->meta_keys || !f->meta_values || !f->meta_lens) return NOMEM(what);
   const char *key;
   json_t *v;
   json_object_foreach(meta, key, v) {
-    if (!json_is_string(v)) return CORRUPT("%s: metadata \"%s\" is not a string", what, key);
+    char esc[CLPAR_ESC_SIZE];
+    if (!json_is_string(v))
+      return CORRUPT("%s: metadata \"%s\" is not a string", what, CLPAR_ESC(key, esc));
+    /* a value may hold NUL (\u0000): kept whole, with its length */
+    size_t len = json_string_length(v);
+    char *copy = malloc(len + 1);
+    if (copy) {
+      memcpy(copy, json_string_value(v), len);
+      copy[len] = '\0';
+    }
     f->meta_keys[f->n_meta] = strdup(key);
-    f->meta_values[f->n_meta] = strdup(json_string_value(v));
+    f->meta_values[f->n_meta] = copy;
+    f->meta_lens[f->n_meta] = len;
     f->n_meta++;
-    if (!f->meta_keys[f->n_meta - 1] || !f->meta_values[f->n_meta - 1]) return NOMEM(what);
+    if (!f->meta_keys[f->n_meta - 1] || !copy) return NOMEM(what);
   }
   return CLPAR_OK;
 }
@@ -112,19 +133,25 @@ static clpar_status parse_metadata(const char *what, json_t *meta, clpar_st_file
  * fields are ignored, as the reference's serde does. */
 static clpar_status parse_tensor(const char *what, const char *name, json_t *v,
                                  clpar_st_tensor *t) {
-  if (!json_is_object(v)) return CORRUPT("%s: tensor \"%s\" is not an object", what, name);
+  char esc[CLPAR_ESC_SIZE], esc2[CLPAR_ESC_SIZE];
+  const char *shown = CLPAR_ESC(name, esc); /* the name in messages */
+  if (!json_is_object(v)) return CORRUPT("%s: tensor \"%s\" is not an object", what, shown);
   t->name = strdup(name);
   if (!t->name) return NOMEM(what);
   json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
          *off = json_object_get(v, "data_offsets");
-  if (!json_is_string(dt)) return CORRUPT("%s: tensor \"%s\" has no dtype string", what, name);
-  int d = dtype_from_name(json_string_value(dt));
+  if (!json_is_string(dt)) return CORRUPT("%s: tensor \"%s\" has no dtype string", what, shown);
+  /* a NUL inside the string ("F32\u0000x", allowed by the parse) is no dtype */
+  int d = strlen(json_string_value(dt)) == json_string_length(dt)
+              ? dtype_from_name(json_string_value(dt))
+              : -1;
   if (d < 0)
-    return CORRUPT("%s: tensor \"%s\" has unknown dtype \"%s\"", what, name, json_string_value(dt));
+    return CORRUPT("%s: tensor \"%s\" has unknown dtype \"%s\"", what, shown,
+                   CLPAR_ESC(json_string_value(dt), esc2));
   t->dtype = (clpar_st_dtype)d;
-  if (!json_is_array(shape)) return CORRUPT("%s: tensor \"%s\" has no shape array", what, name);
+  if (!json_is_array(shape)) return CORRUPT("%s: tensor \"%s\" has no shape array", what, shown);
   size_t nd = json_array_size(shape);
-  if (nd > 1024) return CORRUPT("%s: tensor \"%s\" has %zu dimensions", what, name, nd);
+  if (nd > 1024) return CORRUPT("%s: tensor \"%s\" has %zu dimensions", what, shown, nd);
   if (nd > 0) {
     t->shape = malloc(nd * sizeof *t->shape);
     if (!t->shape) return NOMEM(what);
@@ -132,11 +159,11 @@ static clpar_status parse_tensor(const char *what, const char *name, json_t *v,
   t->ndim = (int)nd;
   for (size_t i = 0; i < nd; i++)
     if (!get_u64(json_array_get(shape, i), &t->shape[i]))
-      return CORRUPT("%s: tensor \"%s\": shape entry %zu is not a non-negative integer", what, name,
-                     i);
+      return CORRUPT("%s: tensor \"%s\": shape entry %zu is not a non-negative integer", what,
+                     shown, i);
   if (!json_is_array(off) || json_array_size(off) != 2 ||
       !get_u64(json_array_get(off, 0), &t->begin) || !get_u64(json_array_get(off, 1), &t->end))
-    return CORRUPT("%s: tensor \"%s\": data_offsets is not two non-negative integers", what, name);
+    return CORRUPT("%s: tensor \"%s\": data_offsets is not two non-negative integers", what, shown);
   return CLPAR_OK;
 }
 
@@ -155,21 +182,24 @@ static clpar_status validate(const char *what, clpar_st_file *f, uint64_t *data_
   qsort(order, (size_t)f->n, sizeof *order, by_offsets);
   uint64_t at = 0;
   clpar_status s = CLPAR_OK;
+  char esc[CLPAR_ESC_SIZE];
   for (int i = 0; s == CLPAR_OK && i < f->n; i++) {
     clpar_st_tensor *t = order[i];
     if (t->begin != at || t->end < t->begin) {
       s = t->begin < at ? CORRUPT(
                               "%s: tensor \"%s\" [%llu, %llu) overlaps the tensor before "
                               "it, which ends at %llu",
-                              what, t->name, (unsigned long long)t->begin,
+                              what, CLPAR_ESC(t->name, esc), (unsigned long long)t->begin,
                               (unsigned long long)t->end, (unsigned long long)at)
           : t->begin > at
               ? CORRUPT(
                     "%s: a gap in the data: tensor \"%s\" starts at %llu, the data before "
                     "it ends at %llu",
-                    what, t->name, (unsigned long long)t->begin, (unsigned long long)at)
-              : CORRUPT("%s: tensor \"%s\" ends (%llu) before it begins (%llu)", what, t->name,
-                        (unsigned long long)t->end, (unsigned long long)t->begin);
+                    what, CLPAR_ESC(t->name, esc), (unsigned long long)t->begin,
+                    (unsigned long long)at)
+              : CORRUPT("%s: tensor \"%s\" ends (%llu) before it begins (%llu)", what,
+                        CLPAR_ESC(t->name, esc), (unsigned long long)t->end,
+                        (unsigned long long)t->begin);
       break;
     }
     uint64_t bytes = clpar_st_dtype_size(t->dtype);
@@ -177,11 +207,12 @@ static clpar_status validate(const char *what, clpar_st_file *f, uint64_t *data_
     for (int k = 0; k < t->ndim; k++)
       overflow |= __builtin_mul_overflow(bytes, t->shape[k], &bytes);
     if (overflow)
-      s = CORRUPT("%s: tensor \"%s\": its shape's byte count overflows 64 bits", what, t->name);
+      s = CORRUPT("%s: tensor \"%s\": its shape's byte count overflows 64 bits", what,
+                  CLPAR_ESC(t->name, esc));
     else if (bytes != t->end - t->begin)
       s = CORRUPT("%s: tensor \"%s\": %s of its shape is %llu bytes but data_offsets give %llu",
-                  what, t->name, clpar_st_dtype_name(t->dtype), (unsigned long long)bytes,
-                  (unsigned long long)(t->end - t->begin));
+                  what, CLPAR_ESC(t->name, esc), clpar_st_dtype_name(t->dtype),
+                  (unsigned long long)bytes, (unsigned long long)(t->end - t->begin));
     at = t->end;
   }
   free(order);
@@ -225,16 +256,70 @@ static clpar_status check_size(const char *what, const uint8_t *first8, uint64_t
   return CLPAR_OK;
 }
 
+/* Jansson holds some 60 bytes per value it parses, 20-25 times the text of a header of small
+ * entries: a 100 MB header (the format's limit) of empty tensors would take 2.5 GB. So the
+ * header's tokens are counted first, in one pass that allocates nothing, against a budget
+ * that grows with the tensor data the file holds: ST_BASE_TOKENS for any file (about 14,000
+ * tensor entries, some 15 MB parsed), and one more token per ST_BYTES_PER_TOKEN bytes of data
+ * (a tensor of 100 floats and its entry of about 18 tokens fit many times over). */
+enum { ST_BASE_TOKENS = 1 << 18, ST_BYTES_PER_TOKEN = 16, ST_MAX_DEPTH = 64 };
+
+/* The tokens of the header's JSON that cost memory when parsed (every '{', '[', string, ':'
+ * and ','; numbers and literals are bounded by the separators), and its deepest nesting. */
+static uint64_t count_tokens(const uint8_t *h, uint64_t n, int *depth) {
+  uint64_t tokens = 0;
+  int d = 0;
+  *depth = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    uint8_t c = h[i];
+    if (c == '"') {
+      tokens++;
+      for (i++; i < n && h[i] != '"'; i++)
+        if (h[i] == '\\') i++;
+    } else if (c == '{' || c == '[') {
+      tokens++;
+      if (++d > *depth) *depth = d;
+    } else if (c == '}' || c == ']') {
+      d--;
+    } else if (c == ':' || c == ',') {
+      tokens++;
+    }
+  }
+  return tokens;
+}
+
+static clpar_status check_cost(const char *what, const uint8_t *header, uint64_t hn,
+                               uint64_t data_bytes) {
+  int depth;
+  uint64_t tokens = count_tokens(header, hn, &depth);
+  uint64_t budget = ST_BASE_TOKENS + data_bytes / ST_BYTES_PER_TOKEN;
+  if (depth > ST_MAX_DEPTH)
+    return CORRUPT("%s: the header nests %d levels deep, more than the %d allowed", what, depth,
+                   ST_MAX_DEPTH);
+  if (tokens > budget)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                           "%s: the header has %llu JSON tokens (values, keys and separators), "
+                           "more than the %llu allowed for %llu bytes of tensor data (%d, and "
+                           "one per %d bytes of data); refused before it is parsed",
+                           what, (unsigned long long)tokens, (unsigned long long)budget,
+                           (unsigned long long)data_bytes, ST_BASE_TOKENS, ST_BYTES_PER_TOKEN);
+  return CLPAR_OK;
+}
+
 /* The header's hn bytes, of a file of size bytes: the JSON, the entries, their offsets, and
  * the data block covering the rest of the file exactly. On error f is emptied. */
 static clpar_status parse_json(const char *what, const uint8_t *header, uint64_t hn, uint64_t size,
                                clpar_st_file *f) {
   if (hn == 0 || header[0] != '{') return CORRUPT("%s: the header does not start with '{'", what);
+  clpar_status cs = check_cost(what, header, hn, size - 8 - hn);
+  if (cs != CLPAR_OK) return cs;
   json_error_t err;
-  json_t *root = json_loadb((const char *)header, (size_t)hn, JSON_REJECT_DUPLICATES, &err);
+  json_t *root =
+      json_loadb((const char *)header, (size_t)hn, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+  char esc[CLPAR_ESC_SIZE];
   if (!root)
-    return CORRUPT("%s: the header is not valid JSON (UTF-8): %s at byte %d", what, err.text,
-                   err.position);
+    return CORRUPT("%s: the header is not valid JSON (UTF-8): %s at byte %d", what,
+                   CLPAR_ESC(err.text, esc), err.position);
   uint64_t data_size = 0;
   clpar_status s = parse_header(what, root, f);
   json_decref(root);
@@ -287,15 +372,11 @@ clpar_status clpar_st_read(const char *path, clpar_st_file *f) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "safetensors read: NULL argument");
   memset(f, 0, sizeof *f);
   f->fd = -1;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) return clpar_set_error(CLPAR_ERROR_IO, "cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  clpar_status s = CLPAR_OK;
-  if (fstat(fd, &st) != 0)
-    s = clpar_set_error(CLPAR_ERROR_IO, "cannot stat %s: %s", path, strerror(errno));
-  else if (!S_ISREG(st.st_mode))
-    s = clpar_set_error(CLPAR_ERROR_IO, "%s is not a regular file", path);
-  uint64_t size = s == CLPAR_OK ? (uint64_t)st.st_size : 0, hn = 0;
+  int fd;
+  int64_t file_size;
+  clpar_status s = clpar_open_regular(path, &fd, &file_size);
+  if (s != CLPAR_OK) return s;
+  uint64_t size = (uint64_t)file_size, hn = 0;
   uint8_t first8[8] = {0}, *header = NULL;
   if (s == CLPAR_OK && size >= 8) s = read_at(fd, path, first8, 8, 0);
   if (s == CLPAR_OK) s = check_size(path, first8, size, &hn);
@@ -323,10 +404,11 @@ clpar_status clpar_st_tensor_read(const clpar_st_file *f, int i, void *dst) {
 clpar_status clpar_st_tensor_read_part(const clpar_st_file *f, int i, uint64_t at, void *dst,
                                        size_t n) {
   const clpar_st_tensor *t = &f->tensors[i];
+  char esc[CLPAR_ESC_SIZE];
   if (at > t->end - t->begin || n > t->end - t->begin - at)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "safetensors read: bytes [%llu, +%zu) outside tensor \"%s\"",
-                           (unsigned long long)at, n, t->name);
+                           (unsigned long long)at, n, CLPAR_ESC(t->name, esc));
   if (f->buf) {
     memcpy(dst, t->data + at, n);
     return CLPAR_OK;

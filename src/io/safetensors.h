@@ -56,7 +56,8 @@ typedef struct clpar_st_file {
   uint64_t data_start;      /* 8 + the header's size */
   clpar_st_tensor *tensors; /* in the header's order */
   int n;
-  char **meta_keys, **meta_values; /* "__metadata__" */
+  char **meta_keys, **meta_values; /* "__metadata__"; a value may hold NUL bytes */
+  size_t *meta_lens;               /* each value's length */
   int n_meta;
 } clpar_st_file;
 
@@ -78,8 +79,11 @@ clpar_status clpar_st_tensor_read_part(const clpar_st_file *f, int i, uint64_t a
 void clpar_st_free(clpar_st_file *f);
 /* The index of the tensor named name, or -1. */
 int clpar_st_find(const clpar_st_file *f, const char *name);
-/* The metadata value of key, or NULL. */
+/* The metadata value of key (NUL-terminated; a value holding NUL reads as its text up to the
+ * first), or NULL. */
 const char *clpar_st_meta(const clpar_st_file *f, const char *key);
+/* The same, and the value's whole length in *len (len may be NULL). */
+const char *clpar_st_meta_len(const clpar_st_file *f, const char *key, size_t *len);
 
 /* One tensor to write: numel * dtype size bytes, little endian, either held in data or, when
  * data is NULL, produced by fill(src, dst, bytes) into a buffer that the writer reuses from
