@@ -201,7 +201,9 @@ static int teardown(void **state) {
   return 0;
 }
 
-int main(void) {
+/* An argument runs only the tests that match it (cmocka_set_test_filter's pattern). */
+int main(int argc, char **argv) {
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_list_size_zero_refused),
       cmocka_unit_test(test_list_size_huge_refused),
