@@ -390,6 +390,12 @@ clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   for (int i = 0; i < o->n; i++) /* all or nothing: none may have outlived clpar_shutdown */
     if (clpar_check_alive("clpar_optimizer_step", o->params[i].param) != CLPAR_OK)
       return CLPAR_ERROR_NOT_INITIALIZED;
+  for (int i = 0; i < o->n; i++) /* a count from a checkpoint: the next one must fit */
+    if (o->params[i].steps == INT64_MAX)
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "clpar_optimizer_step: parameter %d has taken %lld steps, the most "
+                             "that can be counted (its checkpoint's optimizer.state.%d.step?)",
+                             i, (long long)INT64_MAX, i);
   /* A group flattened again (clpar_module_flatten) left its old leaf without members: its
    * record goes (the members' views keep what they use of the old flat state). */
   for (int k = 0; k < o->n_flats; k++)

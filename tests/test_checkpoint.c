@@ -513,6 +513,43 @@ static void test_resume_bit_exact(void **state) {
     }
 }
 
+/* A checkpoint whose step count is the largest int64 loads, and the next step is refused
+ * naming it, changing nothing (it overflowed the count, undefined, before). */
+static void test_step_count_at_its_most(void **state) {
+  (void)state;
+  char path[128];
+  path_in(path, sizeof path, "most.safetensors");
+  for (int flat = 0; flat < 2; flat++)
+    for (opt_kind k = RUN_SGD; k <= RUN_ADAM; k++) {
+      clpar_module *m = make_resume_model(flat);
+      clpar_optimizer *o = make_opt(m, k, 0.05f);
+      for (int i = 0; i < clpar_module_parameter_count(m); i++)
+        clpar_optimizer_restore(o, i, NULL, NULL, INT64_MAX);
+      tu_ok(clpar_checkpoint_save(path, m, o, 1, 0));
+      clpar_optimizer_free(o);
+      o = make_opt(m, k, 0.05f);
+      tu_ok(clpar_checkpoint_load(path, m, o, NULL, NULL));
+      assert_true(clpar_optimizer_steps_at(o, 0) == INT64_MAX);
+      size_t n, n2;
+      float *before = read_all(m, &n);
+      clpar_scope *sc = clpar_scope_begin();
+      clpar_tensor *x, *y, *loss;
+      tu_ok(clpar_tensor_rand_uniform(clpar_device_get(0), 2, (int64_t[]){8, 3}, 1, -1, 1, &x));
+      tu_ok(clpar_module_forward(m, x, &y));
+      tu_ok(clpar_mean(y, &loss));
+      tu_ok(clpar_backward(loss));
+      assert_int_equal(clpar_optimizer_step(o), CLPAR_ERROR_INVALID_ARGUMENT);
+      assert_non_null(strstr(clpar_last_error(), "optimizer.state.0.step"));
+      clpar_scope_end(sc);
+      float *after = read_all(m, &n2);
+      assert_memory_equal(before, after, n * sizeof *before);
+      free(before);
+      free(after);
+      clpar_optimizer_free(o);
+      clpar_module_free(m);
+    }
+}
+
 static int make_dir(void **state) {
   (void)state;
   snprintf(dir, sizeof dir, "/tmp/clpar-ckpt-XXXXXX");
@@ -532,7 +569,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip_every_device), cmocka_unit_test(test_pytorch_interop),
       cmocka_unit_test(test_data_parallel_prefix),    cmocka_unit_test(test_strict_and_partial),
       cmocka_unit_test(test_corrupt_files),           cmocka_unit_test(test_save_and_load_errors),
-      cmocka_unit_test(test_resume_bit_exact),
+      cmocka_unit_test(test_resume_bit_exact),        cmocka_unit_test(test_step_count_at_its_most),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -104,6 +104,8 @@ static void test_cycles_refused(void **state) {
   tu_ok(clpar_sequential_create(&mid, 1, &top));
   assert_int_equal(clpar_module_add_child(top, "self", top), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(clpar_last_error(), "its own descendant"));
+  /* the message says who frees it: the caller, as before (not freeing it leaked it) */
+  assert_non_null(strstr(clpar_last_error(), "nothing was freed: free the module as before"));
   assert_int_equal(clpar_module_add_child(leaf, "up", top), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_module_add_child(mid, "up", top), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_module_parameter_count(top), 2);

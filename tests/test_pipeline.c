@@ -411,6 +411,26 @@ static void test_toy_model_parallel_equals_one_device(void **state) {
   tu_assert_close(w_split, w_one, 165, 1e-5f, 1e-6f, "ToyModel weights");
 }
 
+/* A module given as two stages is refused and freed once; a stage inside another stage goes
+ * with it when creation fails (each was freed again, a double free, before). */
+static void test_stage_given_twice(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_module *lin, *pipe = NULL;
+  tu_ok(clpar_linear_create(IN, OUT, 1, dev, &lin));
+  assert_int_equal(clpar_pipeline_create((clpar_module *[]){lin, lin}, NULL, 2, NULL, &pipe),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "stages 0 and 1 are the same module"));
+  assert_null(pipe);
+  clpar_module *stages[2];
+  make_stages(1, dev, stages);
+  stages[1] = clpar_module_child(stages[0], "0"); /* the Linear inside stage 0 */
+  clpar_pipeline_options bad = {.split_size = -1};
+  assert_int_equal(clpar_pipeline_create(stages, NULL, 2, &bad, &pipe),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_null(pipe);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_toy_model_parallel_equals_one_device),
@@ -418,6 +438,7 @@ int main(void) {
       cmocka_unit_test(test_pipeline_equals_one_device),
       cmocka_unit_test(test_1f1b_bounds_activations),
       cmocka_unit_test(test_stage_error_changes_nothing),
+      cmocka_unit_test(test_stage_given_twice),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

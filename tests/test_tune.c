@@ -338,10 +338,36 @@ static void test_tune_run_and_entries(void **state) {
   free(good);
 }
 
+/* A cache directory that cannot be used fails the tuning with the reason in the message
+ * (the reason was formatted into the buffer it was read from, and lost, before). */
+static void test_tune_unusable_cache_dir(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) {
+    print_message("no OpenCL device: skipping\n");
+    skip();
+  }
+  char file[300];
+  snprintf(file, sizeof file, "%s/not-a-directory", cache_dir);
+  put(file, "x", 0600);
+  setenv("CLPAR_CACHE_DIR", file, 1);
+  clpar_gemm_shape shape = {17, 9, 40, 1, 0};
+  clpar_tune_options opt = {.quick = 1, .candidates = 1};
+  clpar_tune_result r;
+  clpar_status s = clpar_device_tune_gemm(dev, &shape, 1, &opt, &r);
+  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  assert_int_equal(s, CLPAR_ERROR_IO);
+  const char *msg = clpar_last_error();
+  if (!strstr(msg, "no usable cache directory") || !strstr(msg, file))
+    fail_msg("the message does not name the directory's fault: %s", msg);
+  unlink(file);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tune_arguments),
       cmocka_unit_test(test_tune_run_and_entries),
+      cmocka_unit_test(test_tune_unusable_cache_dir),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -361,11 +361,14 @@ static clpar_status entry_save(clpar_ocl_device *d, const clpar_ocl_params p[K_C
                                size_t path_size) {
   char dir[4096], name[64], text[4096];
   int fd;
-  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK)
+  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) {
+    char why[8192]; /* the reason (as long as an error may be), out of the buffer it fills */
+    snprintf(why, sizeof why, "%s", clpar_last_error());
     return clpar_set_error(CLPAR_ERROR_IO,
                            "opencl: no usable cache directory for the tuning "
                            "entry (set CLPAR_CACHE_DIR): %s",
-                           clpar_last_error());
+                           why);
+  }
   entry_name(d, name, sizeof name);
   int n = snprintf(path, path_size, "%s/%s", dir, name);
   if (n < 0 || (size_t)n >= path_size) {
@@ -375,7 +378,7 @@ static clpar_status entry_save(clpar_ocl_device *d, const clpar_ocl_params p[K_C
   entry_header(d, text, sizeof text);
   size_t len = strlen(text);
   for (int k = 0; k < K_COUNT; k++) {
-    len += (size_t)snprintf(text + len, sizeof text - len, "%s", kernels[k]);
+    if (len < sizeof text) len += (size_t)snprintf(text + len, sizeof text - len, "%s", kernels[k]);
     for (int i = 0; i < p[k].n && len < sizeof text; i++)
       len +=
           (size_t)snprintf(text + len, sizeof text - len, " %s=%zu", p[k].name[i], p[k].value[i]);

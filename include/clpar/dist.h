@@ -25,7 +25,9 @@ CLPAR_API int clpar_dist_available(void);
  * rank, the world size and its local rank (its index among the ranks on the same host), then
  * calls clpar_init. Safe to call more than once; each successful call needs one
  * clpar_dist_finalize, the last of which calls clpar_shutdown and finalizes MPI if
- * clpar_dist_init initialized it. Free DistributedDataParallel modules before it. */
+ * clpar_dist_init initialized it. Free DistributedDataParallel modules before it (their
+ * forward fails with CLPAR_ERROR_NOT_INITIALIZED after it). MPI cannot start again in a
+ * process: once MPI is finalized, clpar_dist_init fails with CLPAR_ERROR_NOT_INITIALIZED. */
 CLPAR_API clpar_status clpar_dist_init(void);
 CLPAR_API void clpar_dist_finalize(void);
 

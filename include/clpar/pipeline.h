@@ -52,7 +52,8 @@ typedef struct clpar_pipeline_options {
 } clpar_pipeline_options;
 
 /* A module of type "Pipeline" whose children are the stages, in order, taking ownership of
- * them (also on error). Stage s is moved to devices[s] (devices NULL: selected device
+ * them (also on error: each module is freed once). A module given as two stages is refused
+ * (CLPAR_ERROR_INVALID_ARGUMENT). Stage s is moved to devices[s] (devices NULL: selected device
  * s % clpar_device_count()); several stages may share a device. Its forward splits the batch
  * (dim 0) into micro-batches, runs them through the stages, copying each activation to the
  * next stage's device, and concatenates the outputs on the last stage's device; an input on

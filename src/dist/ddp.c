@@ -499,6 +499,10 @@ static clpar_status broadcast_buffers(ddp_state *st, const char *what);
 /* What a forward and a join do first: the communication thread's error, the previous
  * backward finished, then (uneven_inputs) the flag. *sync: whether buffers go out now. */
 static clpar_status begin_step(ddp_state *st, int has_inputs, int *sync) {
+  if (clpar_dist_comm() == MPI_COMM_NULL) /* no rank, and MPI may be finalized */
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
+                           "DistributedDataParallel: clpar_dist_finalize has ended the job "
+                           "this module was made in; free the module before it");
   pthread_mutex_lock(&st->lock);
   clpar_status s = take_error(st);
   if (s == CLPAR_OK && st->nccl_dead) s = clpar_set_error(CLPAR_ERROR_TIMEOUT, "%s", st->dead_msg);
@@ -684,12 +688,16 @@ static clpar_status check_same_list(ddp_state *st, int buffers) {
                                  : "clpar_ddp_create: broadcasting the size of rank 0's parameter "
                                    "list",
                          ++st->seq);
+  /* every rank got the same len: all refuse alike, before allocating it */
+  if (s == CLPAR_OK && (len == 0 || len > INT_MAX))
+    s = clpar_set_error(len ? CLPAR_ERROR_TOO_LARGE : CLPAR_ERROR_CORRUPT,
+                        "clpar_ddp_create: rank 0's %s list is %llu bytes long; it is at least "
+                        "1 and at most %d",
+                        noun, len, INT_MAX);
   if (s == CLPAR_OK) {
     root = clpar_dist_rank() == 0 ? mine : malloc(len);
     s = clpar_ddp_agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
   }
-  if (s == CLPAR_OK && len > INT_MAX)
-    s = clpar_set_error(CLPAR_ERROR_TOO_LARGE, "clpar_ddp_create: too many %ss", noun);
   if (s == CLPAR_OK)
     s = clpar_dist_bcast(root, (int)len, MPI_CHAR, 0, st->comm,
                          buffers ? "clpar_ddp_create: broadcasting rank 0's buffer list"

@@ -126,7 +126,15 @@ clpar_status clpar_ddp_choose_backend(ddp_state *st) {
   codes[rank] = reason * 4 + mode;
   s = clpar_dist_allreduce(codes, world, MPI_INT, MPI_SUM, st->comm,
                            "clpar_ddp_create: choosing NCCL or MPI", ++st->seq);
-  int forced_mpi = -1, forced_nccl = -1, cannot = -1, why = NCCL_OK;
+  int forced_mpi = -1, forced_nccl = -1, cannot = -1, why = NCCL_OK, bad = -1;
+  for (int r = 0; s == CLPAR_OK && bad < 0 && r < world; r++)
+    if (codes[r] < 0 || codes[r] / 4 >= NCCL_REASONS || codes[r] % 4 > CLPAR_DIST_BACKEND_NCCL)
+      bad = r; /* not a code this clpar makes: every rank saw it, every rank refuses */
+  if (bad >= 0)
+    s = clpar_set_error(CLPAR_ERROR_CORRUPT,
+                        "clpar_ddp_create: choosing NCCL or MPI: rank %d sent code %d, which is "
+                        "no code clpar makes (0 to %d): is it running another clpar?",
+                        bad, codes[bad], (NCCL_REASONS - 1) * 4 + CLPAR_DIST_BACKEND_NCCL);
   for (int r = 0; s == CLPAR_OK && r < world; r++) {
     int m = codes[r] % 4, q = codes[r] / 4;
     if (m == CLPAR_DIST_BACKEND_MPI && forced_mpi < 0) forced_mpi = r;

@@ -163,7 +163,14 @@ static void free_comms(void) {
 
 /* MPI up with enough thread support, and the library's communicators made. */
 static clpar_status join_job(void) {
-  int inited = 0, provided = MPI_THREAD_SINGLE, rc;
+  int inited = 0, finalized = 0, provided = MPI_THREAD_SINGLE, rc;
+  /* any MPI call after MPI_Finalize (but these two) ends the process */
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
+                           "clpar_dist_init: MPI was finalized in this process (by the last "
+                           "clpar_dist_finalize, or by the program) and cannot start again; "
+                           "call clpar_dist_finalize once, at the end of the job");
   MPI_Initialized(&inited);
   if (!inited) {
     rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
@@ -417,9 +424,11 @@ typedef struct {
   char what[WHAT_SIZE];
 } where_msg;
 
-/* Answers every "where are you?" that has come in; the mpi lock held. */
+/* Answers the "where are you?" questions that have come in, at most one per rank of the
+ * job: a rank that keeps asking cannot hold this one away from its own collective and its
+ * deadline (the rest wait for the next poll). The mpi lock held. */
 static void answer_questions(const char *what, uint64_t seq) {
-  for (;;) {
+  for (int k = 0; k < g.size; k++) {
     /* matched probes: two threads waiting at once cannot take each other's message */
     int flag = 0, dummy;
     MPI_Status st;
@@ -434,9 +443,10 @@ static void answer_questions(const char *what, uint64_t seq) {
   }
 }
 
-/* Takes the answers that have come in (drops them with answers NULL); the mpi lock held. */
+/* Takes the answers that have come in, at most one per rank as answer_questions (drops them
+ * with answers NULL); the mpi lock held. */
 static void take_answers(where_msg *answers, int *answered) {
-  for (;;) {
+  for (int k = 0; k < g.size; k++) {
     int flag = 0;
     MPI_Status st;
     MPI_Message msg;

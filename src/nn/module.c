@@ -209,7 +209,8 @@ clpar_status clpar_module_add_child(clpar_module *m, const char *name, clpar_mod
                                        "clpar_module_add_child: out of host memory")
                      : clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                                        "clpar_module_add_child: \"%s\" (%s) is the module itself "
-                                       "or contains it; a module cannot be its own descendant",
+                                       "or contains it; a module cannot be its own descendant "
+                                       "(nothing was freed: free the module as before)",
                                        name ? name : "(null)", child->type);
   clpar_status s = add_named("clpar_module_add_child", &m->children, &m->n_children, name, child);
   if (s != CLPAR_OK) {

@@ -468,6 +468,20 @@ static clpar_status make_state(clpar_module *const *stages, clpar_device *const 
   return CLPAR_OK;
 }
 
+/* The stages' creator references, dropped when creation fails: each module once, however
+ * often it was given, and none that a parent holds (a stage inside another stage goes with
+ * it). Which to drop is decided before any is freed, since freeing one can free another. */
+static void drop_stages(clpar_module *const *stages, int n) {
+  char *drop = stages && n > 0 ? calloc((size_t)n, 1) : NULL;
+  for (int s = 0; drop && s < n; s++) {
+    drop[s] = stages[s] && !__atomic_load_n(&stages[s]->adopted, __ATOMIC_ACQUIRE);
+    for (int k = 0; drop[s] && k < s; k++) drop[s] = stages[k] != stages[s];
+  }
+  for (int s = 0; drop && s < n; s++)
+    if (drop[s]) clpar_module_free(stages[s]);
+  free(drop); /* out of host memory: the stages are left, not risked */
+}
+
 clpar_status clpar_pipeline_create(clpar_module *const *stages, clpar_device *const *devices,
                                    int n_stages, const clpar_pipeline_options *options,
                                    clpar_module **out) {
@@ -488,7 +502,7 @@ clpar_status clpar_pipeline_create(clpar_module *const *stages, clpar_device *co
   if (r == CLPAR_OK) r = clpar_module_create("Pipeline", pipe_forward, st, pipe_free, &pipe);
   if (r != CLPAR_OK) {
     pipe_free(st);
-    for (int s = 0; stages && s < n_stages; s++) clpar_module_free(stages[s]);
+    drop_stages(stages, n_stages);
     return r;
   }
   pipe->parallel = st;
@@ -499,7 +513,7 @@ clpar_status clpar_pipeline_create(clpar_module *const *stages, clpar_device *co
     const char *given = options && options->stage_names ? options->stage_names[s] : name;
     r = clpar_module_add_child(pipe, given, stages[s]); /* frees the stage on error */
   }
-  for (int s = added; r != CLPAR_OK && s < n_stages; s++) clpar_module_free(stages[s]);
+  if (r != CLPAR_OK) drop_stages(stages + added, n_stages - added);
   if (r != CLPAR_OK) {
     clpar_module_free(pipe);
     return r;
