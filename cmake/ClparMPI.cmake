@@ -1,9 +1,10 @@
 # ClparMPI.cmake — distributed training over MPI (include/clpar/dist.h). CLPAR_MPI=AUTO
 # builds it when MPI is found, ON makes a missing MPI an error, OFF leaves it out (dist.h's
-# functions then return CLPAR_ERROR_UNSUPPORTED). The installed CMake package and clpar.pc
-# carry the MPI dependency when it is built in.
+# functions then return CLPAR_ERROR_UNSUPPORTED). MPI is a private dependency of the shared
+# library (no public header includes mpi.h): the exported CMake target does not name it, and
+# clpar.pc lists it in Libs.private only (what a static link would need), so that neither
+# find_package(clpar) nor pkg-config --cflags clpar asks a user's program for MPI.
 set(CLPAR_HAVE_MPI OFF)
-set(CLPAR_PC_REQUIRES_PRIVATE "")
 if(NOT CLPAR_MPI STREQUAL "OFF")
   if(CLPAR_MPI STREQUAL "ON")
     find_package(MPI REQUIRED COMPONENTS C)
@@ -15,13 +16,14 @@ if(NOT CLPAR_MPI STREQUAL "OFF")
     target_sources(clpar_objects PRIVATE src/dist/ddp.c src/dist/ddp_nccl.c)
     target_compile_definitions(clpar_objects PUBLIC CLPAR_HAVE_MPI)
     target_link_libraries(clpar_objects PUBLIC MPI::MPI_C)
-    target_link_libraries(clpar PUBLIC MPI::MPI_C)
     find_package(PkgConfig QUIET)
     if(PKG_CONFIG_FOUND)
       pkg_check_modules(CLPAR_PC_MPI QUIET mpi-c)
-      if(CLPAR_PC_MPI_FOUND)
-        set(CLPAR_PC_REQUIRES_PRIVATE mpi-c)
-      endif()
+    endif()
+    if(CLPAR_PC_MPI_FOUND)
+      list(APPEND CLPAR_PC_LIBS_PRIVATE ${CLPAR_PC_MPI_LDFLAGS})
+    else()
+      list(APPEND CLPAR_PC_LIBS_PRIVATE ${MPI_C_LIBRARIES})
     endif()
     message(STATUS "clpar: MPI ${MPI_C_VERSION} (DistributedDataParallel); mpiexec: ${MPIEXEC_EXECUTABLE}")
   elseif(CLPAR_MPI STREQUAL "AUTO")

@@ -3,7 +3,13 @@
 # builds clpar, and runs the whole ctest suite on PoCL with 1 device, on PoCL with 4 devices,
 # on the host backend, and in an AddressSanitizer + UndefinedBehaviorSanitizer build; between
 # them it fuzzes the safetensors reader for 60 s and the .npy reader for 30 s (scripts/fuzz.sh).
-# Stops at the first configuration that fails; the last lines are ctest's own summary.
+# Stops at the first configuration that fails; the last lines are ctest's own summary, or
+# the skip check's.
+#
+# A cmocka skip() passes in ctest: after each run the skipped cases are compared with
+# tests/expected_skips.txt (scripts/check_skips.sh), and a skip it does not list, or a listed
+# skip that did not happen, fails the configuration. Each run_ctest names its configuration
+# (skips=NAME) as that file does.
 #
 # The host runs select CLPAR_DEVICES=host,opencl:0 (one PoCL device), not the host alone:
 # the host backend is device 0, the one every single-device test uses, and the OpenCL device
@@ -21,19 +27,23 @@ export CLPAR_CACHE_DIR=${CLPAR_CACHE_DIR:-$CLPAR_ROOT/build/kernel-cache}
 echo "== build (release with debug info)"
 clpar_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=ON
 
-run_ctest() { # run_ctest DIR TITLE [ctest args...]
+run_ctest() { # skips=CONFIG run_ctest DIR TITLE [ctest args...]
   local dir=$1 title=$2
   shift 2
   echo
   echo "== ctest: $title"
-  (cd "$dir" && ctest --output-on-failure "$@")
+  mkdir -p "$dir/Testing"
+  (cd "$dir" && ctest --output-on-failure "$@" 2>&1 | tee Testing/ctest-console.log)
+  bash "$CLPAR_ROOT/scripts/check_skips.sh" "${skips:?run_ctest needs skips=CONFIG}" \
+    "$dir/Testing/ctest-console.log" "$dir/Testing/Temporary/LastTest.log" \
+    "$CLPAR_ROOT/tests/expected_skips.txt"
 }
 
 # The DistributedDataParallel tests (label mpi) run through mpirun with one PoCL "basic"
 # device per rank whatever the configuration (tests/CMakeLists.txt), so they run here only:
 # the other runs would repeat them unchanged, and Open MPI's own allocations at exit are not
 # ours for LeakSanitizer to report.
-POCL_DEVICES=pthread run_ctest build "PoCL, 1 device (POCL_DEVICES=pthread)"
+skips=pocl1 POCL_DEVICES=pthread run_ctest build "PoCL, 1 device (POCL_DEVICES=pthread)"
 if [ -x build/tests/test_cuda ]; then
   echo
   echo "== CUDA module: built; test_cuda on this machine says:"
@@ -44,8 +54,8 @@ else
   echo
   echo "== CUDA module: not built here (see the configure line above)"
 fi
-POCL_DEVICES="pthread pthread pthread pthread" run_ctest build "PoCL, 4 devices" -LE "install|mpi"
-CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
+skips=pocl4 POCL_DEVICES="pthread pthread pthread pthread" run_ctest build "PoCL, 4 devices" -LE "install|mpi"
+skips=host CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
   run_ctest build "host backend first, one PoCL device second (CLPAR_DEVICES=host,opencl:0)" -LE "install|mpi"
 
 echo
@@ -68,6 +78,6 @@ clpar_build build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_odr_violation=0:intercept_tls_get_addr=0:use_sigaltstack=0
 export LSAN_OPTIONS=suppressions=$CLPAR_ROOT/scripts/lsan.supp:print_suppressions=0:intercept_tls_get_addr=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
+skips=sanitize-host CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
   run_ctest build-sanitize "sanitizers, host backend first, one PoCL device second" -LE mpi
-POCL_DEVICES="pthread pthread" run_ctest build-sanitize "sanitizers, PoCL, 2 devices" -LE mpi
+skips=sanitize-pocl2 POCL_DEVICES="pthread pthread" run_ctest build-sanitize "sanitizers, PoCL, 2 devices" -LE mpi

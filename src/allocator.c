@@ -14,7 +14,8 @@
  * (its info's global_mem_bytes: CL_DEVICE_GLOBAL_MEM_SIZE on OpenCL, the RAM on the host
  * backend), or within CLPAR_DEVICE_MEMORY_LIMIT when that is smaller: a request that would
  * not fit first empties the device's cache, then fails with CLPAR_ERROR_OUT_OF_MEMORY naming
- * the device, the request and the bytes in use. PoCL's CPU devices never refuse a buffer for
+ * the device, the request and the bytes in use (a request that cannot fit even with the cache
+ * empty leaves the cache alone). PoCL's CPU devices never refuse a buffer for
  * their global memory size. A driver that refuses a buffer itself (PoCL when malloc fails,
  * see ocl_alloc; posix_memalign on the host backend) gives the same error, after the same
  * emptying of the cache and one retry. */
@@ -139,10 +140,13 @@ static int fits_locked(const clpar_device *dev, size_t size) {
   return held <= dev->mem_limit && (uint64_t)size <= dev->mem_limit - held;
 }
 
-/* Makes room for size bytes within the device's limit, emptying the cache if that helps. */
+/* Makes room for size bytes within the device's limit, emptying the cache only when that
+ * makes the request fit: one larger than what the tensors leave of the limit is refused with
+ * the cache kept. */
 static clpar_status reserve_locked(clpar_device *dev, size_t bytes, size_t size) {
   if (fits_locked(dev, size)) return CLPAR_OK;
-  if (dev->free_blocks) {
+  uint64_t in_use = dev->stats.bytes_in_use;
+  if (dev->free_blocks && in_use <= dev->mem_limit && (uint64_t)size <= dev->mem_limit - in_use) {
     clpar_log(CLPAR_LOG_INFO, "%s: %zu bytes do not fit; emptying the cache (%llu bytes)",
               dev->bd.info.id, size, (unsigned long long)dev->stats.bytes_cached);
     release_all_locked(dev);

@@ -436,7 +436,8 @@ static clpar_status run_graph(clpar_node *root) {
 
 clpar_status clpar_backward(clpar_tensor *loss) {
   if (!loss) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_backward: loss is NULL");
-  if (clpar_check_alive("clpar_backward", loss) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_backward", loss);
+  if (alive != CLPAR_OK) return alive;
   if (!loss->requires_grad)
     return clpar_set_error(
         CLPAR_ERROR_NO_GRADIENT,

@@ -228,8 +228,35 @@ typedef struct clpar_storage {
  * device's cache (released with the device), leaves the tensors unusable except for freeing,
  * and logs one warning with their count. */
 void clpar_storage_orphan_all(void);
-/* CLPAR_ERROR_NOT_INITIALIZED naming fn when t outlived clpar_shutdown. */
+/* CLPAR_ERROR_INVALID_ARGUMENT naming fn when t was freed (reliable under CLPAR_DEBUG=1, see
+ * src/debug.c), CLPAR_ERROR_NOT_INITIALIZED when t outlived clpar_shutdown. */
 clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t);
+
+/* ---- CLPAR_DEBUG and the live-tensor watch (src/debug.c) ---- */
+
+/* t->magic of a tensor in use, and of one freed (poisoned before it is quarantined). */
+#define CLPAR_TENSOR_LIVE 0x7e45011eu
+#define CLPAR_TENSOR_FREED 0xdeadf7eeu
+/* Reads CLPAR_DEBUG at clpar_init: unset, empty or "0" off, "1" on, anything else an error. */
+clpar_status clpar_debug_init_from_env(void);
+int clpar_debug_enabled(void);
+/* Takes over a tensor struct whose last reference went: poisons it, then frees it, or, under
+ * CLPAR_DEBUG=1, keeps it (up to a bound) so that a later use is recognized. */
+void clpar_debug_discard(clpar_tensor *t);
+/* The error for a use of a freed tensor by fn. */
+clpar_status clpar_debug_freed_error(const char *fn, const clpar_tensor *t);
+/* Frees the quarantine and turns debug mode off (clpar_shutdown). */
+void clpar_debug_shutdown(void);
+/* Live tensor structs, counted as they are made and discarded. */
+void clpar_debug_tensor_made(void);
+int64_t clpar_debug_live_tensors(void);
+/* One training step of an optimizer: compares the live-tensor count with the one at that
+ * optimizer's previous step (*last, *streak its state) and warns once per clpar_init when it
+ * grew at each of CLPAR_LEAK_STEPS steps in a row. */
+#define CLPAR_LEAK_STEPS 10
+void clpar_debug_step(int64_t *last, int *streak);
+/* Nonzero while this thread's clpar_scope_end releases its tensors. */
+int clpar_scope_ending(void);
 
 /* Records an in-place change of t's memory. */
 static inline void clpar_tensor_touch(clpar_tensor *t);
@@ -244,7 +271,9 @@ static inline size_t clpar_dtype_words(clpar_dtype d) {
 }
 
 struct clpar_tensor {
-  int refcount; /* atomic */
+  uint32_t magic;     /* CLPAR_TENSOR_LIVE; CLPAR_TENSOR_FREED once freed */
+  uint32_t freed_how; /* freed: 1 by a clpar_scope_end, 0 otherwise */
+  int refcount;       /* atomic */
   clpar_storage *storage;
   size_t offset; /* in 4-byte words (floats), into storage */
   clpar_dtype dtype;

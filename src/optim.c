@@ -42,6 +42,8 @@ struct clpar_optimizer {
   /* scratch for clpar_flat_whole_groups, n entries each */
   clpar_tensor **ptrs, **leaves;
   int *group_of, *counts;
+  int64_t live_at_step; /* live tensors at the previous step, for clpar_debug_step */
+  int live_grew;        /* steps in a row at which they grew */
 };
 
 static clpar_status check_sgd(const clpar_sgd_options *o) {
@@ -387,9 +389,11 @@ static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int
 clpar_status clpar_optimizer_step(clpar_optimizer *o) {
   if (!o)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_optimizer_step: optimizer is NULL");
-  for (int i = 0; i < o->n; i++) /* all or nothing: none may have outlived clpar_shutdown */
-    if (clpar_check_alive("clpar_optimizer_step", o->params[i].param) != CLPAR_OK)
-      return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_debug_step(&o->live_at_step, &o->live_grew);
+  for (int i = 0; i < o->n; i++) { /* all or nothing: none may be freed or outlive shutdown */
+    clpar_status alive = clpar_check_alive("clpar_optimizer_step", o->params[i].param);
+    if (alive != CLPAR_OK) return alive;
+  }
   for (int i = 0; i < o->n; i++) /* a count from a checkpoint: the next one must fit */
     if (o->params[i].steps == INT64_MAX)
       return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,

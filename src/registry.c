@@ -51,6 +51,7 @@ static void destroy_devices(void) {
   for (int i = 0; i < all_count; i++) /* every queue idle before any device goes */
     if (all_devices[i]->worker) clpar_worker_drain(all_devices[i]);
   clpar_storage_orphan_all(); /* tensors the user did not free: their memory goes now */
+  clpar_debug_shutdown();
   for (int i = 0; i < all_count; i++) {
     clpar_device *d = all_devices[i];
     clpar_allocator_destroy(d);
@@ -208,6 +209,8 @@ static void select_default(void) {
 
 static clpar_status init_locked(void) {
   clpar_log_init_from_env();
+  clpar_status debug = clpar_debug_init_from_env();
+  if (debug != CLPAR_OK) return debug;
   clpar_status probed = probe_backend("host", clpar_host_probe);
   if (all_count == 0) return CLPAR_ERROR_INTERNAL;
   host_device = all_devices[0];

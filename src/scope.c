@@ -23,6 +23,7 @@ struct clpar_scope {
 };
 
 static _Thread_local clpar_scope *current;
+static _Thread_local int ending; /* end_current is releasing a scope's tensors */
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static clpar_scope *open_scopes;
 static uint64_t last_id;
@@ -91,13 +92,19 @@ static void end_current(void) {
     open_scopes = s->open_next;
   if (s->open_next) s->open_next->open_prev = s->open_prev;
   pthread_mutex_unlock(&open_lock);
+  ending++;
   for (size_t i = 0; i < s->count; i++) {
     clpar_tensor *t = s->items[i];
     if (t) clpar_tensor_free(t); /* forgets itself from the scope first */
   }
+  ending--;
   free(s->items);
   pthread_mutex_destroy(&s->lock);
   free(s);
+}
+
+int clpar_scope_ending(void) {
+  return ending > 0;
 }
 
 void clpar_scope_end(clpar_scope *handle) {

@@ -89,6 +89,7 @@ static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, clpar_dtype 
                                   const int64_t *shape) {
   clpar_tensor *t = calloc(1, sizeof *t);
   if (!t) return NULL;
+  t->magic = CLPAR_TENSOR_LIVE;
   t->refcount = 1;
   t->storage = st;
   t->offset = offset;
@@ -99,6 +100,7 @@ static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, clpar_dtype 
     t->shape[i] = shape[i];
     t->numel *= shape[i];
   }
+  clpar_debug_tensor_made();
   return t;
 }
 
@@ -156,6 +158,7 @@ void clpar_storage_orphan_all(void) {
 
 /* A tensor that outlived clpar_shutdown has no memory left: only freeing it is allowed. */
 clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t) {
+  if (t->magic != CLPAR_TENSOR_LIVE) return clpar_debug_freed_error(fn, t);
   if (t->storage->dev) return CLPAR_OK;
   return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
                          "%s: the tensor outlived clpar_shutdown; it can only be freed", fn);
@@ -205,7 +208,16 @@ static void storage_release(clpar_storage *st) {
   }
 }
 
+/* A freed tensor passed to fn where no status can be returned: logged, and left alone. */
+static int freed_handle(const char *fn, const clpar_tensor *t) {
+  if (t->magic == CLPAR_TENSOR_LIVE) return 0;
+  clpar_debug_freed_error(fn, t);
+  clpar_log(CLPAR_LOG_ERROR, "%s; ignored", clpar_last_error());
+  return 1;
+}
+
 clpar_tensor *clpar_tensor_retain(clpar_tensor *t) {
+  if (t && freed_handle("clpar_tensor_retain", t)) return NULL;
   if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
   return t;
 }
@@ -219,12 +231,12 @@ void clpar_tensor_release(clpar_tensor *t) {
     clpar_node_release(t->node);
     clpar_tensor_free(t->grad);
     storage_release(t->storage);
-    free(t);
+    clpar_debug_discard(t);
   }
 }
 
 void clpar_tensor_free(clpar_tensor *t) {
-  if (!t) return;
+  if (!t || freed_handle("clpar_tensor_free", t)) return;
   clpar_scope_forget(t); /* the caller takes over the scope's reference, then drops it */
   clpar_tensor_release(t);
 }
@@ -353,7 +365,8 @@ clpar_status clpar_tensor_rand_normal(clpar_device *dev, int ndim, const int64_t
 clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_count) {
   if (!t || !dst)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_read: NULL argument");
-  if (clpar_check_alive("clpar_tensor_read", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_tensor_read", t);
+  if (alive != CLPAR_OK) return alive;
   if (t->dtype != CLPAR_FLOAT32) {
     clpar_check_float("clpar_tensor_read", "the tensor", t);
     clpar_append_error(" (clpar_tensor_read_raw reads any dtype)");
@@ -370,7 +383,8 @@ clpar_status clpar_tensor_read(const clpar_tensor *t, float *dst, size_t dst_cou
 clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_count) {
   if (!t || !src)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_write: NULL argument");
-  if (clpar_check_alive("clpar_tensor_write", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_tensor_write", t);
+  if (alive != CLPAR_OK) return alive;
   if (t->dtype != CLPAR_FLOAT32) {
     clpar_check_float("clpar_tensor_write", "the tensor", t);
     clpar_append_error(" (clpar_tensor_write_raw writes any dtype)");
@@ -388,7 +402,8 @@ clpar_status clpar_tensor_write(clpar_tensor *t, const float *src, size_t src_co
 clpar_status clpar_tensor_read_raw(const clpar_tensor *t, void *dst, size_t dst_bytes) {
   const char *fn = "clpar_tensor_read_raw";
   if (!t || !dst) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
-  if (clpar_check_alive(fn, t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive(fn, t);
+  if (alive != CLPAR_OK) return alive;
   if (dst_bytes < clpar_tensor_bytes(t))
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "%s: the tensor has %lld elements of %s (%zu bytes), the buffer holds "
@@ -402,7 +417,8 @@ clpar_status clpar_tensor_read_raw(const clpar_tensor *t, void *dst, size_t dst_
 clpar_status clpar_tensor_write_raw(clpar_tensor *t, const void *src, size_t src_bytes) {
   const char *fn = "clpar_tensor_write_raw";
   if (!t || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
-  if (clpar_check_alive(fn, t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive(fn, t);
+  if (alive != CLPAR_OK) return alive;
   if (src_bytes < clpar_tensor_bytes(t))
     return clpar_set_error(CLPAR_ERROR_BUFFER_TOO_SMALL,
                            "%s: the tensor has %lld elements of %s (%zu bytes), the buffer holds "
@@ -424,9 +440,9 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
 
 clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
   if (!dst || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_copy: NULL tensor");
-  if (clpar_check_alive("clpar_copy", dst) != CLPAR_OK ||
-      clpar_check_alive("clpar_copy", src) != CLPAR_OK)
-    return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_copy", dst);
+  if (alive == CLPAR_OK) alive = clpar_check_alive("clpar_copy", src);
+  if (alive != CLPAR_OK) return alive;
   if (dst->numel != src->numel) {
     char a[128], b[128];
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_copy: dst is %s, src is %s",
@@ -485,7 +501,8 @@ clpar_status clpar_tensor_to_begin(const clpar_tensor *t, clpar_device *dev,
   if (s != CLPAR_OK) return s;
   if (!t || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_tensor_to: NULL argument");
-  if (clpar_check_alive("clpar_tensor_to", t) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_tensor_to", t);
+  if (alive != CLPAR_OK) return alive;
   clpar_tensor_transit *m = calloc(1, sizeof *m);
   if (!m) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   m->src = clpar_tensor_retain((clpar_tensor *)t);

@@ -1,6 +1,8 @@
 /* test_allocator.c — the caching allocator: a steady-state loop takes every buffer from the
  * cache (no driver allocation after the first step), empty_cache gives them back, and a
  * request the device cannot hold is refused without touching the cache. */
+#include <string.h>
+
 #include "internal.h"
 #include "test_util.h"
 
@@ -59,10 +61,55 @@ static void test_best_fit_bounds_waste(void **state) {
   tu_ok(clpar_device_empty_cache(dev));
 }
 
+/* The cache (its blocks and the driver's counts) as seen by the stats. */
+static void expect_cache_unchanged(clpar_device *dev, const clpar_memory_stats *before) {
+  clpar_memory_stats after;
+  tu_ok(clpar_device_memory_stats(dev, &after));
+  assert_int_equal(after.bytes_cached, before->bytes_cached);
+  assert_int_equal(after.bytes_in_use, before->bytes_in_use);
+  assert_int_equal(after.driver_allocs, before->driver_allocs);
+  assert_int_equal(after.driver_frees, before->driver_frees);
+  assert_int_equal(after.cache_hits, before->cache_hits);
+}
+
+/* A request larger than one buffer of the device, and one larger than the device's memory
+ * less what tensors hold, are refused; the cached blocks stay, since giving them back could
+ * not have made either fit. */
+static void test_impossible_request_keeps_cache(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  tu_ok(clpar_device_empty_cache(dev));
+  clpar_tensor *held, *cached, *t = NULL;
+  tu_ok(clpar_tensor_zeros(dev, 1, (int64_t[]){1 << 16}, &held));
+  tu_ok(clpar_tensor_zeros(dev, 1, (int64_t[]){1 << 18}, &cached));
+  clpar_tensor_free(cached); /* 1 MiB in the cache */
+  clpar_memory_stats before;
+  tu_ok(clpar_device_memory_stats(dev, &before));
+  assert_true(before.bytes_cached >= (1u << 20));
+
+  int64_t too_big = (int64_t)(dev->bd.info.max_alloc_bytes / sizeof(float)) + 1;
+  assert_int_equal(clpar_tensor_zeros(dev, 1, &too_big, &t), CLPAR_ERROR_TOO_LARGE);
+  assert_null(t);
+  expect_cache_unchanged(dev, &before);
+
+  /* a limit that leaves 2 MiB beside the tensors: 4 MiB cannot fit, cache or not */
+  uint64_t limit = dev->mem_limit;
+  dev->mem_limit = before.bytes_in_use + before.bytes_cached + ((uint64_t)1 << 20);
+  clpar_status s = clpar_tensor_zeros(dev, 1, (int64_t[]){1 << 20}, &t);
+  dev->mem_limit = limit;
+  assert_int_equal(s, CLPAR_ERROR_OUT_OF_MEMORY);
+  assert_non_null(strstr(clpar_last_error(), clpar_device_id(dev)));
+  assert_null(t);
+  expect_cache_unchanged(dev, &before);
+  clpar_tensor_free(held);
+  tu_ok(clpar_device_empty_cache(dev));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_state_allocates_nothing),
       cmocka_unit_test(test_best_fit_bounds_waste),
+      cmocka_unit_test(test_impossible_request_keeps_cache),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -640,7 +640,7 @@ static void test_profiling(void **state) {
     tu_ok(clpar_add(r, a, &q));          /* one kernel */
     clpar_profile p = profile_now(dev);
     assert_int_equal(p.ops, 2);
-    assert_true(p.device_seconds > 0);
+    assert_true(isfinite(p.device_seconds) && p.device_seconds >= 0);
     /* read does not restart: the totals only grow */
     tu_ok(clpar_add(q, a, &r));
     clpar_profile p2 = profile_now(dev);
@@ -680,7 +680,7 @@ static void test_profiling_entries(void **state) {
     tu_ok(f->read(ctx, buf, 0, h, sizeof(float)));
     clpar_profile p = profile_now(dev);
     assert_int_equal(p.ops, 2);
-    assert_true(p.device_seconds > 0);
+    assert_true(isfinite(p.device_seconds) && p.device_seconds >= 0);
     for (int i = 0; i < 600; i++) tu_ok(f->scale(ctx, 1000, 0.5f, a, a));
     p = profile_now(dev);
     assert_int_equal(p.ops, 602);

@@ -211,8 +211,6 @@ static void test_tune_run_and_entries(void **state) {
   clpar_tune_options opt = {.quick = 1, .candidates = 1, .progress = on_progress, .user = &seen};
   clpar_tune_result r;
   tu_ok(clpar_device_tune_gemm(dev, shapes, 2, &opt, &r));
-  assert_true(r.default_seconds > 0);
-  assert_true(r.tuned_seconds > 0 && r.tuned_seconds <= r.default_seconds);
   assert_true(r.candidates_tried >= 2); /* CLBlast's own and one more, per kernel */
   assert_true(seen.calls >= 4);
   assert_int_equal(seen.last_done, seen.last_total);

@@ -100,14 +100,14 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
                               const clpar_tensor *bias, clpar_act_kind act, clpar_tensor **out) {
   if (!x || !weight || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear: NULL argument");
+  clpar_status alive = clpar_check_alive("clpar_linear", x);
+  if (alive == CLPAR_OK) alive = clpar_check_alive("clpar_linear", weight);
+  if (alive == CLPAR_OK && bias) alive = clpar_check_alive("clpar_linear", bias);
+  if (alive != CLPAR_OK) return alive;
   if (clpar_check_float("clpar_linear", "input", x) != CLPAR_OK ||
       clpar_check_float("clpar_linear", "weight", weight) != CLPAR_OK ||
       (bias && clpar_check_float("clpar_linear", "bias", bias) != CLPAR_OK))
     return CLPAR_ERROR_DTYPE;
-  if (clpar_check_alive("clpar_linear", x) != CLPAR_OK ||
-      clpar_check_alive("clpar_linear", weight) != CLPAR_OK ||
-      (bias && clpar_check_alive("clpar_linear", bias) != CLPAR_OK))
-    return CLPAR_ERROR_NOT_INITIALIZED;
   char a[128], b[128];
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
     return clpar_set_error(

@@ -260,8 +260,8 @@ clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar
 clpar_status clpar_module_add_buffer(clpar_module *m, const char *name, clpar_tensor *buf) {
   if (!m || !buf)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_add_buffer: NULL argument");
-  if (clpar_check_alive("clpar_module_add_buffer", buf) != CLPAR_OK)
-    return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_module_add_buffer", buf);
+  if (alive != CLPAR_OK) return alive;
   if (buf->node || buf->requires_grad)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_module_add_buffer: \"%s\" %s; a buffer is a leaf that needs no "
@@ -324,8 +324,8 @@ const char *clpar_module_type(const clpar_module *m) {
 clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_tensor **output) {
   if (!m || !input || !output)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_forward: NULL argument");
-  if (clpar_check_alive("clpar_module_forward", input) != CLPAR_OK)
-    return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive("clpar_module_forward", input);
+  if (alive != CLPAR_OK) return alive;
   return m->forward(m, input, output, m->user);
 }
 

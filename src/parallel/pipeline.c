@@ -205,7 +205,8 @@ static void micros_release(micro *mbs, int m) {
 
 static clpar_status check_input(const char *fn, const clpar_tensor *input) {
   if (!input) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: input is NULL", fn);
-  if (clpar_check_alive(fn, input) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = clpar_check_alive(fn, input);
+  if (alive != CLPAR_OK) return alive;
   if (input->ndim < 1 || input->shape[0] < 1)
     return clpar_set_error(CLPAR_ERROR_EMPTY, "%s: the input has no rows to split", fn);
   return CLPAR_OK;
@@ -345,7 +346,8 @@ static clpar_status train_checks(const clpar_module *pipe, const clpar_tensor *i
   clpar_status r = check_input(f, input);
   if (r != CLPAR_OK) return r;
   if (!fn) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: loss_fn is NULL", f);
-  if (target && clpar_check_alive(f, target) != CLPAR_OK) return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_status alive = target ? clpar_check_alive(f, target) : CLPAR_OK;
+  if (alive != CLPAR_OK) return alive;
   if (target && (target->ndim < 1 || target->shape[0] != input->shape[0])) {
     char a[128], b[128];
     return clpar_set_error(
