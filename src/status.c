@@ -31,6 +31,10 @@ const char *clpar_status_string(clpar_status s) {
   return "unknown status";
 }
 
+const char *clpar_last_failure(void) {
+  return error_message;
+}
+
 const char *clpar_last_error(void) {
   return error_message;
 }
