@@ -458,6 +458,11 @@ clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int 
 /* The one check every float op makes of its tensor inputs: CLPAR_ERROR_DTYPE naming fn, the
  * argument's name and its dtype unless t is float32 (t must not be NULL). */
 clpar_status clpar_check_float(const char *fn, const char *name, const clpar_tensor *t);
+/* An options field (status.h's convention) whose PyTorch default is def: 0 gives def,
+ * CLPAR_ZERO gives 0, anything else itself. */
+static inline float clpar_opt_float(float v, float def) {
+  return v == CLPAR_ZERO ? 0.0f : v == 0.0f ? def : v;
+}
 /* Words (4 bytes) and bytes of t's elements. */
 static inline size_t clpar_tensor_words(const clpar_tensor *t) {
   return (size_t)t->numel * clpar_dtype_words(t->dtype);

@@ -1,6 +1,7 @@
 /* status.h — every fallible call returns a clpar_status; one X-macro list gives the codes,
  * their names and their messages. Details of the last failure (shapes, device, the OpenCL
- * error name, a build log) are kept in a thread-local message. */
+ * error name, a build log) are kept in a thread-local message. Also the conventions every
+ * options struct follows (CLPAR_ZERO). */
 #ifndef CLPAR_STATUS_H
 #define CLPAR_STATUS_H
 
@@ -80,6 +81,15 @@ CLPAR_API void clpar_clear_error(void);
       goto label;                             \
     }                                         \
   } while (0)
+
+/* Options structs (clpar_adam_options, clpar_conv2d_options, ...) may be NULL, which means
+ * PyTorch's defaults, and may be zero-initialized but for the fields wanted
+ * ((clpar_adam_options){.lr = 1e-2f}): a field whose PyTorch default is not zero takes that
+ * default when it is 0, as each header says field by field. Where a literal zero is a
+ * meaningful setting of such a field (Adam's beta1, AdamW's weight_decay, BatchNorm2d's
+ * momentum, ...), write CLPAR_ZERO; the headers say which fields take it. Its value is far
+ * outside every field's range, so it is never taken for a setting of its own. */
+#define CLPAR_ZERO (-1.0e30f)
 
 #ifdef __cplusplus
 }

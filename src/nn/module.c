@@ -312,6 +312,11 @@ clpar_status clpar_module_train(clpar_module *m, int on) {
   return CLPAR_OK;
 }
 
+clpar_status clpar_module_eval(clpar_module *m) {
+  if (!m) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_eval: module is NULL");
+  return clpar_module_train(m, 0);
+}
+
 int clpar_module_is_training(const clpar_module *m) {
   return m ? m->training : 0;
 }
