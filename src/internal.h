@@ -430,6 +430,11 @@ struct clpar_module {
   int replica;
 };
 
+/* Called by clpar_module_forward before m's forward: inside the forward of a DataParallel
+ * replica on another device, remembers a module that is not the replica's (src/parallel), so
+ * that the error it causes says what is wrong. */
+void clpar_data_parallel_note_forward(const clpar_module *m);
+
 /* A module buffer's bytes and their byte offset in its storage: buffers are moved, copied
  * between replicas and broadcast as bytes, whatever their dtype (offsets count 4-byte words). */
 static inline size_t clpar_tensor_nbytes(const clpar_tensor *t) {

@@ -330,6 +330,7 @@ clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_te
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_forward: NULL argument");
   if (clpar_check_alive("clpar_module_forward", input) != CLPAR_OK)
     return CLPAR_ERROR_NOT_INITIALIZED;
+  clpar_data_parallel_note_forward(m);
   return m->forward(m, input, output, m->user);
 }
 
