@@ -430,6 +430,10 @@ struct clpar_module {
   int replica;
 };
 
+/* Writes the formatted text (at most 511 bytes) in front of the thread's error message, as
+ * context for a failure of something the caller ran. */
+void clpar_prefix_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Called by clpar_module_forward before m's forward: inside the forward of a DataParallel
  * replica on another device, remembers a module that is not the replica's (src/parallel), so
  * that the error it causes says what is wrong. */
