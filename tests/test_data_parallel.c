@@ -473,6 +473,12 @@ static clpar_status via_user_forward(clpar_module *self, clpar_tensor *x, clpar_
   return clpar_module_forward(((via_user *)user)->fc, x, y);
 }
 
+static clpar_status param_via_user_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                           void *user) {
+  (void)self;
+  return clpar_linear(x, clpar_module_parameter(((via_user *)user)->fc, "weight"), NULL, y);
+}
+
 static void test_children_through_user_explained(void **state) {
   (void)state;
   clpar_device *devs[4];
@@ -492,6 +498,17 @@ static void test_children_through_user_explained(void **state) {
   if (!strstr(msg, "the original module's") || !strstr(msg, "through self") ||
       strstr(msg, "move one with clpar_tensor_to"))
     fail_msg("the message does not say what is wrong: %s", msg);
+  assert_null(y);
+  clpar_module_free(dp);
+  /* a parameter reached through user data: the op's mismatch, with the same advice */
+  tu_ok(clpar_linear_create(4, 2, 1, devs[0], &u.fc));
+  tu_ok(clpar_module_create("ParamViaUser", param_via_user_forward, &u, NULL, &m));
+  tu_ok(clpar_module_add_child(m, "fc", u.fc));
+  tu_ok(clpar_data_parallel_create(m, &o, &dp));
+  assert_int_equal(clpar_module_forward(dp, x, &y), CLPAR_ERROR_DEVICE_MISMATCH);
+  msg = clpar_last_error();
+  if (!strstr(msg, "every replica uses the original module's") || !strstr(msg, "through self"))
+    fail_msg("the message does not say what may be wrong: %s", msg);
   assert_null(y);
   clpar_tensor_free(x);
   clpar_module_free(dp);

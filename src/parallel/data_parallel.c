@@ -405,9 +405,9 @@ static clpar_status explain_replica_failure(const dp_state *st, int k, const clp
         foreign->type, dev0, devk);
   if (s == CLPAR_ERROR_DEVICE_MISMATCH && strstr(clpar_last_failure(), dev0))
     clpar_append_error(
-        " (a forward that reaches a parameter through its user data uses the "
-        "original module's, on %s, in every replica: reach it through self, "
-        "clpar_module_parameter(self, name))",
+        " (if the forward reaches this parameter through its user data rather "
+        "than through self, every replica uses the original module's, on %s: "
+        "reach it with clpar_module_parameter(self, name))",
         dev0);
   return s;
 }
