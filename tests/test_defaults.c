@@ -294,6 +294,29 @@ static void test_batchnorm2d_defaults(void **state) {
   tu_assert_close(mean, ((float[]){0.5f, 1.5f}), 2, 1e-6f, 1e-7f, "momentum 0.5");
 }
 
+/* Options whose every default is 0 already: zero-initialized is NULL. Pipeline: one
+ * micro-batch (Pipe's chunks=1), GPipe, mean losses; DataParallel: every selected device. */
+static void test_pipeline_and_data_parallel_defaults(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  for (int pass = 0; pass < 2; pass++) {
+    clpar_module *st[2], *pipe;
+    tu_ok(clpar_linear_create(3, 4, 1, dev, &st[0]));
+    tu_ok(clpar_linear_create(4, 2, 1, dev, &st[1]));
+    clpar_device *devs[2] = {dev, dev};
+    tu_ok(clpar_pipeline_create(st, devs, 2, pass ? &(clpar_pipeline_options){0} : NULL, &pipe));
+    int64_t sizes[8];
+    assert_int_equal(clpar_pipeline_split(pipe, 10, sizes, 8), 1);
+    assert_int_equal(sizes[0], 10);
+    clpar_module_free(pipe);
+    clpar_module *m, *dp;
+    tu_ok(clpar_linear_create(3, 2, 1, dev, &m));
+    tu_ok(clpar_data_parallel_create(m, pass ? &(clpar_data_parallel_options){0} : NULL, &dp));
+    assert_int_equal(clpar_data_parallel_split(dp, 10, sizes), clpar_device_count());
+    clpar_module_free(dp);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adam_with_only_lr),
@@ -304,6 +327,7 @@ int main(void) {
       cmocka_unit_test(test_adam_literal_zero),
       cmocka_unit_test(test_bad_options_name_the_field),
       cmocka_unit_test(test_batchnorm2d_defaults),
+      cmocka_unit_test(test_pipeline_and_data_parallel_defaults),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
