@@ -30,7 +30,9 @@
  *   layer4's BatchNorms one value per channel, which training mode refuses, as PyTorch does)
  *   flags: --batch N --image-size S --classes C --batches B --repeat R --split S
  *          --splits a,b,c --schedule gpipe|1f1b --json FILE (default pipeline_resnet50.json)
- *   scripts/plot_pipeline.sh pipeline_resnet50.json plots/ */
+ *   scripts/plot_pipeline.sh pipeline_resnet50.json plots/
+ *   Each row's warm-up and rounds are reported on stderr as they finish; the table goes to
+ *   stdout. */
 #include <clpar/clpar.h>
 #include <math.h>
 #include <stdio.h>
@@ -163,10 +165,18 @@ static int measure(experiment *e, clpar_module *m, clpar_optimizer *opt, setup k
                    const char *role, double *mean_out) {
   const options *o = e->o;
   double *t = calloc((size_t)o->repeat, sizeof *t), mean, std;
+  char what[64]; /* progress on stderr: a row takes a warm-up and --repeat rounds */
+  snprintf(what, sizeof what, "%s %s", setup_names[k], role);
+  if (k == PIPELINE)
+    snprintf(what + strlen(what), sizeof what - strlen(what), " split %lld", (long long)split);
+  fprintf(stderr, "  %s: warm-up, then %d rounds\n", what, o->repeat);
   int ok = t && train_batch(e, m, opt, 0) && /* warm-up */
            check(clpar_device_synchronize(e->d0), "synchronize") &&
            check(clpar_device_synchronize(e->d1), "synchronize");
-  for (int r = 0; ok && r < o->repeat; r++) ok = train(e, m, opt, &t[r]);
+  for (int r = 0; ok && r < o->repeat; r++) {
+    ok = train(e, m, opt, &t[r]);
+    if (ok) fprintf(stderr, "  %s: round %d/%d took %.2f s\n", what, r + 1, o->repeat, t[r]);
+  }
   if (ok) {
     mean_std(t, o->repeat, &mean, &std);
     *mean_out = mean;

@@ -4,12 +4,19 @@
  * Gaussian clusters in 32 dimensions; the model Linear(32, 256) -> ReLU -> Linear(256, 256) ->
  * ReLU -> Linear(256, 8); SGD with momentum; cross-entropy.
  *
- *   POCL_DEVICES="pthread pthread pthread pthread" ./train_data_parallel [epochs] */
+ *   POCL_DEVICES="pthread pthread pthread pthread" ./train_data_parallel [epochs]
+ *       [--loss-plot loss.png]
+ *
+ * --loss-plot: the DataParallel run's loss per step as a curve (loss_plot.h: loss.dat and,
+ * with gnuplot, loss.png). */
 #include <clpar/clpar.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "loss_plot.h"
 
 enum { FEATURES = 32, HIDDEN = 256, CLASSES = 8, SAMPLES = 4096, BATCH = 256 };
 
@@ -39,7 +46,7 @@ static clpar_module *make_mlp(clpar_device *dev) {
 
 /* Trains m for epochs over the data set (on dev), printing a line per epoch when label. */
 static int train(clpar_module *m, clpar_device *dev, clpar_tensor *x, const int32_t *y, int epochs,
-                 const char *label) {
+                 const char *label, loss_plot *plot) {
   clpar_optimizer *opt = NULL;
   clpar_sgd_options sgd = {.lr = 0.05f, .momentum = 0.9f};
   int ok = check(clpar_sgd_create_for(m, &sgd, &opt), "SGD");
@@ -56,6 +63,7 @@ static int train(clpar_module *m, clpar_device *dev, clpar_tensor *x, const int3
            check(clpar_backward(loss), "backward") && check(clpar_optimizer_step(opt), "step") &&
            check(clpar_tensor_read(loss, &l, 1), "read loss");
       sum += l;
+      loss_plot_add(plot, (e - 1) + (double)(at + BATCH) / SAMPLES, l);
       clpar_scope_end(step);
     }
     ok = ok && check(clpar_device_synchronize(dev), "sync");
@@ -70,7 +78,13 @@ static int train(clpar_module *m, clpar_device *dev, clpar_tensor *x, const int3
 }
 
 int main(int argc, char **argv) {
-  int epochs = argc > 1 ? atoi(argv[1]) : 5;
+  int epochs = 5;
+  loss_plot plot = {0}, none = {0};
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--loss-plot") && i + 1 < argc)
+      plot.png = argv[++i];
+    else
+      epochs = atoi(argv[i]);
   if (epochs < 1) epochs = 5;
   if (!check(clpar_init(), "clpar_init")) return 1;
   clpar_device *dev = clpar_device_get(0);
@@ -98,9 +112,9 @@ int main(int argc, char **argv) {
   printf("\n");
   clpar_module *dp = NULL, *single = NULL;
   ok = ok && check(clpar_data_parallel_create(make_mlp(dev), NULL, &dp), "DataParallel") &&
-       train(dp, dev, x, y, epochs, "DataParallel");
+       train(dp, dev, x, y, epochs, "DataParallel", &plot);
   printf("the same model from the same seed on %s alone:\n", clpar_device_id(dev));
-  ok = ok && (single = make_mlp(dev)) && train(single, dev, x, y, epochs, "one device  ");
+  ok = ok && (single = make_mlp(dev)) && train(single, dev, x, y, epochs, "one device  ", &none);
   double worst = 0;
   for (int i = 0; ok && i < clpar_module_parameter_count(single); i++) {
     clpar_tensor *a, *b;
@@ -121,6 +135,8 @@ int main(int argc, char **argv) {
   if (ok)
     printf("weights after %d epochs: largest relative difference %.2e: %s\n", epochs, worst,
            match ? "they match" : "THEY DIFFER");
+  if (ok) match = loss_plot_write(&plot, "epoch", "train_data_parallel: DataParallel") && match;
+  loss_plot_free(&plot);
   clpar_module_free(dp);
   clpar_module_free(single);
   clpar_tensor_free(x);

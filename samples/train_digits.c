@@ -5,13 +5,19 @@
  * thread; a progress bar per epoch (loss, accuracy, samples/s) goes to stderr; a checkpoint is
  * saved after each epoch, and --resume continues from it.
  *
- *   ./train_digits [--epochs N] [--data digits.csv.gz] [--checkpoint PATH] [--resume] */
+ *   ./train_digits [--epochs N] [--data digits.csv.gz] [--checkpoint PATH] [--resume]
+ *                  [--loss-plot loss.png]
+ *
+ * --loss-plot: the loss of every step of this run as a curve over epochs (loss_plot.h:
+ * loss.dat and, with gnuplot, loss.png). */
 #include <clpar/clpar.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "loss_plot.h"
 
 #ifndef DIGITS_CSV
 #define DIGITS_CSV "samples/data/digits.csv.gz"
@@ -102,7 +108,7 @@ static void bar(int epoch, int epochs, int64_t done, int64_t total, double loss,
 
 /* One epoch over the loader; *loss and *acc are the epoch's means on the training batches. */
 static int train_epoch(clpar_module *m, clpar_optimizer *opt, clpar_loader *loader, int epoch,
-                       int epochs, int64_t total, int64_t *step) {
+                       int epochs, int64_t total, int64_t *step, loss_plot *plot) {
   double t0 = now(), sum = 0;
   int64_t seen = 0, right = 0, batches = 0;
   float logits[BATCH * CLASSES];
@@ -128,6 +134,7 @@ static int train_epoch(clpar_module *m, clpar_optimizer *opt, clpar_loader *load
     if (!ok) return 0;
     sum += l;
     seen += n;
+    loss_plot_add(plot, epoch - 1 + (double)seen / (double)total, l);
     batches++;
     (*step)++;
     bar(epoch, epochs, seen, total, sum / (double)batches, (double)right / (double)seen,
@@ -139,6 +146,7 @@ static int train_epoch(clpar_module *m, clpar_optimizer *opt, clpar_loader *load
 int main(int argc, char **argv) {
   const char *data = DIGITS_CSV, *ckpt = "train_digits.safetensors";
   int epochs = 30, resume = 0;
+  loss_plot plot = {0};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--epochs") && i + 1 < argc)
       epochs = atoi(argv[++i]);
@@ -148,9 +156,12 @@ int main(int argc, char **argv) {
       ckpt = argv[++i];
     else if (!strcmp(argv[i], "--resume"))
       resume = 1;
+    else if (!strcmp(argv[i], "--loss-plot") && i + 1 < argc)
+      plot.png = argv[++i];
     else {
       fprintf(stderr,
-              "usage: %s [--epochs N] [--data digits.csv.gz] [--checkpoint PATH] [--resume]\n",
+              "usage: %s [--epochs N] [--data digits.csv.gz] [--checkpoint PATH] [--resume] "
+              "[--loss-plot loss.png]\n",
               argv[0]);
       return 2;
     }
@@ -192,7 +203,8 @@ int main(int argc, char **argv) {
   }
   double acc = 0;
   for (; ok && epoch < epochs; epoch++) {
-    ok = train_epoch(dp, opt, loader, (int)epoch + 1, epochs, clpar_dataset_size(train), &step) &&
+    ok = train_epoch(dp, opt, loader, (int)epoch + 1, epochs, clpar_dataset_size(train), &step,
+                     &plot) &&
          evaluate(dp, dev, test, &acc) &&
          check(clpar_checkpoint_save(ckpt, dp, opt, step, epoch + 1), "checkpoint");
     if (ok) fprintf(stderr, "  test acc %5.1f%%\n", 100 * acc);
@@ -202,6 +214,8 @@ int main(int argc, char **argv) {
     printf("test accuracy after %d epochs: %.2f%% (%lld of %lld)\n", epochs, 100 * acc,
            (long long)(acc * (double)clpar_dataset_size(test) + 0.5),
            (long long)clpar_dataset_size(test));
+  if (ok) ok = loss_plot_write(&plot, "epoch", "train_digits: cross-entropy, SGD");
+  loss_plot_free(&plot);
   clpar_loader_free(loader);
   clpar_optimizer_free(opt);
   clpar_module_free(dp);

@@ -3,12 +3,18 @@
  * Linear(64, 4), cross-entropy, Adam. Prints step, loss and time per step as it goes, then
  * the accuracy on held-out data. The device is the first selected one:
  *
- *   CLPAR_DEVICES=opencl:0 ./train_mlp [steps]      (default 300) */
+ *   CLPAR_DEVICES=opencl:0 ./train_mlp [steps] [--loss-plot loss.png]      (default 300)
+ *
+ * --loss-plot: the loss of every printed step as a curve (loss_plot.h: loss.dat and, with
+ * gnuplot, loss.png). */
 #include <clpar/clpar.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "loss_plot.h"
 
 enum { FEATURES = 20, CLASSES = 4, HIDDEN = 64, BATCH = 64, TRAIN = 4096, TEST = 1024 };
 
@@ -83,7 +89,13 @@ static double accuracy(clpar_module *mlp, clpar_device *dev, const float *x, con
 }
 
 int main(int argc, char **argv) {
-  int steps = argc > 1 ? atoi(argv[1]) : 300;
+  int steps = 300;
+  loss_plot plot = {0};
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--loss-plot") && i + 1 < argc)
+      plot.png = argv[++i];
+    else
+      steps = atoi(argv[i]);
   if (steps < 1) steps = 300;
   if (!check(clpar_init(), "clpar_init")) return 1;
   clpar_device *dev = clpar_device_get(0);
@@ -124,11 +136,14 @@ int main(int argc, char **argv) {
       fflush(stdout);
       if (first_loss < 0) first_loss = l;
       last_loss = l;
+      loss_plot_add(&plot, step, l);
     }
     clpar_scope_end(scope);
   }
   double acc = ok ? accuracy(mlp, dev, xte, yte, TEST) : 0;
   if (ok) printf("loss %.4f -> %.4f; held-out accuracy %.1f%%\n", first_loss, last_loss, 100 * acc);
+  if (ok) ok = loss_plot_write(&plot, "step", "train_mlp: cross-entropy, Adam");
+  loss_plot_free(&plot);
   clpar_optimizer_free(opt);
   clpar_module_free(mlp);
   free(xtr);

@@ -7,7 +7,7 @@
 #                              any (the tutorial's split_size 20), else the best GPipe split
 #   <out>/pipeline_split.png   time per step against split_size, GPipe and 1F1B, with error
 #                              bars; one device and model parallel as horizontal lines
-# Needs jq and gnuplot (Debian: apt-get install jq gnuplot-nox).
+# Needs jq and gnuplot (Debian: apt-get install jq gnuplot-nox; scripts/deps.sh installs both).
 #   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 build/bench/bench_pipeline > pipe.jsonl
 #   scripts/plot_pipeline.sh pipe.jsonl [out-dir]
 #   build/samples/pipeline_resnet50 --json r50.json && scripts/plot_pipeline.sh r50.json [out-dir]

@@ -459,6 +459,15 @@ struct clpar_module {
   int replica;
 };
 
+/* Writes the formatted text (at most 511 bytes) in front of the thread's error message, as
+ * context for a failure of something the caller ran. */
+void clpar_prefix_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Called by clpar_module_forward before m's forward: inside the forward of a DataParallel
+ * replica on another device, remembers a module that is not the replica's (src/parallel), so
+ * that the error it causes says what is wrong. */
+void clpar_data_parallel_note_forward(const clpar_module *m);
+
 /* A module buffer's bytes and their byte offset in its storage: buffers are moved, copied
  * between replicas and broadcast as bytes, whatever their dtype (offsets count 4-byte words). */
 static inline size_t clpar_tensor_nbytes(const clpar_tensor *t) {
@@ -487,6 +496,11 @@ clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int 
 /* The one check every float op makes of its tensor inputs: CLPAR_ERROR_DTYPE naming fn, the
  * argument's name and its dtype unless t is float32 (t must not be NULL). */
 clpar_status clpar_check_float(const char *fn, const char *name, const clpar_tensor *t);
+/* An options field (status.h's convention) whose PyTorch default is def: 0 gives def,
+ * CLPAR_ZERO gives 0, anything else itself. */
+static inline float clpar_opt_float(float v, float def) {
+  return v == CLPAR_ZERO ? 0.0f : v == 0.0f ? def : v;
+}
 /* Words (4 bytes) and bytes of t's elements. */
 static inline size_t clpar_tensor_words(const clpar_tensor *t) {
   return (size_t)t->numel * clpar_dtype_words(t->dtype);

@@ -46,26 +46,60 @@ struct clpar_optimizer {
   int live_grew;        /* steps in a row at which they grew */
 };
 
-static clpar_status check_sgd(const clpar_sgd_options *o) {
-  if (!(o->lr >= 0.0f) || !(o->momentum >= 0.0f) || !(o->weight_decay >= 0.0f))
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "SGD: lr %g, momentum %g and weight_decay %g must be >= 0",
-                           (double)o->lr, (double)o->momentum, (double)o->weight_decay);
-  if (o->nesterov && (o->momentum <= 0.0f || o->dampening != 0.0f))
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "SGD: nesterov needs momentum > 0 and dampening 0");
-  return CLPAR_OK;
+/* A field that must be >= 0 (NaN is not). */
+static clpar_status check_nonneg(const char *fn, const char *name, float v) {
+  if (v >= 0.0f) return CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: options.%s is %g; it must be >= 0", fn,
+                         name, (double)v);
 }
 
-static clpar_status check_adam(const clpar_adam_options *o) {
-  if (!(o->lr >= 0.0f) || !(o->eps >= 0.0f) || !(o->weight_decay >= 0.0f))
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "Adam: lr %g, eps %g and weight_decay %g must be >= 0", (double)o->lr,
-                           (double)o->eps, (double)o->weight_decay);
-  if (!(o->beta1 >= 0.0f && o->beta1 < 1.0f) || !(o->beta2 >= 0.0f && o->beta2 < 1.0f))
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "Adam: betas (%g, %g) must be in [0, 1)",
-                           (double)o->beta1, (double)o->beta2);
-  return CLPAR_OK;
+/* Checks resolved options (defaults filled in, CLPAR_ZERO made 0). */
+static clpar_status check_sgd(const char *fn, const clpar_sgd_options *o) {
+  clpar_status s = check_nonneg(fn, "lr", o->lr);
+  if (s == CLPAR_OK) s = check_nonneg(fn, "momentum", o->momentum);
+  if (s == CLPAR_OK) s = check_nonneg(fn, "dampening", o->dampening);
+  if (s == CLPAR_OK) s = check_nonneg(fn, "weight_decay", o->weight_decay);
+  if (s == CLPAR_OK && o->nesterov && (o->momentum <= 0.0f || o->dampening != 0.0f))
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                        "%s: options.nesterov needs momentum > 0 and dampening 0 (momentum %g, "
+                        "dampening %g), as in PyTorch",
+                        fn, (double)o->momentum, (double)o->dampening);
+  return s;
+}
+
+static clpar_status check_adam(const char *fn, const clpar_adam_options *o) {
+  clpar_status s = check_nonneg(fn, "lr", o->lr);
+  if (s == CLPAR_OK) s = check_nonneg(fn, "eps", o->eps);
+  if (s == CLPAR_OK) s = check_nonneg(fn, "weight_decay", o->weight_decay);
+  const char *beta = !(o->beta1 >= 0.0f && o->beta1 < 1.0f)   ? "beta1"
+                     : !(o->beta2 >= 0.0f && o->beta2 < 1.0f) ? "beta2"
+                                                              : NULL;
+  if (s == CLPAR_OK && beta)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                        "%s: options.%s is %g; betas must be in [0, 1) (0 is written CLPAR_ZERO, "
+                        "since 0 means PyTorch's default)",
+                        fn, beta, (double)(beta[4] == '1' ? o->beta1 : o->beta2));
+  return s;
+}
+
+/* PyTorch's defaults in the fields left 0 (status.h's convention); NULL: all of them. */
+static clpar_sgd_options sgd_resolved(const clpar_sgd_options *o) {
+  clpar_sgd_options r = o ? *o : (clpar_sgd_options){0};
+  r.lr = clpar_opt_float(r.lr, 1e-3f);
+  r.momentum = clpar_opt_float(r.momentum, 0.0f);
+  r.dampening = clpar_opt_float(r.dampening, 0.0f);
+  r.weight_decay = clpar_opt_float(r.weight_decay, 0.0f);
+  return r;
+}
+
+static clpar_adam_options adam_resolved(const clpar_adam_options *o, int adamw) {
+  clpar_adam_options r = o ? *o : (clpar_adam_options){0};
+  r.lr = clpar_opt_float(r.lr, 1e-3f);
+  r.beta1 = clpar_opt_float(r.beta1, 0.9f);
+  r.beta2 = clpar_opt_float(r.beta2, 0.999f);
+  r.eps = clpar_opt_float(r.eps, 1e-8f);
+  r.weight_decay = clpar_opt_float(r.weight_decay, adamw ? 1e-2f : 0.0f);
+  return r;
 }
 
 typedef struct {
@@ -98,24 +132,27 @@ static int find_repeat(clpar_tensor *const *params, int n, int *first, int *agai
   return found;
 }
 
-static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, const void *options,
-                           clpar_optimizer **out) {
-  if (!params || n < 1 || !options || !out)
+static clpar_status create(const char *fn, opt_kind kind, clpar_tensor *const *params, int n,
+                           const void *options, clpar_optimizer **out) {
+  if (!params || n < 1 || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "optimizer: need n >= 1 parameters, options and out");
-  clpar_status s = kind == OPT_SGD ? check_sgd(options) : check_adam(options);
+                           "%s: need n >= 1 parameters (got %d, params %s) and out", fn, n,
+                           params ? "given" : "NULL");
+  clpar_sgd_options sgd = sgd_resolved(kind == OPT_SGD ? options : NULL);
+  clpar_adam_options adam = adam_resolved(kind == OPT_SGD ? NULL : options, kind == OPT_ADAMW);
+  clpar_status s = kind == OPT_SGD ? check_sgd(fn, &sgd) : check_adam(fn, &adam);
   for (int i = 0; s == CLPAR_OK && i < n; i++)
     if (!params[i] || params[i]->node)
-      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                          "optimizer: parameter %d is NULL or not a leaf", i);
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: parameter %d is NULL or not a leaf",
+                          fn, i);
     else if (params[i]->dtype != CLPAR_FLOAT32)
-      s = clpar_check_float("optimizer", "a parameter", params[i]);
+      s = clpar_check_float(fn, "a parameter", params[i]);
   int first = 0, again = 0, repeat = s == CLPAR_OK ? find_repeat(params, n, &first, &again) : 0;
-  if (repeat < 0) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+  if (repeat < 0) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   if (repeat > 0)
     s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                        "optimizer: parameter %d is parameter %d again; give each tensor once",
-                        again, first);
+                        "%s: parameter %d is parameter %d again; give each tensor once", fn, again,
+                        first);
   if (s != CLPAR_OK) return s;
   clpar_optimizer *o = calloc(1, sizeof *o);
   param_state *ps = calloc((size_t)n, sizeof *ps);
@@ -130,17 +167,15 @@ static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, co
     free(leaves);
     free(group_of);
     free(counts);
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
   o->ptrs = ptrs;
   o->leaves = leaves;
   o->group_of = group_of;
   o->counts = counts;
   o->kind = kind;
-  if (kind == OPT_SGD)
-    o->sgd = *(const clpar_sgd_options *)options;
-  else
-    o->adam = *(const clpar_adam_options *)options;
+  o->sgd = sgd;
+  o->adam = adam;
   for (int i = 0; i < n; i++) ptrs[i] = ps[i].param = clpar_tensor_retain(params[i]);
   o->params = ps;
   o->n = n;
@@ -150,17 +185,17 @@ static clpar_status create(opt_kind kind, clpar_tensor *const *params, int n, co
 
 clpar_status clpar_sgd_create(clpar_tensor *const *params, int n, const clpar_sgd_options *options,
                               clpar_optimizer **out) {
-  return create(OPT_SGD, params, n, options, out);
+  return create("clpar_sgd_create", OPT_SGD, params, n, options, out);
 }
 
 clpar_status clpar_adam_create(clpar_tensor *const *params, int n,
                                const clpar_adam_options *options, clpar_optimizer **out) {
-  return create(OPT_ADAM, params, n, options, out);
+  return create("clpar_adam_create", OPT_ADAM, params, n, options, out);
 }
 
 clpar_status clpar_adamw_create(clpar_tensor *const *params, int n,
                                 const clpar_adam_options *options, clpar_optimizer **out) {
-  return create(OPT_ADAMW, params, n, options, out);
+  return create("clpar_adamw_create", OPT_ADAMW, params, n, options, out);
 }
 
 /* The module's parameters as an array, for the *_create_for functions. */
@@ -176,7 +211,7 @@ static clpar_status create_for(const char *fn, opt_kind kind, clpar_module *m, c
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < n; i++)
     s = clpar_module_parameter_at(m, i, NULL, &params[i]);
-  if (s == CLPAR_OK) s = create(kind, params, n, options, out);
+  if (s == CLPAR_OK) s = create(fn, kind, params, n, options, out);
   free(params);
   return s;
 }
@@ -500,7 +535,8 @@ void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_
 
 clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_options *sgd,
                                          const clpar_adam_options *adam, int apply) {
-  clpar_status s = o->kind == OPT_SGD ? check_sgd(sgd) : check_adam(adam);
+  const char *fn = "the checkpoint's optimizer options";
+  clpar_status s = o->kind == OPT_SGD ? check_sgd(fn, sgd) : check_adam(fn, adam);
   if (s != CLPAR_OK || !apply) return s;
   if (o->kind == OPT_SGD)
     o->sgd = *sgd;

@@ -31,6 +31,10 @@ const char *clpar_status_string(clpar_status s) {
   return "unknown status";
 }
 
+const char *clpar_last_failure(void) {
+  return error_message;
+}
+
 const char *clpar_last_error(void) {
   return error_message;
 }
@@ -46,6 +50,20 @@ clpar_status clpar_set_error(clpar_status status, const char *fmt, ...) {
   va_end(ap);
   clpar_log(CLPAR_LOG_DEBUG, "%s: %s", clpar_status_name(status), error_message);
   return status;
+}
+
+void clpar_prefix_error(const char *fmt, ...) {
+  char prefix[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  size_t plen = n < 0 ? 0 : (size_t)n < sizeof prefix ? (size_t)n : sizeof prefix - 1;
+  size_t len = strlen(error_message);
+  if (len + plen + 1 > sizeof error_message) len = sizeof error_message - plen - 1;
+  memmove(error_message + plen, error_message, len);
+  error_message[plen + len] = '\0';
+  memcpy(error_message, prefix, plen);
 }
 
 void clpar_append_error(const char *fmt, ...) {

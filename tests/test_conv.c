@@ -639,7 +639,7 @@ static void test_bad_input(void **state) {
     assert_non_null(strstr(clpar_last_error(), "[4, 2, 3, 3]"));
     assert_int_equal(clpar_conv2d(x, wb, NULL, NULL, &out), CLPAR_ERROR_SHAPE_MISMATCH);
     assert_non_null(strstr(clpar_last_error(), "larger than the padded input"));
-    clpar_conv2d_options bad = OPT(0, 1, 0, 0, 1, 1, 1);
+    clpar_conv2d_options bad = OPT(-1, 1, 0, 0, 1, 1, 1); /* 0 would mean 1 */
     assert_int_equal(clpar_conv2d(x, w, NULL, &bad, &out), CLPAR_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(clpar_last_error(), "stride"));
     bad = (clpar_conv2d_options)OPT(1, 1, 0, 0, 1, 1, 2);

@@ -149,7 +149,7 @@ static void test_loader_drop_last_and_resume(void **state) {
   clpar_loader_free(l);
 
   /* errors */
-  o.batch_size = 0;
+  o.batch_size = -1; /* 0 means 1, DataLoader's default */
   assert_int_equal(clpar_loader_create(ds, dev, &o, &l), CLPAR_ERROR_INVALID_ARGUMENT);
   o.batch_size = 24;
   o.drop_last = 1;

@@ -463,6 +463,59 @@ static void test_backward_after_wrapper_freed(void **state) {
   clpar_tensor_free(w);
 }
 
+/* A user module that keeps its children in its user data and reaches them there: every
+ * replica then runs the original module's layers, whose parameters live on devices[0]. */
+typedef struct {
+  clpar_module *fc; /* the original's child, not the replica's */
+} via_user;
+
+static clpar_status via_user_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                     void *user) {
+  (void)self;
+  return clpar_module_forward(((via_user *)user)->fc, x, y);
+}
+
+static clpar_status param_via_user_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                           void *user) {
+  (void)self;
+  return clpar_linear(x, clpar_module_parameter(((via_user *)user)->fc, "weight"), NULL, y);
+}
+
+static void test_children_through_user_explained(void **state) {
+  (void)state;
+  clpar_device *devs[4];
+  int n = pick_devices(devs);
+  if (n < 2) no_second_device();
+  via_user u;
+  clpar_module *m, *dp;
+  tu_ok(clpar_linear_create(4, 2, 1, devs[0], &u.fc));
+  tu_ok(clpar_module_create("ViaUser", via_user_forward, &u, NULL, &m));
+  tu_ok(clpar_module_add_child(m, "fc", u.fc));
+  clpar_data_parallel_options o = {.devices = devs, .n_devices = n};
+  tu_ok(clpar_data_parallel_create(m, &o, &dp));
+  clpar_tensor *x, *y = NULL;
+  tu_ok(clpar_tensor_rand_uniform(devs[0], 2, (int64_t[]){8, 4}, 6, -1, 1, &x));
+  assert_int_equal(clpar_module_forward(dp, x, &y), CLPAR_ERROR_DEVICE_MISMATCH);
+  const char *msg = clpar_last_error();
+  if (!strstr(msg, "the original module's") || !strstr(msg, "through self") ||
+      strstr(msg, "move one with clpar_tensor_to"))
+    fail_msg("the message does not say what is wrong: %s", msg);
+  assert_null(y);
+  clpar_module_free(dp);
+  /* a parameter reached through user data: the op's mismatch, with the same advice */
+  tu_ok(clpar_linear_create(4, 2, 1, devs[0], &u.fc));
+  tu_ok(clpar_module_create("ParamViaUser", param_via_user_forward, &u, NULL, &m));
+  tu_ok(clpar_module_add_child(m, "fc", u.fc));
+  tu_ok(clpar_data_parallel_create(m, &o, &dp));
+  assert_int_equal(clpar_module_forward(dp, x, &y), CLPAR_ERROR_DEVICE_MISMATCH);
+  msg = clpar_last_error();
+  if (!strstr(msg, "every replica uses the original module's") || !strstr(msg, "through self"))
+    fail_msg("the message does not say what may be wrong: %s", msg);
+  assert_null(y);
+  clpar_tensor_free(x);
+  clpar_module_free(dp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_equals_one_device),
@@ -475,6 +528,7 @@ int main(void) {
       cmocka_unit_test(test_one_device_makes_no_copies),
       cmocka_unit_test(test_step_waits_once_and_transfers_are_bounded),
       cmocka_unit_test(test_backward_after_wrapper_freed),
+      cmocka_unit_test(test_children_through_user_explained),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -345,7 +345,8 @@ static void batchnorm_on(clpar_device *dev) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_module *bn;
   const float momentum = 0.25f, eps = 1e-3f;
-  tu_ok(clpar_batchnorm2d_create(BN_C, eps, momentum, 1, 1, dev, &bn));
+  tu_ok(clpar_batchnorm2d_create(
+      BN_C, &(clpar_batchnorm2d_options){.eps = eps, .momentum = momentum}, dev, &bn));
   assert_string_equal(clpar_module_type(bn), "BatchNorm2d");
   assert_int_equal(clpar_module_is_training(bn), 1);
   float w[BN_C] = {0.5f, 1.5f, -1.0f}, b[BN_C] = {0.1f, -0.2f, 0.3f};
@@ -428,7 +429,8 @@ static void test_batchnorm2d_options(void **state) {
   clpar_device *dev = tu_host();
   clpar_module *bn = NULL;
   /* no tracking, no affine: no parameters, no buffers, batch statistics in eval too */
-  tu_ok(clpar_batchnorm2d_create(2, 1e-5f, 0.1f, 0, 0, dev, &bn));
+  tu_ok(clpar_batchnorm2d_create(
+      2, &(clpar_batchnorm2d_options){.no_affine = 1, .no_running_stats = 1}, dev, &bn));
   assert_int_equal(clpar_module_parameter_count(bn), 0);
   assert_int_equal(clpar_module_buffer_count(bn), 0);
   tu_ok(clpar_module_train(bn, 0));
@@ -447,14 +449,14 @@ static void test_batchnorm2d_options(void **state) {
   clpar_module_free(bn);
   /* bad arguments: nothing made */
   bn = NULL;
-  assert_int_equal(clpar_batchnorm2d_create(0, 1e-5f, 0.1f, 1, 1, dev, &bn),
-                   CLPAR_ERROR_INVALID_ARGUMENT);
-  assert_int_equal(clpar_batchnorm2d_create(4, 0.0f, 0.1f, 1, 1, dev, &bn),
-                   CLPAR_ERROR_INVALID_ARGUMENT);
-  assert_int_equal(clpar_batchnorm2d_create(4, 1e-5f, 1.5f, 1, 1, dev, &bn),
-                   CLPAR_ERROR_INVALID_ARGUMENT);
-  assert_int_equal(clpar_batchnorm2d_create(4, 1e-5f, 0.1f, 1, 1, NULL, &bn),
-                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_batchnorm2d_create(0, NULL, dev, &bn), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(
+      clpar_batchnorm2d_create(4, &(clpar_batchnorm2d_options){.eps = -1e-5f}, dev, &bn),
+      CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(
+      clpar_batchnorm2d_create(4, &(clpar_batchnorm2d_options){.momentum = 1.5f}, dev, &bn),
+      CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_batchnorm2d_create(4, NULL, NULL, &bn), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_null(bn);
   clpar_module *m = NULL;
   assert_int_equal(clpar_resnet_create(CLPAR_RESNET_BASIC, (const int[4]){2, 0, 2, 2}, 10, dev, &m),

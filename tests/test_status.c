@@ -402,6 +402,69 @@ static void test_shutdown_with_live_tensors(void **state) {
   clpar_log_set_level(old);
 }
 
+/* CLPAR_CHECK returns the failing status from the enclosing function, after evaluating the
+ * expression once; CLPAR_CHECK_GOTO stores it and jumps. */
+static int evaluations;
+static clpar_status counted(clpar_status s) {
+  evaluations++;
+  return s;
+}
+static clpar_status checked(clpar_status first, clpar_status second, int *reached_end) {
+  CLPAR_CHECK(counted(first));
+  CLPAR_CHECK(counted(second));
+  *reached_end = 1;
+  return CLPAR_OK;
+}
+static clpar_status checked_goto(clpar_status first, int *cleaned) {
+  clpar_status s;
+  CLPAR_CHECK_GOTO(counted(first), s, done);
+  s = CLPAR_ERROR_INTERNAL; /* not reached when first fails */
+done:
+  *cleaned = 1;
+  return s;
+}
+
+static void test_check_macros(void **state) {
+  (void)state;
+  int end = 0, cleaned = 0;
+  evaluations = 0;
+  assert_int_equal(checked(CLPAR_OK, CLPAR_OK, &end), CLPAR_OK);
+  assert_int_equal(end, 1);
+  assert_int_equal(evaluations, 2);
+  end = 0;
+  evaluations = 0;
+  assert_int_equal(checked(CLPAR_ERROR_SHAPE_MISMATCH, CLPAR_OK, &end), CLPAR_ERROR_SHAPE_MISMATCH);
+  assert_int_equal(end, 0);
+  assert_int_equal(evaluations, 1);
+  assert_int_equal(checked(CLPAR_OK, CLPAR_ERROR_IO, &end), CLPAR_ERROR_IO);
+  assert_int_equal(end, 0);
+  assert_int_equal(checked_goto(CLPAR_ERROR_DTYPE, &cleaned), CLPAR_ERROR_DTYPE);
+  assert_int_equal(cleaned, 1);
+  cleaned = 0;
+  assert_int_equal(checked_goto(CLPAR_OK, &cleaned), CLPAR_ERROR_INTERNAL);
+  assert_int_equal(cleaned, 1);
+}
+
+/* The message is the last failure's, errno-like: an OK call leaves it, clpar_clear_error
+ * empties it; clpar_last_error is the same message. */
+static void test_last_failure_survives_success(void **state) {
+  (void)state;
+  tu_ok(clpar_init());
+  clpar_clear_error();
+  assert_string_equal(clpar_last_failure(), "");
+  clpar_optimizer *o = NULL;
+  assert_int_equal(clpar_sgd_create_for(NULL, NULL, &o), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_string_equal(clpar_last_failure(), "clpar_sgd_create_for: the module is NULL");
+  assert_ptr_equal(clpar_last_error(), clpar_last_failure());
+  clpar_module *relu;
+  tu_ok(clpar_relu_create(&relu));
+  assert_string_equal(clpar_last_failure(), "clpar_sgd_create_for: the module is NULL");
+  clpar_module_free(relu);
+  clpar_clear_error();
+  assert_string_equal(clpar_last_failure(), "");
+  clpar_shutdown();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names_and_strings),
@@ -415,6 +478,8 @@ int main(void) {
       cmocka_unit_test(test_optimizer_for_null_module),
       cmocka_unit_test(test_module_to_refuses_data_parallel),
       cmocka_unit_test(test_shutdown_with_live_tensors),
+      cmocka_unit_test(test_check_macros),
+      cmocka_unit_test(test_last_failure_survives_success),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

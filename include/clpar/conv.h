@@ -1,7 +1,7 @@
 /* conv.h — convolutional layers as PyTorch has them: 2-D convolution (stride, padding,
  * dilation, groups), max and adaptive average pooling, batch norm (F.batch_norm), and the
- * modules nn.Conv2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d and nn.Flatten. Images are NCHW
- * float32 tensors. Every op is differentiable, runs on any device (host, OpenCL, CUDA), and on
+ * modules nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d and nn.Flatten. Images are
+ * NCHW float32 tensors. Every op is differentiable, runs on any device (host, OpenCL, CUDA), and on
  * bad input returns an error naming the shapes with nothing allocated or changed. */
 #ifndef CLPAR_CONV_H
 #define CLPAR_CONV_H
@@ -17,10 +17,14 @@
 extern "C" {
 #endif
 
-/* [0] is the height's, [1] the width's. */
+/* [0] is the height's, [1] the width's. A field left 0 takes PyTorch's default (status.h's
+ * convention): stride 0 means 1, dilation 0 means 1, groups 0 means 1; padding's default is 0,
+ * so 0 is literal. {.padding = {1, 1}} is nn.Conv2d(..., padding=1). */
 typedef struct clpar_conv2d_options {
-  int64_t stride[2], padding[2], dilation[2];
-  int64_t groups;
+  int64_t stride[2];   /* 0: 1 */
+  int64_t padding[2];  /* 0 */
+  int64_t dilation[2]; /* 0: 1 */
+  int64_t groups;      /* 0: 1 */
 } clpar_conv2d_options;
 
 /* F.conv2d: x [N, C, H, W], weight [O, C / groups, kh, kw], bias [O] or NULL; options NULL
@@ -57,6 +61,28 @@ CLPAR_API clpar_status clpar_batch_norm(const clpar_tensor *x, clpar_tensor *run
 CLPAR_API clpar_status clpar_conv2d_create(int64_t in_ch, int64_t out_ch, int64_t kh, int64_t kw,
                                            const clpar_conv2d_options *options, int bias,
                                            clpar_device *dev, clpar_module **out);
+/* nn.BatchNorm2d's arguments. A field left 0 takes PyTorch's default (status.h's
+ * convention); the flags are named so that 0 is PyTorch's True. */
+typedef struct clpar_batchnorm2d_options {
+  float eps;            /* 0: 1e-5; must be > 0 */
+  float momentum;       /* 0: 0.1; CLPAR_ZERO: 0 (the running statistics stay as they are);
+                         * in [0, 1] (PyTorch's momentum=None, a cumulative average, is not
+                         * offered) */
+  int no_affine;        /* 0: affine=True; nonzero: affine=False (no weight and bias) */
+  int no_running_stats; /* 0: track_running_stats=True; nonzero: False */
+} clpar_batchnorm2d_options;
+
+/* nn.BatchNorm2d(num_features) on dev, for input [N, num_features, H, W]; options NULL means
+ * PyTorch's defaults (eps 1e-5, momentum 0.1, affine, tracking). affine: parameters "weight"
+ * (ones) and "bias" (zeros). Tracking: buffers "running_mean" (zeros), "running_var" (ones) and
+ * "num_batches_tracked" (int64, 0-d, 0). In training mode (clpar_module_train) it normalizes
+ * with the batch's statistics and, when tracking, updates the running statistics in place
+ * (new = (1 - momentum) * old + momentum * batch value, the variance unbiased) and adds one to
+ * num_batches_tracked; in eval mode (clpar_module_eval) it normalizes with the running
+ * statistics. A module that does not track always uses the batch's statistics. */
+CLPAR_API clpar_status clpar_batchnorm2d_create(int64_t num_features,
+                                                const clpar_batchnorm2d_options *options,
+                                                clpar_device *dev, clpar_module **out);
 /* nn.MaxPool2d (stride NULL: the kernel; padding NULL: 0). */
 CLPAR_API clpar_status clpar_max_pool2d_create(const int64_t kernel[2], const int64_t stride[2],
                                                const int64_t padding[2], clpar_module **out);

@@ -99,8 +99,10 @@ CLPAR_API void clpar_dataset_free(clpar_dataset *ds);
 
 /* ---- the loader ---- */
 
+/* torch.utils.data.DataLoader's arguments; every field's default is 0 but batch_size's, 1,
+ * which 0 stands for (status.h's convention). */
 typedef struct clpar_loader_options {
-  int64_t batch_size; /* >= 1 */
+  int64_t batch_size; /* 0: 1; else >= 1 */
   int shuffle;        /* 0: in order; else a permutation per epoch from (seed, epoch) */
   uint64_t seed;
   int drop_last; /* 0: the last batch of an epoch may be smaller; else it is dropped */
@@ -108,9 +110,10 @@ typedef struct clpar_loader_options {
 
 typedef struct clpar_loader clpar_loader;
 
-/* A loader over ds (which must outlive it) making batches on dev. A batch_size above the
- * dataset's size (up to INT64_MAX) gives one batch of every sample, as PyTorch's DataLoader.
- * Fails with CLPAR_ERROR_EMPTY when an epoch would have no batch (fewer samples than
+/* A loader over ds (which must outlive it) making batches on dev; opt NULL means the defaults
+ * (batch_size 1, in order, the last batch kept). A batch_size above the dataset's size (up to
+ * INT64_MAX) gives one batch of every sample, as PyTorch's DataLoader. Fails with
+ * CLPAR_ERROR_EMPTY when an epoch would have no batch (an empty dataset, or fewer samples than
  * batch_size with drop_last). The background thread starts at the first clpar_loader_next. */
 CLPAR_API clpar_status clpar_loader_create(const clpar_dataset *ds, clpar_device *dev,
                                            const clpar_loader_options *opt, clpar_loader **out);

@@ -1,4 +1,4 @@
-/* models.h — BatchNorm2d, and torchvision's ResNets (ResNet-18/34/50/101/152) with
+/* models.h — torchvision's ResNets (ResNet-18/34/50/101/152) with
  * torchvision's module tree, parameter and buffer names ("layer1.0.conv1.weight",
  * "bn1.running_mean", "layer4.2.bn3.num_batches_tracked", "fc.bias") and initialization, so
  * that a state_dict moves between clpar and PyTorch by name, and a program can take the
@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "conv.h" /* BatchNorm2d and the other layers the ResNets are made of */
 #include "device.h"
 #include "export.h"
 #include "nn.h"
@@ -17,19 +18,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* nn.BatchNorm2d on dev, for input [N, num_features, H, W]. affine: parameters "weight" (ones)
- * and "bias" (zeros). track_running_stats: buffers "running_mean" (zeros), "running_var"
- * (ones) and "num_batches_tracked" (int64, 0-d, 0). In training mode (clpar_module_train) it
- * normalizes with the batch's statistics and, when tracking, updates the running statistics
- * in place (new = (1 - momentum) * old + momentum * batch value, the variance unbiased) and
- * adds one to num_batches_tracked; in eval mode it normalizes with the running statistics. A
- * module that does not track always uses the batch's statistics. momentum in [0, 1] (PyTorch's
- * momentum=None, a cumulative average, is not offered); eps > 0. PyTorch's defaults: eps 1e-5,
- * momentum 0.1, affine 1, track_running_stats 1. */
-CLPAR_API clpar_status clpar_batchnorm2d_create(int64_t num_features, float eps, float momentum,
-                                                int affine, int track_running_stats,
-                                                clpar_device *dev, clpar_module **out);
 
 /* torchvision's residual blocks. */
 typedef enum clpar_resnet_block {

@@ -126,6 +126,8 @@ CLPAR_API clpar_status clpar_module_state_at(const clpar_module *m, int i, const
  * flag with clpar_module_is_training(self); layers such as BatchNorm use it. DataParallel's
  * replicas take the mode of the wrapped module's tree at each forward. */
 CLPAR_API clpar_status clpar_module_train(clpar_module *m, int on);
+/* clpar_module_train(m, 0): evaluation mode, PyTorch's eval(). */
+CLPAR_API clpar_status clpar_module_eval(clpar_module *m);
 CLPAR_API int clpar_module_is_training(const clpar_module *m);
 /* Flat parameters: places m's parameters that live on one device one after another in one
  * buffer (per device), and their gradients in another buffer of the same layout. Each

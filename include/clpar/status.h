@@ -1,6 +1,7 @@
 /* status.h — every fallible call returns a clpar_status; one X-macro list gives the codes,
- * their names and their messages. Details of the last error (shapes, device, the OpenCL
- * error name, a build log) are kept in a thread-local message. */
+ * their names and their messages. Details of the last failure (shapes, device, the OpenCL
+ * error name, a build log) are kept in a thread-local message. Also the conventions every
+ * options struct follows (CLPAR_ZERO). */
 #ifndef CLPAR_STATUS_H
 #define CLPAR_STATUS_H
 
@@ -45,10 +46,50 @@ typedef enum clpar_status {
 CLPAR_API const char *clpar_status_name(clpar_status s);
 /* "tensor shapes do not match" */
 CLPAR_API const char *clpar_status_string(clpar_status s);
-/* Details of the last error raised on this thread ("" if none). Valid until the next
- * clpar call on this thread. */
+/* The message of the last failure on this thread ("" if none since the start or since
+ * clpar_clear_error), as errno: a call that succeeds leaves it as it was, so read it only
+ * right after a call returned a status other than CLPAR_OK. Valid until the next clpar call
+ * on this thread. */
+CLPAR_API const char *clpar_last_failure(void);
+/* The same message as clpar_last_failure (the older name). */
 CLPAR_API const char *clpar_last_error(void);
+/* Empties the message. */
 CLPAR_API void clpar_clear_error(void);
+
+/* CLPAR_CHECK(expr): evaluates expr (a clpar_status) once and, when it is not CLPAR_OK, returns
+ * it from the enclosing function (which must return clpar_status); clpar_last_failure() then
+ * says why. CLPAR_CHECK_GOTO(expr, status, label): stores expr's status in the variable status
+ * and jumps to label when it is not CLPAR_OK, for functions that free what they made:
+ *
+ *   clpar_status s;
+ *   CLPAR_CHECK_GOTO(clpar_module_forward(m, x, &y), s, done);
+ *   CLPAR_CHECK_GOTO(clpar_mse_loss(y, t, CLPAR_REDUCTION_MEAN, &loss), s, done);
+ * done:
+ *   clpar_tensor_free(y);
+ *   return s; */
+#define CLPAR_CHECK(expr)                      \
+  do {                                         \
+    clpar_status clpar_check_status_ = (expr); \
+    if (clpar_check_status_ != CLPAR_OK) {     \
+      return clpar_check_status_;              \
+    }                                          \
+  } while (0)
+#define CLPAR_CHECK_GOTO(expr, status, label) \
+  do {                                        \
+    (status) = (expr);                        \
+    if ((status) != CLPAR_OK) {               \
+      goto label;                             \
+    }                                         \
+  } while (0)
+
+/* Options structs (clpar_adam_options, clpar_conv2d_options, ...) may be NULL, which means
+ * PyTorch's defaults, and may be zero-initialized but for the fields wanted
+ * ((clpar_adam_options){.lr = 1e-2f}): a field whose PyTorch default is not zero takes that
+ * default when it is 0, as each header says field by field. Where a literal zero is a
+ * meaningful setting of such a field (Adam's beta1, AdamW's weight_decay, BatchNorm2d's
+ * momentum, ...), write CLPAR_ZERO; the headers say which fields take it. Its value is far
+ * outside every field's range, so it is never taken for a setting of its own. */
+#define CLPAR_ZERO (-1.0e30f)
 
 #ifdef __cplusplus
 }

@@ -280,10 +280,14 @@ static void stop_thread(clpar_loader *l) {
 clpar_status clpar_loader_create(const clpar_dataset *ds, clpar_device *dev,
                                  const clpar_loader_options *opt, clpar_loader **out) {
   const char *fn = "clpar_loader_create";
-  if (!ds || !dev || !opt || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  if (!ds || !dev || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL dataset, device or out", fn);
+  clpar_loader_options given = opt ? *opt : (clpar_loader_options){0};
+  if (given.batch_size == 0) given.batch_size = 1; /* DataLoader's default */
+  opt = &given;
   if (opt->batch_size < 1)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: batch_size %lld < 1", fn,
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: options.batch_size is %lld; must be >= 1 (0 means 1)", fn,
                            (long long)opt->batch_size);
   int64_t bs = opt->batch_size > ds->n ? ds->n : opt->batch_size;
   /* a ceiling without n + batch_size - 1, which overflows for a batch_size near INT64_MAX */

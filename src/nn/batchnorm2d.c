@@ -105,20 +105,25 @@ static clpar_status add_filled(clpar_module *m, const char *name, int is_buffer,
   return s;
 }
 
-clpar_status clpar_batchnorm2d_create(int64_t num_features, float eps, float momentum, int affine,
-                                      int track_running_stats, clpar_device *dev,
+clpar_status clpar_batchnorm2d_create(int64_t num_features,
+                                      const clpar_batchnorm2d_options *options, clpar_device *dev,
                                       clpar_module **out) {
+  const char *fn = "clpar_batchnorm2d_create";
+  clpar_batchnorm2d_options o = options ? *options : (clpar_batchnorm2d_options){0};
+  float eps = clpar_opt_float(o.eps, 1e-5f), momentum = clpar_opt_float(o.momentum, 0.1f);
+  int affine = !o.no_affine, track_running_stats = !o.no_running_stats;
   if (!out || !dev)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: NULL device or out", fn);
+  if (num_features < 1)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: num_features is %lld; must be >= 1",
+                           fn, (long long)num_features);
+  if (!(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_batchnorm2d_create: NULL device or out");
-  if (num_features < 1 || !(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_batchnorm2d_create: num_features must be >= 1, eps > 0 and "
-                           "momentum in [0, 1] (got %lld, %g, %g)",
-                           (long long)num_features, (double)eps, (double)momentum);
+                           "%s: options.eps %g must be > 0 and options.momentum %g in [0, 1] "
+                           "(0 is written CLPAR_ZERO, since 0 means PyTorch's default 0.1)",
+                           fn, (double)eps, (double)momentum);
   if (!clpar_is_initialized())
-    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
-                           "clpar_batchnorm2d_create: call clpar_init first");
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s: call clpar_init first", fn);
   int64_t numel;
   clpar_status s = clpar_check_size("clpar_batchnorm2d_create", dev, 1, &num_features, &numel);
   if (s != CLPAR_OK) return s;

@@ -41,14 +41,26 @@ static clpar_status check_alive(const char *fn, const char *name, const clpar_te
   return s == CLPAR_OK ? clpar_check_float(fn, name, t) : s;
 }
 
+/* nn.Conv2d's defaults in the fields left 0 (stride, dilation and groups 1; padding 0 is
+ * literal); NULL: all of them. */
+static clpar_conv2d_options conv_resolved(const clpar_conv2d_options *opt) {
+  clpar_conv2d_options o = opt ? *opt : (clpar_conv2d_options){{0, 0}, {0, 0}, {0, 0}, 0};
+  for (int i = 0; i < 2; i++) {
+    if (o.stride[i] == 0) o.stride[i] = 1;
+    if (o.dilation[i] == 0) o.dilation[i] = 1;
+  }
+  if (o.groups == 0) o.groups = 1;
+  return o;
+}
+
 /* Checks options and shapes and fills the plan; every message names the shapes. */
 static clpar_status plan_conv(const clpar_tensor *x, const clpar_tensor *wt,
                               const clpar_tensor *bias, const clpar_conv2d_options *opt,
                               conv_plan *p) {
   const char *fn = "clpar_conv2d";
   char a[128], b[128];
-  clpar_conv2d_options d = {{1, 1}, {0, 0}, {1, 1}, 1};
-  if (!opt) opt = &d;
+  clpar_conv2d_options d = conv_resolved(opt);
+  opt = &d;
   for (int i = 0; i < 2; i++)
     if (opt->stride[i] < 1 || opt->dilation[i] < 1 || opt->padding[i] < 0)
       return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -375,8 +387,7 @@ clpar_status clpar_conv2d_create(int64_t in_ch, int64_t out_ch, int64_t kh, int6
                                  const clpar_conv2d_options *options, int bias, clpar_device *dev,
                                  clpar_module **out) {
   const char *fn = "clpar_conv2d_create";
-  clpar_conv2d_options o = {{1, 1}, {0, 0}, {1, 1}, 1};
-  if (options) o = *options;
+  clpar_conv2d_options o = conv_resolved(options);
   if (in_ch < 1 || out_ch < 1 || kh < 1 || kw < 1 || !out || !dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "%s: channels %lld -> %lld and kernel %lldx%lld must be >= 1, device "

@@ -1,8 +1,10 @@
 /* functional.c — sum, mean, linear and the losses, composed from differentiable ops so that
  * their backward comes from the parts; only the negative log-likelihood step of cross-entropy
  * has a backward of its own. Intermediates are freed here; the graph keeps what it needs. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -112,8 +114,11 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
     return clpar_set_error(
         CLPAR_ERROR_SHAPE_MISMATCH,
-        "clpar_linear: input is %s and weight is %s; need [batch, in] and [out, in]", SHAPE(x, a),
-        SHAPE(weight, b));
+        "clpar_linear: input is %s and weight is %s; need [batch, in] and [out, in]%s", SHAPE(x, a),
+        SHAPE(weight, b),
+        x->ndim > 2 ? " (flatten the input to [batch, in] first: a Flatten, "
+                      "clpar_flatten_create(1, -1, &m), before the Linear)"
+                    : "");
   if (bias && (bias->numel != weight->shape[0] || bias->ndim > 2 ||
                bias->shape[bias->ndim - 1] != weight->shape[0]))
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_linear: bias is %s for %lld outputs",
@@ -274,10 +279,19 @@ clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labe
                            "clpar_cross_entropy: %lld labels for logits %s", (long long)n_labels,
                            SHAPE(logits, a));
   for (int64_t r = 0; r < n_labels; r++)
-    if (labels[r] < 0 || labels[r] >= logits->shape[1])
-      return clpar_set_error(CLPAR_ERROR_INDEX,
-                             "clpar_cross_entropy: label %d of row %lld is outside 0..%lld",
-                             labels[r], (long long)r, (long long)logits->shape[1] - 1);
+    if (labels[r] < 0 || labels[r] >= logits->shape[1]) {
+      s = clpar_set_error(CLPAR_ERROR_INDEX,
+                          "clpar_cross_entropy: label %d of row %lld is outside 0..%lld", labels[r],
+                          (long long)r, (long long)logits->shape[1] - 1);
+      float f; /* float labels passed as int32: the bits of a small whole number */
+      memcpy(&f, &labels[r], sizeof f);
+      if (labels[r] >= (1 << 23) && f >= 0.0f && f < 1e9f && f == floorf(f))
+        clpar_append_error(
+            " (those are the bits of float %g: labels are int32 class indices; "
+            "convert float labels to int32 first)",
+            (double)f);
+      return s;
+    }
   clpar_tensor *logp, *per = NULL;
   s = clpar_log_softmax(logits, &logp);
   if (s != CLPAR_OK) return s;

@@ -313,6 +313,11 @@ clpar_status clpar_module_train(clpar_module *m, int on) {
   return CLPAR_OK;
 }
 
+clpar_status clpar_module_eval(clpar_module *m) {
+  if (!m) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_eval: module is NULL");
+  return clpar_module_train(m, 0);
+}
+
 int clpar_module_is_training(const clpar_module *m) {
   return m ? m->training : 0;
 }
@@ -321,12 +326,23 @@ const char *clpar_module_type(const clpar_module *m) {
   return m ? m->type : NULL;
 }
 
+/* The modules whose forwards run on this thread, outermost first (the first FORWARD_STACK of
+ * them), so that a Sequential can say under which name the module that ran it holds it. */
+#define FORWARD_STACK 32
+static _Thread_local const clpar_module *forward_stack[FORWARD_STACK];
+static _Thread_local int forward_depth;
+
 clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_tensor **output) {
   if (!m || !input || !output)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_forward: NULL argument");
   clpar_status alive = clpar_check_alive("clpar_module_forward", input);
   if (alive != CLPAR_OK) return alive;
-  return m->forward(m, input, output, m->user);
+  clpar_data_parallel_note_forward(m);
+  if (forward_depth < FORWARD_STACK) forward_stack[forward_depth] = m;
+  forward_depth++;
+  clpar_status s = m->forward(m, input, output, m->user);
+  forward_depth--;
+  return s;
 }
 
 /* ---- the flat lists: parameters, buffers, state_dict ---- */
@@ -641,6 +657,22 @@ clpar_status clpar_relu_create(clpar_module **out) {
   return clpar_module_create("ReLU", relu_forward, NULL, NULL, out);
 }
 
+/* Child i of the Sequential self failed: the message says which, with self's name in the
+ * module whose forward ran it (when that module holds it as a child). */
+static clpar_status sequential_fail(const clpar_module *self, int i, clpar_status s) {
+  const char *name = NULL;
+  int d = forward_depth - 1; /* self's frame */
+  if (d >= 1 && d < FORWARD_STACK && forward_stack[d] == self) {
+    const clpar_module *parent = forward_stack[d - 1];
+    for (int k = 0; !name && k < parent->n_children; k++)
+      if (parent->children[k].item == self) name = parent->children[k].name;
+  }
+  const clpar_module *child = self->children[i].item;
+  clpar_prefix_error("Sequential %s%s%schild %d (%s): ", name ? "\"" : "", name ? name : "",
+                     name ? "\" " : "", i, child->type);
+  return s;
+}
+
 static clpar_status sequential_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
                                        void *user) {
   (void)user;
@@ -650,6 +682,7 @@ static clpar_status sequential_forward(clpar_module *self, clpar_tensor *x, clpa
     clpar_module *m = self->children[i].item;
     clpar_module *after = i + 1 < self->n_children ? self->children[i + 1].item : NULL;
     clpar_status s;
+    int at = i;
     if (m->forward == linear_forward && after && after->forward == relu_forward) {
       /* Linear then ReLU: one node, the bias and the relu in one kernel (clpar_linear_act) */
       s = clpar_check_alive("clpar_module_forward", cur);
@@ -661,7 +694,7 @@ static clpar_status sequential_forward(clpar_module *self, clpar_tensor *x, clpa
       s = clpar_module_forward(m, cur, &next);
     }
     if (cur != x) clpar_tensor_free(cur); /* the graph keeps what backward needs */
-    if (s != CLPAR_OK) return s;
+    if (s != CLPAR_OK) return sequential_fail(self, at, s);
     cur = next;
   }
   if (cur == x)

@@ -91,7 +91,8 @@ static clpar_status conv_create(int64_t in, int64_t out, int64_t k, int64_t stri
 }
 
 static clpar_status bn_create(int64_t c, clpar_device *dev, clpar_module **m) {
-  return clpar_batchnorm2d_create(c, BN_EPS, BN_MOMENTUM, 1, 1, dev, m);
+  clpar_batchnorm2d_options o = {.eps = BN_EPS, .momentum = BN_MOMENTUM};
+  return clpar_batchnorm2d_create(c, &o, dev, m);
 }
 
 /* After a success so far (s), makes a child with `make` (a create call that sets c) and

@@ -374,6 +374,44 @@ typedef struct {
   clpar_tensor *y; /* its output on the output device */
 } replica_run;
 
+/* What the forward of a replica other than replica 0 runs on this thread: every module of
+ * the replica's tree is a replica module, so a module with parameters or buffers that is not
+ * one (the wrapped module's own, reached through user data) is remembered, to explain the
+ * error it leads to. */
+static _Thread_local struct {
+  int watching;
+  const clpar_module *foreign;
+} replica_watch;
+
+void clpar_data_parallel_note_forward(const clpar_module *m) {
+  if (replica_watch.watching && !replica_watch.foreign && !m->replica &&
+      (m->n_params > 0 || m->n_buffers > 0))
+    replica_watch.foreign = m;
+}
+
+/* Replica k's forward (k > 0) failed with s: when it ran a module of the wrapped tree itself,
+ * or failed on a device mismatch with devices[0], says so and what to do instead. */
+static clpar_status explain_replica_failure(const dp_state *st, int k, const clpar_module *foreign,
+                                            clpar_status s) {
+  const char *dev0 = st->devices[0]->bd.info.id, *devk = st->devices[k]->bd.info.id;
+  if (foreign)
+    return clpar_set_error(
+        s,
+        "its forward ran the original module's %s (its parameters and buffers are on %s, "
+        "the replica's input on %s) instead of the replica's own: a forward must reach its "
+        "children and parameters through self (clpar_module_child(self, name), "
+        "clpar_module_parameter(self, name)), not through its user data or globals, since "
+        "each replica is another self",
+        foreign->type, dev0, devk);
+  if (s == CLPAR_ERROR_DEVICE_MISMATCH && strstr(clpar_last_failure(), dev0))
+    clpar_append_error(
+        " (if the forward reaches this parameter through its user data rather "
+        "than through self, every replica uses the original module's, on %s: "
+        "reach it with clpar_module_parameter(self, name))",
+        dev0);
+  return s;
+}
+
 static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_tensor **output) {
   clpar_status s = check_parameters(st);
   if (s != CLPAR_OK) return s;
@@ -407,7 +445,12 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
   t[2] = now();
   for (int j = 0; j < used && s == CLPAR_OK; j++) { /* forwards: replica 0 (runs[0]) last */
     replica_run *rr = &runs[runs[0].k == 0 ? (j + 1) % used : j];
+    replica_watch.watching = rr->k > 0;
     s = clpar_module_forward(st->replicas[rr->k].module, rr->x, &rr->y);
+    const clpar_module *foreign = replica_watch.foreign;
+    replica_watch.watching = 0;
+    replica_watch.foreign = NULL;
+    if (s != CLPAR_OK && rr->k > 0) s = explain_replica_failure(st, rr->k, foreign, s);
     if (s != CLPAR_OK) failed = rr->k;
   }
   t[3] = now();
