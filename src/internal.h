@@ -354,7 +354,7 @@ clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim
 void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset);
 
 /* The flat groups (clpar_module_flatten) that ts[0..n) cover whole, each tensor given at most
- * once (src/nn/flatten.c): the groups' leaves in leaves[0..return value), and group_of[i] the
+ * once (src/nn/flat_groups.c): the groups' leaves in leaves[0..return value), and group_of[i] the
  * group of ts[i] when ts[i] is a member in place (a view of the leaf's memory, its grad the
  * same slice of the leaf's grad) of a group all of whose members are among ts, else -1.
  * group_of, leaves and counts (scratch) hold n entries each. Cannot fail. */
@@ -373,11 +373,21 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 
 /* ---- modules (src/nn/module.c), for the parallel wrappers ---- */
 
-/* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
- * made outside module.c (src/nn/conv.c). */
+/* Drops one reference; the last one frees the module and drops its children's. */
+void clpar_module_release(clpar_module *m);
+/* What a function that takes ownership does with a module it cannot keep: the creator's
+ * reference is dropped; a module that a parent holds is left to it. */
+void clpar_module_drop_given(clpar_module *m);
+/* The built-in modules' forwards (linear.c, relu.c): Sequential fuses a Linear followed by a
+ * ReLU (sequential.c). */
+clpar_status clpar_linear_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                  void *user);
+clpar_status clpar_relu_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y, void *user);
+/* The seed of the next parameter's initialization (clpar_manual_seed's stream; src/nn/seed.c). */
 uint64_t clpar_param_seed_next(void);
 /* Adds "weight" (wshape, ndim dims) and, when bias, "bias" ([wshape[0]]) to m, uniform in
- * [-bound, bound) from the next seeds, as nn.Linear and nn.Conv2d initialize them. */
+ * [-bound, bound) from the next seeds, as nn.Linear and nn.Conv2d initialize them
+ * (src/nn/linear.c). */
 clpar_status clpar_module_add_uniform_params(clpar_module *m, clpar_device *dev, int ndim,
                                              const int64_t *wshape, int bias, float bound);
 /* The floats a convolution's column buffer may take per chunk of images (src/nn/conv.c;
