@@ -44,12 +44,6 @@ typedef struct {
   double ref[SAMPLES], mag[SAMPLES];
 } tune_shape;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void shape_free(tune_shape *t) {
   if (t->a) clReleaseMemObject(t->a);
   if (t->b) clReleaseMemObject(t->b);
@@ -131,9 +125,9 @@ static double time_shape(clpar_ocl_device *d, tune_shape *t, int reps) {
   }
   double best = -1;
   for (int r = 0; r < reps; r++) {
-    double t0 = now_s();
+    double t0 = clpar_clock_seconds();
     if (gemm_once(d, t) != 0) return -1;
-    double dt = now_s() - t0;
+    double dt = clpar_clock_seconds() - t0;
     if (best < 0 || dt < best) best = dt;
   }
   return best;

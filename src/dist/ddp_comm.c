@@ -10,12 +10,6 @@
 
 #include "dist/ddp_internal.h"
 
-double clpar_ddp_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Keeps the first error of the communication thread (or a hook) for the program to see. */
 void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what) {
   pthread_mutex_lock(&st->lock);
@@ -58,7 +52,7 @@ static void post_reads(ddp_state *st, ddp_bucket *b) {
  * runs them before the next backward's reads into the same memory. A rank whose copy failed
  * still takes part in the all-reduce (with zeros), so that no rank waits. */
 static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
-  double t0 = clpar_ddp_now();
+  double t0 = clpar_clock_seconds();
   clpar_status s = b->read_failed ? CLPAR_ERROR_BACKEND : clpar_event_sync(b->read_done);
   if (s == CLPAR_OK) s = clpar_worker_take_error(b->dev);
   clpar_event_release(b->read_done);
@@ -73,7 +67,7 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
     if (p->unused || !p->param->grad)
       memset(b->buf + p->offset, 0, (size_t)p->numel * sizeof(float));
   }
-  double t1 = clpar_ddp_now();
+  double t1 = clpar_clock_seconds();
   char what[120];
   snprintf(what, sizeof what, "DistributedDataParallel's all-reduce of bucket %d (%lld floats)",
            (int)(b - st->buckets), (long long)b->numel);
@@ -91,7 +85,7 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
     s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
     if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1; /* MPI may still write b->buf */
   }
-  double t2 = clpar_ddp_now();
+  double t2 = clpar_clock_seconds();
   if (s != CLPAR_OK) {
     clpar_ddp_record_error(st, s, "all-reducing a bucket");
   } else {
@@ -113,7 +107,7 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
     for (int i = b->first; i < b->first + b->count; i++)
       if (st->params[i].unused && st->params[i].param->grad) st->params[i].param->grad_defined = 1;
   }
-  double t3 = clpar_ddp_now();
+  double t3 = clpar_clock_seconds();
   pthread_mutex_lock(&st->lock);
   st->stats.read_seconds += t1 - t0;
   st->stats.allreduce_seconds += t2 - t1;
@@ -203,9 +197,9 @@ void clpar_ddp_grad_ready(clpar_tensor *t, void *user) {
     pthread_cond_broadcast(&st->cv);
   }
   if (st->n_ready == st->n_buckets) { /* the last bucket: wait for every reduction */
-    double t0 = clpar_ddp_now();
+    double t0 = clpar_clock_seconds();
     while (st->next < st->n_buckets) pthread_cond_wait(&st->cv, &st->lock);
-    st->stats.wait_seconds += clpar_ddp_now() - t0;
+    st->stats.wait_seconds += clpar_clock_seconds() - t0;
     st->stats.reductions++;
     clpar_ddp_reset_step(st);
   }

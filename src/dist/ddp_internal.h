@@ -60,7 +60,7 @@ typedef struct ddp_watch {
   clpar_event *done; /* recorded right after the all-reduce; NULL if that failed */
   int bucket;
   uint64_t seq;  /* the collective's number on the module's communicator */
-  double posted; /* now() when it was posted */
+  double posted; /* clpar_clock_seconds() when it was posted */
 } ddp_watch;
 
 enum { BUFFER_HEADER = 8 + MESSAGE_SIZE }; /* status, padding, rank 0's message */
@@ -109,8 +109,8 @@ struct ddp_state {
   void *nccl_comm; /* the backend's communicator (comm_init) */
   int nccl_posted; /* buckets posted in this backward: always 0, 1, ... in order */
   ddp_watch *watch_head, *watch_tail; /* posted, not yet seen complete (under lock) */
-  double watch_done;                  /* now() when the thread last saw one complete */
-  int nccl_dead; /* the communicator was aborted: every later step fails with dead_msg */
+  double watch_done; /* clpar_clock_seconds() when the thread last saw one complete */
+  int nccl_dead;     /* the communicator was aborted: every later step fails with dead_msg */
   char dead_msg[MESSAGE_SIZE];
 };
 
@@ -120,7 +120,6 @@ static inline clpar_status clpar_ddp_oom(void) {
   return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DistributedDataParallel: out of host memory");
 }
 
-double clpar_ddp_now(void);
 /* Keeps the first error of the communication thread (or a hook) for the program to see:
  * "DistributedDataParallel: <what>: <the thread's error message>". */
 void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
