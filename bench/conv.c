@@ -273,20 +273,20 @@ int main(int argc, char **argv) {
     }
 #endif
     for (int r = 0; ok && r < 3; r++) {
-      double t0 = bench_now();
+      double t0 = now_seconds();
       ok = conv_pass(&bc, dev);
-      double t1 = bench_now();
+      double t1 = now_seconds();
       ok = ok && gemm_pass(&bc, dev);
-      double t2 = bench_now();
+      double t2 = now_seconds();
       best_conv = fmin(best_conv, t1 - t0);
       best_gemm = fmin(best_gemm, t2 - t1);
 #ifdef BENCH_HAVE_OPENCL
       if (ok && convgemm) {
-        t0 = bench_now();
+        t0 = now_seconds();
         ok = fwd_pass(&bc, dev, NULL);
-        t1 = bench_now();
+        t1 = now_seconds();
         ok = ok && cg_run(&raw);
-        t2 = bench_now();
+        t2 = now_seconds();
         best_fwd = fmin(best_fwd, t1 - t0);
         best_cg = fmin(best_cg, t2 - t1);
       }

@@ -81,11 +81,11 @@ static int one_step(bench_case *c) {
 
 /* Wall seconds per step over steps steps, the device waited for at the end. */
 static double timed(bench_case *c, int steps) {
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; i < steps; i++)
     if (!one_step(c)) return -1;
   if (!bench_ok(clpar_device_synchronize(c->dev), "synchronize")) return -1;
-  return (bench_now() - t0) / steps;
+  return (now_seconds() - t0) / steps;
 }
 
 /* Best of rounds rounds (or -1 on failure), folded into *best. */
