@@ -338,6 +338,14 @@ clpar_node *clpar_record(clpar_tensor *result, const char *op, clpar_backward_fn
  * gives it in *node (NULL otherwise; node may be NULL). Out of memory frees result. */
 clpar_status clpar_record_op(clpar_tensor *result, const char *op, clpar_backward_fn backward,
                              clpar_tensor *const *inputs, int n, clpar_node **node);
+/* clpar_record_op, then what an op with a context or saved tensors does next: a node made
+ * takes ctx (malloc'ed, freed with free; may be NULL) and saved[0..n_saved) as its
+ * saved[0..n_saved) (out of the scope); without a node they are freed. *out = result on
+ * success; *node (node may be NULL) the node or NULL. */
+clpar_status clpar_record_op_keep(clpar_tensor *result, const char *op, clpar_backward_fn backward,
+                                  clpar_tensor *const *inputs, int n, void *ctx,
+                                  clpar_tensor *const *saved, int n_saved, clpar_node **node,
+                                  clpar_tensor **out);
 /* A view of t's memory, t's shape, with no node: for saving an op's output in its node
  * without a reference cycle. */
 clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out);
