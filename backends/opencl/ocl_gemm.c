@@ -8,32 +8,50 @@
  * when it runs for two devices at once: the first GEMM of each device runs alone. */
 pthread_mutex_t clpar_ocl_gemm_warmup_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* What every CLBlast call here does around itself, d->lock held: while profiling, a marker
+ * just before it (CLBlast's event is its last kernel's, so the GEMM is timed from the marker),
+ * and the warm-up lock until the device's first GEMM has compiled CLBlast's kernels. */
+typedef struct {
+  cl_event ev, marker;
+  int warm;
+} blast_call;
+
+static void blast_begin(clpar_ocl_device *d, blast_call *b) {
+  b->marker = NULL;
+  if (clpar_ocl_profile_slot(d, &b->ev) &&
+      clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &b->marker) != CL_SUCCESS)
+    b->marker = NULL;
+  b->warm = atomic_load(&d->gemm_warm);
+  if (!b->warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+}
+
+/* Keeps the span for the profile and leaves the warm-up lock; st is CLBlast's status. A
+ * successful plain SGEMM (warms) marks the device warm: its kernels are compiled then. */
+static void blast_end(clpar_ocl_device *d, blast_call *b, CLBlastStatusCode st, int warms) {
+  if (st == CLBlastSuccess && b->ev)
+    clpar_ocl_profile_keep_span(d, b->marker, b->ev);
+  else if (b->marker)
+    clReleaseEvent(b->marker);
+  if (!b->warm) {
+    if (warms && st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
+    pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
+  }
+}
+
 /* CLBlast honours beta == 0 as BLAS does: its kernels never read C then, so NaN in C does not
  * leak (checked for the direct and the indirect kernels, and by test_opencl_program). */
 static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t m, size_t n,
                                     size_t k, float alpha, clpar_bref a, size_t lda, clpar_bref b,
                                     size_t ldb, float beta, clpar_bref c, size_t ldc) {
   clpar_ocl_device *d = dev;
-  cl_event ev, marker = NULL;
-  /* CLBlast's event is its last kernel's: time the GEMM from a marker just before it. */
-  if (clpar_ocl_profile_slot(d, &ev) &&
-      clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
-    marker = NULL;
-  int warm = atomic_load(&d->gemm_warm);
-  if (!warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+  blast_call call;
+  blast_begin(d, &call);
   CLBlastStatusCode st =
       CLBlastSgemm(CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
                    trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha,
                    AS_MEM(a.buf), a.off, lda, AS_MEM(b.buf), b.off, ldb, beta, AS_MEM(c.buf), c.off,
-                   ldc, &d->queue, clpar_ocl_profile_slot(d, &ev));
-  if (st == CLBlastSuccess && ev)
-    clpar_ocl_profile_keep_span(d, marker, ev);
-  else if (marker)
-    clReleaseEvent(marker);
-  if (!warm) {
-    if (st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
-    pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
-  }
+                   ldc, &d->queue, clpar_ocl_profile_slot(d, &call.ev));
+  blast_end(d, &call, st, 1);
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemm(%zux%zux%zu): %s", m, n, k,
                          clpar_ocl_clblast_status_name(st));
@@ -105,22 +123,14 @@ clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, siz
   if (batch == 1)
     return ocl_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   pthread_mutex_lock(&d->lock);
-  cl_event ev, marker = NULL;
-  if (clpar_ocl_profile_slot(d, &ev) &&
-      clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
-    marker = NULL;
-  int warm = atomic_load(&d->gemm_warm);
-  if (!warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+  blast_call call;
+  blast_begin(d, &call);
   CLBlastStatusCode st = CLBlastSgemmStridedBatched(
       CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
       trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
       stride_a, AS_MEM(b.buf), b.off, ldb, stride_b, beta, AS_MEM(c.buf), c.off, ldc, stride_c,
-      batch, &d->queue, clpar_ocl_profile_slot(d, &ev));
-  if (st == CLBlastSuccess && ev)
-    clpar_ocl_profile_keep_span(d, marker, ev);
-  else if (marker)
-    clReleaseEvent(marker);
-  if (!warm) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
+      batch, &d->queue, clpar_ocl_profile_slot(d, &call.ev));
+  blast_end(d, &call, st, 0);
   pthread_mutex_unlock(&d->lock);
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemmStridedBatched(%zu x %zux%zux%zu): %s",
