@@ -21,6 +21,10 @@ export CLPAR_CACHE_DIR=${CLPAR_CACHE_DIR:-$CLPAR_ROOT/build/kernel-cache}
 echo "== build (release with debug info)"
 clpar_build build -DCLPAR_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=ON
 
+echo
+echo "== shape rules and the README's first program against this build (scripts/check_house.sh)"
+bash "$CLPAR_ROOT/scripts/check_house.sh" build
+
 run_ctest() { # run_ctest DIR TITLE [ctest args...]
   local dir=$1 title=$2
   shift 2
