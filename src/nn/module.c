@@ -18,9 +18,9 @@
 
 #include "internal.h"
 
-static uint64_t tree_generation = 1;
-    /* bumped by every change to any module tree */ /* ---- a set of pointers, for walking trees
-                                                       whose parts may be shared ---- */
+static uint64_t tree_generation = 1; /* bumped by every change to any module tree */
+
+/* ---- a set of pointers, for walking trees whose parts may be shared ---- */
 
 typedef struct {
   const void **slots; /* open addressing; NULL is free */
