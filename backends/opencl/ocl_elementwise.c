@@ -101,7 +101,7 @@ clpar_status ocl_sum_rows(void *dev, size_t rows, size_t cols, clpar_bref a, clp
   return s;
 }
 
-/* ---- training ops (ABI 2) ---- */
+/* ---- training ops ---- */
 
 clpar_status ocl_broadcast_rows(void *dev, size_t rows, size_t cols, clpar_bref a, clpar_bref out) {
   cl_mem am = AS_MEM(a.buf), om = AS_MEM(out.buf);
