@@ -73,6 +73,9 @@ void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
  * clpar_device_host_waits and in the counters' backend_waits. Outside an entry called by
  * the core's dispatch it does nothing. */
 void clpar_backend_waited(void);
+/* Seconds on the monotonic clock (CLOCK_MONOTONIC), for deadlines and timings; the one
+ * clock of the library, core and backends alike (src/clock.c). */
+double clpar_clock_seconds(void);
 
 /* The size of a communicator's id (comm_id, comm_init): NCCL's ncclUniqueId. */
 #define CLPAR_COMM_ID_BYTES 128

@@ -1,17 +1,12 @@
-/* bench_util.h — what the benchmarks share: a monotonic clock and a status check that says
- * what failed on stderr (stdout carries only the JSON figures). */
+/* bench_util.h — what the benchmarks share: a monotonic clock (now_seconds, the samples' one)
+ * and a status check that says what failed on stderr (stdout carries only the JSON figures). */
 #ifndef CLPAR_BENCH_UTIL_H
 #define CLPAR_BENCH_UTIL_H
 
 #include <clpar/clpar.h>
 #include <stdio.h>
-#include <time.h>
 
-static inline double bench_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "../samples/sample_clock.h" /* now_seconds */
 
 static inline int bench_ok(clpar_status s, const char *what) {
   if (s != CLPAR_OK)

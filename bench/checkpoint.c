@@ -151,16 +151,16 @@ int main(int argc, char **argv) {
   double w = -1, r = -1, save = -1, load = -1;
   int ok = buf != NULL;
   for (int i = 0; ok && i < reps; i++) {
-    double t0 = bench_now();
+    double t0 = now_seconds();
     ok = plain_write(plain, buf, bytes);
-    double t1 = bench_now();
+    double t1 = now_seconds();
     ok = ok && plain_read(plain, buf, bytes);
-    double t2 = bench_now();
+    double t2 = now_seconds();
     ok = ok && bench_ok(clpar_safetensors_save(net, path, NULL, NULL, 0), "save");
-    double t3 = bench_now();
+    double t3 = now_seconds();
     ok = ok && bench_ok(clpar_safetensors_load(net, path, 1, NULL), "load") &&
          bench_ok(clpar_device_synchronize(dev), "synchronize");
-    double t4 = bench_now();
+    double t4 = now_seconds();
     w = best(w, t1 - t0);
     r = best(r, t2 - t1);
     save = best(save, t3 - t2);

@@ -212,6 +212,47 @@ static void free_case(bench_case *bc) {
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) clpar_tensor_free(t[i]);
 }
 
+/* The shape's tensors on dev: x and w for the convolution (both needing gradients), and a,
+ * b, c, dw, col for its three GEMMs as the im2col path sizes them (o x K by K x NP). */
+static int case_init(bench_case *bc, clpar_device *dev, const conv_shape *s, int64_t batch,
+                     int64_t side, int64_t K, int64_t NP) {
+  int64_t k = s->k;
+  bc->opt = (clpar_conv2d_options){{s->stride, s->stride}, {s->pad, s->pad}, {1, 1}, 1};
+  int64_t xs[4] = {batch, s->c, side, side}, ws[4] = {s->o, s->c, k, k};
+  int64_t as[2] = {s->o, K}, bs[2] = {K, NP}, cs[2] = {s->o, NP};
+  return bench_ok(clpar_tensor_rand_uniform(dev, 4, xs, 1, -1, 1, &bc->x), "x") &&
+         bench_ok(clpar_tensor_rand_uniform(dev, 4, ws, 2, -0.1f, 0.1f, &bc->w), "w") &&
+         bench_ok(clpar_tensor_set_requires_grad(bc->x, 1), "grad") &&
+         bench_ok(clpar_tensor_set_requires_grad(bc->w, 1), "grad") &&
+         bench_ok(clpar_tensor_rand_uniform(dev, 2, as, 3, -1, 1, &bc->a), "a") &&
+         bench_ok(clpar_tensor_rand_uniform(dev, 2, bs, 4, -1, 1, &bc->b), "b") &&
+         bench_ok(clpar_tensor_zeros(dev, 2, cs, &bc->c), "c") &&
+         bench_ok(clpar_tensor_zeros(dev, 2, as, &bc->dw), "dw") &&
+         bench_ok(clpar_tensor_zeros(dev, 2, bs, &bc->col), "col");
+}
+
+/* The sums over the shapes, in seconds and floating-point operations. */
+typedef struct {
+  double conv, gemm, flop, fwd, cg;
+} totals;
+
+static void print_totals(const clpar_device_info *info, int64_t batch, int64_t image,
+                         const totals *tot, int convgemm) {
+  printf(
+      "{\"bench\": \"conv\", \"device\": \"%s\", \"name\": \"%s\", \"shape\": \"total\", "
+      "\"batch\": %lld, \"image\": %lld, \"conv_ms\": %.3f, \"gemm_ms\": %.3f, "
+      "\"conv_gflops\": %.2f, \"gemm_gflops\": %.2f, \"ratio\": %.3f}\n",
+      info->id, info->name, (long long)batch, (long long)image, 1e3 * tot->conv, 1e3 * tot->gemm,
+      tot->flop / tot->conv * 1e-9, tot->flop / tot->gemm * 1e-9, tot->gemm / tot->conv);
+  if (convgemm)
+    printf(
+        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"total\", \"pass\": "
+        "\"forward\", \"batch\": %lld, \"image\": %lld, \"fwd_ms\": %.3f, "
+        "\"convgemm_ms\": %.3f, \"convgemm_speedup\": %.3f}\n",
+        info->id, (long long)batch, (long long)image, 1e3 * tot->fwd, 1e3 * tot->cg,
+        tot->fwd / tot->cg);
+}
+
 int main(int argc, char **argv) {
   int index = argc > 1 ? atoi(argv[1]) : 0;
   int64_t batch = argc > 2 ? atoll(argv[2]) : 2, image = argc > 3 ? atoll(argv[3]) : 112;
@@ -225,7 +266,7 @@ int main(int argc, char **argv) {
   clpar_device *dev = clpar_device_get(index);
   clpar_device_info info;
   clpar_device_get_info(dev, &info);
-  double total_conv = 0, total_gemm = 0, total_flop = 0, total_fwd = 0, total_cg = 0;
+  totals tot = {0};
   int failed = 0, convgemm = 0;
 #ifdef BENCH_HAVE_OPENCL
   cl_device_id cl = NULL;
@@ -247,18 +288,7 @@ int main(int argc, char **argv) {
     int64_t out = (side + 2 * s->pad - k) / s->stride + 1, P = out * out, NP = batch * P;
     int64_t K = s->c * k * k;
     bench_case bc = {0};
-    bc.opt = (clpar_conv2d_options){{s->stride, s->stride}, {s->pad, s->pad}, {1, 1}, 1};
-    int64_t xs[4] = {batch, s->c, side, side}, ws[4] = {s->o, s->c, k, k};
-    int64_t as[2] = {s->o, K}, bs[2] = {K, NP}, cs[2] = {s->o, NP};
-    int ok = bench_ok(clpar_tensor_rand_uniform(dev, 4, xs, 1, -1, 1, &bc.x), "x") &&
-             bench_ok(clpar_tensor_rand_uniform(dev, 4, ws, 2, -0.1f, 0.1f, &bc.w), "w") &&
-             bench_ok(clpar_tensor_set_requires_grad(bc.x, 1), "grad") &&
-             bench_ok(clpar_tensor_set_requires_grad(bc.w, 1), "grad") &&
-             bench_ok(clpar_tensor_rand_uniform(dev, 2, as, 3, -1, 1, &bc.a), "a") &&
-             bench_ok(clpar_tensor_rand_uniform(dev, 2, bs, 4, -1, 1, &bc.b), "b") &&
-             bench_ok(clpar_tensor_zeros(dev, 2, cs, &bc.c), "c") &&
-             bench_ok(clpar_tensor_zeros(dev, 2, as, &bc.dw), "dw") &&
-             bench_ok(clpar_tensor_zeros(dev, 2, bs, &bc.col), "col");
+    int ok = case_init(&bc, dev, s, batch, side, K, NP);
     ok = ok && conv_pass(&bc, dev) && gemm_pass(&bc, dev); /* warm-up */
     double best_conv = INFINITY, best_gemm = INFINITY, best_fwd = INFINITY, best_cg = INFINITY;
     double cg_err = -1;
@@ -273,20 +303,20 @@ int main(int argc, char **argv) {
     }
 #endif
     for (int r = 0; ok && r < 3; r++) {
-      double t0 = bench_now();
+      double t0 = now_seconds();
       ok = conv_pass(&bc, dev);
-      double t1 = bench_now();
+      double t1 = now_seconds();
       ok = ok && gemm_pass(&bc, dev);
-      double t2 = bench_now();
+      double t2 = now_seconds();
       best_conv = fmin(best_conv, t1 - t0);
       best_gemm = fmin(best_gemm, t2 - t1);
 #ifdef BENCH_HAVE_OPENCL
       if (ok && convgemm) {
-        t0 = bench_now();
+        t0 = now_seconds();
         ok = fwd_pass(&bc, dev, NULL);
-        t1 = bench_now();
+        t1 = now_seconds();
         ok = ok && cg_run(&raw);
-        t2 = bench_now();
+        t2 = now_seconds();
         best_fwd = fmin(best_fwd, t1 - t0);
         best_cg = fmin(best_cg, t2 - t1);
       }
@@ -301,7 +331,7 @@ int main(int argc, char **argv) {
       break;
     }
     double flop = 3.0 * 2.0 * (double)s->o * (double)NP * (double)K;
-    total_conv += best_conv, total_gemm += best_gemm, total_flop += flop;
+    tot.conv += best_conv, tot.gemm += best_gemm, tot.flop += flop;
     printf(
         "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"batch\": %lld, "
         "\"input\": %lld, \"gemm_mnk\": [%lld, %lld, %lld], \"conv_ms\": %.3f, "
@@ -311,7 +341,7 @@ int main(int argc, char **argv) {
         (long long)K, 1e3 * best_conv, 1e3 * best_gemm, flop / best_conv * 1e-9,
         flop / best_gemm * 1e-9, best_gemm / best_conv);
     if (convgemm) {
-      total_fwd += best_fwd, total_cg += best_cg;
+      tot.fwd += best_fwd, tot.cg += best_cg;
       printf(
           "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": \"forward\", "
           "\"batch\": %lld, \"input\": %lld, \"fwd_ms\": %.3f, \"convgemm_ms\": %.3f, "
@@ -322,20 +352,7 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
   }
-  if (!failed)
-    printf(
-        "{\"bench\": \"conv\", \"device\": \"%s\", \"name\": \"%s\", \"shape\": \"total\", "
-        "\"batch\": %lld, \"image\": %lld, \"conv_ms\": %.3f, \"gemm_ms\": %.3f, "
-        "\"conv_gflops\": %.2f, \"gemm_gflops\": %.2f, \"ratio\": %.3f}\n",
-        info.id, info.name, (long long)batch, (long long)image, 1e3 * total_conv, 1e3 * total_gemm,
-        total_flop / total_conv * 1e-9, total_flop / total_gemm * 1e-9, total_gemm / total_conv);
-  if (!failed && convgemm)
-    printf(
-        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"total\", \"pass\": "
-        "\"forward\", \"batch\": %lld, \"image\": %lld, \"fwd_ms\": %.3f, "
-        "\"convgemm_ms\": %.3f, \"convgemm_speedup\": %.3f}\n",
-        info.id, (long long)batch, (long long)image, 1e3 * total_fwd, 1e3 * total_cg,
-        total_fwd / total_cg);
+  if (!failed) print_totals(&info, batch, image, &tot, convgemm);
   clpar_shutdown();
   return failed;
 }

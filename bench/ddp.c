@@ -53,12 +53,12 @@ int main(int argc, char **argv) {
          bench_ok(clpar_dist_barrier(), "barrier");
   clpar_ddp_stats before = {0}, after = {0};
   if (good) clpar_ddp_stats_get(ddp, &before);
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; good && i < steps; i++)
     good = bench_train_step(ddp, opt, dev, x, y, BATCH, WIDTH);
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
          bench_ok(clpar_ddp_synchronize(ddp), "DistributedDataParallel");
-  double per = (bench_now() - t0) / steps;
+  double per = (now_seconds() - t0) / steps;
   if (good) clpar_ddp_stats_get(ddp, &after);
   /* the ranks meet at every bucket, so their step times agree; report their mean */
   float mean_per = (float)per;

@@ -99,14 +99,14 @@ static void *cl_setup(int ordinal, const shape *s, const float *ha, const float 
 
 static double cl_time(void *p, const shape *s, int reps) {
   cl_raw *r = p;
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; i < reps; i++)
     CLBlastSgemm(CLBlastLayoutRowMajor, s->ta ? CLBlastTransposeYes : CLBlastTransposeNo,
                  s->tb ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)s->m, (size_t)s->n,
                  (size_t)s->k, 1.0f, r->a, 0, lda_of(s), r->b, 0, ldb_of(s), 0.0f, r->c, 0,
                  (size_t)s->n, &r->q, NULL);
   clFinish(r->q);
-  return (bench_now() - t0) / reps;
+  return (now_seconds() - t0) / reps;
 }
 
 static const raw_impl clblast_impl = {"clblast", cl_setup, cl_time, cl_release};
@@ -145,12 +145,12 @@ static void *blas_setup(int ordinal, const shape *s, const float *ha, const floa
 
 static double blas_time(void *p, const shape *s, int reps) {
   blas_raw *r = p;
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; i < reps; i++)
     cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
                 (int)s->m, (int)s->n, (int)s->k, 1.0f, r->a, (int)lda_of(s), r->b, (int)ldb_of(s),
                 0.0f, r->c, (int)s->n);
-  return (bench_now() - t0) / reps;
+  return (now_seconds() - t0) / reps;
 }
 
 static const raw_impl blas_impl = {"openblas", blas_setup, blas_time, blas_release};
@@ -201,13 +201,13 @@ static double cu_time(void *p, const shape *s, int reps) {
   cuda_raw *r = p;
   const float one = 1.0f, zero = 0.0f;
   cudaSetDevice(r->ordinal);
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; i < reps; i++)
     cublasSgemm(r->handle, s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, s->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                 (int)s->n, (int)s->m, (int)s->k, &one, r->b, (int)ldb_of(s), r->a, (int)lda_of(s),
                 &zero, r->c, (int)s->n);
   cudaDeviceSynchronize();
-  return (bench_now() - t0) / reps;
+  return (now_seconds() - t0) / reps;
 }
 
 static const raw_impl cublas_impl = {"cublas", cu_setup, cu_time, cu_release};
@@ -217,10 +217,10 @@ static const raw_impl cublas_impl = {"cublas", cu_setup, cu_time, cu_release};
 
 static double time_clpar(const shape *s, clpar_tensor *a, clpar_tensor *b, clpar_tensor *c,
                          int reps) {
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; i < reps; i++) clpar_gemm(s->ta, s->tb, 1.0f, a, b, 0.0f, c);
   clpar_device_synchronize(clpar_tensor_device(c));
-  return (bench_now() - t0) / reps;
+  return (now_seconds() - t0) / reps;
 }
 
 static int bench_shape(clpar_device *dev, const raw_impl *impl, int ordinal, const shape *s) {

@@ -49,13 +49,13 @@ static int round_once(const char *mode, size_t bytes, result *r) {
     good = bench_ok(clpar_copy(dst, src), "copy") && bench_ok(clpar_device_synchronize(b), "sync");
   clpar_device_counters c0, c1;
   good = good && bench_ok(clpar_device_counters_get(b, &c0), "counters");
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; good && i < SINGLE; i++)
     good = bench_ok(clpar_copy(dst, src), "copy") && bench_ok(clpar_device_synchronize(b), "sync");
-  double t1 = bench_now();
+  double t1 = now_seconds();
   for (int i = 0; good && i < STREAM; i++) good = bench_ok(clpar_copy(dst, src), "copy");
   good = good && bench_ok(clpar_device_synchronize(b), "sync");
-  double t2 = bench_now();
+  double t2 = now_seconds();
   good = good && bench_ok(clpar_device_counters_get(b, &c1), "counters");
   if (good) {
     double single = (t1 - t0) / SINGLE, stream = (t2 - t1) / STREAM;

@@ -196,13 +196,13 @@ static int round_of(setup *c, const model_spec *ms, int steps) {
   int prof = 1;
   for (int d = 0; d < 2; d++)
     prof = prof && clpar_device_profile_start(clpar_device_get(d)) == CLPAR_OK;
-  double t0 = bench_now();
+  double t0 = now_seconds();
   uint64_t w0 = waits_now();
   int good = 1;
   for (int i = 0; good && i < steps; i++) good = step(c, ms);
   c->waits += waits_now() - w0; /* before the synchronizing below, which waits by design */
   good = good && sync_all();
-  c->times[c->n_times++] = (bench_now() - t0) / steps;
+  c->times[c->n_times++] = (now_seconds() - t0) / steps;
   for (int d = 0; d < 2; d++) {
     clpar_profile pr = {0, 0};
     if (prof && clpar_device_profile_read(clpar_device_get(d), &pr) == CLPAR_OK)

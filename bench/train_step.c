@@ -81,11 +81,11 @@ static int one_step(bench_case *c) {
 
 /* Wall seconds per step over steps steps, the device waited for at the end. */
 static double timed(bench_case *c, int steps) {
-  double t0 = bench_now();
+  double t0 = now_seconds();
   for (int i = 0; i < steps; i++)
     if (!one_step(c)) return -1;
   if (!bench_ok(clpar_device_synchronize(c->dev), "synchronize")) return -1;
-  return (bench_now() - t0) / steps;
+  return (now_seconds() - t0) / steps;
 }
 
 /* Best of rounds rounds (or -1 on failure), folded into *best. */
@@ -152,6 +152,46 @@ static int resnet_case(bench_case *c) {
          bench_ok(clpar_sgd_create_for(c->model, &sgd, &c->opt), "SGD");
 }
 
+/* Linear(5, 2) on dev: fixed inputs and targets, SGD. */
+static int small_case(bench_case *c) {
+  c->x = malloc(sizeof(float) * SMALL_BATCH * SMALL_IN);
+  c->target = malloc(sizeof(float) * SMALL_BATCH * SMALL_OUT);
+  for (int i = 0; i < SMALL_BATCH * SMALL_IN; i++)
+    c->x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  for (int i = 0; i < SMALL_BATCH * SMALL_OUT; i++) c->target[i] = (float)((i * 11) % 7) / 7.0f;
+  c->model = small_model(c->dev);
+  clpar_sgd_options sgd = {.lr = 0.01f};
+  return c->model && bench_ok(clpar_sgd_create_for(c->model, &sgd, &c->opt), "SGD");
+}
+
+/* The MLP on dev: one batch, Adam. */
+static int mlp_case(bench_case *c) {
+  c->x = malloc(sizeof(float) * BATCH * IN);
+  bench_batch(c->x, c->y, BATCH, IN, OUT);
+  c->model = bench_mlp(IN, HIDDEN, OUT, c->dev);
+  clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  return c->model && bench_ok(clpar_adam_create_for(c->model, &adam, &c->opt), "Adam");
+}
+
+/* The JSON fields of PyTorch's run into out: its time per step and threads, or why there is
+ * none. The host backend's OpenMP threads spin between ops unless told not to; on a machine
+ * shared with other work that decides its speed (docs/DESIGN.md), so they say which. */
+static void torch_fields(char *out, size_t size, double torch_ms, int torch_threads, double plain,
+                         int use_torch, const char *python) {
+  const char *wait = getenv("OMP_WAIT_POLICY");
+  if (torch_ms > 0)
+    snprintf(out, size,
+             "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f, "
+             "\"omp_wait_policy\": \"%.20s\"",
+             torch_ms, torch_threads, plain * 1e3 / torch_ms, wait ? wait : "default");
+  else
+    snprintf(out, size, "\"torch\": \"%s\", \"omp_wait_policy\": \"%.20s\"",
+             !use_torch ? "not run"
+             : python   ? "failed"
+                        : "missing",
+             wait ? wait : "default");
+}
+
 int main(int argc, char **argv) {
   int index = 0, steps = -1, rounds = 3, use_torch = 1, positional = 0, torch_threads_want = 0;
   model_kind kind = MODEL_MLP;
@@ -182,25 +222,7 @@ int main(int argc, char **argv) {
     clpar_shutdown();
     return 1;
   }
-  int good;
-  if (kind == MODEL_RESNET) {
-    good = resnet_case(&c);
-  } else if (small) {
-    c.x = malloc(sizeof(float) * SMALL_BATCH * SMALL_IN);
-    c.target = malloc(sizeof(float) * SMALL_BATCH * SMALL_OUT);
-    for (int i = 0; i < SMALL_BATCH * SMALL_IN; i++)
-      c.x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
-    for (int i = 0; i < SMALL_BATCH * SMALL_OUT; i++) c.target[i] = (float)((i * 11) % 7) / 7.0f;
-    c.model = small_model(c.dev);
-    clpar_sgd_options sgd = {.lr = 0.01f};
-    good = c.model && bench_ok(clpar_sgd_create_for(c.model, &sgd, &c.opt), "SGD");
-  } else {
-    c.x = malloc(sizeof(float) * BATCH * IN);
-    bench_batch(c.x, c.y, BATCH, IN, OUT);
-    c.model = bench_mlp(IN, HIDDEN, OUT, c.dev);
-    clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-    good = c.model && bench_ok(clpar_adam_create_for(c.model, &adam, &c.opt), "Adam");
-  }
+  int good = kind == MODEL_RESNET ? resnet_case(&c) : small ? small_case(&c) : mlp_case(&c);
   /* Warm-up: kernels compile and the allocator's cache fills. */
   good = good && timed(&c, small ? 100 : kind == MODEL_RESNET ? 1 : 2) > 0;
   clpar_memory_stats m0, m1;
@@ -227,24 +249,11 @@ int main(int argc, char **argv) {
     clpar_device_profile_stop(c.dev);
   }
   if (good) {
-    /* The host backend's OpenMP threads spin between ops unless told not to; on a machine
-     * shared with other work that decides its speed (docs/DESIGN.md), so say which. */
-    const char *wait = getenv("OMP_WAIT_POLICY");
     char torch_part[256], torch_ips[64] = "";
     if (torch_ms > 0 && kind == MODEL_RESNET)
       snprintf(torch_ips, sizeof torch_ips, ", \"torch_images_per_s\": %.2f",
                RESNET_BATCH * 1e3 / torch_ms);
-    if (torch_ms > 0)
-      snprintf(torch_part, sizeof torch_part,
-               "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f, "
-               "\"omp_wait_policy\": \"%.20s\"",
-               torch_ms, torch_threads, plain * 1e3 / torch_ms, wait ? wait : "default");
-    else
-      snprintf(torch_part, sizeof torch_part, "\"torch\": \"%s\", \"omp_wait_policy\": \"%.20s\"",
-               !use_torch ? "not run"
-               : python   ? "failed"
-                          : "missing",
-               wait ? wait : "default");
+    torch_fields(torch_part, sizeof torch_part, torch_ms, torch_threads, plain, use_torch, python);
     if (kind == MODEL_RESNET) {
       printf(
           "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"ResNet-50\", "

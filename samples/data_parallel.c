@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <stdio.h>
 
+#include "sample_util.h"
+
 /* Parameters and DataLoaders */
 enum { INPUT_SIZE = 5, OUTPUT_SIZE = 2, BATCH_SIZE = 30, DATA_SIZE = 100 };
 
@@ -40,12 +42,6 @@ static clpar_status model_create(int64_t input_size, int64_t output_size, clpar_
     return s;
   }
   return clpar_module_add_child(*out, "fc", fc);
-}
-
-static int check(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
-  return s == CLPAR_OK;
 }
 
 int main(void) {

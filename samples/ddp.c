@@ -8,81 +8,12 @@
  *   mpirun -np 2 ./ddp [steps]                            (default 200)
  *   mpirun -np 4 --host a:2,b:2 ./ddp                     (two machines, README) */
 #include <clpar/clpar.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "sample_util.h"
 
 enum { FEATURES = 20, CLASSES = 4, HIDDEN = 64, BATCH = 64, TRAIN = 8192, TEST = 1024 };
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rng_state = 42; /* the same on every rank: the same data everywhere */
-static double uniform(void) {
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
-}
-static double normal(void) {
-  return sqrt(-2 * log(1 - uniform())) * cos(6.283185307179586 * uniform());
-}
-
-static void make_data(float *x, int32_t *y, int n, const float *centers) {
-  for (int i = 0; i < n; i++) {
-    int c = (int)(uniform() * CLASSES);
-    y[i] = c;
-    for (int f = 0; f < FEATURES; f++)
-      x[i * FEATURES + f] = centers[c * FEATURES + f] + (float)(1.2 * normal());
-  }
-}
-
-static int check(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "rank %d: %s: %s: %s\n", clpar_dist_rank(), what, clpar_status_name(s),
-            clpar_last_error());
-  return s == CLPAR_OK;
-}
-
-static clpar_module *build_mlp(clpar_device *dev) {
-  clpar_module *layers[5], *mlp = NULL;
-  clpar_manual_seed(1 + (uint64_t)clpar_dist_rank()); /* DDP starts every rank from rank 0's */
-  if (!check(clpar_linear_create(FEATURES, HIDDEN, 1, dev, &layers[0]), "Linear") ||
-      !check(clpar_relu_create(&layers[1]), "ReLU") ||
-      !check(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]), "Linear") ||
-      !check(clpar_relu_create(&layers[3]), "ReLU") ||
-      !check(clpar_linear_create(HIDDEN, CLASSES, 1, dev, &layers[4]), "Linear"))
-    return NULL; /* (a sample: leaks on this path are left to the process's exit) */
-  check(clpar_sequential_create(layers, 5, &mlp), "Sequential");
-  return mlp;
-}
-
-static double accuracy(clpar_module *m, clpar_device *dev, const float *x, const int32_t *y,
-                       int n) {
-  clpar_scope *scope = clpar_scope_begin();
-  int was = clpar_set_grad_enabled(0);
-  clpar_tensor *xt, *logits;
-  float *out = malloc((size_t)n * CLASSES * sizeof *out);
-  int correct = 0;
-  if (out && check(clpar_tensor_from_host(dev, 2, (int64_t[]){n, FEATURES}, x, &xt), "upload") &&
-      check(clpar_module_forward(m, xt, &logits), "forward") &&
-      check(clpar_tensor_read(logits, out, (size_t)n * CLASSES), "read")) {
-    for (int i = 0; i < n; i++) {
-      int best = 0;
-      for (int c = 1; c < CLASSES; c++)
-        best = out[i * CLASSES + c] > out[i * CLASSES + best] ? c : best;
-      correct += best == y[i];
-    }
-  }
-  free(out);
-  clpar_set_grad_enabled(was);
-  clpar_scope_end(scope);
-  return (double)correct / n;
-}
 
 /* This rank's share: rows rank, rank + world, ... of the training set. */
 static int take_share(const float *x, const int32_t *y, float *sx, int32_t *sy) {
@@ -101,6 +32,7 @@ int main(int argc, char **argv) {
   int rank = clpar_dist_rank(), world = clpar_dist_world_size();
   clpar_device *dev = clpar_dist_device();
   float centers[CLASSES * FEATURES];
+  rng_seed(42); /* the data: the same on every rank */
   for (int i = 0; i < CLASSES * FEATURES; i++) centers[i] = (float)normal() * 0.6f;
   float *xtr = malloc(sizeof(float) * TRAIN * FEATURES),
         *xs = malloc(sizeof(float) * TRAIN * FEATURES),
@@ -108,15 +40,17 @@ int main(int argc, char **argv) {
   int32_t *ytr = malloc(sizeof(int32_t) * TRAIN), *ys = malloc(sizeof(int32_t) * TRAIN),
           *yte = malloc(sizeof(int32_t) * TEST);
   if (!xtr || !xs || !xte || !ytr || !ys || !yte) return 1;
-  make_data(xtr, ytr, TRAIN, centers);
-  make_data(xte, yte, TEST, centers);
+  make_blobs(xtr, ytr, TRAIN, centers, FEATURES, CLASSES);
+  make_blobs(xte, yte, TEST, centers, FEATURES, CLASSES);
   int share = take_share(xtr, ytr, xs, ys);
   printf("rank %d of %d (local rank %d) on %s: %d of %d training samples (rows %d, %d, %d, ...)\n",
          rank, world, clpar_dist_local_rank(), clpar_device_id(dev), share, TRAIN, rank,
          rank + world, rank + 2 * world);
   fflush(stdout);
 
-  clpar_module *mlp = build_mlp(dev), *ddp = NULL;
+  /* a seed per rank: DDP starts every rank from rank 0's weights */
+  clpar_module *mlp = build_mlp(FEATURES, HIDDEN, CLASSES, dev, 1 + (uint64_t)clpar_dist_rank());
+  clpar_module *ddp = NULL;
   clpar_optimizer *opt = NULL;
   clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   int ok = mlp && check(clpar_ddp_create(mlp, NULL, &ddp), "clpar_ddp_create") &&
@@ -124,7 +58,7 @@ int main(int argc, char **argv) {
   if (ok && rank == 0)
     printf("DistributedDataParallel over %d ranks: MLP %d-%d-%d-%d, batch %d per rank, Adam\n",
            world, FEATURES, HIDDEN, HIDDEN, CLASSES, BATCH);
-  double t0 = now(), first_loss = -1, last_loss = -1;
+  double t0 = now_seconds(), first_loss = -1, last_loss = -1;
   int last_step = 0;
   for (int step = 1; ok && step <= steps; step++) {
     clpar_scope *scope = clpar_scope_begin();
@@ -141,7 +75,7 @@ int main(int argc, char **argv) {
       float l = 0;
       ok = check(clpar_tensor_read(loss, &l, 1), "read loss") &&
            check(clpar_dist_all_reduce_mean(&l, 1), "average the loss");
-      double t = now(), rate = (double)(step - last_step) * BATCH * world / (t - t0);
+      double t = now_seconds(), rate = (double)(step - last_step) * BATCH * world / (t - t0);
       t0 = t;
       last_step = step;
       if (rank == 0) printf("step %4d  loss %.4f  %.0f samples/s\n", step, (double)l, rate);
@@ -152,7 +86,7 @@ int main(int argc, char **argv) {
     clpar_scope_end(scope);
   }
   if (ok) ok = check(clpar_ddp_synchronize(ddp), "DistributedDataParallel");
-  double acc = ok ? accuracy(ddp, dev, xte, yte, TEST) : 0;
+  double acc = ok ? accuracy(ddp, dev, xte, yte, TEST, FEATURES, CLASSES) : 0;
   if (ok && rank == 0)
     printf("loss %.4f -> %.4f; held-out accuracy %.1f%%\n", first_loss, last_loss, 100 * acc);
   clpar_optimizer_free(opt);

@@ -18,18 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "sample_util.h"
+
 enum { IN = 10, HIDDEN = 10, OUT = 5, ROWS = 20 }; /* ROWS per rank and step, as the tutorial */
 
 typedef struct {
   clpar_device *dev0, *dev1;
 } mp_devices;
-
-static int check(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "rank %d: %s: %s: %s\n", clpar_dist_rank(), what, clpar_status_name(s),
-            clpar_last_error());
-  return s == CLPAR_OK;
-}
 
 /* def forward(self, x): return self.net2(self.relu(self.net1(x.to(dev0))).to(dev1)) */
 static clpar_status mp_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **out,
@@ -78,12 +73,9 @@ static int train_step(clpar_module *m, clpar_optimizer *opt, const mp_devices *d
   return ok;
 }
 
-static uint64_t rng_state = 7; /* the same on every rank: every rank makes every batch */
-static float uniform(void) {
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return (float)((rng_state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f * 2 - 1;
+/* Uniform in [-1, 1), from 24 of the generator's bits. */
+static float uniform_pm1(void) {
+  return (float)(rng_next() >> 40) / 16777216.0f * 2 - 1;
 }
 
 int main(int argc, char **argv) {
@@ -111,9 +103,10 @@ int main(int argc, char **argv) {
   float *x = malloc(sizeof(float) * (size_t)batch * IN),
         *y = malloc(sizeof(float) * (size_t)batch * OUT);
   if (!x || !y) ok = 0;
+  rng_seed(7); /* the same on every rank: every rank makes every batch */
   for (int step = 1; ok && step <= steps; step++) {
-    for (int i = 0; i < batch * IN; i++) x[i] = uniform();
-    for (int i = 0; i < batch * OUT; i++) y[i] = uniform();
+    for (int i = 0; i < batch * IN; i++) x[i] = uniform_pm1();
+    for (int i = 0; i < batch * OUT; i++) y[i] = uniform_pm1();
     float loss = 0;
     ok = train_step(ddp, opt, &d, x, y, rank * ROWS, ROWS, &loss) &&
          check(clpar_dist_all_reduce_mean(&loss, 1), "average the loss") &&

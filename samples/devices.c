@@ -8,13 +8,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "sample_util.h"
 
 static clpar_status report(clpar_status s, const char *what) {
   if (s != CLPAR_OK)
@@ -31,10 +26,10 @@ static clpar_status gemm_on(clpar_device *dev, int64_t n, float *out, double *se
   if (s == CLPAR_OK) s = clpar_tensor_rand_uniform(dev, 2, shape, 2, -1, 1, &b);
   if (s == CLPAR_OK) s = clpar_matmul(a, b, 0, 0, &r); /* compiles kernels: not timed */
   if (s == CLPAR_OK) s = clpar_device_synchronize(dev);
-  double t0 = now();
+  double t0 = now_seconds();
   if (s == CLPAR_OK) s = clpar_matmul(a, b, 0, 0, &r);
   if (s == CLPAR_OK) s = clpar_device_synchronize(dev);
-  *seconds = now() - t0;
+  *seconds = now_seconds() - t0;
   if (s == CLPAR_OK) s = clpar_tensor_read(r, out, (size_t)(n * n));
   clpar_scope_end(scope);
   return report(s, clpar_device_id(dev));

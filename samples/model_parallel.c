@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "sample_util.h"
+
 typedef struct {
   clpar_device *dev0, *dev1;
 } toy_devices;
@@ -47,12 +49,6 @@ static clpar_status toy_create(toy_devices *d, clpar_module **out) {
   }
   *out = m;
   return CLPAR_OK;
-}
-
-static int check(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
-  return s == CLPAR_OK;
 }
 
 int main(int argc, char **argv) {

@@ -38,7 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "sample_util.h"
 
@@ -143,12 +142,12 @@ static int train_batch(experiment *e, clpar_module *m, clpar_optimizer *opt, int
 
 /* The seed's train(model): every batch, then both devices done; seconds in *t. */
 static int train(experiment *e, clpar_module *m, clpar_optimizer *opt, double *t) {
-  double t0 = now();
+  double t0 = now_seconds();
   int ok = 1;
   for (int b = 0; ok && b < e->o->batches; b++) ok = train_batch(e, m, opt, b);
   ok = ok && check(clpar_device_synchronize(e->d0), "synchronize") &&
        check(clpar_device_synchronize(e->d1), "synchronize");
-  *t = now() - t0;
+  *t = now_seconds() - t0;
   return ok;
 }
 

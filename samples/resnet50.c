@@ -14,11 +14,9 @@
  * loss read back at its end (which waits for the device). The first batch also compiles the
  * device's kernels; the mean leaves it out when there is more than one batch. */
 #include <clpar/clpar.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "sample_util.h"
 
@@ -111,9 +109,9 @@ int main(int argc, char **argv) {
   for (int b = 0; ok && b < o.batches; b++) {
     randn(images, n_img); /* inputs = torch.randn(batch_size, 3, image_w, image_h) */
     float loss = 0;
-    double t0 = now();
+    double t0 = now_seconds();
     ok = train_batch(model, opt, dev, &o, images, labels, &loss);
-    double t = now() - t0;
+    double t = now_seconds() - t0;
     if (!ok) break;
     if (b > 0 || o.batches == 1) total += t;
     printf("batch %d: loss %.6f  %.3f s  %.1f images/s%s\n", b + 1, (double)loss, t,

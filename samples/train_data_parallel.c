@@ -14,23 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "sample_util.h"
 
 #include "loss_plot.h"
 
 enum { FEATURES = 32, HIDDEN = 256, CLASSES = 8, SAMPLES = 4096, BATCH = 256 };
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int check(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
-  return s == CLPAR_OK;
-}
 
 static clpar_module *make_mlp(clpar_device *dev) {
   clpar_module *l[5], *m = NULL;
@@ -51,7 +40,7 @@ static int train(clpar_module *m, clpar_device *dev, clpar_tensor *x, const int3
   clpar_sgd_options sgd = {.lr = 0.05f, .momentum = 0.9f};
   int ok = check(clpar_sgd_create_for(m, &sgd, &opt), "SGD");
   for (int e = 1; ok && e <= epochs; e++) {
-    double t0 = now(), sum = 0;
+    double t0 = now_seconds(), sum = 0;
     for (int at = 0; ok && at < SAMPLES; at += BATCH) {
       clpar_scope *step = clpar_scope_begin();
       clpar_tensor *xb, *logits, *loss;
@@ -67,7 +56,7 @@ static int train(clpar_module *m, clpar_device *dev, clpar_tensor *x, const int3
       clpar_scope_end(step);
     }
     ok = ok && check(clpar_device_synchronize(dev), "sync");
-    double secs = now() - t0;
+    double secs = now_seconds() - t0;
     if (ok && label)
       printf("%s epoch %d  loss %.4f  %.0f samples/s\n", label, e, sum / (SAMPLES / BATCH),
              SAMPLES / secs);

@@ -14,28 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "loss_plot.h"
+#include "sample_util.h"
 
 #ifndef DIGITS_CSV
 #define DIGITS_CSV "samples/data/digits.csv.gz"
 #endif
 
 enum { PIXELS = 64, HIDDEN = 256, CLASSES = 10, BATCH = 64 };
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int check(clpar_status s, const char *what) {
-  if (s != CLPAR_OK)
-    fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
-  return s == CLPAR_OK;
-}
 
 /* Splits all (pixels scaled to [0, 1]) into the training and test sets. */
 static int split(const clpar_dataset *all, clpar_dataset **train, clpar_dataset **test) {
@@ -109,7 +97,7 @@ static void bar(int epoch, int epochs, int64_t done, int64_t total, double loss,
 /* One epoch over the loader; *loss and *acc are the epoch's means on the training batches. */
 static int train_epoch(clpar_module *m, clpar_optimizer *opt, clpar_loader *loader, int epoch,
                        int epochs, int64_t total, int64_t *step, loss_plot *plot) {
-  double t0 = now(), sum = 0;
+  double t0 = now_seconds(), sum = 0;
   int64_t seen = 0, right = 0, batches = 0;
   float logits[BATCH * CLASSES];
   for (int ok = 1;;) {
@@ -138,7 +126,7 @@ static int train_epoch(clpar_module *m, clpar_optimizer *opt, clpar_loader *load
     batches++;
     (*step)++;
     bar(epoch, epochs, seen, total, sum / (double)batches, (double)right / (double)seen,
-        (double)seen / (now() - t0));
+        (double)seen / (now_seconds() - t0));
   }
   return 1;
 }

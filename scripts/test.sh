@@ -25,7 +25,11 @@ unset CLPAR_DEVICES
 export CLPAR_CACHE_DIR=${CLPAR_CACHE_DIR:-$CLPAR_ROOT/build/kernel-cache}
 
 echo "== build (release with debug info)"
-clpar_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=ON
+clpar_build build -DCLPAR_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=ON
+
+echo
+echo "== shape rules and the README's first program against this build (scripts/check_house.sh)"
+bash "$CLPAR_ROOT/scripts/check_house.sh" build
 
 run_ctest() { # skips=CONFIG run_ctest DIR TITLE [ctest args...]
   local dir=$1 title=$2
@@ -64,7 +68,7 @@ bash "$CLPAR_ROOT/scripts/fuzz.sh" 60
 
 echo
 echo "== build (ASan + UBSan)"
-clpar_build build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=OFF
+clpar_build build-sanitize -DCLPAR_WERROR=ON -DCMAKE_BUILD_TYPE=Debug -DCLPAR_SANITIZE=ON -DCLPAR_BUILD_TESTS=ON -DCLPAR_BUILD_SAMPLES=ON -DCLPAR_BUILD_BENCH=OFF
 # intercept_tls_get_addr=0: up to GCC 13, the sanitizer runtime's __tls_get_addr interceptor
 # can take a dynamic TLS block (PoCL and its LLVM use them) for a pre-2.25 glibc header when it
 # happens to sit at a certain page offset, and LeakSanitizer's tracer then crashes at exit

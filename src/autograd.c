@@ -65,6 +65,30 @@ clpar_status clpar_record_op(clpar_tensor *result, const char *op, clpar_backwar
   return CLPAR_OK;
 }
 
+clpar_status clpar_record_op_keep(clpar_tensor *result, const char *op, clpar_backward_fn backward,
+                                  clpar_tensor *const *inputs, int n, void *ctx,
+                                  clpar_tensor *const *saved, int n_saved, clpar_node **node,
+                                  clpar_tensor **out) {
+  clpar_node *made = NULL;
+  clpar_status s = clpar_record_op(result, op, backward, inputs, n, &made);
+  if (made) {
+    if (ctx) {
+      made->ctx = ctx;
+      made->ctx_free = free;
+    }
+    for (int i = 0; i < n_saved; i++) {
+      made->saved[i] = saved[i];
+      clpar_tensor_unscope(saved[i]);
+    }
+  } else {
+    free(ctx);
+    for (int i = 0; i < n_saved; i++) clpar_tensor_free(saved[i]);
+  }
+  if (node) *node = made;
+  if (s == CLPAR_OK) *out = result;
+  return s;
+}
+
 /* Releasing a node releases its inputs, whose nodes may go too: a graph of 400,000 ops would
  * recurse that deep. The first release on a thread runs a loop instead, and the releases it
  * sets off queue their nodes for it. */

@@ -367,6 +367,14 @@ clpar_node *clpar_record(clpar_tensor *result, const char *op, clpar_backward_fn
  * gives it in *node (NULL otherwise; node may be NULL). Out of memory frees result. */
 clpar_status clpar_record_op(clpar_tensor *result, const char *op, clpar_backward_fn backward,
                              clpar_tensor *const *inputs, int n, clpar_node **node);
+/* clpar_record_op, then what an op with a context or saved tensors does next: a node made
+ * takes ctx (malloc'ed, freed with free; may be NULL) and saved[0..n_saved) as its
+ * saved[0..n_saved) (out of the scope); without a node they are freed. *out = result on
+ * success; *node (node may be NULL) the node or NULL. */
+clpar_status clpar_record_op_keep(clpar_tensor *result, const char *op, clpar_backward_fn backward,
+                                  clpar_tensor *const *inputs, int n, void *ctx,
+                                  clpar_tensor *const *saved, int n_saved, clpar_node **node,
+                                  clpar_tensor **out);
 /* A view of t's memory, t's shape, with no node: for saving an op's output in its node
  * without a reference cycle. */
 clpar_status clpar_tensor_alias(const clpar_tensor *t, clpar_tensor **out);
@@ -383,7 +391,7 @@ clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim
 void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset);
 
 /* The flat groups (clpar_module_flatten) that ts[0..n) cover whole, each tensor given at most
- * once (src/nn/flatten.c): the groups' leaves in leaves[0..return value), and group_of[i] the
+ * once (src/nn/flat_groups.c): the groups' leaves in leaves[0..return value), and group_of[i] the
  * group of ts[i] when ts[i] is a member in place (a view of the leaf's memory, its grad the
  * same slice of the leaf's grad) of a group all of whose members are among ts, else -1.
  * group_of, leaves and counts (scratch) hold n entries each. Cannot fail. */
@@ -402,11 +410,24 @@ static inline void clpar_tensor_touch(clpar_tensor *t) {
 
 /* ---- modules (src/nn/module.c), for the parallel wrappers ---- */
 
-/* The seed of the next parameter's initialization (clpar_manual_seed's stream), for layers
- * made outside module.c (src/nn/conv.c). */
+/* Drops one reference; the last one frees the module and drops its children's. */
+void clpar_module_release(clpar_module *m);
+/* What a function that takes ownership does with a module it cannot keep: the creator's
+ * reference is dropped; a module that a parent holds is left to it. */
+void clpar_module_drop_given(clpar_module *m);
+/* The name under which the module whose forward runs self on this thread holds it as a child,
+ * or NULL (self at the top, not its child, or nested too deep), for error messages. */
+const char *clpar_module_running_name(const clpar_module *self);
+/* The built-in modules' forwards (linear.c, relu.c): Sequential fuses a Linear followed by a
+ * ReLU (sequential.c). */
+clpar_status clpar_linear_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
+                                  void *user);
+clpar_status clpar_relu_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y, void *user);
+/* The seed of the next parameter's initialization (clpar_manual_seed's stream; src/nn/seed.c). */
 uint64_t clpar_param_seed_next(void);
 /* Adds "weight" (wshape, ndim dims) and, when bias, "bias" ([wshape[0]]) to m, uniform in
- * [-bound, bound) from the next seeds, as nn.Linear and nn.Conv2d initialize them. */
+ * [-bound, bound) from the next seeds, as nn.Linear and nn.Conv2d initialize them
+ * (src/nn/linear.c). */
 clpar_status clpar_module_add_uniform_params(clpar_module *m, clpar_device *dev, int ndim,
                                              const int64_t *wshape, int bias, float bound);
 /* The floats a convolution's column buffer may take per chunk of images (src/nn/conv.c;

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../samples/sample_clock.h" /* now_seconds */
+
 #define MAX_SHAPES 64
 
 static const char usage_text[] =
@@ -53,18 +55,12 @@ static void help(void) {
       stdout);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* user: the start time. */
 static void bar(void *user, int done, int total, const char *what) {
   int width = 40, filled = total > 0 ? done * width / total : 0;
   fprintf(stderr, "\r[%.*s%*s] %3d/%d %-20s %6.0f s", filled,
           "########################################", width - filled, "", done, total, what,
-          now_s() - *(double *)user);
+          now_seconds() - *(double *)user);
   if (done >= total) fputc('\n', stderr);
   fflush(stderr);
 }
@@ -151,7 +147,7 @@ int main(int argc, char **argv) {
   clpar_device_get_info(dev, &info);
   fprintf(stderr, "clpar-tune: %s (%s), %d GEMM shapes%s\n", info.id, info.name, n,
           opt.quick ? ", quick grid" : "");
-  double start = now_s();
+  double start = now_seconds();
   opt.user = &start;
   clpar_tune_result r;
   clpar_status s = clpar_device_tune_gemm(dev, shapes, n, &opt, &r);

@@ -39,12 +39,6 @@ typedef struct nccl_comm {
   int ordinal, rank, nranks; /* for messages */
 } nccl_comm;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void nap(long *ns) {
   struct timespec t = {0, *ns};
   nanosleep(&t, NULL);
@@ -167,14 +161,14 @@ clpar_status clpar_nccl_free(void *comm, double timeout_s) {
     ncclResult_t r = ncclCommFinalize(c->comm);
     int pending = r == ncclInProgress;
     if (r != ncclSuccess && r != ncclInProgress) s = nccl_fail(c, "ncclCommFinalize", r);
-    double deadline = now() + timeout_s;
+    double deadline = clpar_clock_seconds() + timeout_s;
     long ns = 10000;
     while (s == CLPAR_OK && pending) {
       pthread_mutex_unlock(&c->lock);
       nap(&ns);
       pthread_mutex_lock(&c->lock);
       s = query_locked(c, "ncclCommFinalize", &pending);
-      if (s == CLPAR_OK && pending && now() > deadline)
+      if (s == CLPAR_OK && pending && clpar_clock_seconds() > deadline)
         s = clpar_set_error(CLPAR_ERROR_TIMEOUT,
                             "ncclCommFinalize (NCCL rank %d of %d) did not complete within %g s",
                             c->rank, c->nranks, timeout_s);
@@ -200,7 +194,7 @@ clpar_status clpar_nccl_allreduce(void *comm, float *data, size_t n, cudaStream_
   int pending = 0;
   /* the communicator must be idle (init done, the previous call enqueued) before a new call */
   clpar_status s = query_locked(c, what, &pending);
-  double deadline = now() + timeout_s;
+  double deadline = clpar_clock_seconds() + timeout_s;
   long ns = 10000;
   int enqueued = 0;
   while (s == CLPAR_OK) {
@@ -213,7 +207,7 @@ clpar_status clpar_nccl_allreduce(void *comm, float *data, size_t n, cudaStream_
         s = nccl_fail(c, what, r);
     }
     if (s != CLPAR_OK || !pending) break;
-    if (now() > deadline) {
+    if (clpar_clock_seconds() > deadline) {
       s = clpar_set_error(CLPAR_ERROR_TIMEOUT,
                           "%s (NCCL rank %d of %d, %zu floats): NCCL could not %s within %g s (a "
                           "rank has not joined?)",

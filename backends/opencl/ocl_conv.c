@@ -6,7 +6,6 @@
  * per channel. */
 #include "ocl_internal.h"
 
-#define AS_MEM(buf) ((cl_mem)(buf))
 #define WG_REDUCE 64 /* most work-items per channel in the batch-norm reductions */
 #define PER_ITEM 8   /* fewest elements each of them sums (a work-group's tree is not free) */
 

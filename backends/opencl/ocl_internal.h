@@ -1,4 +1,5 @@
-/* ocl_internal.h — private to the OpenCL backend: the per-device context, the program cache
+/* ocl_internal.h — private to the OpenCL backend: the per-device context, kernel launches
+ * (ocl_launch.c), the table's entries kept in files of their own, the program cache
  * (ocl_program.c) and error names (ocl_errors.c). Tests include it to reach the program cache
  * and its counters; nothing here is exported from the shared library. */
 #ifndef CLPAR_OCL_INTERNAL_H
@@ -73,12 +74,15 @@ typedef struct clpar_ocl_device {
   char platform_version[256];
 } clpar_ocl_device;
 
-/* Whether ocl_gemm runs this GEMM with gemm_small.cl rather than CLBlast (CPU devices only;
- * the tuner leaves such shapes out: CLBlast never runs them). */
-int clpar_ocl_gemm_takes_small(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
-                               size_t n, size_t k);
+/* ---- kernel launches and profiling (ocl_launch.c) ---- */
 
-/* ---- kernel launches (ocl_backend.c), for the ops kept in files of their own ---- */
+/* Work-group sizes: small enough for any device, large enough that a CPU device does not
+ * spend its time scheduling groups. */
+#define CLPAR_OCL_WG_1D 256
+#define CLPAR_OCL_WG_2D 64
+
+/* A buffer handle as the backend's entries receive it (clpar_bref.buf) is a cl_mem. */
+#define AS_MEM(buf) ((cl_mem)(buf))
 
 /* One kernel argument: its size and a pointer to its value (NULL value: __local memory). */
 typedef struct {
@@ -89,30 +93,129 @@ typedef struct {
 #define KARG(x) \
   { sizeof(x), &(x) }
 
-/* Takes dev->lock, sets the arguments of kernel name of the embedded file and enqueues it
- * (profiled like every kernel). */
+static inline size_t clpar_ocl_round_up(size_t n, size_t m) {
+  return (n + m - 1) / m * m;
+}
+
+/* Sets the error for a failed OpenCL call: "call(what): CL_NAME" (what may be NULL). */
+clpar_status clpar_ocl_fail(cl_int err, const char *call, const char *what);
+
+/* Where the next enqueue should put its event: NULL unless profiling is on. */
+cl_event *clpar_ocl_profile_slot(clpar_ocl_device *d, cl_event *ev);
+/* Keeps a recorded span for the profile (dropped when out of memory). */
+void clpar_ocl_profile_keep_span(clpar_ocl_device *d, cl_event after, cl_event last);
+/* Keeps an enqueued command's event for the profile (ev may be NULL). */
+void clpar_ocl_profile_keep(clpar_ocl_device *d, cl_event ev);
+
+/* Sets the arguments of kernel name of the embedded file and enqueues it (profiled like
+ * every command); the caller holds d->lock. */
+clpar_status clpar_ocl_launch_locked(clpar_ocl_device *d, const char *file, const char *name,
+                                     const karg *args, int nargs, cl_uint dims,
+                                     const size_t *global, const size_t *local);
+/* clpar_ocl_launch_locked under dev->lock. */
 clpar_status clpar_ocl_launch(clpar_ocl_device *d, const char *file, const char *name,
                               const karg *args, int nargs, cl_uint dims, const size_t *global,
                               const size_t *local);
-/* n work-items in groups of up to 256 (the kernel checks its index against n). */
+/* n work-items in groups of up to CLPAR_OCL_WG_1D (the kernel checks its index against n). */
 clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const char *name,
                                  const karg *args, int nargs, size_t n);
+/* (cols, rows) work-items in groups of CLPAR_OCL_WG_2D, shaped to waste little on narrow
+ * matrices. */
+void clpar_ocl_shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t global[2],
+                        size_t local[2]);
+
+/* ---- the table's entries defined outside ocl_backend.c (which builds the table) ---- */
+#define CLPAR_OCL_ENTRY_DECL_(name) \
+  clpar_status clpar_ocl_##name(void *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+/* ocl_launch.c */
+CLPAR_OCL_ENTRY_DECL_(profile)
+CLPAR_OCL_ENTRY_DECL_(profile_read)
+/* ocl_memory.c */
+CLPAR_OCL_ENTRY_DECL_(alloc)
+CLPAR_OCL_ENTRY_DECL_(release)
+CLPAR_OCL_ENTRY_DECL_(host_alloc)
+CLPAR_OCL_ENTRY_DECL_(host_free)
+CLPAR_OCL_ENTRY_DECL_(event_record)
+CLPAR_OCL_ENTRY_DECL_(event_query)
+CLPAR_OCL_ENTRY_DECL_(event_then)
+CLPAR_OCL_ENTRY_DECL_(event_free)
+CLPAR_OCL_ENTRY_DECL_(peer_access)
+CLPAR_OCL_ENTRY_DECL_(copy_peer)
+CLPAR_OCL_ENTRY_DECL_(write)
+CLPAR_OCL_ENTRY_DECL_(read)
+CLPAR_OCL_ENTRY_DECL_(copy)
+CLPAR_OCL_ENTRY_DECL_(finish)
+/* ocl_elementwise.c */
+CLPAR_OCL_ENTRY_DECL_(fill)
+CLPAR_OCL_ENTRY_DECL_(binary)
+CLPAR_OCL_ENTRY_DECL_(scale)
+CLPAR_OCL_ENTRY_DECL_(sum_rows)
+CLPAR_OCL_ENTRY_DECL_(broadcast_rows)
+CLPAR_OCL_ENTRY_DECL_(reduce_sum)
+CLPAR_OCL_ENTRY_DECL_(expand)
+CLPAR_OCL_ENTRY_DECL_(unary)
+CLPAR_OCL_ENTRY_DECL_(unary_backward)
+CLPAR_OCL_ENTRY_DECL_(bias_act)
+CLPAR_OCL_ENTRY_DECL_(bias_act_backward)
+CLPAR_OCL_ENTRY_DECL_(softmax)
+CLPAR_OCL_ENTRY_DECL_(softmax_backward)
+CLPAR_OCL_ENTRY_DECL_(pick)
+CLPAR_OCL_ENTRY_DECL_(nll)
+CLPAR_OCL_ENTRY_DECL_(nll_backward)
+CLPAR_OCL_ENTRY_DECL_(sgd_step)
+CLPAR_OCL_ENTRY_DECL_(adam_step)
+/* ocl_gemm.c */
+CLPAR_OCL_ENTRY_DECL_(gemm)
+CLPAR_OCL_ENTRY_DECL_(gemm_batched)
+#define ocl_profile clpar_ocl_profile
+#define ocl_profile_read clpar_ocl_profile_read
+#define ocl_alloc clpar_ocl_alloc
+#define ocl_release clpar_ocl_release
+#define ocl_host_alloc clpar_ocl_host_alloc
+#define ocl_host_free clpar_ocl_host_free
+#define ocl_event_record clpar_ocl_event_record
+#define ocl_event_query clpar_ocl_event_query
+#define ocl_event_then clpar_ocl_event_then
+#define ocl_event_free clpar_ocl_event_free
+#define ocl_peer_access clpar_ocl_peer_access
+#define ocl_copy_peer clpar_ocl_copy_peer
+#define ocl_write clpar_ocl_write
+#define ocl_read clpar_ocl_read
+#define ocl_copy clpar_ocl_copy
+#define ocl_finish clpar_ocl_finish
+#define ocl_fill clpar_ocl_fill
+#define ocl_binary clpar_ocl_binary
+#define ocl_scale clpar_ocl_scale
+#define ocl_sum_rows clpar_ocl_sum_rows
+#define ocl_broadcast_rows clpar_ocl_broadcast_rows
+#define ocl_reduce_sum clpar_ocl_reduce_sum
+#define ocl_expand clpar_ocl_expand
+#define ocl_unary clpar_ocl_unary
+#define ocl_unary_backward clpar_ocl_unary_backward
+#define ocl_bias_act clpar_ocl_bias_act
+#define ocl_bias_act_backward clpar_ocl_bias_act_backward
+#define ocl_softmax clpar_ocl_softmax
+#define ocl_softmax_backward clpar_ocl_softmax_backward
+#define ocl_pick clpar_ocl_pick
+#define ocl_nll clpar_ocl_nll
+#define ocl_nll_backward clpar_ocl_nll_backward
+#define ocl_sgd_step clpar_ocl_sgd_step
+#define ocl_adam_step clpar_ocl_adam_step
+#define ocl_gemm clpar_ocl_gemm
+#define ocl_gemm_batched clpar_ocl_gemm_batched
 
 /* ---- ocl_conv.c: convolution, pooling and batch-norm entries (backend.h) ---- */
-#define CLPAR_OCL_CONV_DECL_(name) \
-  clpar_status clpar_ocl_##name(void *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
-CLPAR_OCL_CONV_DECL_(im2col)
-CLPAR_OCL_CONV_DECL_(col2im)
-CLPAR_OCL_CONV_DECL_(swap01)
-CLPAR_OCL_CONV_DECL_(maxpool)
-CLPAR_OCL_CONV_DECL_(maxpool_backward)
-CLPAR_OCL_CONV_DECL_(avgpool)
-CLPAR_OCL_CONV_DECL_(avgpool_backward)
-CLPAR_OCL_CONV_DECL_(bn_stats)
-CLPAR_OCL_CONV_DECL_(bn_apply)
-CLPAR_OCL_CONV_DECL_(bn_backward_sums)
-CLPAR_OCL_CONV_DECL_(bn_backward)
-#undef CLPAR_OCL_CONV_DECL_
+CLPAR_OCL_ENTRY_DECL_(im2col)
+CLPAR_OCL_ENTRY_DECL_(col2im)
+CLPAR_OCL_ENTRY_DECL_(swap01)
+CLPAR_OCL_ENTRY_DECL_(maxpool)
+CLPAR_OCL_ENTRY_DECL_(maxpool_backward)
+CLPAR_OCL_ENTRY_DECL_(avgpool)
+CLPAR_OCL_ENTRY_DECL_(avgpool_backward)
+CLPAR_OCL_ENTRY_DECL_(bn_stats)
+CLPAR_OCL_ENTRY_DECL_(bn_apply)
+CLPAR_OCL_ENTRY_DECL_(bn_backward_sums)
+CLPAR_OCL_ENTRY_DECL_(bn_backward)
 #define ocl_im2col clpar_ocl_im2col
 #define ocl_col2im clpar_ocl_col2im
 #define ocl_swap01 clpar_ocl_swap01

@@ -37,7 +37,11 @@
  * whose header carries rank 0's status (a rank 0 that could not read its buffers fails every
  * rank with its message). As in PyTorch (require_forward_param_sync), a forward broadcasts
  * only when the previous forward ran with gradients enabled and synchronized: the forward after
- * one under clpar_set_grad_enabled(0) or clpar_ddp_set_sync(0) keeps each rank's own buffers. */
+ * one under clpar_set_grad_enabled(0) or clpar_ddp_set_sync(0) keeps each rank's own buffers.
+ *
+ * This file makes the module (creation, forward, free, the public calls); the communication
+ * thread and the hooks are in ddp_comm.c, the buckets in ddp_buckets.c, find_unused_parameters
+ * in ddp_unused.c and the uneven-inputs check (what clpar_ddp_join agrees on) in ddp_uneven.c. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -46,252 +50,6 @@
 #include <time.h>
 
 #include "dist/ddp_internal.h"
-
-int clpar_ddp_pin_cpu = 0;
-
-double clpar_ddp_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double now(void) {
-  return clpar_ddp_now();
-}
-
-static clpar_status oom(void) {
-  return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DistributedDataParallel: out of host memory");
-}
-
-/* Keeps the first error of the communication thread (or a hook) for the program to see. */
-void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what) {
-  pthread_mutex_lock(&st->lock);
-  if (st->error == CLPAR_OK) {
-    st->error = s;
-    snprintf(st->message, sizeof st->message, "DistributedDataParallel: %s: %s", what,
-             clpar_last_error());
-  }
-  pthread_mutex_unlock(&st->lock);
-}
-
-/* ---- the communication thread ---- */
-
-/* a's gradient lies right below b's in one device buffer, and right below it in the bucket's
- * buffer too (host offsets given at creation; a follows b in bucket order) */
-static int adjacent(const ddp_param *b, const ddp_param *a) {
-  const clpar_tensor *ga = a->param->grad, *gb = b->param->grad;
-  return ga && gb && ga->storage == gb->storage && ga->offset + (size_t)a->numel == gb->offset &&
-         a->offset + a->numel == b->offset;
-}
-
-/* The bucket's runs, from its parameters' gradients as they are now; a parameter with no
- * gradient memory (never reached, find_unused_parameters) is in none, and gets zeros. */
-void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b) {
-  b->n_runs = 0;
-  ddp_run *r = NULL;
-  for (int i = b->first; i < b->first + b->count; i++) {
-    ddp_param *p = &st->params[i];
-    clpar_tensor *g = p->param->grad;
-    if (!g) {
-      r = NULL;
-      continue;
-    }
-    if (r && i > b->first && adjacent(&st->params[i - 1], p)) {
-      r->word = g->offset;
-      r->host = p->offset;
-      r->numel += p->numel;
-    } else {
-      r = &b->runs[b->n_runs++];
-      r->storage = g->storage;
-      r->word = g->offset;
-      r->host = p->offset;
-      r->numel = p->numel;
-    }
-  }
-}
-
-/* On the backward thread, when the bucket's last gradient is final: posts its reads into the
- * bucket's (pinned) host memory on the device's queue, right after the work that computes
- * those gradients and before the rest of backward, and an event the communication thread
- * waits for. Nothing here waits for the device. */
-static void post_reads(ddp_state *st, ddp_bucket *b) {
-  clpar_ddp_make_runs(st, b);
-  clpar_status s = CLPAR_OK;
-  size_t bytes = 0;
-  for (int k = 0; s == CLPAR_OK && k < b->n_runs; k++) {
-    ddp_run *r = &b->runs[k];
-    s = clpar_dev_read(b->dev, r->storage->buf, r->word * CLPAR_WORD_BYTES, b->buf + r->host,
-                       (size_t)r->numel * sizeof(float));
-    bytes += (size_t)r->numel * sizeof(float);
-  }
-  if (s == CLPAR_OK) s = clpar_event_record(b->dev, &b->read_done);
-  if (s != CLPAR_OK) {
-    clpar_ddp_record_error(st, s, "posting the copy of a bucket's gradients to host memory");
-    clpar_worker_drain(b->dev); /* no read posted may write b->buf after this */
-    b->read_failed = 1;
-  }
-  __atomic_add_fetch(&b->dev->transfers_out, (uint64_t)b->n_runs, __ATOMIC_RELAXED);
-  __atomic_add_fetch(&b->dev->bytes_out, (uint64_t)bytes, __ATOMIC_RELAXED);
-}
-
-/* The bucket's gradients (read into its buffer by post_reads), summed over the ranks,
- * averaged, and posted back, one write per run straight from the buffer: the device's queue
- * runs them before the next backward's reads into the same memory. A rank whose copy failed
- * still takes part in the all-reduce (with zeros), so that no rank waits. */
-static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
-  double t0 = now();
-  clpar_status s = b->read_failed ? CLPAR_ERROR_BACKEND : clpar_event_sync(b->read_done);
-  if (s == CLPAR_OK) s = clpar_worker_take_error(b->dev);
-  clpar_event_release(b->read_done);
-  b->read_done = NULL;
-  if (s != CLPAR_OK) {
-    if (!b->read_failed)
-      clpar_ddp_record_error(st, s, "copying a bucket's gradients to host memory");
-    memset(b->buf, 0, (size_t)b->numel * sizeof(float));
-  }
-  for (int i = b->first; i < b->first + b->count; i++) {
-    ddp_param *p = &st->params[i];
-    if (p->unused || !p->param->grad)
-      memset(b->buf + p->offset, 0, (size_t)p->numel * sizeof(float));
-  }
-  double t1 = now();
-  char what[120];
-  snprintf(what, sizeof what, "DistributedDataParallel's all-reduce of bucket %d (%lld floats)",
-           (int)(b - st->buckets), (long long)b->numel);
-  uint64_t seq = ++st->seq;
-  if (clpar_dist_check_broken()) {
-    s = CLPAR_ERROR_TIMEOUT;
-  } else if ((s = clpar_dist_debug_check(st->comm, what, seq, b->numel * 4)) != CLPAR_OK) {
-    if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;
-  } else {
-    MPI_Request req = MPI_REQUEST_NULL;
-    clpar_mpi_lock();
-    int rc =
-        MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, MPI_FLOAT, MPI_SUM, st->comm, &req);
-    clpar_mpi_unlock();
-    s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
-    if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1; /* MPI may still write b->buf */
-  }
-  double t2 = now();
-  if (s != CLPAR_OK) {
-    clpar_ddp_record_error(st, s, "all-reducing a bucket");
-  } else {
-    float scale = 1.0f / (float)st->world;
-    for (int64_t k = 0; k < b->numel; k++) b->buf[k] *= scale;
-    for (int k = 0; s == CLPAR_OK && k < b->n_runs; k++) {
-      ddp_run *r = &b->runs[k];
-      s = clpar_dev_write(b->dev, r->storage->buf, r->word * CLPAR_WORD_BYTES, b->buf + r->host,
-                          (size_t)r->numel * sizeof(float));
-      __atomic_add_fetch(&r->storage->version, 1, __ATOMIC_RELAXED);
-      __atomic_add_fetch(&b->dev->transfers_in, 1, __ATOMIC_RELAXED);
-      __atomic_add_fetch(&b->dev->bytes_in, (uint64_t)r->numel * sizeof(float), __ATOMIC_RELAXED);
-    }
-    if (s != CLPAR_OK) {
-      clpar_ddp_record_error(st, s, "writing averaged gradients back");
-      clpar_worker_drain(b->dev);
-    }
-    /* a parameter this rank did not use has the others' gradient now */
-    for (int i = b->first; i < b->first + b->count; i++)
-      if (st->params[i].unused && st->params[i].param->grad) st->params[i].param->grad_defined = 1;
-  }
-  double t3 = now();
-  pthread_mutex_lock(&st->lock);
-  st->stats.read_seconds += t1 - t0;
-  st->stats.allreduce_seconds += t2 - t1;
-  st->stats.write_seconds += t3 - t2;
-  if (b == &st->buckets[st->n_buckets - 1]) st->stats.exposed_seconds += t3 - t1;
-  pthread_mutex_unlock(&st->lock);
-}
-
-static void *comm_thread(void *arg) {
-  ddp_state *st = arg;
-  if (st->nccl) { /* the device reduces: the thread only watches (ddp_nccl.c) */
-    clpar_ddp_nccl_watch(st);
-    return NULL;
-  }
-  pthread_mutex_lock(&st->lock);
-  for (;;) {
-    while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready))
-      pthread_cond_wait(&st->cv, &st->lock);
-    if (st->stop) break;
-    ddp_bucket *b = &st->buckets[st->next];
-    st->busy = 1;
-    pthread_mutex_unlock(&st->lock);
-    reduce_bucket(st, b);
-    pthread_mutex_lock(&st->lock);
-    st->busy = 0;
-    st->next++;
-    pthread_cond_broadcast(&st->cv);
-  }
-  pthread_mutex_unlock(&st->lock);
-  return NULL;
-}
-
-/* Back to "no gradient ready" for the next backward; st->lock held, the thread idle. */
-static void reset_step(ddp_state *st) {
-  for (int i = 0; i < st->n_params; i++) st->params[i].ready = 0;
-  for (int k = 0; k < st->n_buckets; k++) {
-    ddp_bucket *b = &st->buckets[k];
-    b->ready = b->complete = b->read_failed = 0;
-    b->pending = b->count;
-    clpar_event_release(b->read_done);
-    b->read_done = NULL;
-  }
-  st->next = 0;
-  st->n_ready = 0;
-  st->nccl_posted = 0;
-  st->unused_armed = 0;
-}
-
-/* p's gradient is final (or p is unused); st->lock held. */
-static void mark_ready(ddp_state *st, ddp_param *p) {
-  p->ready = 1;
-  ddp_bucket *b = &st->buckets[p->bucket];
-  if (--b->pending == 0) b->complete = 1;
-}
-
-/* Runs on the backward thread when p's gradient is final. The first hook of a backward also
- * marks the parameters the forward did not reach (find_unused_parameters), as PyTorch's
- * Reducer does when backward starts. */
-static void grad_ready(clpar_tensor *t, void *user) {
-  (void)t;
-  ddp_param *p = user;
-  ddp_state *st = p->st;
-  pthread_mutex_lock(&st->lock);
-  if (p->ready || st->no_sync) {
-    pthread_mutex_unlock(&st->lock);
-    return;
-  }
-  if (st->unused_armed) {
-    st->unused_armed = 0;
-    for (int i = 0; i < st->n_params; i++)
-      if (st->params[i].unused && !st->params[i].ready) mark_ready(st, &st->params[i]);
-  }
-  mark_ready(st, p);
-  if (st->nccl) { /* all-reduced on the device, in order; backward does not wait */
-    if (clpar_ddp_nccl_post(st)) reset_step(st); /* the last bucket is posted */
-    pthread_mutex_unlock(&st->lock);
-    return;
-  }
-  for (int k = 0; k < st->n_buckets; k++) {
-    ddp_bucket *b = &st->buckets[k];
-    if (!b->complete || b->ready) continue;
-    pthread_mutex_unlock(&st->lock); /* posting takes no lock of ours; the thread goes on */
-    post_reads(st, b);
-    pthread_mutex_lock(&st->lock);
-    b->ready = 1;
-    st->n_ready++;
-    pthread_cond_broadcast(&st->cv);
-  }
-  if (st->n_ready == st->n_buckets) { /* the last bucket: wait for every reduction */
-    double t0 = now();
-    while (st->next < st->n_buckets) pthread_cond_wait(&st->cv, &st->lock);
-    st->stats.wait_seconds += now() - t0;
-    st->stats.reductions++;
-    reset_step(st);
-  }
-  pthread_mutex_unlock(&st->lock);
-}
 
 /* ---- the module ---- */
 
@@ -323,175 +81,8 @@ static clpar_status check_finished_step(ddp_state *st) {
       "DistributedDataParallel: the last backward gave no gradient to parameter %s, so its "
       "bucket was never reduced (every parameter must take part in the loss)",
       missing);
-  reset_step(st);
+  clpar_ddp_reset_step(st);
   return s;
-}
-
-/* ---- parameters the forward did not reach (find_unused_parameters) ---- */
-
-static int cmp_address(const void *a, const void *b) {
-  const clpar_tensor *x = (*(ddp_param *const *)a)->param, *y = (*(ddp_param *const *)b)->param;
-  return x < y ? -1 : x > y;
-}
-
-/* A set of nodes seen (open addressing on the pointer). */
-typedef struct {
-  const void **slots;
-  size_t cap, count;
-} ptr_set;
-
-static size_t ptr_hash(const void *p, size_t cap) {
-  uint64_t h = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h >> 20) & (cap - 1);
-}
-
-/* 1 when p was added, 0 when it was there, -1 when out of memory. */
-static int ptr_set_add(ptr_set *set, const void *p) {
-  if (2 * (set->count + 1) > set->cap) {
-    size_t cap = set->cap ? 2 * set->cap : 256;
-    const void **slots = calloc(cap, sizeof *slots);
-    if (!slots) return -1;
-    for (size_t i = 0; i < set->cap; i++)
-      if (set->slots[i]) {
-        size_t j = ptr_hash(set->slots[i], cap);
-        while (slots[j]) j = (j + 1) & (cap - 1);
-        slots[j] = set->slots[i];
-      }
-    free(set->slots);
-    set->slots = slots;
-    set->cap = cap;
-  }
-  size_t j = ptr_hash(p, set->cap);
-  while (set->slots[j]) {
-    if (set->slots[j] == p) return 0;
-    j = (j + 1) & (set->cap - 1);
-  }
-  set->slots[j] = p;
-  set->count++;
-  return 1;
-}
-
-static void reached(ddp_state *st, clpar_tensor *leaf) {
-  ddp_param key = {.param = leaf}, *k = &key;
-  ddp_param **hit = bsearch(&k, st->by_address, (size_t)st->n_params, sizeof k, cmp_address);
-  if (hit) (*hit)->unused = 0;
-}
-
-/* Marks unused every parameter that the graph of out does not reach (PyTorch walks the
- * output's graph the same way at the end of forward), and arms the first hook of the coming
- * backward to mark them ready. */
-static clpar_status find_unused(ddp_state *st, clpar_tensor *out) {
-  for (int i = 0; i < st->n_params; i++) st->params[i].unused = 1;
-  ptr_set seen = {0};
-  size_t n = 0, cap = 64;
-  clpar_node **stack = malloc(cap * sizeof *stack);
-  clpar_status s = stack ? CLPAR_OK : oom();
-  if (s == CLPAR_OK && out->node) {
-    if (ptr_set_add(&seen, out->node) < 0) s = oom();
-    stack[n++] = out->node;
-  } else if (s == CLPAR_OK) {
-    reached(st, out);
-  }
-  while (s == CLPAR_OK && n > 0) {
-    clpar_node *node = stack[--n];
-    for (int i = 0; s == CLPAR_OK && i < node->n_inputs; i++) {
-      clpar_tensor *in = node->inputs[i];
-      if (!in) continue;
-      if (!in->node) {
-        if (in->requires_grad) reached(st, in);
-        continue;
-      }
-      int added = ptr_set_add(&seen, in->node);
-      if (added < 0) {
-        s = oom();
-      } else if (added) {
-        if (n == cap) {
-          clpar_node **bigger = realloc(stack, 2 * cap * sizeof *stack);
-          if (!bigger) {
-            s = oom();
-            break;
-          }
-          stack = bigger;
-          cap *= 2;
-        }
-        stack[n++] = in->node;
-      }
-    }
-  }
-  free(stack);
-  free(seen.slots);
-  int any = 0;
-  for (int i = 0; i < st->n_params; i++) {
-    if (s != CLPAR_OK) st->params[i].unused = 0;
-    any |= st->params[i].unused;
-  }
-  pthread_mutex_lock(&st->lock);
-  st->unused_armed = any;
-  pthread_mutex_unlock(&st->lock);
-  return s;
-}
-
-/* ---- uneven inputs ---- */
-
-/* "1, 3 and 4" for the ranks whose flag is (has != 0) equal to has; at most 16 named. */
-static void list_ranks(const int *flags, int world, int has, char *out, size_t size) {
-  size_t len = 0;
-  int total = 0;
-  for (int r = 0; r < world; r++) total += (flags[r] != 0) == has;
-  out[0] = '\0';
-  for (int r = 0, k = 0; r < world && len < size; r++) {
-    if ((flags[r] != 0) != has) continue;
-    k++;
-    if (k > 16) {
-      snprintf(out + len, size - len, " ... (%d ranks in all)", total);
-      break;
-    }
-    const char *sep = k == 1 ? "" : k == total ? " and " : ", ";
-    len += (size_t)snprintf(out + len, size - len, "%s%d", sep, r);
-  }
-}
-
-/* With uneven_inputs, the first collective of every forward (has = 1) and of clpar_ddp_join
- * (has = 0): every rank learns which ranks still have inputs. When one has not, every rank
- * fails alike naming them (a join on every rank at once is the even end: CLPAR_OK), and every
- * later forward fails at once, without a collective. */
-static clpar_status inputs_check(ddp_state *st, int has) {
-  if (st->ended) return clpar_set_error(st->ended_status, "%s", st->ended_msg);
-  uint64_t step = ++st->forwards;
-  int rank = clpar_dist_rank();
-  int *flags = calloc((size_t)st->world, sizeof *flags);
-  if (!flags) return oom(); /* the others then time out naming this rank: nothing better */
-  flags[rank] = has;
-  clpar_status s = clpar_dist_allreduce(
-      flags, st->world, MPI_INT, MPI_SUM, st->comm,
-      "DistributedDataParallel: the uneven-inputs check (does every rank still have inputs?)",
-      ++st->seq);
-  int out = 0;
-  for (int r = 0; s == CLPAR_OK && r < st->world; r++) out += flags[r] == 0;
-  if (s != CLPAR_OK || out == 0) {
-    free(flags);
-    return s;
-  }
-  char done[160], going[160];
-  list_ranks(flags, st->world, 0, done, sizeof done);
-  list_ranks(flags, st->world, 1, going, sizeof going);
-  free(flags);
-  st->ended = 1;
-  if (out == st->world) {
-    st->ended_status = CLPAR_ERROR_INVALID_ARGUMENT;
-    snprintf(st->ended_msg, sizeof st->ended_msg,
-             "DistributedDataParallel: every rank has joined (clpar_ddp_join, step %llu); the "
-             "module takes no more forwards",
-             (unsigned long long)step);
-    return CLPAR_OK;
-  }
-  st->ended_status = CLPAR_ERROR_UNEVEN_INPUTS;
-  snprintf(st->ended_msg, sizeof st->ended_msg,
-           "DistributedDataParallel: uneven inputs: rank%s %s ran out of inputs (clpar_ddp_join) "
-           "at step %llu while rank%s %s still had some; every rank stops here",
-           out > 1 ? "s" : "", done, (unsigned long long)step, st->world - out > 1 ? "s" : "",
-           going);
-  return clpar_set_error(st->ended_status, "%s", st->ended_msg);
 }
 
 static clpar_status broadcast_buffers(ddp_state *st, const char *what);
@@ -510,7 +101,8 @@ static clpar_status begin_step(ddp_state *st, int has_inputs, int *sync) {
   *sync = st->sync_buffers; /* the communication thread is idle now: no bucket is pending */
   if (has_inputs) st->sync_buffers = clpar_is_grad_enabled() && !st->no_sync;
   pthread_mutex_unlock(&st->lock);
-  if (s == CLPAR_OK && (st->uneven_inputs || !has_inputs)) s = inputs_check(st, has_inputs);
+  if (s == CLPAR_OK && (st->uneven_inputs || !has_inputs))
+    s = clpar_ddp_inputs_check(st, has_inputs);
   return s;
 }
 
@@ -523,7 +115,7 @@ static clpar_status ddp_forward(clpar_module *self, clpar_tensor *input, clpar_t
     s = broadcast_buffers(st, "DistributedDataParallel: broadcasting buffers from rank 0");
   if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "module"), input, output);
   if (s == CLPAR_OK && st->find_unused && clpar_is_grad_enabled() && !st->no_sync) {
-    s = find_unused(st, *output);
+    s = clpar_ddp_find_unused(st, *output);
     if (s != CLPAR_OK) {
       clpar_tensor_free(*output);
       *output = NULL;
@@ -546,7 +138,7 @@ static void ddp_free(void *user) {
   for (int i = 0; i < st->n_params; i++) {
     ddp_param *p = &st->params[i];
     if (p->param) {
-      if (st->thread_started) clpar_tensor_remove_grad_hook(p->param, grad_ready, p);
+      if (st->thread_started) clpar_tensor_remove_grad_hook(p->param, clpar_ddp_grad_ready, p);
       clpar_tensor_free(p->param);
     }
     free(p->name);
@@ -681,7 +273,7 @@ static clpar_status check_same_list(ddp_state *st, int buffers) {
   const char *noun = buffers ? "buffer" : "parameter";
   char *mine = signature(st, buffers), *root = NULL;
   unsigned long long len = mine ? strlen(mine) + 1 : 0;
-  clpar_status s = clpar_ddp_agree(st, mine ? CLPAR_OK : oom(), "clpar_ddp_create");
+  clpar_status s = clpar_ddp_agree(st, mine ? CLPAR_OK : clpar_ddp_oom(), "clpar_ddp_create");
   if (s == CLPAR_OK)
     s = clpar_dist_bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, st->comm,
                          buffers ? "clpar_ddp_create: broadcasting the size of rank 0's buffer list"
@@ -696,7 +288,7 @@ static clpar_status check_same_list(ddp_state *st, int buffers) {
                         noun, len, INT_MAX);
   if (s == CLPAR_OK) {
     root = clpar_dist_rank() == 0 ? mine : malloc(len);
-    s = clpar_ddp_agree(st, root ? CLPAR_OK : oom(), "clpar_ddp_create");
+    s = clpar_ddp_agree(st, root ? CLPAR_OK : clpar_ddp_oom(), "clpar_ddp_create");
   }
   if (s == CLPAR_OK)
     s = clpar_dist_bcast(root, (int)len, MPI_CHAR, 0, st->comm,
@@ -724,7 +316,7 @@ static clpar_status broadcast_parameters(ddp_state *st) {
     most = n > most ? n : most;
   }
   float *buf = malloc((size_t)most * sizeof(float));
-  clpar_status s = clpar_ddp_agree(st, buf ? CLPAR_OK : oom(), "clpar_ddp_create");
+  clpar_status s = clpar_ddp_agree(st, buf ? CLPAR_OK : clpar_ddp_oom(), "clpar_ddp_create");
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
     clpar_tensor *p = st->params[i].param;
     int64_t n = clpar_tensor_numel(p);
@@ -739,93 +331,6 @@ static clpar_status broadcast_parameters(ddp_state *st) {
   return s;
 }
 
-/* Buckets over the parameters in reverse order: the first up to min(1 MiB, cap), the
- * others up to cap; a bucket closes once it has reached its limit, and where the next
- * parameter lives on another device. In a bucket's buffer, parameters whose gradients lie one
- * below the other in a flat gradient (clpar_module_flatten: the module's order, so reversed
- * here) keep that layout, so that each such run is one copy each way. Each buffer is pinned
- * host memory from the device's backend when it gives some. */
-static clpar_status make_buckets(ddp_state *st, double cap_mb) {
-  double cap = cap_mb * 1024.0 * 1024.0, limit = cap < 1048576.0 ? cap : 1048576.0;
-  st->buckets = calloc((size_t)st->n_params, sizeof *st->buckets);
-  if (!st->buckets) return oom();
-  ddp_bucket *b = NULL;
-  for (int i = 0; i < st->n_params; i++) {
-    ddp_param *p = &st->params[i];
-    clpar_device *dev = p->param->storage->dev;
-    if (b && b->dev != dev) {
-      b = NULL;
-      limit = cap;
-    }
-    if (!b) {
-      b = &st->buckets[st->n_buckets++];
-      b->first = i;
-      b->dev = dev;
-    }
-    p->bucket = (int)(b - st->buckets);
-    p->numel = clpar_tensor_numel(p->param);
-    b->numel += p->numel;
-    b->count++;
-    if (b->numel > INT_MAX)
-      return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
-                             "clpar_ddp_create: a bucket of %lld floats is more than MPI takes "
-                             "in one call; lower bucket_cap_mb",
-                             (long long)b->numel);
-    if ((double)b->numel * sizeof(float) >= limit) {
-      b = NULL;
-      limit = cap;
-    }
-  }
-  for (int k = 0; k < st->n_buckets; k++) {
-    b = &st->buckets[k];
-    /* runs of gradients adjacent (in reverse) in one device buffer, each laid out as there */
-    int64_t host = 0;
-    for (int i = b->first; i < b->first + b->count;) {
-      int j = i + 1;
-      int64_t run = st->params[i].numel;
-      for (; j < b->first + b->count; j++) {
-        const clpar_tensor *ga = st->params[j].param->grad, *gb = st->params[j - 1].param->grad;
-        if (!ga || !gb || ga->storage != gb->storage ||
-            ga->offset + (size_t)st->params[j].numel != gb->offset)
-          break;
-        run += st->params[j].numel;
-      }
-      for (int q = i; q < j; q++) {
-        const clpar_tensor *g = st->params[q].param->grad;
-        st->params[q].offset =
-            j - i > 1 ? host + (int64_t)(g->offset - st->params[j - 1].param->grad->offset) : host;
-      }
-      host += run;
-      i = j;
-    }
-    b->pending = b->count;
-    if (!(b->runs = calloc((size_t)b->count, sizeof *b->runs))) return oom();
-  }
-  st->stats.buckets = st->n_buckets;
-  return CLPAR_OK;
-}
-
-/* MPI: each bucket's host memory, pinned from the device's backend when it gives some. */
-static clpar_status alloc_host_buffers(ddp_state *st) {
-  for (int k = 0; k < st->n_buckets; k++) {
-    ddp_bucket *b = &st->buckets[k];
-    size_t bytes = (size_t)b->numel * sizeof(float);
-    void *ptr = NULL;
-    /* pinned memory where the device copies by DMA; on a CPU device (PoCL's CPU driver, the
-     * host backend) it buys nothing, and PoCL's made MPI_Allreduce several times slower than
-     * malloc'd memory (bench/ddp: 43-79 against 8-16 ms per step) */
-    int pin = b->dev->bd.info.type != CLPAR_DEVICE_CPU || clpar_ddp_pin_cpu;
-    if (pin && clpar_dev_host_alloc_sync(b->dev, bytes, &b->pin, &ptr) == CLPAR_OK && ptr) {
-      b->buf = ptr;
-    } else {
-      clpar_clear_error();
-      b->pin = NULL;
-      if (!(b->buf = malloc(bytes))) return oom();
-    }
-  }
-  return CLPAR_OK;
-}
-
 /* The buffers, each with a reference and its "module." name, and the host block that carries
  * them (each buffer's bytes 8-aligned after the header). */
 static clpar_status take_buffers(ddp_state *st, clpar_module *module) {
@@ -834,7 +339,7 @@ static clpar_status take_buffers(ddp_state *st, clpar_module *module) {
   st->buffers = calloc(slots, sizeof *st->buffers);
   st->buffer_names = calloc(slots, sizeof *st->buffer_names);
   st->buffer_at = calloc(slots, sizeof *st->buffer_at);
-  if (!st->buffers || !st->buffer_names || !st->buffer_at) return oom();
+  if (!st->buffers || !st->buffer_names || !st->buffer_at) return clpar_ddp_oom();
   size_t at = BUFFER_HEADER;
   for (int i = 0; i < n; i++) {
     const char *name;
@@ -843,13 +348,13 @@ static clpar_status take_buffers(ddp_state *st, clpar_module *module) {
     if (s != CLPAR_OK) return s;
     st->buffers[i] = clpar_tensor_retain(t);
     st->n_buffers = i + 1;
-    if (!(st->buffer_names[i] = malloc(strlen(name) + 8))) return oom();
+    if (!(st->buffer_names[i] = malloc(strlen(name) + 8))) return clpar_ddp_oom();
     sprintf(st->buffer_names[i], "module.%s", name);
     st->buffer_at[i] = at;
     at += (clpar_tensor_nbytes(t) + 7) / 8 * 8;
   }
   st->block_bytes = at;
-  if (n > 0 && !(st->block = malloc(at))) return oom();
+  if (n > 0 && !(st->block = malloc(at))) return clpar_ddp_oom();
   return CLPAR_OK;
 }
 
@@ -897,7 +402,7 @@ static clpar_status broadcast_buffers(ddp_state *st, const char *what) {
 static clpar_status take_parameters(ddp_state *st, clpar_module *module) {
   int n = clpar_module_parameter_count(module);
   st->params = calloc(n > 0 ? (size_t)n : 1, sizeof *st->params);
-  if (!st->params) return oom();
+  if (!st->params) return clpar_ddp_oom();
   st->n_params = n;
   for (int i = 0; i < n; i++) {
     const char *name;
@@ -907,7 +412,7 @@ static clpar_status take_parameters(ddp_state *st, clpar_module *module) {
     ddp_param *p = &st->params[n - 1 - i];
     p->st = st;
     p->param = clpar_tensor_retain(t);
-    if (!(p->name = malloc(strlen(name) + 8))) return oom();
+    if (!(p->name = malloc(strlen(name) + 8))) return clpar_ddp_oom();
     sprintf(p->name, "module.%s", name);
   }
   return CLPAR_OK;
@@ -915,7 +420,7 @@ static clpar_status take_parameters(ddp_state *st, clpar_module *module) {
 
 static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o, ddp_state **out) {
   ddp_state *st = calloc(1, sizeof *st);
-  if (!st) return oom();
+  if (!st) return clpar_ddp_oom();
   pthread_mutex_init(&st->lock, NULL);
   pthread_cond_init(&st->cv, NULL);
   st->comm = MPI_COMM_NULL;
@@ -940,7 +445,7 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
     clpar_mpi_unlock();
     if (rc != MPI_SUCCESS) s = clpar_mpi_error(rc, dup);
   }
-  /* flat gradients: a bucket's gradients are then one copy each way (make_buckets) */
+  /* flat gradients: a bucket's gradients are then one copy each way (clpar_ddp_make_buckets) */
   if (s == CLPAR_OK) s = clpar_ddp_agree(st, clpar_module_flatten(module), "clpar_ddp_create");
   if (s == CLPAR_OK) s = clpar_ddp_agree(st, take_parameters(st, module), "clpar_ddp_create");
   if (s == CLPAR_OK) s = clpar_ddp_agree(st, take_buffers(st, module), "clpar_ddp_create");
@@ -952,30 +457,31 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   if (s == CLPAR_OK)
     s = broadcast_buffers(st, "clpar_ddp_create: broadcasting buffers from rank 0");
   st->sync_buffers = 1;
-  if (s == CLPAR_OK) s = clpar_ddp_agree(st, make_buckets(st, cap_mb), "clpar_ddp_create");
+  if (s == CLPAR_OK)
+    s = clpar_ddp_agree(st, clpar_ddp_make_buckets(st, cap_mb), "clpar_ddp_create");
   if (s == CLPAR_OK) s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
   if (s == CLPAR_OK && !st->nccl)
-    s = clpar_ddp_agree(st, alloc_host_buffers(st), "clpar_ddp_create");
+    s = clpar_ddp_agree(st, clpar_ddp_alloc_host_buffers(st), "clpar_ddp_create");
   if (s == CLPAR_OK && !(st->by_address = malloc((size_t)st->n_params * sizeof *st->by_address)))
-    s = oom();
+    s = clpar_ddp_oom();
   if (s == CLPAR_OK) {
     for (int i = 0; i < st->n_params; i++) st->by_address[i] = &st->params[i];
-    qsort(st->by_address, (size_t)st->n_params, sizeof *st->by_address, cmp_address);
+    qsort(st->by_address, (size_t)st->n_params, sizeof *st->by_address, clpar_ddp_cmp_address);
   }
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
-    s = clpar_tensor_add_grad_hook(st->params[i].param, grad_ready, &st->params[i]);
+    s = clpar_tensor_add_grad_hook(st->params[i].param, clpar_ddp_grad_ready, &st->params[i]);
     for (int j = 0; s != CLPAR_OK && j < i; j++)
-      clpar_tensor_remove_grad_hook(st->params[j].param, grad_ready, &st->params[j]);
+      clpar_tensor_remove_grad_hook(st->params[j].param, clpar_ddp_grad_ready, &st->params[j]);
   }
   if (s == CLPAR_OK) {
-    if (pthread_create(&st->thread, NULL, comm_thread, st) == 0)
+    if (pthread_create(&st->thread, NULL, clpar_ddp_comm_thread, st) == 0)
       st->thread_started = 1;
     else
       s = clpar_set_error(CLPAR_ERROR_INTERNAL,
                           "clpar_ddp_create: could not start the communication thread");
     if (s != CLPAR_OK)
       for (int j = 0; j < st->n_params; j++)
-        clpar_tensor_remove_grad_hook(st->params[j].param, grad_ready, &st->params[j]);
+        clpar_tensor_remove_grad_hook(st->params[j].param, clpar_ddp_grad_ready, &st->params[j]);
   }
   if (s != CLPAR_OK) {
     ddp_free(st);

@@ -1,6 +1,7 @@
-/* ddp_internal.h — what ddp.c (DistributedDataParallel, the MPI path and the module) shares
- * with ddp_nccl.c (the NCCL path for CUDA devices): the module's state, its buckets and
- * parameters. */
+/* ddp_internal.h — what the files of DistributedDataParallel share: ddp.c (the module),
+ * ddp_comm.c (the communication thread and the hooks), ddp_buckets.c, ddp_unused.c
+ * (find_unused_parameters), ddp_uneven.c (uneven inputs) and ddp_nccl.c (the NCCL path for
+ * CUDA devices): the module's state, its buckets and parameters. */
 #ifndef CLPAR_DDP_INTERNAL_H
 #define CLPAR_DDP_INTERNAL_H
 
@@ -59,7 +60,7 @@ typedef struct ddp_watch {
   clpar_event *done; /* recorded right after the all-reduce; NULL if that failed */
   int bucket;
   uint64_t seq;  /* the collective's number on the module's communicator */
-  double posted; /* now() when it was posted */
+  double posted; /* clpar_clock_seconds() when it was posted */
 } ddp_watch;
 
 enum { BUFFER_HEADER = 8 + MESSAGE_SIZE }; /* status, padding, rank 0's message */
@@ -108,14 +109,17 @@ struct ddp_state {
   void *nccl_comm; /* the backend's communicator (comm_init) */
   int nccl_posted; /* buckets posted in this backward: always 0, 1, ... in order */
   ddp_watch *watch_head, *watch_tail; /* posted, not yet seen complete (under lock) */
-  double watch_done;                  /* now() when the thread last saw one complete */
-  int nccl_dead; /* the communicator was aborted: every later step fails with dead_msg */
+  double watch_done; /* clpar_clock_seconds() when the thread last saw one complete */
+  int nccl_dead;     /* the communicator was aborted: every later step fails with dead_msg */
   char dead_msg[MESSAGE_SIZE];
 };
 
-/* ---- shared by ddp.c and ddp_nccl.c ---- */
+/* ---- shared by the files of DistributedDataParallel ---- */
 
-double clpar_ddp_now(void);
+static inline clpar_status clpar_ddp_oom(void) {
+  return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "DistributedDataParallel: out of host memory");
+}
+
 /* Keeps the first error of the communication thread (or a hook) for the program to see:
  * "DistributedDataParallel: <what>: <the thread's error message>". */
 void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
@@ -124,6 +128,36 @@ void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
 clpar_status clpar_ddp_agree(ddp_state *st, clpar_status mine, const char *what);
 /* The bucket's runs of adjacent gradients, as its parameters' gradients are now. */
 void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b);
+
+/* ---- the communication thread and the hooks (ddp_comm.c) ---- */
+
+/* The thread's body (arg: the ddp_state): reduces the buckets in order until stop is set. */
+void *clpar_ddp_comm_thread(void *arg);
+/* Back to "no gradient ready" for the next backward; st->lock held, the thread idle. */
+void clpar_ddp_reset_step(ddp_state *st);
+/* The gradient hook of every parameter (user: its ddp_param). */
+void clpar_ddp_grad_ready(clpar_tensor *t, void *user);
+
+/* ---- buckets (ddp_buckets.c) ---- */
+
+/* Groups the parameters, in reverse order, into buckets of about cap_mb MiB. */
+clpar_status clpar_ddp_make_buckets(ddp_state *st, double cap_mb);
+/* MPI: each bucket's host memory, pinned from the device's backend when it gives some. */
+clpar_status clpar_ddp_alloc_host_buffers(ddp_state *st);
+
+/* ---- find_unused_parameters (ddp_unused.c) ---- */
+
+/* qsort order of st->by_address: by the parameter tensor's address. */
+int clpar_ddp_cmp_address(const void *a, const void *b);
+/* Marks unused every parameter that the graph of out does not reach, and arms the first hook
+ * of the coming backward to mark them ready. */
+clpar_status clpar_ddp_find_unused(ddp_state *st, clpar_tensor *out);
+
+/* ---- uneven inputs (ddp_uneven.c) ---- */
+
+/* Collective: all-reduces this rank's flag has (1: it has inputs for a forward; 0: it
+ * joined); fails every rank alike once one has run out. */
+clpar_status clpar_ddp_inputs_check(ddp_state *st, int has);
 
 /* ---- NCCL (src/dist/ddp_nccl.c) ---- */
 

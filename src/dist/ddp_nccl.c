@@ -254,7 +254,7 @@ static ddp_watch *post_bucket(ddp_state *st, ddp_bucket *b, uint64_t seq) {
     if (st->params[i].unused && st->params[i].param->grad) st->params[i].param->grad_defined = 1;
   w->bucket = k;
   w->seq = seq;
-  w->posted = clpar_ddp_now();
+  w->posted = clpar_clock_seconds();
   return w;
 }
 
@@ -313,13 +313,13 @@ static void watch_one(ddp_state *st, ddp_watch *w) {
   pthread_mutex_lock(&st->lock);
   int dead = st->nccl_dead;
   pthread_mutex_unlock(&st->lock);
-  double t0 = clpar_ddp_now();
+  double t0 = clpar_clock_seconds();
   watch_poll wp = {st, w};
   clpar_status s = dead ? CLPAR_ERROR_TIMEOUT
                    : clpar_dist_check_broken()
                        ? CLPAR_ERROR_TIMEOUT
                        : clpar_dist_wait_for(collective_done, &wp, what, w->seq);
-  double t1 = clpar_ddp_now();
+  double t1 = clpar_clock_seconds();
   if (s != CLPAR_OK && !dead) {
     /* a missing rank's peers spin in the kernel until the communicator is aborted */
     char msg[MESSAGE_SIZE];

@@ -399,12 +399,6 @@ clpar_status clpar_dist_abort(int code) {
 
 /* ---- collectives with a deadline ---- */
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int clpar_dist_is_broken(void) {
   return atomic_load(&broken);
 }
@@ -534,7 +528,7 @@ clpar_status clpar_dist_wait(MPI_Request *req, const char *what, uint64_t seq) {
 
 clpar_status clpar_dist_wait_for(clpar_dist_poll_fn poll, void *user, const char *what,
                                  uint64_t seq) {
-  double start = now(), timeout = g.timeout;
+  double start = clpar_clock_seconds(), timeout = g.timeout;
   double warn_after = timeout / 2 < 60 ? timeout / 2 : 60;
   double grace = timeout / 4 < 1 ? timeout / 4 : 1; /* for answers after the deadline */
   double asked_at = -1;
@@ -553,7 +547,7 @@ clpar_status clpar_dist_wait_for(clpar_dist_poll_fn poll, void *user, const char
     answer_questions(what, seq);
     if (answers) take_answers(answers, answered);
     clpar_mpi_unlock();
-    double t = now() - start;
+    double t = clpar_clock_seconds() - start;
     if (!warned && t >= warn_after) {
       warned = 1;
       clpar_log(CLPAR_LOG_WARN,

@@ -157,18 +157,11 @@ clpar_status clpar_batch_norm(const clpar_tensor *x, clpar_tensor *running_mean,
   }
   clpar_node *node = NULL;
   clpar_tensor *in[3] = {(clpar_tensor *)x, (clpar_tensor *)weight, (clpar_tensor *)bias};
-  s = clpar_record_op(y, "clpar_batch_norm", bn_backward, in, 3, &node);
+  clpar_tensor *saved[2] = {mean, var};
+  s = clpar_record_op_keep(y, "clpar_batch_norm", bn_backward, in, 3, NULL, saved, 2, &node, out);
   if (node) {
     node->iparam[0] = training != 0;
     node->fparam[0] = eps;
-    node->saved[0] = mean;
-    node->saved[1] = var;
-    clpar_tensor_unscope(mean);
-    clpar_tensor_unscope(var);
-  } else {
-    clpar_tensor_free(mean);
-    clpar_tensor_free(var);
   }
-  if (s == CLPAR_OK) *out = y;
   return s;
 }

@@ -362,17 +362,8 @@ clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
     free(ctx);
     return s;
   }
-  clpar_node *node = NULL;
-  s = clpar_record_op(y, fn, conv_backward, in, n_in, &node);
-  if (node) {
-    *ctx = plan;
-    node->ctx = ctx;
-    node->ctx_free = free;
-  } else {
-    free(ctx);
-  }
-  if (s == CLPAR_OK) *out = y;
-  return s;
+  if (ctx) *ctx = plan;
+  return clpar_record_op_keep(y, fn, conv_backward, in, n_in, ctx, NULL, 0, NULL, out);
 }
 
 /* ---- nn.Conv2d ---- */

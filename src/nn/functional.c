@@ -247,19 +247,13 @@ static clpar_status nll(clpar_tensor *logp, const int32_t *labels, clpar_tensor 
     s = clpar_dev_nll(dev, (size_t)rows, (size_t)logp->shape[1], clpar_tensor_bref(logp),
                       clpar_tensor_bref(lab), clpar_tensor_bref(per));
   if (s != CLPAR_OK && per) clpar_device_fail(dev, s);
-  clpar_node *node = NULL;
-  if (s == CLPAR_OK)
-    s = clpar_record_op(per, "clpar_cross_entropy", nll_backward, &logp, 1, &node);
-  else
+  if (s != CLPAR_OK) {
     clpar_tensor_free(per);
-  if (node) {
-    node->saved[0] = lab;
-    clpar_tensor_unscope(lab);
-  } else {
     clpar_tensor_free(lab);
+    return s;
   }
-  if (s == CLPAR_OK) *out = per;
-  return s;
+  return clpar_record_op_keep(per, "clpar_cross_entropy", nll_backward, &logp, 1, NULL, &lab, 1,
+                              NULL, out);
 }
 
 clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labels,

@@ -1,8 +1,8 @@
 /* module.c — modules: a forward function with named children, parameters and buffers, and a
- * training flag, so that PyTorch's nn.Module classes can be written in C; and the built-in
- * Linear, ReLU and Sequential. Names are PyTorch's ("seq1.0.weight", "bn1.running_mean").
- * Moving a module to a device moves each parameter and buffer in place, so pointers held
- * elsewhere (an optimizer) stay valid.
+ * training flag, so that PyTorch's nn.Module classes can be written in C (the built-in Linear,
+ * ReLU and Sequential are in linear.c, relu.c and sequential.c). Names are PyTorch's
+ * ("seq1.0.weight", "bn1.running_mean"). Moving a module to a device moves each parameter and
+ * buffer in place, so pointers held elsewhere (an optimizer) stay valid.
  *
  * A module may be used at several places (Sequential(relu, relu), one layer shared by two
  * models), so modules are reference counted: the first parent adopts the creator's reference
@@ -12,7 +12,6 @@
  * state_dict lists do the same (PyTorch's state_dict repeats a shared tensor under each name;
  * safetensors' save_model drops the repeats, as here). */
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,33 +19,6 @@
 #include "internal.h"
 
 static uint64_t tree_generation = 1; /* bumped by every change to any module tree */
-static uint64_t seed_base = 0x5EED;
-static uint64_t seed_counter;
-
-void clpar_manual_seed(uint64_t seed) {
-  __atomic_store_n(&seed_base, seed, __ATOMIC_RELAXED);
-  __atomic_store_n(&seed_counter, 0, __ATOMIC_RELAXED);
-}
-
-void clpar_rng_state_get(uint64_t *seed, uint64_t *counter) {
-  *seed = __atomic_load_n(&seed_base, __ATOMIC_RELAXED);
-  *counter = __atomic_load_n(&seed_counter, __ATOMIC_RELAXED);
-}
-
-void clpar_rng_state_set(uint64_t seed, uint64_t counter) {
-  __atomic_store_n(&seed_base, seed, __ATOMIC_RELAXED);
-  __atomic_store_n(&seed_counter, counter, __ATOMIC_RELAXED);
-}
-
-/* A fresh stream for the next parameter initialization: deterministic after manual_seed. */
-static uint64_t next_seed(void) {
-  uint64_t c = __atomic_fetch_add(&seed_counter, 1, __ATOMIC_RELAXED);
-  return __atomic_load_n(&seed_base, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull + c + 1;
-}
-
-uint64_t clpar_param_seed_next(void) {
-  return next_seed();
-}
 
 /* ---- a set of pointers, for walking trees whose parts may be shared ---- */
 
@@ -117,10 +89,10 @@ static void listing_free(clpar_listing *l) {
 }
 
 /* Drops one reference; the last one frees the module and drops its children's. */
-static void module_release(clpar_module *m) {
+void clpar_module_release(clpar_module *m) {
   if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   for (int i = 0; i < m->n_children; i++) {
-    module_release(m->children[i].item);
+    clpar_module_release(m->children[i].item);
     free(m->children[i].name);
   }
   for (int i = 0; i < m->n_params; i++) {
@@ -144,8 +116,8 @@ static void module_release(clpar_module *m) {
 
 /* What a function that takes ownership does with a module it cannot keep: the creator's
  * reference is dropped; a module that a parent holds is left to it. */
-static void drop_given(clpar_module *m) {
-  if (m && !__atomic_load_n(&m->adopted, __ATOMIC_ACQUIRE)) module_release(m);
+void clpar_module_drop_given(clpar_module *m) {
+  if (m && !__atomic_load_n(&m->adopted, __ATOMIC_ACQUIRE)) clpar_module_release(m);
 }
 
 void clpar_module_free(clpar_module *m) {
@@ -157,7 +129,7 @@ void clpar_module_free(clpar_module *m) {
               m->type);
     return;
   }
-  module_release(m);
+  clpar_module_release(m);
 }
 
 /* Appends (name, item) to a list; the name must be new in it. */
@@ -198,7 +170,7 @@ static int contains(const clpar_module *root, const clpar_module *target, ptr_se
 
 clpar_status clpar_module_add_child(clpar_module *m, const char *name, clpar_module *child) {
   if (!m || !child) {
-    drop_given(child);
+    clpar_module_drop_given(child);
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_add_child: NULL module");
   }
   ptr_set seen = {0};
@@ -214,7 +186,7 @@ clpar_status clpar_module_add_child(clpar_module *m, const char *name, clpar_mod
                                        name ? name : "(null)", child->type);
   clpar_status s = add_named("clpar_module_add_child", &m->children, &m->n_children, name, child);
   if (s != CLPAR_OK) {
-    drop_given(child);
+    clpar_module_drop_given(child);
     return s;
   }
   /* The first parent takes over the creator's reference; every further place adds one. */
@@ -331,6 +303,15 @@ const char *clpar_module_type(const clpar_module *m) {
 #define FORWARD_STACK 32
 static _Thread_local const clpar_module *forward_stack[FORWARD_STACK];
 static _Thread_local int forward_depth;
+
+const char *clpar_module_running_name(const clpar_module *self) {
+  int d = forward_depth - 1; /* self's frame */
+  if (d < 1 || d >= FORWARD_STACK || forward_stack[d] != self) return NULL;
+  const clpar_module *parent = forward_stack[d - 1];
+  for (int k = 0; k < parent->n_children; k++)
+    if (parent->children[k].item == self) return parent->children[k].name;
+  return NULL;
+}
 
 clpar_status clpar_module_forward(clpar_module *m, clpar_tensor *input, clpar_tensor **output) {
   if (!m || !input || !output)
@@ -593,138 +574,4 @@ clpar_status clpar_module_zero_grad(clpar_module *m) {
   s = clpar_zero_grads("clpar_module_zero_grad", ts, l->n, NULL, NULL, NULL);
   free(ts);
   return s;
-}
-
-/* ---- built-in modules ---- */
-
-static clpar_status linear_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
-                                   void *user) {
-  (void)user;
-  return clpar_linear(x, clpar_module_parameter(self, "weight"),
-                      clpar_module_parameter(self, "bias"), y);
-}
-
-/* PyTorch's nn.Linear initialization: weight and bias uniform in +-1/sqrt(in_features). */
-clpar_status clpar_linear_create(int64_t in_features, int64_t out_features, int bias,
-                                 clpar_device *dev, clpar_module **out) {
-  if (in_features < 1 || out_features < 1 || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_linear_create: features must be >= 1 (got %lld, %lld)",
-                           (long long)in_features, (long long)out_features);
-  if (!clpar_is_initialized())
-    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
-                           "clpar_linear_create: call clpar_init first");
-  if (!dev)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_linear_create: device is NULL");
-  float bound = 1.0f / sqrtf((float)in_features);
-  int64_t ws[2] = {out_features, in_features}, numel;
-  /* Sizes first: nothing is made (and no seed drawn) for a layer the device cannot hold. */
-  clpar_status s = clpar_check_size("clpar_linear_create", dev, 2, ws, &numel);
-  if (s != CLPAR_OK) return s;
-  clpar_module *m;
-  s = clpar_module_create("Linear", linear_forward, NULL, NULL, &m);
-  if (s != CLPAR_OK) return s;
-  s = clpar_module_add_uniform_params(m, dev, 2, ws, bias, bound);
-  if (s != CLPAR_OK) {
-    clpar_module_free(m);
-    return s;
-  }
-  *out = m;
-  return CLPAR_OK;
-}
-
-clpar_status clpar_module_add_uniform_params(clpar_module *m, clpar_device *dev, int ndim,
-                                             const int64_t *wshape, int bias, float bound) {
-  clpar_tensor *w = NULL, *b = NULL;
-  clpar_status s = clpar_tensor_rand_uniform(dev, ndim, wshape, next_seed(), -bound, bound, &w);
-  if (s == CLPAR_OK) s = clpar_module_add_parameter(m, "weight", w);
-  if (s == CLPAR_OK && bias)
-    s = clpar_tensor_rand_uniform(dev, 1, wshape, next_seed(), -bound, bound, &b);
-  if (s == CLPAR_OK && bias) s = clpar_module_add_parameter(m, "bias", b);
-  clpar_tensor_free(w);
-  clpar_tensor_free(b);
-  return s;
-}
-
-static clpar_status relu_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
-                                 void *user) {
-  (void)self;
-  (void)user;
-  return clpar_relu(x, y);
-}
-
-clpar_status clpar_relu_create(clpar_module **out) {
-  return clpar_module_create("ReLU", relu_forward, NULL, NULL, out);
-}
-
-/* Child i of the Sequential self failed: the message says which, with self's name in the
- * module whose forward ran it (when that module holds it as a child). */
-static clpar_status sequential_fail(const clpar_module *self, int i, clpar_status s) {
-  const char *name = NULL;
-  int d = forward_depth - 1; /* self's frame */
-  if (d >= 1 && d < FORWARD_STACK && forward_stack[d] == self) {
-    const clpar_module *parent = forward_stack[d - 1];
-    for (int k = 0; !name && k < parent->n_children; k++)
-      if (parent->children[k].item == self) name = parent->children[k].name;
-  }
-  const clpar_module *child = self->children[i].item;
-  clpar_prefix_error("Sequential %s%s%schild %d (%s): ", name ? "\"" : "", name ? name : "",
-                     name ? "\" " : "", i, child->type);
-  return s;
-}
-
-static clpar_status sequential_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
-                                       void *user) {
-  (void)user;
-  clpar_tensor *cur = x;
-  for (int i = 0; i < self->n_children; i++) {
-    clpar_tensor *next;
-    clpar_module *m = self->children[i].item;
-    clpar_module *after = i + 1 < self->n_children ? self->children[i + 1].item : NULL;
-    clpar_status s;
-    int at = i;
-    if (m->forward == linear_forward && after && after->forward == relu_forward) {
-      /* Linear then ReLU: one node, the bias and the relu in one kernel (clpar_linear_act) */
-      s = clpar_check_alive("clpar_module_forward", cur);
-      if (s == CLPAR_OK)
-        s = clpar_linear_act(cur, clpar_module_parameter(m, "weight"),
-                             clpar_module_parameter(m, "bias"), CLPAR_ACT_RELU, &next);
-      i++;
-    } else {
-      s = clpar_module_forward(m, cur, &next);
-    }
-    if (cur != x) clpar_tensor_free(cur); /* the graph keeps what backward needs */
-    if (s != CLPAR_OK) return sequential_fail(self, at, s);
-    cur = next;
-  }
-  if (cur == x)
-    return clpar_tensor_reshape(x, x->ndim, x->shape, y); /* empty: the input, as a new view */
-  *y = cur;
-  return CLPAR_OK;
-}
-
-clpar_status clpar_sequential_create(clpar_module *const *children, int n, clpar_module **out) {
-  clpar_module *m = NULL;
-  clpar_status s = (n < 0 || (n > 0 && !children) || !out)
-                       ? clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                                         "clpar_sequential_create: bad children or out")
-                       : clpar_module_create("Sequential", sequential_forward, NULL, NULL, &m);
-  int i = 0;
-  for (; s == CLPAR_OK && i < n; i++) {
-    char name[16];
-    snprintf(name, sizeof name, "%d", i);
-    s = clpar_module_add_child(m, name, children[i]);
-  }
-  if (s != CLPAR_OK) {              /* the children not added yet are owned even on error */
-    int failed = i > 0 ? i - 1 : 0; /* add_child already dropped children[failed] */
-    for (int j = failed + (i > 0); children && j < n; j++) {
-      int again = 0; /* the same module given twice is dropped once */
-      for (int k = failed; k < j; k++) again |= children[k] == children[j];
-      if (!again) drop_given(children[j]);
-    }
-    if (m) module_release(m);
-    return s;
-  }
-  *out = m;
-  return CLPAR_OK;
 }

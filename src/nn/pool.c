@@ -113,19 +113,8 @@ clpar_status clpar_max_pool2d(const clpar_tensor *x, const int64_t kernel[2],
     free(ctx);
     return s;
   }
-  clpar_node *node = NULL;
-  s = clpar_record_op(y, fn, max_pool_backward, (clpar_tensor **)&x, 1, &node);
-  if (node) {
-    node->ctx = ctx;
-    node->ctx_free = free;
-    node->saved[0] = idx;
-    clpar_tensor_unscope(idx);
-  } else {
-    free(ctx);
-    clpar_tensor_free(idx);
-  }
-  if (s == CLPAR_OK) *out = y;
-  return s;
+  return clpar_record_op_keep(y, fn, max_pool_backward, (clpar_tensor **)&x, 1, ctx, &idx, 1, NULL,
+                              out);
 }
 
 static clpar_status adaptive_backward(clpar_node *node, clpar_tensor *g, clpar_tensor **gin) {
@@ -168,16 +157,8 @@ clpar_status clpar_adaptive_avg_pool2d(const clpar_tensor *x, int64_t out_h, int
     free(ctx);
     return s;
   }
-  clpar_node *node = NULL;
-  s = clpar_record_op(y, fn, adaptive_backward, (clpar_tensor **)&x, 1, &node);
-  if (node) {
-    node->ctx = ctx;
-    node->ctx_free = free;
-  } else {
-    free(ctx);
-  }
-  if (s == CLPAR_OK) *out = y;
-  return s;
+  return clpar_record_op_keep(y, fn, adaptive_backward, (clpar_tensor **)&x, 1, ctx, NULL, 0, NULL,
+                              out);
 }
 
 /* ---- modules ---- */

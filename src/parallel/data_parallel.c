@@ -65,12 +65,6 @@ typedef struct {
   dp_stats *stats;
 } dp_state;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static dp_stats *stats_retain(dp_stats *b) {
   __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
   return b;
@@ -260,11 +254,11 @@ static clpar_status replica_init(replica *r, clpar_module *source, const clpar_t
 /* The way back from a replica's parameters to G: the whole flat gradient, accumulated on the
  * replica's device, goes to G's device in one transfer; the engine adds it into G's grad. */
 static clpar_status replicate_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
-  double t0 = now();
+  double t0 = clpar_clock_seconds();
   clpar_status s = clpar_tensor_to(g, n->inputs[0]->storage->dev, &gin[0]);
   dp_stats *b = n->ctx;
   pthread_mutex_lock(&b->lock);
-  b->stats.reduce_seconds += now() - t0;
+  b->stats.reduce_seconds += clpar_clock_seconds() - t0;
   pthread_mutex_unlock(&b->lock);
   return s;
 }
@@ -425,7 +419,7 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
   clpar_tensor *parts[64] = {0};
   double t[5];
   clpar_scope *scope = clpar_scope_begin(); /* what the replicas make besides their outputs */
-  t[0] = now();
+  t[0] = clpar_clock_seconds();
   for (int i = 0; i < used && s == CLPAR_OK; i++) { /* chunks */
     replica_run *rr = &runs[i];
     clpar_device *dev = st->devices[rr->k];
@@ -435,14 +429,14 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
     if (s == CLPAR_OK && chunk->storage->dev != dev) s = clpar_tensor_to(chunk, dev, &rr->x);
     if (s != CLPAR_OK) failed = rr->k;
   }
-  t[1] = now();
+  t[1] = clpar_clock_seconds();
   for (int i = 0; i < used && s == CLPAR_OK; i++) { /* parameters */
     int copied = 0;
     if (runs[i].k > 0) s = replica_sync(st, &st->replicas[runs[i].k], &copied);
     copies += copied;
     if (s != CLPAR_OK) failed = runs[i].k;
   }
-  t[2] = now();
+  t[2] = clpar_clock_seconds();
   for (int j = 0; j < used && s == CLPAR_OK; j++) { /* forwards: replica 0 (runs[0]) last */
     replica_run *rr = &runs[runs[0].k == 0 ? (j + 1) % used : j];
     replica_watch.watching = rr->k > 0;
@@ -453,7 +447,7 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
     if (s != CLPAR_OK && rr->k > 0) s = explain_replica_failure(st, rr->k, foreign, s);
     if (s != CLPAR_OK) failed = rr->k;
   }
-  t[3] = now();
+  t[3] = clpar_clock_seconds();
   for (int i = 0; i < used && s == CLPAR_OK; i++) { /* outputs */
     replica_run *rr = &runs[i];
     clpar_tensor *y = rr->y;
@@ -471,7 +465,7 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
   if (s == CLPAR_OK)
     s = used == 1 ? clpar_tensor_reshape(parts[0], parts[0]->ndim, parts[0]->shape, output)
                   : clpar_concat(parts, used, output);
-  t[4] = now();
+  t[4] = clpar_clock_seconds();
   for (int i = 0; i < used; i++) clpar_tensor_release(parts[i]);
   if (s == CLPAR_OK) {
     dp_stats *b = st->stats;

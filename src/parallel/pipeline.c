@@ -48,12 +48,6 @@ typedef struct {
   clpar_tensor *loss;           /* train_step: its weighted loss, with its graph (retained) */
 } micro;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static pipe_state *state_of(const clpar_module *m) {
   return m && m->parallel && strcmp(m->type, "Pipeline") == 0 ? m->parallel : NULL;
 }
@@ -242,7 +236,7 @@ static clpar_status pipe_forward(clpar_module *self, clpar_tensor *input, clpar_
   (void)self;
   clpar_status r = check_input("Pipeline forward", input);
   if (r != CLPAR_OK) return r;
-  double t0 = now();
+  double t0 = clpar_clock_seconds();
   int m = 0;
   micro *mbs = NULL;
   r = micros_new(st, input->shape[0], &mbs, &m);
@@ -265,7 +259,7 @@ static clpar_status pipe_forward(clpar_module *self, clpar_tensor *input, clpar_
     pthread_mutex_lock(&st->lock);
     st->stats.forwards++;
     st->stats.micro_batches += (uint64_t)m;
-    st->stats.issue_seconds += now() - t0;
+    st->stats.issue_seconds += clpar_clock_seconds() - t0;
     pthread_mutex_unlock(&st->lock);
   }
   return r;
@@ -367,7 +361,7 @@ clpar_status clpar_pipeline_train_step(clpar_module *pipe, clpar_tensor *input,
   clpar_status r = train_checks(pipe, input, target, loss_fn);
   if (r != CLPAR_OK) return r;
   pipe_state *st = state_of(pipe);
-  double t0 = now();
+  double t0 = clpar_clock_seconds();
   pthread_mutex_lock(&st->lock);
   loss_spec ls = {target, loss_fn, user, input->shape[0], st->reduction};
   clpar_pipeline_schedule schedule = st->schedule;
@@ -405,7 +399,7 @@ clpar_status clpar_pipeline_train_step(clpar_module *pipe, clpar_tensor *input,
     st->stats.train_steps++;
     st->stats.micro_batches += (uint64_t)m;
     st->stats.max_in_flight = in_flight;
-    st->stats.issue_seconds += now() - t0;
+    st->stats.issue_seconds += clpar_clock_seconds() - t0;
     pthread_mutex_unlock(&st->lock);
   }
   return r;

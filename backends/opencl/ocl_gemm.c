@@ -1,0 +1,138 @@
+/* ocl_gemm.c — the OpenCL backend's GEMM: CLBlast's SGEMM, and gemm_small.cl for the small
+ * products (and the nt products) on CPU devices where it beats CLBlast. */
+#include <clblast_c.h>
+
+#include "ocl_gemm.h"
+
+/* CLBlast compiles its kernels on the first call on a device, and that compilation races
+ * when it runs for two devices at once: the first GEMM of each device runs alone. */
+pthread_mutex_t clpar_ocl_gemm_warmup_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* What every CLBlast call here does around itself, d->lock held: while profiling, a marker
+ * just before it (CLBlast's event is its last kernel's, so the GEMM is timed from the marker),
+ * and the warm-up lock until the device's first GEMM has compiled CLBlast's kernels. */
+typedef struct {
+  cl_event ev, marker;
+  int warm;
+} blast_call;
+
+static void blast_begin(clpar_ocl_device *d, blast_call *b) {
+  b->marker = NULL;
+  if (clpar_ocl_profile_slot(d, &b->ev) &&
+      clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &b->marker) != CL_SUCCESS)
+    b->marker = NULL;
+  b->warm = atomic_load(&d->gemm_warm);
+  if (!b->warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+}
+
+/* Keeps the span for the profile and leaves the warm-up lock; st is CLBlast's status. A
+ * successful plain SGEMM (warms) marks the device warm: its kernels are compiled then. */
+static void blast_end(clpar_ocl_device *d, blast_call *b, CLBlastStatusCode st, int warms) {
+  if (st == CLBlastSuccess && b->ev)
+    clpar_ocl_profile_keep_span(d, b->marker, b->ev);
+  else if (b->marker)
+    clReleaseEvent(b->marker);
+  if (!b->warm) {
+    if (warms && st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
+    pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
+  }
+}
+
+/* CLBlast honours beta == 0 as BLAS does: its kernels never read C then, so NaN in C does not
+ * leak (checked for the direct and the indirect kernels, and by test_opencl_program). */
+static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t m, size_t n,
+                                    size_t k, float alpha, clpar_bref a, size_t lda, clpar_bref b,
+                                    size_t ldb, float beta, clpar_bref c, size_t ldc) {
+  clpar_ocl_device *d = dev;
+  blast_call call;
+  blast_begin(d, &call);
+  CLBlastStatusCode st =
+      CLBlastSgemm(CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
+                   trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha,
+                   AS_MEM(a.buf), a.off, lda, AS_MEM(b.buf), b.off, ldb, beta, AS_MEM(c.buf), c.off,
+                   ldc, &d->queue, clpar_ocl_profile_slot(d, &call.ev));
+  blast_end(d, &call, st, 1);
+  if (st == CLBlastSuccess) return CLPAR_OK;
+  return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemm(%zux%zux%zu): %s", m, n, k,
+                         clpar_ocl_clblast_status_name(st));
+}
+
+/* A GEMM of at most this many multiply-adds runs gemm_small.cl on a CPU device (when its
+ * shape suits: n a multiple of 8 where B is not transposed, k where it is and A is not).
+ * Measured on PoCL 5.0 (basic device, one Xeon core), CLBlast 1.5.3 with its own parameters
+ * against gemm_small, nn / nt / tn: 32 x 64 x 64 62 / 56 / 63 us against 23 / 25 / 23;
+ * 64 x 128 x 128 294 / 261 / 264 against 267 / 168 / 212; 128 x 128 x 128 556 / 662 / 533
+ * against 382 / 310 / 505. CLBlast pads a 16-row product to its tile (66 us against 90-106
+ * for 32 rows), gemm_small does not (9 us against 15). Above the threshold a tuned CLBlast
+ * (clpar_device_tune_gemm) is the better choice. */
+#define SMALL_GEMM_MACS ((size_t)1 << 20)
+/* With B transposed and A not (nt: a Linear's forward, a convolution's weight gradient),
+ * gemm_small's dot products (A's row and B's row both read along k) beat CLBlast on CPU
+ * devices at any size while B stays within this many floats (16 MiB). Measured on PoCL, best
+ * of 5: one basic device, against CLBlast's own parameters, 2.3-7x on 14 shapes (m 15 to 2048,
+ * n 256 to 4608, k 16 to 2304; 1024^3 21.8 against 9.5 GFLOP/s, 256 x 2304 x 64 34 against
+ * 4.9); the pthread device (2 cores) 1.7-4x untuned, and 0.85-2.8x against a clpar-tune entry.
+ * With B of 64 MiB (32 x 4096 x 4096) it lost (9.7 against 14.4 tuned). The other transposes
+ * keep the size rule: there the kernel lost to CLBlast on large shapes (tn with k >= 120, nn
+ * with n >= 1024). DESIGN.md, "Fused Linear, gradients into their slots, small GEMMs";
+ * `bench_gemm 0 512x4608x16:nt` shows it against CLBlast. */
+#define SMALL_NT_B_FLOATS ((size_t)1 << 22)
+
+static clpar_status gemm_small(clpar_ocl_device *d, int trans_a, int trans_b, size_t m, size_t n,
+                               size_t k, float alpha, clpar_bref a, size_t lda, clpar_bref b,
+                               size_t ldb, float beta, clpar_bref c, size_t ldc) {
+  cl_mem am = AS_MEM(a.buf), bm = AS_MEM(b.buf), cm = AS_MEM(c.buf);
+  cl_ulong m_ = m, n_ = n, k_ = k, aoff = a.off, boff = b.off, coff = c.off, la = lda, lb = ldb,
+           lc = ldc;
+  size_t global[2], local[2];
+  clpar_ocl_shape_2d(d, trans_b ? n : n / 8, m, global, local);
+  karg args[] = {KARG(m_), KARG(n_),   KARG(k_), KARG(alpha), KARG(am), KARG(aoff), KARG(la),
+                 KARG(bm), KARG(boff), KARG(lb), KARG(beta),  KARG(cm), KARG(coff), KARG(lc)};
+  return clpar_ocl_launch(d, "gemm_small.cl",
+                          trans_b   ? "gemm_small_nt"
+                          : trans_a ? "gemm_small_tn"
+                                    : "gemm_small_nn",
+                          args, 14, 2, global, local);
+}
+
+int clpar_ocl_gemm_takes_small(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
+                               size_t n, size_t k) {
+  int fits = trans_b ? !trans_a && k % 8 == 0 : n % 8 == 0;
+  int small = k > 0 && (m * n <= SMALL_GEMM_MACS / k || (trans_b && n <= SMALL_NT_B_FLOATS / k));
+  return d->cpu && fits && small;
+}
+
+clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                      float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb, float beta,
+                      clpar_bref c, size_t ldc) {
+  clpar_ocl_device *d_ = dev;
+  if (clpar_ocl_gemm_takes_small(d_, trans_a, trans_b, m, n, k))
+    return gemm_small(d_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  pthread_mutex_lock(&d_->lock);
+  clpar_status s_ =
+      ocl_gemm_locked(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  pthread_mutex_unlock(&d_->lock);
+  return s_;
+}
+
+clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                              float alpha, clpar_bref a, size_t lda, size_t stride_a, clpar_bref b,
+                              size_t ldb, size_t stride_b, float beta, clpar_bref c, size_t ldc,
+                              size_t stride_c, size_t batch) {
+  clpar_ocl_device *d = dev;
+  if (batch == 1)
+    return ocl_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  pthread_mutex_lock(&d->lock);
+  blast_call call;
+  blast_begin(d, &call);
+  CLBlastStatusCode st = CLBlastSgemmStridedBatched(
+      CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
+      trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
+      stride_a, AS_MEM(b.buf), b.off, ldb, stride_b, beta, AS_MEM(c.buf), c.off, ldc, stride_c,
+      batch, &d->queue, clpar_ocl_profile_slot(d, &call.ev));
+  blast_end(d, &call, st, 0);
+  pthread_mutex_unlock(&d->lock);
+  if (st == CLBlastSuccess) return CLPAR_OK;
+  return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemmStridedBatched(%zu x %zux%zux%zu): %s",
+                         batch, m, n, k, clpar_ocl_clblast_status_name(st));
+}
