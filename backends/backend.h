@@ -354,7 +354,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(const clpar_gemm_shape *, shapes)                               \
   F(int, n_shapes) F(const clpar_tune_options *, options) F(clpar_tune_result *, result)
 
-/* ---- convolution, pooling, batch norm (issue 10; src/nn/conv.c, pool.c, batchnorm.c) ----
+/* ---- convolution, pooling, batch norm (src/nn/conv.c, pool.c, batchnorm.c) ----
  * Optional inputs are brefs whose buf is NULL. */
 /* col[(ci * kh + i) * kw + j, b * P + p] = x[b, ci, oy * sh - ph + i * dh, ox * sw - pw + j * dw]
  * (0 outside the image), P = oh * ow, p = oy * ow + ox, ci < c, b < n: the columns of n
@@ -420,7 +420,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(clpar_act_kind, act) F(size_t, rows) F(size_t, cols) F(clpar_bref, g) F(clpar_bref, y)    \
   F(clpar_bref, out) F(clpar_bref, db) F(int, accumulate)
 
-/* ---- collectives between processes on the device itself (ABI 11; CUDA with NCCL) ----
+/* ---- collectives between processes on the device itself (CUDA with NCCL) ----
  * For DistributedDataParallel (src/dist/ddp.c): one communicator per process and device, made
  * from an id that one process creates and sends to the others (over MPI); the core sees the
  * id as CLPAR_COMM_ID_BYTES opaque bytes and the communicator as an opaque handle. All six are

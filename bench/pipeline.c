@@ -1,6 +1,6 @@
 /* pipeline.c — the experiment of "Single-Machine Model Parallel Best Practices": one training
  * step of a model on one device, split over two devices (model parallel), and pipelined over
- * them at several split sizes, GPipe (the module's forward, then one backward, as the seed
+ * them at several split sizes, GPipe (the module's forward, then one backward, as the tutorial
  * does) and 1F1B (clpar_pipeline_train_step). Rounds alternate between the set-ups so that
  * the machine's other load falls on all of them; each round times a few steps, and each
  * set-up reports the mean and standard deviation of its rounds' time per step, one JSON
@@ -17,7 +17,7 @@
  * the loss. "mlp" has equal stages: each of the two is layers x (Linear(W, W), ReLU), the
  * loss an MSE against a random target (in backward the first stage computes no gradient for
  * its input, so it runs 5 of a step's 11 GEMMs at --layers 2). "resnet50" is ResNet-50 cut
- * as the seed cuts it (clpar_resnet_split: conv1 .. layer2 | layer3 .. fc) at --image-size
+ * as the tutorial cuts it (clpar_resnet_split: conv1 .. layer2 | layer3 .. fc) at --image-size
  * (default 64) with --classes (default 1000), MSE against one-hot targets; its stages are not
  * of equal cost (by FLOPs about 45% and 55%: the ideal pipeline is then 1.8x one device, not
  * 2x, and the bubble measured here counts the imbalance too).
@@ -80,9 +80,10 @@ static clpar_status mse(clpar_tensor *out, clpar_tensor *target, int64_t first_r
   return clpar_mse_loss(out, target, CLPAR_REDUCTION_MEAN, loss);
 }
 
-/* ResNet-50 cut as the seed cuts it (clpar_resnet_split after layer2): stage 0 is conv1 ..
+/* ResNet-50 cut as the tutorial cuts it (clpar_resnet_split after layer2): stage 0 is conv1 ..
  * layer2, stage 1 layer3, layer4, avgpool, flatten and fc; training mode (BatchNorm on each
- * micro-batch's statistics), MSE against one-hot targets, as the seed's train(). */
+ * micro-batch's statistics), MSE against one-hot targets, as the model-parallel tutorial's train().
+ */
 static clpar_module *resnet50_stage(const args *a, int s, clpar_device *dev) {
   clpar_module *r = NULL, *half[2] = {NULL, NULL};
   clpar_manual_seed(7);

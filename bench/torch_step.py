@@ -3,9 +3,9 @@
 timed the same way, printed as one JSON object on stdout.
 
   mlp:   MLP 784-1024-1024-10, batch 256, cross-entropy, Adam (lr 1e-3)
-  small: the seeds' Linear(5, 2) at batch 30, MSE, SGD (lr 0.01)
+  small: "Optional: Data Parallelism"'s Linear(5, 2) at batch 30, MSE, SGD (lr 0.01)
   resnet50: torchvision's resnet50() (1000 classes) at batch 16 of 3x64x64, MSE against
-            one-hot labels, SGD (lr 0.001), as the seeds' model-parallel tutorial trains it;
+            one-hot labels, SGD (lr 0.001), as PyTorch's model-parallel tutorial trains it;
             also prints images per second
 
 Each round times `steps` back-to-back steps (zero_grad, forward, loss, backward, step) after

@@ -1,5 +1,5 @@
-/* ddp_model_parallel.c — the seed's "Distributed Model and Data Parallel" (PyTorch's DDP
- * tutorial, "Combining DDP with Model Parallelism"): every process holds ToyMpModel split over
+/* ddp_model_parallel.c — PyTorch's DDP tutorial's
+ * "Combining DDP with Model Parallelism": every process holds ToyMpModel split over
  * two devices (net1 = Linear(10, 10) and ReLU on the first, net2 = Linear(10, 5) on the
  * second), wraps it in DistributedDataParallel, and trains it with MSE and SGD (lr 0.001) on its
  * share of each batch. DDP reduces each gradient from the device it lives on (a bucket never

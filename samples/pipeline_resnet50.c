@@ -4,7 +4,7 @@
  * classes) timed
  *   1. on one device (the first selected),
  *   2. model parallel: ModelParallelResNet50, seq1 = conv1 .. layer2 on the first device,
- *      seq2 = layer3, layer4, avgpool (and the flatten and fc, which the seed keeps as
+ *      seq2 = layer3, layer4, avgpool (and the flatten and fc, which the tutorial keeps as
  *      self.fc) on the second, the activation copied between them in forward,
  *   3. pipelined (PipelineParallelResNet50) with split_size 20: clpar_pipeline_create over the
  *      same two halves (clpar_resnet_split, include/clpar/models.h),
@@ -13,11 +13,11 @@
  * one JSON object per set-up (the lines bench_pipeline writes), which scripts/plot_pipeline.sh
  * draws: the three set-ups as bars, and time against split_size.
  *
- * As the seed: train() runs the batches on a model in training mode (BatchNorm on batch
+ * As the tutorial: train() runs the batches on a model in training mode (BatchNorm on batch
  * statistics: the pipelined model normalizes each micro-batch with its own, as PyTorch's
  * does), forward on the whole batch, the loss on the output's device, one backward (every
  * micro-batch's forward, then every backward: GPipe). The images of the batches are drawn once
- * before any clock starts (the seed draws them inside train(); here that would time the host's
+ * before any clock starts (the tutorial draws them inside train(); here that would time the host's
  * random numbers); a repeat's time covers, per batch, the upload, zero_grad, forward, loss,
  * backward and step, and ends when both devices are done. Each set-up first runs one batch
  * untimed (kernels compile, the caches fill).
@@ -114,7 +114,7 @@ static clpar_status mse(clpar_tensor *out, clpar_tensor *target, int64_t first_r
   return clpar_mse_loss(out, target, CLPAR_REDUCTION_MEAN, loss);
 }
 
-/* One batch of the seed's loop. */
+/* One batch of the tutorial's loop. */
 static int train_batch(experiment *e, clpar_module *m, clpar_optimizer *opt, int b) {
   const options *o = e->o;
   clpar_scope *scope = clpar_scope_begin();

@@ -1,14 +1,14 @@
-/* resnet50.c — the seeds' train() loop (model_parallel_tutorial): torchvision's ResNet-50
- * trained on random images against random one-hot labels with MSE and SGD (lr 0.001), batch
- * 120 of 3x128x128, 3 batches, 1000 classes, on one device (the first selected one; pick it
- * with CLPAR_DEVICES). Prints the time of each batch and images per second. Flags make a run
- * small enough for a CPU:
+/* resnet50.c — the train() loop of PyTorch's "Single-Machine Model Parallel Best Practices":
+ * torchvision's ResNet-50 trained on random images against random one-hot labels with MSE and SGD
+ * (lr 0.001), batch 120 of 3x128x128, 3 batches, 1000 classes, on one device (the first selected
+ * one; pick it with CLPAR_DEVICES). Prints the time of each batch and images per second. Flags make
+ * a run small enough for a CPU:
  *
- *   CLPAR_DEVICES=opencl:0 ./resnet50                       (the seeds' sizes)
+ *   CLPAR_DEVICES=opencl:0 ./resnet50                       (the tutorial's sizes)
  *   CLPAR_DEVICES=host ./resnet50 --model resnet18 --batch 8 --image-size 32 --classes 10
  *   flags: --batch N  --image-size S  --classes C  --batches B  --model resnet18|resnet50
  *
- * As the seed does, each batch's images are new normal noise (made on the host before the
+ * As the tutorial does, each batch's images are new normal noise (made on the host before the
  * batch's clock starts) and the one-hot indices are drawn once. A batch's time covers the
  * upload of images and labels, zero_grad, forward, loss, backward and the SGD step, and the
  * loss read back at its end (which waits for the device). The first batch also compiles the

@@ -3,7 +3,7 @@
 # builds clpar, and runs the main samples over 4 PoCL devices (or over the machine's real GPUs
 # when it has some): the devices with a GEMM checked on each, PyTorch's DataParallel tutorial,
 # an MLP trained with DataParallel whose weights match a one-device run, digits from a CSV file,
-# the seeds' ToyModel split over two devices, a small ResNet training run, and
+# the model-parallel tutorial's ToyModel split over two devices, a small ResNet training run, and
 # DistributedDataParallel on 2 processes (mpirun).
 set -euo pipefail
 CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,10 +39,10 @@ ckpt_dir=$(mktemp -d)
 ./build-demo/samples/train_digits --epochs 30 --checkpoint "$ckpt_dir/digits.safetensors"
 rm -rf "$ckpt_dir"
 echo
-echo "== samples/model_parallel (the seeds' ToyModel: net1 on one device, net2 on another)"
+echo "== samples/model_parallel (the model-parallel tutorial's ToyModel: net1 on one device, net2 on another)"
 ./build-demo/samples/model_parallel
 echo
-echo "== samples/resnet50, small (torchvision's ResNet-18, 8 images of 3x32x32; the seeds' full run: ./build-demo/samples/resnet50)"
+echo "== samples/resnet50, small (torchvision's ResNet-18, 8 images of 3x32x32; the tutorial's full run: ./build-demo/samples/resnet50)"
 ./build-demo/samples/resnet50 --model resnet18 --batch 8 --image-size 32 --classes 10
 echo
 echo "== samples/ddp (DistributedDataParallel: 2 processes under mpirun, one device each)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# plot_pipeline.sh — draws the seed's two plots from bench_pipeline's or samples/pipeline_resnet50's
+# plot_pipeline.sh — draws the model-parallel tutorial's two plots from bench_pipeline's or samples/pipeline_resnet50's
 # JSON lines (one object per set-up: "setup", "schedule", "split_size", "seconds_mean",
 # "seconds_std"; the sample adds "role": "experiment" for its three set-ups, "sweep" for the rest):
 #   <out>/pipeline_setups.png  one device, model parallel and the pipeline as bars with the

@@ -9,7 +9,7 @@
  * another matter: such a buffer comes back with the events of that work (clpar_busy) and is
  * not handed out again before they completed.
  *
- * Out of memory is an error, never an abort (issue 9 item 6). The allocator keeps what the
+ * Out of memory is an error, never an abort. The allocator keeps what the
  * driver holds for a device (bytes in use + bytes cached) within the device's global memory
  * (its info's global_mem_bytes: CL_DEVICE_GLOBAL_MEM_SIZE on OpenCL, the RAM on the host
  * backend), or within CLPAR_DEVICE_MEMORY_LIMIT when that is smaller: a request that would

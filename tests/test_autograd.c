@@ -264,7 +264,7 @@ static void test_finite_differences_devices(void **state) {
     if (clpar_device_get(d) != tu_host()) run_all_cases(clpar_device_get(d));
 }
 
-/* Issue 9 item 12: a class index above 2^24 (16777217 rounds to 16777216 as a float) picks
+/* A class index above 2^24 (16777217 rounds to 16777216 as a float) picks
  * its own class in the loss and the gradient, on every selected device and on the host.
  * One row of 2^24 + 2 logits, all 0 but 20 at the label: the loss is log(e^20 + 2^24 + 1) - 20
  * = 0.0340; the rounded label reads class 2^24 instead and gives 20.03. Checked against that

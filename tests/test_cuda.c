@@ -5,7 +5,7 @@
  * through the public API, forward and backward (activations, softmax and log-softmax,
  * cross-entropy, sum_rows's backward) and optimizer steps (SGD, Adam, AdamW); then
  * device-time profiling and sum_rows's two-pass path for tall, narrow matrices; last, the
- * entries new in backend ABI 4 (events, pinned staging memory, transfers that do not wait,
+ * backend entries for events, pinned staging memory, transfers that do not wait,
  * exp/sqrt/neg and div) called through the backend's table.
  *
  * Built wherever the CUDA module is; on a machine without a GPU (or without the driver) every
@@ -721,7 +721,7 @@ static void test_sum_rows_narrow(void **state) {
     }
 }
 
-/* ---- backend ABI 4: events, pinned staging memory, transfers that do not wait ---- */
+/* ---- events, pinned staging memory, transfers that do not wait ---- */
 
 typedef struct then_wait {
   pthread_mutex_t lock;

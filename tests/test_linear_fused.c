@@ -397,7 +397,7 @@ static void test_ops_per_layer(void **state) {
       tu_ok(clpar_backward(loss));
       tu_ok(clpar_device_profile_read(dev, &prof));
       tu_ok(clpar_device_profile_stop(dev));
-      /* the seed's fill, sum's backward (a broadcast), then the layer's 3; the first pass
+      /* backward's seed fill, sum's backward (a broadcast), then the layer's 3; the first pass
        * also copies x's, W's and b's first gradients into memory of their own */
       assert_int_equal(prof.ops, pass == 0 ? 5 + 3 : 5);
       if (pass == 1) checked++;

@@ -1,4 +1,4 @@
-/* test_memory.c — running out of device memory is an error, never an abort (issue 9 item 6):
+/* test_memory.c — running out of device memory is an error, never an abort:
  * on every selected device and on the host, tensors are allocated until one fails, the
  * failure must be CLPAR_ERROR_OUT_OF_MEMORY naming the device, the request and the bytes in
  * use, and after freeing them the device must keep working (a larger request empties the

@@ -10,7 +10,7 @@
  * above the 4 MiB staging chunk) into a destination still being written by its queue and
  * read by the destination's next op, that the copies took the peer path (the devices'
  * peer_copies counters) or the staging one, that posting them blocked no thread, and that
- * DataParallel and the seed's model-parallel ToyModel on the two devices train to the
+ * DataParallel and the model-parallel tutorial's ToyModel on the two devices train to the
  * one-device result. Last, an unknown CLPAR_OPENCL_CONTEXT makes clpar_init fail naming it. */
 #include <stdio.h>
 #include <stdlib.h>

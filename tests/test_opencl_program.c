@@ -402,7 +402,7 @@ static void test_gemm(void **state) {
   check_gemm(b, 1, 1, 721, 710, 705, 0.0f);
 }
 
-/* ---- training ops (ABI 2): the OpenCL backend against the host backend, entry by entry ---- */
+/* ---- training ops: the OpenCL backend against the host backend, entry by entry ---- */
 
 typedef struct {
   backend o, h; /* OpenCL, host */

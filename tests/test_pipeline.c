@@ -7,7 +7,7 @@
  * equal the same model's on one device. 1F1B keeps at most n_stages micro-batches'
  * activations (the allocator's peak on the first stage's device against GPipe's); an error in
  * one stage names the stage, its device and the micro-batch, and leaves memory, parameters and
- * gradients as they were. The ToyModel of the seed, split over two devices, trains to the
+ * gradients as they were. The tutorial's ToyModel, split over two devices, trains to the
  * one-device result. Stages go round the selected devices (several stages share one when
  * there are fewer devices than stages); with one selected, a second comes from
  * tu_second_device, so every run spans two devices. */
@@ -397,7 +397,7 @@ static void test_stage_error_changes_nothing(void **state) {
   clpar_module_free(pipe);
 }
 
-/* ---- the seed's ToyModel, model parallel ---- */
+/* ---- the model-parallel tutorial's ToyModel, model parallel ---- */
 
 static void test_toy_model_parallel_equals_one_device(void **state) {
   (void)state;

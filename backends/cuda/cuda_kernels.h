@@ -50,7 +50,7 @@ size_t clpar_cuda_sum_rows_scratch(size_t rows, size_t cols);
 cudaError_t clpar_cuda_sum_rows(cudaStream_t stream, size_t rows, size_t cols, const float *a,
                                 float *out, float *scratch);
 
-/* ---- ABI 2: training ---- */
+/* ---- training ---- */
 
 /* out[r, c] = a[c], r < rows, c < cols (kernels/cuda/broadcast_rows.cu) */
 cudaError_t clpar_cuda_broadcast_rows(cudaStream_t stream, size_t rows, size_t cols, const float *a,
@@ -103,7 +103,7 @@ cudaError_t clpar_cuda_reduce_sum(cudaStream_t stream, size_t outer, size_t red,
                                   const float *a, float *out);
 cudaError_t clpar_cuda_expand(cudaStream_t stream, size_t outer, size_t red, size_t inner,
                               const float *a, float *out);
-/* ---- issue 10: convolution, pooling, batch norm (backend.h's formulas) ---- */
+/* ---- convolution, pooling, batch norm (backend.h's formulas) ---- */
 
 /* kernels/cuda/conv.cu: im2col, col2im (adds into x) and the [a, b, p] -> [b, a, p] swap
  * (bias may be NULL). */

@@ -1,5 +1,5 @@
-/* host_conv.c — the host backend's convolution, pooling and batch-norm entries (backend.h,
- * issue 10): im2col and its adjoint col2im, the [a, b, p] -> [b, a, p] swap that takes a
+/* host_conv.c — the host backend's convolution, pooling and batch-norm entries (backend.h):
+ * im2col and its adjoint col2im, the [a, b, p] -> [b, a, p] swap that takes a
  * GEMM's [O, n * P] result to NCHW, max and adaptive average pooling with their backward, and
  * batch norm's per-channel statistics, normalization and gradient. Sums over many elements
  * (statistics, gradient reductions) are taken in double: this is the reference the other

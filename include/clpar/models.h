@@ -2,7 +2,7 @@
  * torchvision's module tree, parameter and buffer names ("layer1.0.conv1.weight",
  * "bn1.running_mean", "layer4.2.bn3.num_batches_tracked", "fc.bias") and initialization, so
  * that a state_dict moves between clpar and PyTorch by name, and a program can take the
- * children apart by name (clpar_module_child(m, "layer3")) as the seeds' model-parallel
+ * children apart by name (clpar_module_child(m, "layer3"))  as PyTorch's model-parallel
  * tutorial does. */
 #ifndef CLPAR_MODELS_H
 #define CLPAR_MODELS_H

@@ -231,7 +231,7 @@ static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **
 }
 
 /* The labels travel to the device as an int32 tensor, as the user gave them: a float holds a
- * class index exactly only up to 2^24 (issue 9 item 12). Only nll and nll_backward read it,
+ * class index exactly only up to 2^24. Only nll and nll_backward read it,
  * and the node keeps it for the backward. */
 
 /* Per-row -logp[r, label[r]]. */

@@ -258,9 +258,9 @@ clpar_status clpar_resnet152(int64_t num_classes, clpar_device *dev, clpar_modul
                              out);
 }
 
-/* The seeds' cut: Sequentials over the ResNet's own children (each child gains a parent, nn.h:
- * a module may be a child at several places), so head and tail share the parameters, buffers
- * and training flags with resnet and outlive it when it is freed. */
+/* The model-parallel tutorial's cut: Sequentials over the ResNet's own children (each child gains a
+ * parent, nn.h: a module may be a child at several places), so head and tail share the parameters,
+ * buffers and training flags with resnet and outlive it when it is freed. */
 clpar_status clpar_resnet_split(clpar_module *resnet, int split, clpar_module **head,
                                 clpar_module **tail) {
   static const char *const names[] = {"conv1",  "bn1",    "relu",   "maxpool", "layer1",
