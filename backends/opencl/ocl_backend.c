@@ -505,8 +505,8 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
   /* CLBlast's event is its last kernel's: time the GEMM from a marker just before it. */
   if (profile_slot(d, &ev) && clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
     marker = NULL;
-  int warm = atomic_load(&d->gemm_warm);
-  if (!warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+  int warm = atomic_load(&d->gemm_warm), serial = !warm || d->clblast_serial;
+  if (serial) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
   CLBlastStatusCode st = CLBlastSgemm(
       CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
       trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
@@ -515,10 +515,8 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
     profile_keep_span(d, marker, ev);
   else if (marker)
     clReleaseEvent(marker);
-  if (!warm) {
-    if (st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
-    pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
-  }
+  if (!warm && st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
+  if (serial) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemm(%zux%zux%zu): %s", m, n, k,
                          clpar_ocl_clblast_status_name(st));
@@ -594,8 +592,8 @@ static clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t
   cl_event ev, marker = NULL;
   if (profile_slot(d, &ev) && clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &marker) != CL_SUCCESS)
     marker = NULL;
-  int warm = atomic_load(&d->gemm_warm);
-  if (!warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+  int warm = atomic_load(&d->gemm_warm), serial = !warm || d->clblast_serial;
+  if (serial) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
   CLBlastStatusCode st = CLBlastSgemmStridedBatched(
       CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
       trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
@@ -605,7 +603,7 @@ static clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t
     profile_keep_span(d, marker, ev);
   else if (marker)
     clReleaseEvent(marker);
-  if (!warm) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
+  if (serial) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
   pthread_mutex_unlock(&d->lock);
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemmStridedBatched(%zu x %zux%zux%zu): %s",
@@ -1022,6 +1020,7 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   device_string(device, CL_DRIVER_VERSION, d->driver_version, sizeof d->driver_version);
   platform_string(platform, CL_PLATFORM_NAME, d->platform_name, sizeof d->platform_name);
   platform_string(platform, CL_PLATFORM_VERSION, d->platform_version, sizeof d->platform_version);
+  d->clblast_serial = clpar_ocl_pocl_shares_kernels(d);
   clpar_ocl_tune_apply(d); /* a saved GEMM tuning entry (ocl_tune.c); never fails the open */
   atomic_fetch_add(&live_devices, 1);
   return d;

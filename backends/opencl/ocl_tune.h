@@ -30,7 +30,8 @@ int clpar_ocl_clblast_params(cl_device_id device, const char *kernel, clpar_ocl_
 #else
 #include "ocl_internal.h"
 
-/* Held around a device's first CLBlast GEMM (ocl_backend.c), and by the tuner throughout:
+/* Held around a device's first CLBlast GEMM (ocl_backend.c), around every one on a PoCL CPU
+ * device (clblast_serial), and by the tuner throughout:
  * CLBlast's compilation races when two devices compile at once. */
 extern pthread_mutex_t clpar_ocl_gemm_warmup_lock;
 
