@@ -602,9 +602,10 @@ static void test_optimizers(void **state) {
     float *zeros = calloc(N + 4, sizeof(float));
     pair m = pair_new(&b, zeros, N + 3), v = pair_new(&b, zeros, N + 4);
     for (int t = 1; t <= 3; t++) {
-      clpar_adam_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 0, decoupled};
-      a.bias1 = 1.0f - powf(a.beta1, (float)t);
-      a.bias2 = 1.0f - powf(a.beta2, (float)t);
+      clpar_adam_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.001f, 0, 0, 1e-5f, decoupled};
+      a.step = a.lr / (1.0f - powf(a.beta1, (float)t));
+      a.root2 = sqrtf(1.0f - powf(a.beta2, (float)t));
+      a.keep = 1.0f - a.lr * a.weight_decay;
 #define ADAM(S) clpar_dev_adam_step_sync(ctx, N, S(p, 1), S(g, 2), S(m, 3), S(v, 4), a)
       BOTH(b, ADAM);
     }
