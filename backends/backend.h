@@ -133,14 +133,18 @@ typedef struct clpar_conv_geom {
   int64_t oh, ow;
 } clpar_conv_geom;
 
-/* One Adam/AdamW update with PyTorch's rule, per element (step t >= 1):
- *   decoupled (AdamW): p = p * (1 - lr * weight_decay);  else g = grad + weight_decay * p
- *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
- *   p = p - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps)
- * with bias1 = 1 - beta1^t and bias2 = 1 - beta2^t computed by the caller. */
+/* One Adam/AdamW update with PyTorch's rule, per element (step t >= 1), in the order of
+ * torch.optim's _single_tensor_adam on a CPU (fma: one rounding, as ATen's vectorized add
+ * with alpha and addcmul round):
+ *   decoupled (AdamW): p = p * keep;  else g = fma(weight_decay, p, grad)
+ *   m = fma(one_minus_beta1, g, beta1 * m);  v = fma(one_minus_beta2 * g, g, beta2 * v)
+ *   p = p - (step * m) / (sqrt(v) / root2 + eps)
+ * The caller computes the scalars in double, as PyTorch does in Python, each rounded once:
+ * keep = 1 - lr * weight_decay, one_minus_beta = 1 - beta, step = lr / (1 - beta1^t),
+ * root2 = sqrt(1 - beta2^t). */
 typedef struct clpar_adam_args {
   float lr, beta1, beta2, eps, weight_decay;
-  float bias1, bias2;
+  float one_minus_beta1, one_minus_beta2, step, root2, keep;
   int decoupled;
 } clpar_adam_args;
 

@@ -139,19 +139,19 @@ clpar_status clpar_compose_sgd_step(clpar_device *dev, size_t n, clpar_bref para
 }
 
 /* ---- Adam and AdamW (torch.optim.Adam/AdamW; clpar_adam_args in backend.h) ----
- *   AdamW: p = p * (1 - lr * wd);  Adam: g = grad + wd * p
+ *   AdamW: p = p * keep;  Adam: g = grad + wd * p
  *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
- *   p = p - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps) */
+ *   p = p - (step * m) / (sqrt(v) / root2 + eps)
+ * Each operation rounds on its own here: within an ulp or so of the fused entries' fma. */
 clpar_status clpar_compose_adam_step(clpar_device *dev, size_t n, clpar_bref param, clpar_bref grad,
                                      clpar_bref m, clpar_bref v, clpar_adam_args a) {
   scratch sc;
   clpar_status s = scratch_get(dev, "adam_step", n, 3, 0, &sc);
   if (s != CLPAR_OK) return s;
   clpar_bref g2 = region(&sc, n, 0), t = region(&sc, n, 1), e = region(&sc, n, 2), g = grad;
-  float step = a.lr / a.bias1, root2 = sqrtf(a.bias2); /* as the host backend rounds them */
+  float step = a.step, root2 = a.root2;
   if (a.decoupled) {
-    float keep = 1.0f - a.lr * a.weight_decay;
-    if (keep != 1.0f) s = clpar_dev_scale(dev, n, keep, param, param);
+    if (a.keep != 1.0f) s = clpar_dev_scale(dev, n, a.keep, param, param);
   } else if (a.weight_decay != 0.0f) {
     s = clpar_dev_scale(dev, n, a.weight_decay, param, g2);
     if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, grad, g2, g2);
@@ -159,11 +159,11 @@ clpar_status clpar_compose_adam_step(clpar_device *dev, size_t n, clpar_bref par
   }
   /* m = beta1 * m + (1 - beta1) * g */
   if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.beta1, m, m);
-  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, 1.0f - a.beta1, g, t);
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.one_minus_beta1, g, t);
   if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, m, t, m);
   /* v = beta2 * v + ((1 - beta2) * g) * g */
   if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.beta2, v, v);
-  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, 1.0f - a.beta2, g, t);
+  if (s == CLPAR_OK) s = clpar_dev_scale(dev, n, a.one_minus_beta2, g, t);
   if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_MUL, n, t, g, t);
   if (s == CLPAR_OK) s = ew(dev, CLPAR_BINARY_ADD, n, v, t, v);
   /* t = sqrt(v) / root2 + eps (each a full-length operand: no scalar primitive needed) */

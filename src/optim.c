@@ -11,6 +11,7 @@
  * disagree (one without a gradient, different step counts, state made apart) is stepped per
  * parameter, as is a parameter outside any group or in a group the optimizer holds part of. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -259,15 +260,33 @@ static clpar_sgd_args sgd_args(const clpar_optimizer *o, int first) {
   return a;
 }
 
+/* The double a hyper-parameter was most likely written as: the shortest decimal that rounds to
+ * x (0.999f is 0.999, not 0.99900001287). PyTorch holds its hyper-parameters as Python floats
+ * (doubles) and computes bias corrections and 1 - beta from them; clpar's options are floats
+ * of the same decimals. */
+static double as_written(float x) {
+  char text[32];
+  for (int digits = 1; digits <= 9; digits++) {
+    snprintf(text, sizeof text, "%.*g", digits, (double)x);
+    if (strtof(text, NULL) == x) return strtod(text, NULL);
+  }
+  return x;
+}
+
 static clpar_adam_args adam_args(const clpar_optimizer *o, int64_t t) {
   const clpar_adam_options *ad = &o->adam;
+  double lr = as_written(ad->lr), beta1 = as_written(ad->beta1), beta2 = as_written(ad->beta2);
+  double wd = as_written(ad->weight_decay);
   clpar_adam_args a = {ad->lr,
                        ad->beta1,
                        ad->beta2,
                        ad->eps,
                        ad->weight_decay,
-                       (float)(1.0 - pow(ad->beta1, (double)t)),
-                       (float)(1.0 - pow(ad->beta2, (double)t)),
+                       (float)(1.0 - beta1),
+                       (float)(1.0 - beta2),
+                       (float)(lr / (1.0 - pow(beta1, (double)t))),
+                       (float)sqrt(1.0 - pow(beta2, (double)t)),
+                       (float)(1.0 - lr * wd),
                        o->kind == OPT_ADAMW};
   return a;
 }

@@ -119,6 +119,51 @@ static void damage_file(const char *path, damage how, const char *other_path) {
   fclose(f);
 }
 
+/* PoCL's CPU devices before 6.0 share loaded kernels between devices that build the same
+ * program (ocl_program.c): each such device builds with a define of its own, so two of them
+ * never share a program, in PoCL or on disk. */
+static void test_pocl_cpu_devices_build_apart(void **state) {
+  (void)state;
+  clpar_ocl_device fake = {.cpu = 1};
+  static const struct {
+    int cpu;
+    const char *version;
+    int shares;
+  } cases[] = {{1, "OpenCL 3.0 PoCL 3.1+debian  Linux, None+Asserts, RELOC, LLVM 15.0.6", 1},
+               {1, "OpenCL 3.0 PoCL 5.0+debian  Linux", 1},
+               {1, "OpenCL 3.0 PoCL 6.0  Linux", 0},
+               {0, "OpenCL 3.0 PoCL 3.1 CUDA", 0},
+               {1, "OpenCL 3.0 CUDA 12.4", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fake.cpu = cases[i].cpu;
+    snprintf(fake.platform_version, sizeof fake.platform_version, "%s", cases[i].version);
+    assert_int_equal(clpar_ocl_pocl_shares_kernels(&fake), cases[i].shares);
+  }
+  const char *src = "__kernel void apart(__global float *x) { x[get_global_id(0)] = 1.0f; }";
+  char path[2][1024];
+  clpar_ocl_device *seen[2];
+  int n = 0;
+  for (int i = 0; i < clpar_device_count() && n < 2; i++) {
+    clpar_device *dev = clpar_device_get(i);
+    if (strcmp(dev->bd.iface->name, "opencl") != 0) continue;
+    clpar_ocl_device *d = dev->bd.ctx;
+    if (!clpar_ocl_pocl_shares_kernels(d)) continue;
+    char options[512];
+    cl_program p = tu_ocl_get(d, "apart", src);
+    assert_int_equal(clGetProgramBuildInfo(p, d->device, CL_PROGRAM_BUILD_OPTIONS, sizeof options,
+                                           options, NULL),
+                     CL_SUCCESS);
+    assert_non_null(strstr(options, "-D CLPAR_POCL_DEVICE="));
+    tu_ok(clpar_ocl_cache_file(d, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, path[n],
+                               sizeof path[n]));
+    seen[n++] = d;
+  }
+  if (n == 2) {
+    assert_ptr_not_equal(seen[0], seen[1]);
+    assert_string_not_equal(path[0], path[1]);
+  }
+}
+
 /* Builds a program, damages its disk entry, and checks that the next process-like load
  * rebuilds it from source, computes right, and leaves a good entry behind. */
 static void check_rebuilt(damage how, const char *tag) {
@@ -557,9 +602,10 @@ static void test_optimizers(void **state) {
     float *zeros = calloc(N + 4, sizeof(float));
     pair m = pair_new(&b, zeros, N + 3), v = pair_new(&b, zeros, N + 4);
     for (int t = 1; t <= 3; t++) {
-      clpar_adam_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 0, decoupled};
-      a.bias1 = 1.0f - powf(a.beta1, (float)t);
-      a.bias2 = 1.0f - powf(a.beta2, (float)t);
+      clpar_adam_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.1f, 0.001f, 0, 0, 1e-5f, decoupled};
+      a.step = a.lr / (1.0f - powf(a.beta1, (float)t));
+      a.root2 = sqrtf(1.0f - powf(a.beta2, (float)t));
+      a.keep = 1.0f - a.lr * a.weight_decay;
 #define ADAM(S) clpar_dev_adam_step_sync(ctx, N, S(p, 1), S(g, 2), S(m, 3), S(v, 4), a)
       BOTH(b, ADAM);
     }
@@ -574,6 +620,7 @@ static void test_optimizers(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_error_has_log),
+      cmocka_unit_test(test_pocl_cpu_devices_build_apart),
       cmocka_unit_test(test_memory_then_disk),
       cmocka_unit_test(test_corrupt_payload_rebuilt),
       cmocka_unit_test(test_corrupt_header_rebuilt),

@@ -557,17 +557,17 @@ static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_
   (void)dev;
   float *p = at(param), *pm = at(m), *pv = at(v);
   const float *gr = at(grad);
-  float step = o->lr / o->bias1, root2 = sqrtf(o->bias2);
+  /* fmaf where PyTorch rounds once (clpar_adam_args) */
 #pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
   for (size_t i = 0; i < n; i++) {
     float g = gr[i];
     if (o->decoupled)
-      p[i] *= 1.0f - o->lr * o->weight_decay;
+      p[i] *= o->keep;
     else
-      g += o->weight_decay * p[i];
-    pm[i] = o->beta1 * pm[i] + (1.0f - o->beta1) * g;
-    pv[i] = o->beta2 * pv[i] + (1.0f - o->beta2) * g * g;
-    p[i] -= step * pm[i] / (sqrtf(pv[i]) / root2 + o->eps);
+      g = fmaf(o->weight_decay, p[i], g);
+    pm[i] = fmaf(o->one_minus_beta1, g, o->beta1 * pm[i]);
+    pv[i] = fmaf(o->one_minus_beta2 * g, g, o->beta2 * pv[i]);
+    p[i] -= o->step * pm[i] / (sqrtf(pv[i]) / o->root2 + o->eps);
   }
   return CLPAR_OK;
 }

@@ -167,6 +167,7 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   device_string(device, CL_DRIVER_VERSION, d->driver_version, sizeof d->driver_version);
   platform_string(platform, CL_PLATFORM_NAME, d->platform_name, sizeof d->platform_name);
   platform_string(platform, CL_PLATFORM_VERSION, d->platform_version, sizeof d->platform_version);
+  d->clblast_serial = clpar_ocl_pocl_shares_kernels(d);
   clpar_ocl_tune_apply(d); /* a saved GEMM tuning entry (ocl_tune.c); never fails the open */
   atomic_fetch_add(&live_devices, 1);
   return d;

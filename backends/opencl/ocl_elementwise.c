@@ -316,11 +316,13 @@ clpar_status ocl_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref gra
   const clpar_adam_args *o = &adam;
   cl_mem pm = AS_MEM(param.buf), gm = AS_MEM(grad.buf), mm = AS_MEM(m.buf), vm = AS_MEM(v.buf);
   cl_ulong poff = param.off, goff = grad.off, moff = m.off, voff = v.off, count = n;
-  float lr = o->lr, b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = o->weight_decay;
-  float step = o->lr / o->bias1, root2 = sqrtf(o->bias2); /* as the host backend rounds them */
+  float b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = o->weight_decay;
+  float omb1 = o->one_minus_beta1, omb2 = o->one_minus_beta2, step = o->step, root2 = o->root2;
+  float keep = o->keep;
   cl_int decoupled = o->decoupled != 0;
-  karg args[] = {KARG(pm),  KARG(poff), KARG(gm),    KARG(goff),  KARG(mm),       KARG(moff),
-                 KARG(vm),  KARG(voff), KARG(count), KARG(lr),    KARG(b1),       KARG(b2),
-                 KARG(eps), KARG(wd),   KARG(step),  KARG(root2), KARG(decoupled)};
-  return clpar_ocl_launch_1d(dev, "optim.cl", "adam_f32", args, 17, n);
+  karg args[] = {KARG(pm),   KARG(poff), KARG(gm),    KARG(goff),     KARG(mm),
+                 KARG(moff), KARG(vm),   KARG(voff),  KARG(count),    KARG(b1),
+                 KARG(b2),   KARG(omb1), KARG(omb2),  KARG(eps),      KARG(wd),
+                 KARG(keep), KARG(step), KARG(root2), KARG(decoupled)};
+  return clpar_ocl_launch_1d(dev, "optim.cl", "adam_f32", args, 19, n);
 }

@@ -5,15 +5,19 @@
 #include "ocl_gemm.h"
 
 /* CLBlast compiles its kernels on the first call on a device, and that compilation races
- * when it runs for two devices at once: the first GEMM of each device runs alone. */
+ * when it runs for two devices at once: the first GEMM of each device runs alone. On PoCL CPU
+ * devices before 6.0 (clblast_serial) every GEMM does: PoCL shares one loaded kernel between
+ * devices that build the same program, and CLBlast builds the same program for every such
+ * device, so two devices running one kernel at once can abort PoCL. */
 pthread_mutex_t clpar_ocl_gemm_warmup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* What every CLBlast call here does around itself, d->lock held: while profiling, a marker
  * just before it (CLBlast's event is its last kernel's, so the GEMM is timed from the marker),
- * and the warm-up lock until the device's first GEMM has compiled CLBlast's kernels. */
+ * and the warm-up lock until the device's first GEMM has compiled CLBlast's kernels (always,
+ * on a device with clblast_serial). */
 typedef struct {
   cl_event ev, marker;
-  int warm;
+  int warm, serial;
 } blast_call;
 
 static void blast_begin(clpar_ocl_device *d, blast_call *b) {
@@ -22,7 +26,8 @@ static void blast_begin(clpar_ocl_device *d, blast_call *b) {
       clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &b->marker) != CL_SUCCESS)
     b->marker = NULL;
   b->warm = atomic_load(&d->gemm_warm);
-  if (!b->warm) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
+  b->serial = !b->warm || d->clblast_serial;
+  if (b->serial) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
 }
 
 /* Keeps the span for the profile and leaves the warm-up lock; st is CLBlast's status. A
@@ -32,10 +37,8 @@ static void blast_end(clpar_ocl_device *d, blast_call *b, CLBlastStatusCode st, 
     clpar_ocl_profile_keep_span(d, b->marker, b->ev);
   else if (b->marker)
     clReleaseEvent(b->marker);
-  if (!b->warm) {
-    if (warms && st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
-    pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
-  }
+  if (!b->warm && warms && st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
+  if (b->serial) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
 }
 
 /* CLBlast honours beta == 0 as BLAS does: its kernels never read C then, so NaN in C does not

@@ -6,8 +6,9 @@
 
 #include "ocl_internal.h"
 
-/* Held around a device's first CLBlast GEMM (ocl_gemm.c), and by the tuner throughout:
- * CLBlast's compilation races when two devices compile at once. */
+/* Held around a device's first CLBlast GEMM (ocl_gemm.c), around every one on a PoCL CPU
+ * device before 6.0 (clblast_serial), and by the tuner throughout: CLBlast's compilation
+ * races when two devices compile at once. */
 extern pthread_mutex_t clpar_ocl_gemm_warmup_lock;
 
 /* Whether ocl_gemm runs this GEMM with gemm_small.cl rather than CLBlast (CPU devices only;

@@ -51,7 +51,11 @@ typedef struct clpar_ocl_device {
   pthread_mutex_t prog_lock;
   clpar_ocl_program *programs;
   atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
-  cl_ulong max_alloc;   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE, enforced by ocl_alloc */
+  /* clpar_ocl_pocl_shares_kernels: this device's CLBlast GEMMs hold
+   * clpar_ocl_gemm_warmup_lock throughout, since such devices share CLBlast's programs (its
+   * binary cache is keyed by the device's name); clpar's own programs are kept apart instead. */
+  int clblast_serial;
+  cl_ulong max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE, enforced by ocl_alloc */
   size_t max_wg_size;
   cl_mem_flags buffer_flags; /* tensors' buffers: see ocl_alloc */
   /* a CPU device: small GEMMs take gemm_small.cl (ocl_gemm) */
@@ -66,6 +70,9 @@ typedef struct clpar_ocl_device {
   double prof_seconds;
   uint64_t prof_ops;
   size_t scratch_bytes;
+  /* Appended to every program's build options (ocl_program.c); guarded by prog_lock. */
+  char options_suffix[64];
+  int options_suffix_set;
   /* What the disk cache key is made of, besides the source and the options. */
   char dev_name[256];
   char dev_version[128];
@@ -240,7 +247,11 @@ clpar_status clpar_ocl_status(cl_int err);
 
 /* ---- ocl_program.c ---- */
 
-/* Options every clpar program is built with. */
+/* Whether dev is a CPU device of a PoCL before 6.0, whose loaded kernels are shared by every
+ * device that builds the same program, and miscounted when two threads run one at once. */
+int clpar_ocl_pocl_shares_kernels(const clpar_ocl_device *dev);
+
+/* Options every clpar program is built with (PoCL's CPU devices add a define of their own). */
 #define CLPAR_OCL_BUILD_OPTIONS "-cl-std=CL1.2"
 
 /* The program of source (size bytes, name for messages and the in-memory cache) built with

@@ -15,7 +15,9 @@
  * user's that no one else can write, a regular file of this user's, no link followed, no FIFO
  * waited on; otherwise programs are compiled from source, with one warning. Entries are
  * written to a new file and renamed into place, so a reader never sees half a file even when
- * two processes build the same program. */
+ * two processes build the same program. On PoCL's CPU devices (before PoCL 6.0) every build adds
+ * a define naming the device (options_suffix), so that no two devices share a program inside
+ * PoCL. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +157,56 @@ static void cache_key(const clpar_ocl_device *dev, const char *source, size_t si
   sha256_final(&s, key);
 }
 
+/* ---- the options a program is built with ---- */
+
+/* PoCL's CPU drivers (basic, pthread) share one process-wide table of loaded kernel binaries,
+ * keyed by the program's build hash: the source and the build options, not the device. Two
+ * such devices building the same program share its entries, and PoCL before 6.0 releases an
+ * entry by part of the key it was taken by (pocl_release_dlhandle_cache; fixed upstream by
+ * "fix dlhandle cache", in 6.0): two threads running one kernel with different sizes at once
+ * (DataParallel) take the count from the wrong entry and abort the process on an assertion. */
+int clpar_ocl_pocl_shares_kernels(const clpar_ocl_device *dev) {
+  const char *v = strstr(dev->platform_version, "PoCL ");
+  return dev->cpu && v && strtol(v + 5, NULL, 10) < 6;
+}
+
+/* A define naming the device's position in its platform gives each such device builds of its
+ * own; other devices get nothing added. Called with dev->prog_lock held. */
+static const char *options_suffix(clpar_ocl_device *dev) {
+  if (dev->options_suffix_set) return dev->options_suffix;
+  cl_uint n = 0;
+  if (!clpar_ocl_pocl_shares_kernels(dev) ||
+      clGetDeviceIDs(dev->platform, CL_DEVICE_TYPE_ALL, 0, NULL, &n) != CL_SUCCESS || n == 0 ||
+      n > 4096) {
+    dev->options_suffix_set = 1;
+    return dev->options_suffix;
+  }
+  cl_device_id *ids = malloc(n * sizeof *ids);
+  if (!ids) return ""; /* tried again at the next build */
+  if (clGetDeviceIDs(dev->platform, CL_DEVICE_TYPE_ALL, n, ids, NULL) == CL_SUCCESS)
+    for (cl_uint i = 0; i < n; i++)
+      if (ids[i] == dev->device)
+        snprintf(dev->options_suffix, sizeof dev->options_suffix, " -D CLPAR_POCL_DEVICE=%u", i);
+  free(ids);
+  dev->options_suffix_set = 1;
+  return dev->options_suffix;
+}
+
+/* options followed by dev's suffix (malloc'ed), or NULL (error set). Called with
+ * dev->prog_lock held. */
+static char *full_options(clpar_ocl_device *dev, const char *options) {
+  const char *suffix = options_suffix(dev);
+  size_t a = strlen(options), b = strlen(suffix);
+  char *full = malloc(a + b + 1);
+  if (!full) {
+    clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: build options");
+    return NULL;
+  }
+  memcpy(full, options, a);
+  memcpy(full + a, suffix, b + 1);
+  return full;
+}
+
 /* ---- the disk cache (what is trusted: src/trusted_file.c) ---- */
 
 #define ENTRY_MAGIC "CLPARPRG"
@@ -176,7 +228,12 @@ clpar_status clpar_ocl_cache_file(clpar_ocl_device *dev, const char *source, siz
   clpar_status s = clpar_cache_dir_open(dir, sizeof dir, &dirfd);
   if (s != CLPAR_OK) return s;
   close(dirfd);
-  cache_key(dev, source, size, options, key);
+  pthread_mutex_lock(&dev->prog_lock);
+  char *full = full_options(dev, options);
+  pthread_mutex_unlock(&dev->prog_lock);
+  if (!full) return CLPAR_ERROR_OUT_OF_MEMORY;
+  cache_key(dev, source, size, full, key);
+  free(full);
   entry_name(name, key);
   int n = snprintf(path, path_size, "%s/%s", dir, name);
   if (n < 0 || (size_t)n >= path_size)
@@ -342,9 +399,9 @@ static cl_program load_entry(clpar_ocl_device *dev, const char *what, int dirfd,
   return prog;
 }
 
-/* Disk cache first, then source (saving the result). */
-static clpar_status build(clpar_ocl_device *dev, const char *what, const char *source, size_t size,
-                          const char *options, cl_program *out) {
+/* Disk cache first, then source (saving the result); options are taken as they are. */
+static clpar_status build_with(clpar_ocl_device *dev, const char *what, const char *source,
+                               size_t size, const char *options, cl_program *out) {
   char dir[4096], name[72];
   uint8_t key[32];
   int dirfd = -1;
@@ -364,6 +421,16 @@ static clpar_status build(clpar_ocl_device *dev, const char *what, const char *s
     free(bin);
   }
   if (dirfd >= 0) close(dirfd);
+  return s;
+}
+
+/* build_with options and dev's suffix. Called with dev->prog_lock held. */
+static clpar_status build(clpar_ocl_device *dev, const char *what, const char *source, size_t size,
+                          const char *options, cl_program *out) {
+  char *full = full_options(dev, options);
+  if (!full) return CLPAR_ERROR_OUT_OF_MEMORY;
+  clpar_status s = build_with(dev, what, source, size, full, out);
+  free(full);
   return s;
 }
 

@@ -38,7 +38,11 @@ typedef struct clpar_data_parallel_options {
  * are the wrapped module's own, so an optimizer of either trains the same tensors. Use it
  * with clpar_module_forward; free it with clpar_module_free. options may be NULL. The forward
  * function of a wrapped user module must reach its parameters and children through self
- * (clpar_module_parameter, clpar_module_child), since each replica is another self. */
+ * (clpar_module_parameter, clpar_module_child), since each replica is another self.
+ * One thread at a time trains a wrapper (its gradients, buffers and replicas are shared): a
+ * forward that records a graph while a graph of another thread's forward through it is alive
+ * returns CLPAR_ERROR_BUSY; once that thread's outputs and losses are freed (clpar_scope_end)
+ * any thread may go on. Forwards without a gradient may come from any thread. */
 CLPAR_API clpar_status clpar_data_parallel_create(clpar_module *module,
                                                   const clpar_data_parallel_options *options,
                                                   clpar_module **out);

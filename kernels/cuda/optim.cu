@@ -39,14 +39,15 @@ __global__ void sgd_kernel(size_t n, float *param, const float *grad, float *buf
 struct adam_consts {
   float beta1, beta2, eps, weight_decay;
   float decay; /* AdamW: p *= 1 - lr * weight_decay */
-  float step;  /* lr / bias1 */
-  float root2; /* sqrt(bias2) */
+  float one_minus_beta1, one_minus_beta2;
+  float step;  /* lr / (1 - beta1^t) */
+  float root2; /* sqrt(1 - beta2^t) */
   int decoupled;
 };
 
-/* Adam: g += weight_decay * p; AdamW: p *= 1 - lr * weight_decay. Then
- *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
- *   p -= (lr / bias1) m / (sqrt(v) / sqrt(bias2) + eps) */
+/* In the order of clpar_adam_args (backend.h): fmaf where PyTorch rounds once, __fmul_rn
+ * and __fdiv_rn where it rounds a product or quotient on its own (nvcc would otherwise fuse
+ * a * b + c). */
 __global__ void adam_kernel(size_t n, float *param, const float *grad, float *m, float *v,
                             adam_consts k) {
   size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -55,12 +56,13 @@ __global__ void adam_kernel(size_t n, float *param, const float *grad, float *m,
     if (k.decoupled)
       p *= k.decay;
     else
-      g += k.weight_decay * p;
-    float mi = k.beta1 * m[i] + (1.0f - k.beta1) * g;
-    float vi = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
+      g = __fmaf_rn(k.weight_decay, p, g);
+    float mi = __fmaf_rn(k.one_minus_beta1, g, __fmul_rn(k.beta1, m[i]));
+    float vi = __fmaf_rn(__fmul_rn(k.one_minus_beta2, g), g, __fmul_rn(k.beta2, v[i]));
     m[i] = mi;
     v[i] = vi;
-    param[i] = p - k.step * mi / (sqrtf(vi) / k.root2 + k.eps);
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.root2), k.eps);
+    param[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(k.step, mi), denom));
   }
 }
 
@@ -93,9 +95,11 @@ extern "C" cudaError_t clpar_cuda_adam_step(cudaStream_t stream, size_t n, float
   k.beta2 = args->beta2;
   k.eps = args->eps;
   k.weight_decay = args->weight_decay;
-  k.decay = 1.0f - args->lr * args->weight_decay;
-  k.step = args->lr / args->bias1;
-  k.root2 = sqrtf(args->bias2);
+  k.decay = args->keep;
+  k.one_minus_beta1 = args->one_minus_beta1;
+  k.one_minus_beta2 = args->one_minus_beta2;
+  k.step = args->step;
+  k.root2 = args->root2;
   k.decoupled = args->decoupled != 0;
   (void)cudaGetLastError(); /* report this launch's error, not an older one */
   adam_kernel<<<grid_for(n), block_size, 0, stream>>>(n, param, grad, m, v, k);

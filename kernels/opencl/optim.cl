@@ -28,21 +28,26 @@ __kernel void sgd_momentum_f32(__global float *p, ulong p_off, __global const fl
   p[p_off + i] = w - lr * g;
 }
 
-/* Adam (decoupled == 0) or AdamW; bias1 = 1 - beta1^t and bias2 = 1 - beta2^t come from the
- * host, step = lr / bias1 and root2 = sqrt(bias2) too. */
+/* Adam (decoupled == 0) or AdamW in the order of PyTorch's CPU kernels (clpar_adam_args in
+ * backend.h): fma where PyTorch rounds once, and no other contraction (a compiler may fuse
+ * a * b + c otherwise, which PoCL did, so the device and the host backend differed). The
+ * scalars one_minus_beta1/2 = 1 - beta, keep = 1 - lr * weight_decay, step = lr / (1 - beta1^t)
+ * and root2 = sqrt(1 - beta2^t) come from the host. */
 __kernel void adam_f32(__global float *p, ulong p_off, __global const float *grad, ulong g_off,
                        __global float *m, ulong m_off, __global float *v, ulong v_off, ulong n,
-                       float lr, float beta1, float beta2, float eps, float weight_decay,
-                       float step, float root2, int decoupled) {
+                       float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
+                       float eps, float weight_decay, float keep, float step, float root2,
+                       int decoupled) {
+#pragma OPENCL FP_CONTRACT OFF
   ulong i = get_global_id(0);
   if (i >= n) return;
   float w = p[p_off + i], g = grad[g_off + i];
   if (decoupled)
-    w *= 1.0f - lr * weight_decay;
+    w *= keep;
   else
-    g += weight_decay * w;
-  float mi = beta1 * m[m_off + i] + (1.0f - beta1) * g;
-  float vi = beta2 * v[v_off + i] + (1.0f - beta2) * g * g;
+    g = fma(weight_decay, w, g);
+  float mi = fma(one_minus_beta1, g, beta1 * m[m_off + i]);
+  float vi = fma(one_minus_beta2 * g, g, beta2 * v[v_off + i]);
   m[m_off + i] = mi;
   v[v_off + i] = vi;
   p[p_off + i] = w - step * mi / (sqrt(vi) / root2 + eps);

@@ -47,11 +47,15 @@ typedef struct {
   uint64_t synced_version;
 } replica;
 
-/* The statistics, shared with the graph's nodes (which may outlive the wrapper). */
+/* The statistics, shared with the graph's nodes (which may outlive the wrapper), and which
+ * thread's graphs are alive: graphs counts the "DataParallel replicate" nodes not yet freed,
+ * all made by owner's forwards. */
 typedef struct {
   int refs; /* atomic */
   pthread_mutex_t lock;
   clpar_data_parallel_stats stats;
+  int graphs;      /* under lock */
+  pthread_t owner; /* under lock; meaningful while graphs > 0 */
 } dp_stats;
 
 typedef struct {
@@ -75,6 +79,44 @@ static void stats_release(void *p) {
   if (!b || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   pthread_mutex_destroy(&b->lock);
   free(b);
+}
+
+/* A replicate node's context: the stats block, counting the node among the live graphs. */
+static dp_stats *graph_retain(dp_stats *b) {
+  pthread_mutex_lock(&b->lock);
+  b->graphs++;
+  pthread_mutex_unlock(&b->lock);
+  return stats_retain(b);
+}
+
+static void graph_release(void *p) {
+  dp_stats *b = p;
+  pthread_mutex_lock(&b->lock);
+  b->graphs--;
+  pthread_mutex_unlock(&b->lock);
+  stats_release(b);
+}
+
+/* One thread at a time trains a DataParallel: its gradients, its replicas' buffers and the
+ * optimizer's view of its parameters are shared, and two threads' steps interleaved on the
+ * devices' queues would mix them. A forward that records a graph is refused while a graph of
+ * another thread's forward is alive (until its tensors are freed: clpar_scope_end). */
+static clpar_status claim_graphs(dp_state *st) {
+  if (!st->flat || !st->flat->requires_grad || !clpar_is_grad_enabled()) return CLPAR_OK;
+  dp_stats *b = st->stats;
+  pthread_t self = pthread_self();
+  pthread_mutex_lock(&b->lock);
+  int other = b->graphs > 0 && !pthread_equal(b->owner, self);
+  if (!other) b->owner = self;
+  int live = b->graphs;
+  pthread_mutex_unlock(&b->lock);
+  if (!other) return CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_BUSY,
+                         "DataParallel: another thread's forward still has a graph (%d replica "
+                         "node(s) alive); one thread at a time may train a DataParallel: free "
+                         "that thread's outputs and losses (clpar_scope_end) first, or give "
+                         "each thread a module of its own",
+                         live);
 }
 
 /* A DataParallel wrapper (the `parallel` state of another wrapper is not ours). */
@@ -300,8 +342,8 @@ static clpar_status replica_sync(dp_state *st, replica *r, int *copied) {
       return CLPAR_ERROR_OUT_OF_MEMORY;
     }
     node->transfer = 1;
-    node->ctx = stats_retain(st->stats);
-    node->ctx_free = stats_release;
+    node->ctx = graph_retain(st->stats);
+    node->ctx_free = graph_release;
     base = step;
   }
   clpar_status s = CLPAR_OK;
@@ -325,6 +367,21 @@ static clpar_status replica_sync(dp_state *st, replica *r, int *copied) {
   }
   if (grad) clpar_tensor_release(base); /* the slots' nodes hold it */
   return s;
+}
+
+/* After replica k's forward: its slots get plain views of R_k again, so that the module does
+ * not keep this forward's graph alive (the graph's nodes hold the views they used). */
+static void replica_unbind(replica *r) {
+  for (int j = 0; j < r->n_slots; j++) {
+    clpar_tensor *old = r->slots[j]->item, *view;
+    if (!old->node) continue;
+    if (clpar_tensor_view_at(r->flat, r->offsets[j], old->ndim, old->shape, &view) != CLPAR_OK) {
+      clpar_clear_error(); /* the graph then lives until the next forward: no harm but that */
+      continue;
+    }
+    clpar_tensor_release(old);
+    r->slots[j]->item = view;
+  }
 }
 
 /* ---- forward ---- */
@@ -408,6 +465,7 @@ static clpar_status explain_replica_failure(const dp_state *st, int k, const clp
 
 static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_tensor **output) {
   clpar_status s = check_parameters(st);
+  if (s == CLPAR_OK) s = claim_graphs(st);
   if (s != CLPAR_OK) return s;
   int64_t sizes[64];
   split_rows(st, input->shape[0], sizes);
@@ -456,6 +514,8 @@ static clpar_status dp_forward_locked(dp_state *st, clpar_tensor *input, clpar_t
     if (s != CLPAR_OK) failed = rr->k;
   }
   clpar_scope_end(scope);
+  for (int i = 0; i < used; i++)
+    if (runs[i].k > 0) replica_unbind(&st->replicas[runs[i].k]);
   if (s != CLPAR_OK && failed >= 0) {
     char message[1024];
     snprintf(message, sizeof message, "%s", clpar_last_error());
