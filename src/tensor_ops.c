@@ -293,11 +293,16 @@ clpar_status clpar_split_dim(const clpar_tensor *t, int dim, const int64_t *size
   int d = norm_dim("clpar_split_dim", dim, t->ndim);
   if (d < 0) return CLPAR_ERROR_INVALID_ARGUMENT;
   int64_t total = 0;
-  for (int i = 0; i < n; i++)
-    if (sizes[i] < 1 || __builtin_add_overflow(total, sizes[i], &total))
-      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+  for (int i = 0; i < n; i++) {
+    if (sizes[i] < 1)
+      return clpar_set_error(CLPAR_ERROR_EMPTY,
                              "clpar_split_dim: size %d is %lld; sizes must be >= 1", i,
                              (long long)sizes[i]);
+    else if (__builtin_add_overflow(total, sizes[i], &total))
+      return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                             "clpar_split_dim: the sizes add up to more than %lld",
+                             (long long)INT64_MAX);
+  }
   if (total != t->shape[d])
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                            "clpar_split_dim: the sizes add up to %lld, dim %d has %lld",

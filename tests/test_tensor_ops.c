@@ -498,6 +498,8 @@ static void test_errors(void **state) {
                "clpar_cat");
   expect_error(clpar_split_dim(x, 2, (int64_t[]){1, 2}, 2, outs), CLPAR_ERROR_SHAPE_MISMATCH,
                "clpar_split_dim");
+  expect_error(clpar_split_dim(x, -1, (int64_t[]){4, 0}, 2, outs), CLPAR_ERROR_EMPTY,
+               "clpar_split_dim");
   expect_error(clpar_bmm(x, y, 0, 0, &out), CLPAR_ERROR_SHAPE_MISMATCH, "clpar_bmm");
   expect_error(clpar_masked_fill_upper(tu_make(h, 1, (int64_t[]){4}, 3), 1, 0.0f, &out),
                CLPAR_ERROR_SHAPE_MISMATCH, "clpar_masked_fill_upper");
