@@ -321,21 +321,45 @@ clpar_status clpar_split_dim(const clpar_tensor *t, int dim, const int64_t *size
 
 /* ---- batched matmul ---- */
 
+/* op(x) op(y) per batch, summed over the leading dimensions when like (the operand whose
+ * gradient it is) is a 2-D operand that was shared by every batch. */
+static clpar_status bmm_grad(const clpar_tensor *x, const clpar_tensor *y, int tx, int ty,
+                             const clpar_tensor *like, clpar_tensor **out) {
+  clpar_tensor *full;
+  clpar_status s = clpar_bmm(x, y, tx, ty, &full);
+  if (s != CLPAR_OK || full->ndim == like->ndim) {
+    if (s == CLPAR_OK) *out = full;
+    return s;
+  }
+  int lead[CLPAR_MAX_DIMS];
+  for (int d = 0; d < full->ndim - 2; d++) lead[d] = d;
+  s = clpar_sum_dims(full, lead, full->ndim - 2, 0, out);
+  clpar_tensor_free(full);
+  return s;
+}
+
 /* C = op(A) op(B) per batch: dA = g op(B)^T (laid out as A is), dB = op(A)^T g. */
 static clpar_status bmm_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   clpar_tensor *a = n->inputs[0], *b = n->inputs[1];
   int ta = (int)n->iparam[0], tb = (int)n->iparam[1];
   clpar_status s = CLPAR_OK;
-  if (a->requires_grad) s = ta ? clpar_bmm(b, g, tb, 1, &gin[0]) : clpar_bmm(g, b, 0, !tb, &gin[0]);
+  if (a->requires_grad)
+    s = ta ? bmm_grad(b, g, tb, 1, a, &gin[0]) : bmm_grad(g, b, 0, !tb, a, &gin[0]);
   if (s == CLPAR_OK && b->requires_grad)
-    s = tb ? clpar_bmm(g, a, 1, ta, &gin[1]) : clpar_bmm(a, g, !ta, 0, &gin[1]);
+    s = tb ? bmm_grad(g, a, 1, ta, b, &gin[1]) : bmm_grad(a, g, !ta, 0, b, &gin[1]);
   return s;
 }
 
-/* a and b: float32, one device, ndim >= 2 each, the same leading dimensions, inner sizes
- * equal; gives m, n, k and the batch count. */
+/* The shape of a batched product: m, n, k, the batch count, the leading dimensions (of the
+ * operand with more dimensions; a 2-D operand is shared by every batch) and the strides of a
+ * and b between batches (0 for a shared one). */
+typedef struct {
+  int64_t m, n, k, batch, stride_a, stride_b;
+  const clpar_tensor *lead; /* the operand whose leading dimensions the result takes */
+} bmm_shape;
+
 static clpar_status bmm_dims(const clpar_tensor *a, const clpar_tensor *b, int ta, int tb,
-                             int64_t *m, int64_t *n, int64_t *k, int64_t *batch) {
+                             bmm_shape *p) {
   const char *fn = "clpar_bmm";
   clpar_status s = clpar_check_float(fn, "a", a);
   if (s == CLPAR_OK) s = clpar_check_float(fn, "b", b);
@@ -344,21 +368,26 @@ static clpar_status bmm_dims(const clpar_tensor *a, const clpar_tensor *b, int t
     return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH,
                            "%s: inputs are on %s and %s; move one with clpar_tensor_to", fn,
                            a->storage->dev->bd.info.id, b->storage->dev->bd.info.id);
-  int nd = a->ndim, same = nd >= 2 && b->ndim == nd;
-  *batch = 1;
-  for (int d = 0; same && d < nd - 2; d++) {
-    same = a->shape[d] == b->shape[d];
-    *batch *= a->shape[d];
+  p->lead = a->ndim >= b->ndim ? a : b;
+  int nd = p->lead->ndim, ok = a->ndim >= 2 && b->ndim >= 2;
+  ok = ok && (a->ndim == b->ndim || a->ndim == 2 || b->ndim == 2);
+  p->batch = 1;
+  for (int d = 0; ok && d < nd - 2; d++) {
+    ok = a->ndim != b->ndim || a->shape[d] == b->shape[d];
+    p->batch *= p->lead->shape[d];
   }
-  const int64_t *as = a->shape + nd - 2, *bs = b->shape + b->ndim - 2;
-  *m = ta ? as[1] : as[0];
-  *k = ta ? as[0] : as[1];
-  *n = tb ? bs[0] : bs[1];
-  if (!same || (tb ? bs[1] : bs[0]) != *k) {
+  const int64_t *as = a->shape + a->ndim - 2, *bs = b->shape + b->ndim - 2;
+  p->m = ta ? as[1] : as[0];
+  p->k = ta ? as[0] : as[1];
+  p->n = tb ? bs[0] : bs[1];
+  p->stride_a = a->ndim == nd ? p->m * p->k : 0;
+  p->stride_b = b->ndim == nd ? p->k * p->n : 0;
+  if (!ok || (tb ? bs[1] : bs[0]) != p->k) {
     char x[128], y[128];
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                            "%s: a is %s and b is %s (trans_a %d, trans_b %d); need the same "
-                           "leading dimensions and op(a)'s columns equal to op(b)'s rows",
+                           "leading dimensions (or one operand 2-D) and op(a)'s columns equal "
+                           "to op(b)'s rows",
                            fn, SHAPE(a, x), SHAPE(b, y), ta != 0, tb != 0);
   }
   return CLPAR_OK;
@@ -368,22 +397,23 @@ clpar_status clpar_bmm(const clpar_tensor *a, const clpar_tensor *b, int trans_a
                        clpar_tensor **out) {
   clpar_status s = check_in("clpar_bmm", a, out);
   if (s == CLPAR_OK) s = check_in("clpar_bmm", b, out);
-  int64_t m = 0, n = 0, k = 0, batch = 0;
-  if (s == CLPAR_OK) s = bmm_dims(a, b, trans_a, trans_b, &m, &n, &k, &batch);
+  bmm_shape p = {0, 0, 0, 0, 0, 0, NULL};
+  if (s == CLPAR_OK) s = bmm_dims(a, b, trans_a, trans_b, &p);
   if (s != CLPAR_OK) return s;
+  int nd = p.lead->ndim;
   int64_t shape[CLPAR_MAX_DIMS];
-  memcpy(shape, a->shape, (size_t)a->ndim * sizeof shape[0]);
-  shape[a->ndim - 2] = m;
-  shape[a->ndim - 1] = n;
+  memcpy(shape, p.lead->shape, (size_t)nd * sizeof shape[0]);
+  shape[nd - 2] = p.m;
+  shape[nd - 1] = p.n;
   clpar_device *dev = a->storage->dev;
   clpar_tensor *r;
-  s = clpar_tensor_empty(dev, a->ndim, shape, &r);
+  s = clpar_tensor_empty(dev, nd, shape, &r);
   if (s != CLPAR_OK) return s;
   size_t lda = (size_t)a->shape[a->ndim - 1], ldb = (size_t)b->shape[b->ndim - 1];
-  s = clpar_dev_gemm_batched(dev, trans_a != 0, trans_b != 0, (size_t)m, (size_t)n, (size_t)k, 1.0f,
-                             clpar_tensor_bref(a), lda, (size_t)(m * k), clpar_tensor_bref(b), ldb,
-                             (size_t)(k * n), 0.0f, clpar_tensor_bref(r), (size_t)n,
-                             (size_t)(m * n), (size_t)batch);
+  s = clpar_dev_gemm_batched(
+      dev, trans_a != 0, trans_b != 0, (size_t)p.m, (size_t)p.n, (size_t)p.k, 1.0f,
+      clpar_tensor_bref(a), lda, (size_t)p.stride_a, clpar_tensor_bref(b), ldb, (size_t)p.stride_b,
+      0.0f, clpar_tensor_bref(r), (size_t)p.n, (size_t)(p.m * p.n), (size_t)p.batch);
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(r);

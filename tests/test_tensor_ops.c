@@ -263,6 +263,8 @@ static const op_case cases[] = {
     {"bmm a^T", f_bmm, tt[2], 2, {3, 3}, {SH3(2, 4, 3), SH3(2, 4, 5)}, ANY},
     {"bmm a^T b^T", f_bmm, tt[3], 2, {3, 3}, {SH3(2, 4, 3), SH3(2, 5, 4)}, ANY},
     {"bmm 4-D", f_bmm, tt[0], 2, {4, 4}, {{2, 2, 3, 4}, {2, 2, 4, 2}}, ANY},
+    {"bmm shared 2-D b^T", f_bmm, tt[1], 2, {3, 2}, {SH3(2, 3, 4), SH3(5, 4, 0)}, ANY},
+    {"bmm shared 2-D a^T", f_bmm, tt[2], 2, {2, 4}, {SH3(4, 3, 0), {2, 2, 4, 5}}, ANY},
     {"causal attention (permuted bmm operands)",
      f_attention,
      NULL,

@@ -97,10 +97,12 @@ CLPAR_API clpar_status clpar_cat(clpar_tensor *const *parts, int n, int dim, clp
 CLPAR_API clpar_status clpar_split_dim(const clpar_tensor *t, int dim, const int64_t *sizes, int n,
                                        clpar_tensor **outs);
 /* torch.matmul for batches: a [B..., m, k] (trans_a: [B..., k, m], used transposed) and b
- * [B..., k, n] (trans_b: [B..., n, k]) with the same leading dimensions B... (none for 2-D)
- * give [B..., m, n]: one strided batched GEMM (CLBlast, cuBLAS, OpenBLAS per matrix on the
- * host). A permuted operand (say k of attention's [B, T, H, D] as [B, H, T, D]) is first made
- * with clpar_permute; trans_b then gives q @ k^T without another copy. */
+ * [B..., k, n] (trans_b: [B..., n, k]) with the same leading dimensions B... give
+ * [B..., m, n]; one of them may be 2-D instead, shared by every batch (x [B, T, C] @ W
+ * [C, N]; its gradient is summed over the batches). One strided batched GEMM (CLBlast,
+ * cuBLAS, OpenBLAS per matrix on the host). A permuted operand (say k of attention's
+ * [B, T, H, D] as [B, H, T, D]) is first made with clpar_permute; trans_b then gives
+ * q @ k^T without another copy. */
 CLPAR_API clpar_status clpar_bmm(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
                                  int trans_b, clpar_tensor **out);
 /* x.masked_fill(torch.ones(R, C).triu(diagonal).bool(), value) over the last two dimensions
