@@ -49,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 11
+#define CLPAR_BACKEND_ABI_VERSION 12
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -148,6 +148,24 @@ typedef struct clpar_adam_args {
   int decoupled;
 } clpar_adam_args;
 
+/* The tensor ops' element-wise math (pointwise), with a float parameter p
+ * (pow's exponent; unused otherwise): log x; pow(x, p); GELU's tanh approximation
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); exact GELU 0.5 x (1 + erf(x / sqrt 2)). */
+typedef enum clpar_pointwise_kind {
+  CLPAR_PW_LOG = 0,
+  CLPAR_PW_POW = 1,
+  CLPAR_PW_GELU_TANH = 2,
+  CLPAR_PW_GELU_ERF = 3
+} clpar_pointwise_kind;
+
+/* strided_copy's geometry: ndim (1 .. 8) dimensions of size shape[d]; element (i_0 .. i_n-1)
+ * is read at in.off + sum i_d in_stride[d] and written at out.off + sum i_d out_stride[d]
+ * (strides in words, >= 0). */
+typedef struct clpar_strided_geom {
+  int ndim;
+  int64_t shape[8], in_stride[8], out_stride[8];
+} clpar_strided_geom;
+
 /* Called once an event has completed, from any thread (a driver's, or the one that asked).
  * It must not call into clpar or the driver; it may take a lock and signal. */
 typedef void (*clpar_event_fn)(void *user, clpar_status status);
@@ -213,7 +231,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(comm_query, DIRECT, 0)       \
   X(comm_abort, DIRECT, 0)       \
   X(comm_free, DIRECT, 0)        \
-  X(comm_allreduce, QUEUE, 0)
+  X(comm_allreduce, QUEUE, 0)    \
+  X(strided_copy, QUEUE, 1)      \
+  X(pointwise, QUEUE, 1)         \
+  X(mask_upper, QUEUE, 1)        \
+  X(argmax, QUEUE, 1)            \
+  X(nll_ignore, QUEUE, 1)        \
+  X(nll_ignore_backward, QUEUE, 1)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -455,6 +479,36 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * timeout_s seconds, then fails with CLPAR_ERROR_TIMEOUT. */
 #define CLPAR_BE_ARGS_comm_allreduce(F) \
   F(void *, comm) F(clpar_bref, data) F(size_t, n) F(double, timeout_s)
+
+/* ---- tensor ops for transformers (src/tensor_ops.c, src/nn/loss_ops.c) ---- */
+/* Copies the elements of the geometry (words: any dtype); the written positions are distinct
+ * and out does not overlap in. Permute, narrow and concatenation along any dimension. */
+#define CLPAR_BE_ARGS_strided_copy(F) F(clpar_strided_geom, g) F(clpar_bref, in) F(clpar_bref, out)
+/* i < n, f of clpar_pointwise_kind:
+ *   forward  (g.buf NULL): out[i] = f(x[i])
+ *   backward (g.buf set):  out[i] = g[i] * f'(x[i]), from the forward's input x: log 1 / x,
+ *                          pow p x^(p-1) (0 when p == 0), the GELUs' derivatives.
+ * out may alias x or g. */
+#define CLPAR_BE_ARGS_pointwise(F) \
+  F(clpar_pointwise_kind, kind) F(size_t, n) F(float, p) F(clpar_bref, x) F(clpar_bref, g) \
+  F(clpar_bref, out)
+/* out[b, i, j] = j - i >= diagonal ? value : a[b, i, j] over batch x rows x cols (torch's
+ * masked_fill with triu(ones, diagonal)); out may alias a. */
+#define CLPAR_BE_ARGS_mask_upper(F) \
+  F(size_t, batch) F(size_t, rows) F(size_t, cols) F(int64_t, diagonal) F(float, value) \
+  F(clpar_bref, a) F(clpar_bref, out)
+/* out[r] (an int64, off in words, even) = the first c < cols where a[r, c] is largest (NaN
+ * wins, as torch.argmax). */
+#define CLPAR_BE_ARGS_argmax(F) F(size_t, rows) F(size_t, cols) F(clpar_bref, a) F(clpar_bref, out)
+/* Targets t[r] are int32 (idx64 == 0) or int64 (idx64 == 1; off in words, even), unchecked:
+ *   loss[r] = t == ignore ? 0 : 0 <= t < cols ? -a[r, t] : NaN;  weight[r] = t != ignore. */
+#define CLPAR_BE_ARGS_nll_ignore(F) \
+  F(size_t, rows) F(size_t, cols) F(int, idx64) F(int64_t, ignore) F(clpar_bref, a) \
+  F(clpar_bref, idx) F(clpar_bref, loss) F(clpar_bref, weight)
+/* out[r, c] = t[r] != ignore && c == t[r] ? -scale[0] : 0 (scale: one float on the device). */
+#define CLPAR_BE_ARGS_nll_ignore_backward(F) \
+  F(size_t, rows) F(size_t, cols) F(int, idx64) F(int64_t, ignore) F(clpar_bref, idx) \
+  F(clpar_bref, scale) F(clpar_bref, out)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -71,11 +71,26 @@ static clpar_status reduce_to(clpar_tensor *g, const clpar_tensor *like, clpar_t
   return s;
 }
 
+/* d(a / b): g / b for a; -(g / b) (a / b), summed to b's shape, for b. */
+static clpar_status div_backward(clpar_tensor *a, clpar_tensor *b, clpar_tensor *g,
+                                 clpar_tensor **gin) {
+  clpar_tensor *gb = NULL, *q = NULL, *t = NULL, *nt = NULL;
+  clpar_status s = clpar_div(g, b, &gb);
+  if (s == CLPAR_OK && b->requires_grad) s = clpar_div(a, b, &q);
+  if (s == CLPAR_OK && q) s = clpar_mul(gb, q, &t);
+  if (s == CLPAR_OK && t) s = clpar_scale(t, -1.0f, &nt);
+  if (s == CLPAR_OK && nt) s = reduce_to(nt, b, &gin[1]);
+  if (s == CLPAR_OK && a->requires_grad) gin[0] = gb, gb = NULL;
+  clpar_tensor_free(gb), clpar_tensor_free(q), clpar_tensor_free(t), clpar_tensor_free(nt);
+  return s;
+}
+
 /* d(a op b): add passes g to both, sub negates b's, mul multiplies by the other input. */
 static clpar_status binary_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   clpar_binary_kind kind = (clpar_binary_kind)n->iparam[0];
   clpar_tensor *a = n->inputs[0], *b = n->inputs[1], *t = NULL;
   clpar_status s = CLPAR_OK;
+  if (kind == CLPAR_BINARY_DIV) return div_backward(a, b, g, gin);
   if (a->requires_grad)
     s = kind == CLPAR_BINARY_MUL ? clpar_mul(g, b, &gin[0]) : clpar_tensor_alias(g, &gin[0]);
   if (s != CLPAR_OK || !b->requires_grad) return s;
@@ -131,6 +146,10 @@ clpar_status clpar_sub(const clpar_tensor *a, const clpar_tensor *b, clpar_tenso
 
 clpar_status clpar_mul(const clpar_tensor *a, const clpar_tensor *b, clpar_tensor **out) {
   return binary("clpar_mul", CLPAR_BINARY_MUL, a, b, out);
+}
+
+clpar_status clpar_div(const clpar_tensor *a, const clpar_tensor *b, clpar_tensor **out) {
+  return binary("clpar_div", CLPAR_BINARY_DIV, a, b, out);
 }
 
 static clpar_status scale_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {

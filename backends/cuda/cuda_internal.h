@@ -136,6 +136,13 @@ CLPAR_CUDA_ENTRY_DECL_(bn_stats)
 CLPAR_CUDA_ENTRY_DECL_(bn_apply)
 CLPAR_CUDA_ENTRY_DECL_(bn_backward_sums)
 CLPAR_CUDA_ENTRY_DECL_(bn_backward)
+/* cuda_tensor_ops.c */
+CLPAR_CUDA_ENTRY_DECL_(strided_copy)
+CLPAR_CUDA_ENTRY_DECL_(pointwise)
+CLPAR_CUDA_ENTRY_DECL_(mask_upper)
+CLPAR_CUDA_ENTRY_DECL_(argmax)
+CLPAR_CUDA_ENTRY_DECL_(nll_ignore)
+CLPAR_CUDA_ENTRY_DECL_(nll_ignore_backward)
 #define cuda_profile clpar_cuda_entry_profile
 #define cuda_profile_read clpar_cuda_entry_profile_read
 #define cuda_alloc clpar_cuda_entry_alloc
@@ -183,5 +190,11 @@ CLPAR_CUDA_ENTRY_DECL_(bn_backward)
 #define cuda_bn_apply clpar_cuda_entry_bn_apply
 #define cuda_bn_backward_sums clpar_cuda_entry_bn_backward_sums
 #define cuda_bn_backward clpar_cuda_entry_bn_backward
+#define cuda_strided_copy clpar_cuda_entry_strided_copy
+#define cuda_pointwise clpar_cuda_entry_pointwise
+#define cuda_mask_upper clpar_cuda_entry_mask_upper
+#define cuda_argmax clpar_cuda_entry_argmax
+#define cuda_nll_ignore clpar_cuda_entry_nll_ignore
+#define cuda_nll_ignore_backward clpar_cuda_entry_nll_ignore_backward
 
 #endif

@@ -137,6 +137,24 @@ cudaError_t clpar_cuda_bn_backward(cudaStream_t stream, size_t n, size_t c, size
                                    const float *sum_g, const float *sum_gxhat, int training,
                                    float *dx);
 
+/* The tensor ops of transformers, as backend.h's entries of the same names; pointers with
+ * their offsets (words for strided_copy and the int targets) (kernels/cuda/tensor_ops.cu). */
+cudaError_t clpar_cuda_strided_copy(cudaStream_t stream, clpar_strided_geom g, const uint32_t *in,
+                                    uint32_t *out);
+/* g NULL: forward; otherwise the backward (kind: clpar_pointwise_kind). */
+cudaError_t clpar_cuda_pointwise(cudaStream_t stream, int kind, size_t n, float p, const float *x,
+                                 const float *g, float *out);
+cudaError_t clpar_cuda_mask_upper(cudaStream_t stream, size_t batch, size_t rows, size_t cols,
+                                  int64_t diagonal, float value, const float *a, float *out);
+cudaError_t clpar_cuda_argmax(cudaStream_t stream, size_t rows, size_t cols, const float *a,
+                              int64_t *out);
+cudaError_t clpar_cuda_nll_ignore(cudaStream_t stream, size_t rows, size_t cols, int idx64,
+                                  int64_t ignore, const float *a, const void *idx, float *loss,
+                                  float *weight);
+cudaError_t clpar_cuda_nll_ignore_backward(cudaStream_t stream, size_t rows, size_t cols,
+                                           int idx64, int64_t ignore, const void *idx,
+                                           const float *scale, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "host/host_conv.h"
+#include "host/host_tensor_ops.h"
 
 #ifdef CLPAR_HAVE_BLAS
 #include <cblas.h>

@@ -235,6 +235,20 @@ CLPAR_OCL_ENTRY_DECL_(bn_backward)
 #define ocl_bn_backward_sums clpar_ocl_bn_backward_sums
 #define ocl_bn_backward clpar_ocl_bn_backward
 
+/* ---- ocl_tensor_ops.c: the tensor ops of transformers (backend.h) ---- */
+CLPAR_OCL_ENTRY_DECL_(strided_copy)
+CLPAR_OCL_ENTRY_DECL_(pointwise)
+CLPAR_OCL_ENTRY_DECL_(mask_upper)
+CLPAR_OCL_ENTRY_DECL_(argmax)
+CLPAR_OCL_ENTRY_DECL_(nll_ignore)
+CLPAR_OCL_ENTRY_DECL_(nll_ignore_backward)
+#define ocl_strided_copy clpar_ocl_strided_copy
+#define ocl_pointwise clpar_ocl_pointwise
+#define ocl_mask_upper clpar_ocl_mask_upper
+#define ocl_argmax clpar_ocl_argmax
+#define ocl_nll_ignore clpar_ocl_nll_ignore
+#define ocl_nll_ignore_backward clpar_ocl_nll_ignore_backward
+
 /* ---- ocl_errors.c ---- */
 
 /* "CL_OUT_OF_RESOURCES"; "CL_UNKNOWN_ERROR(-1234)" (thread-local buffer) otherwise. */

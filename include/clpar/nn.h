@@ -20,7 +20,13 @@ extern "C" {
 CLPAR_API clpar_status clpar_relu(const clpar_tensor *x, clpar_tensor **out);
 CLPAR_API clpar_status clpar_sigmoid(const clpar_tensor *x, clpar_tensor **out);
 CLPAR_API clpar_status clpar_tanh(const clpar_tensor *x, clpar_tensor **out);
-/* softmax over the last dimension */
+/* nn.GELU(approximate='none'): 0.5 x (1 + erf(x / sqrt 2)) (CLPAR_GELU_NONE, PyTorch's
+ * default), or approximate='tanh': 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). */
+typedef enum clpar_gelu_approx { CLPAR_GELU_NONE = 0, CLPAR_GELU_TANH = 1 } clpar_gelu_approx;
+CLPAR_API clpar_status clpar_gelu(const clpar_tensor *x, clpar_gelu_approx approximate,
+                                  clpar_tensor **out);
+/* softmax over the last dimension of an N-d x (torch.softmax(x, dim=-1)), each row less its
+ * maximum first */
 CLPAR_API clpar_status clpar_softmax(const clpar_tensor *x, clpar_tensor **out);
 CLPAR_API clpar_status clpar_log_softmax(const clpar_tensor *x, clpar_tensor **out);
 /* the sum / mean of every element: shape [1] */
@@ -41,6 +47,19 @@ CLPAR_API clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_ten
 CLPAR_API clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labels,
                                            int64_t n_labels, clpar_reduction reduction,
                                            clpar_tensor **out);
+
+/* F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=...) with the
+ * targets on the device: logits [..., classes] (for example [N, T, V] or [N, V]) and targets
+ * an int32 or int64 tensor of the leading shape ([N, T] or [N]), on the logits' device.
+ * Targets equal to ignore_index (PyTorch's default: CLPAR_IGNORE_INDEX, -100) add nothing;
+ * MEAN divides the sum by the number of the others (NaN when all are ignored, as torch). A
+ * target outside 0 .. classes-1 that is not ignored is not checked on the host (that would
+ * wait for the device): it makes the loss NaN. Result [1]; differentiable in logits. */
+#define CLPAR_IGNORE_INDEX (-100)
+CLPAR_API clpar_status clpar_cross_entropy_targets(const clpar_tensor *logits,
+                                                   const clpar_tensor *targets,
+                                                   int64_t ignore_index, clpar_reduction reduction,
+                                                   clpar_tensor **out);
 
 /* ---- modules ---- */
 typedef struct clpar_module clpar_module;
