@@ -346,8 +346,14 @@ static void test_clip_data_parallel(void **state) {
 /* Gradients of the MLP's parameters (23 floats) after the batch of 6 rows as one backward
  * (micro 1) or as micro backwards of 6 / micro rows each, the loss scaled by 1 / micro, without
  * zeroing in between; then one SGD step, and the parameters after it. */
-static void accumulate(clpar_device *dev, int micro, float *grads, float *params) {
+static void accumulate(clpar_device *dev, clpar_device *dev2, int micro, float *grads,
+                       float *params) {
   clpar_module *m = make_mlp(dev);
+  if (dev2) { /* under DataParallel: the reduced gradients accumulate in the flat gradient */
+    clpar_device *devs[2] = {dev, dev2};
+    clpar_data_parallel_options dpo = {.devices = devs, .n_devices = 2};
+    tu_ok(clpar_data_parallel_create(m, &dpo, &m));
+  }
   clpar_optimizer *o;
   tu_ok(clpar_sgd_create_for(m, &(clpar_sgd_options){.lr = 0.1f}, &o));
   float xv[24], yv[12];
@@ -384,13 +390,18 @@ static void test_gradient_accumulation(void **state) {
   for (int d = -1; d < clpar_device_count(); d++) {
     clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
     float g1[23], p1[23], g2[23], p2[23], g3[23], p3[23];
-    accumulate(dev, 1, g1, p1);
-    accumulate(dev, 2, g2, p2);
-    accumulate(dev, 3, g3, p3);
+    accumulate(dev, NULL, 1, g1, p1);
+    accumulate(dev, NULL, 2, g2, p2);
+    accumulate(dev, NULL, 3, g3, p3);
     tu_assert_close(g2, g1, 23, 1e-5f, 1e-7f, "2 micro-steps' gradients vs one batch");
     tu_assert_close(p2, p1, 23, 1e-5f, 1e-7f, "2 micro-steps then a step vs one batch");
     tu_assert_close(g3, g1, 23, 1e-5f, 1e-7f, "3 micro-steps' gradients vs one batch");
     tu_assert_close(p3, p1, 23, 1e-5f, 1e-7f, "3 micro-steps then a step vs one batch");
+    clpar_device *other = tu_second_device(dev);
+    if (!other) continue;
+    accumulate(dev, other, 2, g2, p2);
+    tu_assert_close(g2, g1, 23, 1e-5f, 1e-7f, "2 micro-steps under DataParallel vs one batch");
+    tu_assert_close(p2, p1, 23, 1e-5f, 1e-7f, "2 micro-steps under DataParallel, then a step");
   }
 }
 
