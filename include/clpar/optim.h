@@ -106,7 +106,10 @@ CLPAR_API int clpar_optimizer_group_size(const clpar_optimizer *opt, int group);
 CLPAR_API float clpar_optimizer_lr(const clpar_optimizer *opt, int group);
 CLPAR_API clpar_status clpar_optimizer_set_lr(clpar_optimizer *opt, int group, float lr);
 
-/* One update of every parameter that has a gradient. */
+/* One update of every parameter that has a gradient. Gradients accumulate: each backward adds
+ * into .grad until zero_grad clears it, so gradient accumulation over k micro-steps is
+ * zero_grad, then k times (forward, loss scaled by 1/k with clpar_scale, backward), then
+ * (clip and) step: the same update as one batch k times as large, with a mean loss. */
 CLPAR_API clpar_status clpar_optimizer_step(clpar_optimizer *opt);
 CLPAR_API clpar_status clpar_optimizer_zero_grad(clpar_optimizer *opt);
 CLPAR_API void clpar_optimizer_free(clpar_optimizer *opt);
