@@ -615,6 +615,7 @@ int clpar_optimizer_size(const clpar_optimizer *o);
 clpar_tensor *clpar_optimizer_param_at(const clpar_optimizer *o, int i);
 clpar_tensor *clpar_optimizer_state_at(const clpar_optimizer *o, int i, int k);
 int64_t clpar_optimizer_steps_at(const clpar_optimizer *o, int i);
+/* options and set_options: those of parameter group 0 (a checkpoint keeps no others). */
 void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
                              clpar_adam_options *adam);
 void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,

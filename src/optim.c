@@ -9,7 +9,10 @@
  * parameter's offset, so the state stays readable per parameter (param_state). The update is
  * element-wise, so this gives the same bits as one kernel per parameter. A group whose members
  * disagree (one without a gradient, different step counts, state made apart) is stepped per
- * parameter, as is a parameter outside any group or in a group the optimizer holds part of. */
+ * parameter, as is a parameter outside any group or in a group the optimizer holds part of.
+ *
+ * Parameter groups: each parameter has the index of its group, whose options its kernels get;
+ * a flat group is stepped whole only when all its members are in one parameter group. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,7 @@ typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
 
 typedef struct {
   clpar_tensor *param;
+  int group;              /* its parameter group: the options it is stepped with */
   clpar_tensor *state[2]; /* SGD: momentum buffer; Adam: m, v (views of a flat_state's when the
                            * parameter's group is stepped whole) */
   int64_t steps;
@@ -34,8 +38,11 @@ typedef struct {
 
 struct clpar_optimizer {
   opt_kind kind;
-  clpar_sgd_options sgd;
-  clpar_adam_options adam;
+  /* each parameter group's options (torch.optim's param_groups), n_groups entries; the
+   * other kind's array holds its defaults */
+  clpar_sgd_options *sgd;
+  clpar_adam_options *adam;
+  int n_groups;
   param_state *params;
   int n;
   flat_state *flats;
@@ -133,55 +140,105 @@ static int find_repeat(clpar_tensor *const *params, int n, int *first, int *agai
   return found;
 }
 
+/* One parameter group as the create functions take it: options is a clpar_sgd_options or a
+ * clpar_adam_options by the optimizer's kind, NULL for every default. */
+typedef struct {
+  clpar_tensor *const *params;
+  int n;
+  const void *options;
+} group_in;
+
+/* Resolves and checks each group's options into sgd and adam (n_groups entries each), and
+ * counts the parameters in *total. */
+static clpar_status check_groups(const char *fn, opt_kind kind, const group_in *g, int n_groups,
+                                 clpar_sgd_options *sgd, clpar_adam_options *adam, int *total) {
+  *total = 0;
+  for (int k = 0; k < n_groups; k++) {
+    if (g[k].n < 0 || (g[k].n > 0 && !g[k].params) || g[k].n > INT32_MAX - *total)
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "%s: group %d has %d parameters (params %s)", fn, k, g[k].n,
+                             g[k].params ? "given" : "NULL");
+    *total += g[k].n;
+    sgd[k] = sgd_resolved(kind == OPT_SGD ? g[k].options : NULL);
+    adam[k] = adam_resolved(kind == OPT_SGD ? NULL : g[k].options, kind == OPT_ADAMW);
+    clpar_status s = kind == OPT_SGD ? check_sgd(fn, &sgd[k]) : check_adam(fn, &adam[k]);
+    if (s != CLPAR_OK) return s;
+    for (int i = 0; i < g[k].n; i++)
+      if (!g[k].params[i] || g[k].params[i]->node)
+        return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                               "%s: parameter %d (of group %d) is NULL or not a leaf", fn,
+                               *total - g[k].n + i, k);
+      else if (g[k].params[i]->dtype != CLPAR_FLOAT32)
+        return clpar_check_float(fn, "a parameter", g[k].params[i]);
+  }
+  if (*total < 1)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: need at least 1 parameter (got 0)",
+                           fn);
+  return CLPAR_OK;
+}
+
+static clpar_status create_groups(const char *fn, opt_kind kind, const group_in *g, int n_groups,
+                                  clpar_optimizer **out) {
+  if (!g || n_groups < 1 || !out)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: need n_groups >= 1 (got %d), the groups and out", fn, n_groups);
+  clpar_optimizer *o = calloc(1, sizeof *o);
+  clpar_sgd_options *sgd = calloc((size_t)n_groups, sizeof *sgd);
+  clpar_adam_options *adam = calloc((size_t)n_groups, sizeof *adam);
+  int n = 0;
+  clpar_status s = o && sgd && adam
+                       ? check_groups(fn, kind, g, n_groups, sgd, adam, &n)
+                       : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  param_state *ps = s == CLPAR_OK ? calloc((size_t)n, sizeof *ps) : NULL;
+  clpar_tensor **ptrs = s == CLPAR_OK ? malloc((size_t)n * sizeof *ptrs) : NULL,
+               **leaves = s == CLPAR_OK ? malloc((size_t)n * sizeof *leaves) : NULL;
+  int *group_of = s == CLPAR_OK ? malloc((size_t)n * sizeof *group_of) : NULL,
+      *counts = s == CLPAR_OK ? malloc((size_t)n * sizeof *counts) : NULL;
+  if (s == CLPAR_OK && (!ps || !ptrs || !leaves || !group_of || !counts))
+    s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  for (int k = 0, at = 0; s == CLPAR_OK && k < n_groups; k++)
+    for (int i = 0; i < g[k].n; i++, at++) ptrs[at] = g[k].params[i];
+  int first = 0, again = 0, repeat = s == CLPAR_OK ? find_repeat(ptrs, n, &first, &again) : 0;
+  if (repeat < 0) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  if (repeat > 0)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                        "%s: parameter %d is parameter %d again; give each tensor once", fn, again,
+                        first);
+  if (s != CLPAR_OK) {
+    free(o);
+    free(sgd);
+    free(adam);
+    free(ps);
+    free(ptrs);
+    free(leaves);
+    free(group_of);
+    free(counts);
+    return s;
+  }
+  *o = (clpar_optimizer){.kind = kind, .sgd = sgd, .adam = adam, .n_groups = n_groups};
+  o->ptrs = ptrs;
+  o->leaves = leaves;
+  o->group_of = group_of;
+  o->counts = counts;
+  for (int k = 0, at = 0; k < n_groups; k++)
+    for (int i = 0; i < g[k].n; i++, at++) {
+      ps[at].param = clpar_tensor_retain(ptrs[at]);
+      ps[at].group = k;
+    }
+  o->params = ps;
+  o->n = n;
+  *out = o;
+  return CLPAR_OK;
+}
+
 static clpar_status create(const char *fn, opt_kind kind, clpar_tensor *const *params, int n,
                            const void *options, clpar_optimizer **out) {
   if (!params || n < 1 || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "%s: need n >= 1 parameters (got %d, params %s) and out", fn, n,
                            params ? "given" : "NULL");
-  clpar_sgd_options sgd = sgd_resolved(kind == OPT_SGD ? options : NULL);
-  clpar_adam_options adam = adam_resolved(kind == OPT_SGD ? NULL : options, kind == OPT_ADAMW);
-  clpar_status s = kind == OPT_SGD ? check_sgd(fn, &sgd) : check_adam(fn, &adam);
-  for (int i = 0; s == CLPAR_OK && i < n; i++)
-    if (!params[i] || params[i]->node)
-      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: parameter %d is NULL or not a leaf",
-                          fn, i);
-    else if (params[i]->dtype != CLPAR_FLOAT32)
-      s = clpar_check_float(fn, "a parameter", params[i]);
-  int first = 0, again = 0, repeat = s == CLPAR_OK ? find_repeat(params, n, &first, &again) : 0;
-  if (repeat < 0) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  if (repeat > 0)
-    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                        "%s: parameter %d is parameter %d again; give each tensor once", fn, again,
-                        first);
-  if (s != CLPAR_OK) return s;
-  clpar_optimizer *o = calloc(1, sizeof *o);
-  param_state *ps = calloc((size_t)n, sizeof *ps);
-  clpar_tensor **ptrs = malloc((size_t)n * sizeof *ptrs),
-               **leaves = malloc((size_t)n * sizeof *leaves);
-  int *group_of = malloc((size_t)n * sizeof *group_of),
-      *counts = malloc((size_t)n * sizeof *counts);
-  if (!o || !ps || !ptrs || !leaves || !group_of || !counts) {
-    free(o);
-    free(ps);
-    free(ptrs);
-    free(leaves);
-    free(group_of);
-    free(counts);
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  }
-  o->ptrs = ptrs;
-  o->leaves = leaves;
-  o->group_of = group_of;
-  o->counts = counts;
-  o->kind = kind;
-  o->sgd = sgd;
-  o->adam = adam;
-  for (int i = 0; i < n; i++) ptrs[i] = ps[i].param = clpar_tensor_retain(params[i]);
-  o->params = ps;
-  o->n = n;
-  *out = o;
-  return CLPAR_OK;
+  group_in g = {params, n, options};
+  return create_groups(fn, kind, &g, 1, out);
 }
 
 clpar_status clpar_sgd_create(clpar_tensor *const *params, int n, const clpar_sgd_options *options,
@@ -232,6 +289,144 @@ clpar_status clpar_adamw_create_for(clpar_module *m, const clpar_adam_options *o
   return create_for("clpar_adamw_create_for", OPT_ADAMW, m, o, out);
 }
 
+/* Each kind's groups as group_in, for create_groups; the array is the caller's to free. */
+static clpar_status groups_in(const char *fn, int n_groups, group_in **out) {
+  *out = n_groups > 0 ? calloc((size_t)n_groups, sizeof **out) : NULL;
+  if (n_groups > 0 && !*out)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  return CLPAR_OK;
+}
+
+clpar_status clpar_sgd_create_groups(const clpar_sgd_group *groups, int n_groups,
+                                     clpar_optimizer **out) {
+  const char *fn = "clpar_sgd_create_groups";
+  group_in *g;
+  clpar_status s = groups ? groups_in(fn, n_groups, &g) : CLPAR_OK;
+  if (!groups || s != CLPAR_OK)
+    return s != CLPAR_OK ? s
+                         : clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: groups is NULL", fn);
+  for (int k = 0; k < n_groups; k++)
+    g[k] = (group_in){groups[k].params, groups[k].n, &groups[k].options};
+  s = create_groups(fn, OPT_SGD, g, n_groups, out);
+  free(g);
+  return s;
+}
+
+static clpar_status adam_groups(const char *fn, opt_kind kind, const clpar_adam_group *groups,
+                                int n_groups, clpar_optimizer **out) {
+  group_in *g;
+  clpar_status s = groups ? groups_in(fn, n_groups, &g) : CLPAR_OK;
+  if (!groups || s != CLPAR_OK)
+    return s != CLPAR_OK ? s
+                         : clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: groups is NULL", fn);
+  for (int k = 0; k < n_groups; k++)
+    g[k] = (group_in){groups[k].params, groups[k].n, &groups[k].options};
+  s = create_groups(fn, kind, g, n_groups, out);
+  free(g);
+  return s;
+}
+
+clpar_status clpar_adam_create_groups(const clpar_adam_group *groups, int n_groups,
+                                      clpar_optimizer **out) {
+  return adam_groups("clpar_adam_create_groups", OPT_ADAM, groups, n_groups, out);
+}
+
+clpar_status clpar_adamw_create_groups(const clpar_adam_group *groups, int n_groups,
+                                       clpar_optimizer **out) {
+  return adam_groups("clpar_adamw_create_groups", OPT_ADAMW, groups, n_groups, out);
+}
+
+/* nanoGPT's configure_optimizers: the module's parameters of 2 or more dimensions in group 0
+ * with the options as given, the others in group 1 with weight_decay 0. */
+static clpar_status decay_groups(const char *fn, opt_kind kind, clpar_module *m,
+                                 const void *options, clpar_optimizer **out) {
+  if (!m) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: the module is NULL", fn);
+  int n = clpar_module_parameter_count(m);
+  if (n < 1)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: the module (%s) has no parameters",
+                           fn, m->type);
+  clpar_tensor **params = malloc((size_t)n * sizeof *params);
+  if (!params) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  int n_decay = 0;
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; s == CLPAR_OK && i < n; i++) { /* the decayed first, each set in module order */
+    clpar_tensor *p;
+    s = clpar_module_parameter_at(m, i, NULL, &p);
+    if (s == CLPAR_OK && p->ndim >= 2) params[n_decay++] = p;
+  }
+  for (int i = 0, at = n_decay; s == CLPAR_OK && i < n; i++) {
+    clpar_tensor *p;
+    s = clpar_module_parameter_at(m, i, NULL, &p);
+    if (s == CLPAR_OK && p->ndim < 2) params[at++] = p;
+  }
+  clpar_sgd_options sgd[2];
+  clpar_adam_options adam[2];
+  if (kind == OPT_SGD) {
+    sgd[0] = options ? *(const clpar_sgd_options *)options : (clpar_sgd_options){0};
+    sgd[1] = sgd[0];
+    sgd[1].weight_decay = CLPAR_ZERO;
+  } else {
+    adam[0] = options ? *(const clpar_adam_options *)options : (clpar_adam_options){0};
+    adam[1] = adam[0];
+    adam[1].weight_decay = CLPAR_ZERO;
+  }
+  const void *o0 = kind == OPT_SGD ? (const void *)&sgd[0] : &adam[0];
+  const void *o1 = kind == OPT_SGD ? (const void *)&sgd[1] : &adam[1];
+  group_in g[2] = {{params, n_decay, o0}, {params + n_decay, n - n_decay, o1}};
+  if (s == CLPAR_OK) s = create_groups(fn, kind, g, 2, out);
+  free(params);
+  return s;
+}
+
+clpar_status clpar_sgd_create_decay_groups(clpar_module *m, const clpar_sgd_options *options,
+                                           clpar_optimizer **out) {
+  return decay_groups("clpar_sgd_create_decay_groups", OPT_SGD, m, options, out);
+}
+
+clpar_status clpar_adam_create_decay_groups(clpar_module *m, const clpar_adam_options *options,
+                                            clpar_optimizer **out) {
+  return decay_groups("clpar_adam_create_decay_groups", OPT_ADAM, m, options, out);
+}
+
+clpar_status clpar_adamw_create_decay_groups(clpar_module *m, const clpar_adam_options *options,
+                                             clpar_optimizer **out) {
+  return decay_groups("clpar_adamw_create_decay_groups", OPT_ADAMW, m, options, out);
+}
+
+int clpar_optimizer_group_count(const clpar_optimizer *o) {
+  return o ? o->n_groups : 0;
+}
+
+int clpar_optimizer_group_size(const clpar_optimizer *o, int group) {
+  int n = 0;
+  for (int i = 0; o && i < o->n; i++) n += o->params[i].group == group;
+  return n;
+}
+
+float clpar_optimizer_lr(const clpar_optimizer *o, int group) {
+  if (!o || group < 0 || group >= o->n_groups) return NAN;
+  return o->kind == OPT_SGD ? o->sgd[group].lr : o->adam[group].lr;
+}
+
+clpar_status clpar_optimizer_set_lr(clpar_optimizer *o, int group, float lr) {
+  const char *fn = "clpar_optimizer_set_lr";
+  if (!o) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: optimizer is NULL", fn);
+  if (group < -1 || group >= o->n_groups)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: group is %d; the optimizer has groups 0 to %d (-1: all)", fn, group,
+                           o->n_groups - 1);
+  if (!(lr >= 0.0f) || isinf(lr))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: lr is %g; it must be finite and >= 0",
+                           fn, (double)lr);
+  for (int k = group < 0 ? 0 : group; k < (group < 0 ? o->n_groups : group + 1); k++) {
+    if (o->kind == OPT_SGD)
+      o->sgd[k].lr = lr;
+    else
+      o->adam[k].lr = lr;
+  }
+  return CLPAR_OK;
+}
+
 /* A state tensor like p, on p's device, outside any scope; zeros when asked. */
 static clpar_status make_state(const clpar_tensor *p, int zero, clpar_tensor **out) {
   clpar_device *dev = p->storage->dev;
@@ -254,9 +449,9 @@ static clpar_status follow_param(param_state *ps, clpar_device *dev) {
 
 /* The fused step's arguments from the optimizer's options: SGD's, with first set on the step
  * that starts the momentum buffer, and Adam's for step t (1-based), bias corrections included. */
-static clpar_sgd_args sgd_args(const clpar_optimizer *o, int first) {
-  clpar_sgd_args a = {o->sgd.lr,           o->sgd.momentum, o->sgd.dampening,
-                      o->sgd.weight_decay, o->sgd.nesterov, first};
+static clpar_sgd_args sgd_args(const clpar_optimizer *o, int group, int first) {
+  const clpar_sgd_options *sg = &o->sgd[group];
+  clpar_sgd_args a = {sg->lr, sg->momentum, sg->dampening, sg->weight_decay, sg->nesterov, first};
   return a;
 }
 
@@ -273,8 +468,8 @@ static double as_written(float x) {
   return x;
 }
 
-static clpar_adam_args adam_args(const clpar_optimizer *o, int64_t t) {
-  const clpar_adam_options *ad = &o->adam;
+static clpar_adam_args adam_args(const clpar_optimizer *o, int group, int64_t t) {
+  const clpar_adam_options *ad = &o->adam[group];
   double lr = as_written(ad->lr), beta1 = as_written(ad->beta1), beta2 = as_written(ad->beta2);
   double wd = as_written(ad->weight_decay);
   clpar_adam_args a = {ad->lr,
@@ -302,10 +497,10 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
   if (s != CLPAR_OK) return s;
   if (o->kind == OPT_SGD) {
     int first = ps->state[0] == NULL;
-    if (first && o->sgd.momentum != 0.0f)
+    if (first && o->sgd[ps->group].momentum != 0.0f)
       s = make_state(p, 0, &ps->state[0]); /* buf = g on the first step */
     if (s != CLPAR_OK) return s;
-    clpar_sgd_args a = sgd_args(o, first);
+    clpar_sgd_args a = sgd_args(o, ps->group, first);
     clpar_bref buf = ps->state[0] ? clpar_tensor_bref(ps->state[0]) : clpar_tensor_bref(p);
     s = clpar_dev_sgd_step(dev, (size_t)p->numel, clpar_tensor_bref(p), clpar_tensor_bref(g), buf,
                            a);
@@ -313,7 +508,7 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
     if (!ps->state[0]) s = make_state(p, 1, &ps->state[0]);
     if (s == CLPAR_OK && !ps->state[1]) s = make_state(p, 1, &ps->state[1]);
     if (s != CLPAR_OK) return s;
-    clpar_adam_args a = adam_args(o, ps->steps + 1);
+    clpar_adam_args a = adam_args(o, ps->group, ps->steps + 1);
     s = clpar_dev_adam_step(dev, (size_t)p->numel, clpar_tensor_bref(p), clpar_tensor_bref(g),
                             clpar_tensor_bref(ps->state[0]), clpar_tensor_bref(ps->state[1]), a);
   }
@@ -323,9 +518,9 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
   return CLPAR_OK;
 }
 
-/* The number of state tensors a step keeps per parameter. */
-static int n_states(const clpar_optimizer *o) {
-  return o->kind == OPT_SGD ? (o->sgd.momentum != 0.0f) : 2;
+/* The number of state tensors a step keeps per parameter of group. */
+static int n_states(const clpar_optimizer *o, int group) {
+  return o->kind == OPT_SGD ? (o->sgd[group].momentum != 0.0f) : 2;
 }
 
 /* The record of leaf's flat state, made (empty) when there is none; NULL when out of memory. */
@@ -383,20 +578,23 @@ static clpar_status flat_state_build(clpar_optimizer *o, flat_state *fs, int j, 
 }
 
 /* Steps the flat group `leaf`, whose members are o->params[members[0..n)], with one kernel
- * when they agree; *done tells whether it did (else they are stepped one by one). */
+ * when they agree (the same parameter group, a gradient each, the same step count); *done
+ * tells whether it did (else they are stepped one by one). */
 static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int *members, int n,
                                int *done) {
   *done = 0;
   clpar_device *dev = leaf->storage->dev;
   if (leaf->grad->storage->dev != dev) return CLPAR_OK; /* step_one names the error */
   int64_t steps = o->params[members[0]].steps;
+  int pg = o->params[members[0]].group;
   for (int i = 0; i < n; i++)
-    if (!clpar_tensor_has_grad(o->params[members[i]].param) || o->params[members[i]].steps != steps)
+    if (!clpar_tensor_has_grad(o->params[members[i]].param) ||
+        o->params[members[i]].steps != steps || o->params[members[i]].group != pg)
       return CLPAR_OK;
   flat_state *fs = flat_state_for(o, leaf);
   if (!fs) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
-  int first = o->kind == OPT_SGD && n_states(o) == 0; /* as step_one: no buffer, first */
-  for (int j = 0; j < n_states(o); j++) {
+  int first = o->kind == OPT_SGD && n_states(o, pg) == 0; /* as step_one: no buffer, first */
+  for (int j = 0; j < n_states(o, pg); j++) {
     /* the members' state[j]: none yet, views of fs->state[j] in place, or their own */
     int none = 0, viewed = 0;
     for (int i = 0; i < n; i++) {
@@ -425,11 +623,12 @@ static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int
   clpar_status s;
   clpar_bref p = clpar_tensor_bref(leaf), g = clpar_tensor_bref(leaf->grad);
   if (o->kind == OPT_SGD) {
-    clpar_sgd_args a = sgd_args(o, first);
+    clpar_sgd_args a = sgd_args(o, pg, first);
     s = clpar_dev_sgd_step(dev, (size_t)leaf->numel, p, g,
-                           fs->state[0] && n_states(o) ? clpar_tensor_bref(fs->state[0]) : p, a);
+                           fs->state[0] && n_states(o, pg) ? clpar_tensor_bref(fs->state[0]) : p,
+                           a);
   } else {
-    clpar_adam_args a = adam_args(o, steps + 1);
+    clpar_adam_args a = adam_args(o, pg, steps + 1);
     s = clpar_dev_adam_step(dev, (size_t)leaf->numel, p, g, clpar_tensor_bref(fs->state[0]),
                             clpar_tensor_bref(fs->state[1]), a);
   }
@@ -506,6 +705,8 @@ void clpar_optimizer_free(clpar_optimizer *o) {
     clpar_tensor_free(o->flats[k].state[1]);
   }
   free(o->flats);
+  free(o->sgd);
+  free(o->adam);
   free(o->params);
   free(o->ptrs);
   free(o->leaves);
@@ -538,8 +739,8 @@ int64_t clpar_optimizer_steps_at(const clpar_optimizer *o, int i) {
 
 void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
                              clpar_adam_options *adam) {
-  *sgd = o->sgd;
-  *adam = o->adam;
+  *sgd = o->sgd[0];
+  *adam = o->adam[0];
 }
 
 void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,
@@ -558,8 +759,8 @@ clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_opt
   clpar_status s = o->kind == OPT_SGD ? check_sgd(fn, sgd) : check_adam(fn, adam);
   if (s != CLPAR_OK || !apply) return s;
   if (o->kind == OPT_SGD)
-    o->sgd = *sgd;
+    o->sgd[0] = *sgd;
   else
-    o->adam = *adam;
+    o->adam[0] = *adam;
   return CLPAR_OK;
 }

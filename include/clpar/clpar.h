@@ -19,6 +19,7 @@
 #include "dist.h"
 #include "checkpoint.h"
 #include "data.h"
+#include "text.h"
 #include "models.h"
 
 #endif
