@@ -216,9 +216,9 @@ static void test_conv_in_chunks(void **state) {
 
 /* C_i = alpha op(A_i) op(B_i) + beta C_i through the device's entry, against float64: A shared
  * (stride 0) or strided, leading dimensions and strides larger than the matrices. */
-static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
-                              float beta, uint64_t seed) {
-  int64_t m = 5, n = 7, k = 6, lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+static void gemm_batched_mnk(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
+                             float beta, uint64_t seed, int64_t m, int64_t n, int64_t k) {
+  int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
   int64_t sa = share_a ? 0 : (ta ? k : m) * lda + 4, sb = (tb ? n : k) * ldb + 1, sc = m * ldc + 5;
   int64_t na = (share_a ? 1 : batch) * ((ta ? k : m) * lda + 4), nb = batch * sb, nc = batch * sc;
   clpar_tensor *a = tu_make(dev, 1, &na, seed), *b = tu_make(dev, 1, &nb, seed + 1);
@@ -249,12 +249,22 @@ static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, in
   clpar_tensor_free(a), clpar_tensor_free(b), clpar_tensor_free(c);
 }
 
+static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
+                              float beta, uint64_t seed) {
+  gemm_batched_mnk(dev, ta, tb, share_a, batch, beta, seed, 5, 7, 6);
+}
+
 static void gemm_batched_on(clpar_device *dev) {
   for (int t = 0; t < 4; t++) {
     gemm_batched_case(dev, t & 1, t >> 1, 0, 3, 0.0f, 400 + (uint64_t)t * 3);
     gemm_batched_case(dev, t & 1, t >> 1, 1, 4, -0.5f, 420 + (uint64_t)t * 3);
+    /* over 2^20 multiply-adds: a CPU OpenCL device's register-tiled kernel (gemm_tile.cl),
+     * with full tiles and edges in m, n and k */
+    gemm_batched_mnk(dev, t & 1, t >> 1, 0, 2, t & 1 ? -0.5f : 0.0f, 450 + (uint64_t)t * 3, 37, 70,
+                     433);
   }
   gemm_batched_case(dev, 0, 0, 1, 1, 1.0f, 440);
+  gemm_batched_mnk(dev, 0, 1, 1, 1, 1.0f, 470, 64, 96, 256); /* full tiles only */
 }
 
 static void test_gemm_batched(void **state) {
