@@ -195,6 +195,30 @@ static void test_conv_against_reference(void **state) {
   each_device(conv_on);
 }
 
+/* Exact layer shapes of ResNet-50 at 64x64 (batch 1) and an odd-sized strided one: products
+ * over 2^20 multiply-adds, which a CPU OpenCL device runs with its register-tiled GEMM
+ * (gemm_tile.cl) around im2col / col2im. */
+static void conv_resnet_on(clpar_device *dev) {
+  op_case cs[] = {
+      conv_case("ResNet-50 conv1 7x7 stride 2 pad 3", 1, 3, 64, 64, 64, 7, 7,
+                OPT(2, 2, 3, 3, 1, 1, 1), 0),
+      conv_case("ResNet-50 layer1 1x1 256 -> 64 (direct)", 1, 256, 16, 16, 64, 1, 1,
+                OPT(1, 1, 0, 0, 1, 1, 1), 0),
+      conv_case("ResNet-50 layer2 3x3 stride 2", 1, 128, 16, 16, 128, 3, 3,
+                OPT(2, 2, 1, 1, 1, 1, 1), 0),
+      conv_case("ResNet-50 layer3 3x3 at 4x4", 1, 256, 4, 4, 256, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1),
+                0),
+      conv_case("3x3 stride 2 on 15x13, 40 -> 24, batch 3", 3, 40, 15, 13, 24, 3, 3,
+                OPT(2, 2, 1, 1, 1, 1, 1), 1),
+  };
+  for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) check_case(dev, &cs[i], 500 + i * 10);
+}
+
+static void test_conv_resnet_shapes(void **state) {
+  (void)state;
+  each_device(conv_resnet_on);
+}
+
 /* A few floats of columns per chunk: every image (and the last, partial chunk) on its own. */
 static void conv_chunked_on(clpar_device *dev) {
   int64_t keep = clpar_conv_chunk_floats;
@@ -700,6 +724,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conv_against_reference),
       cmocka_unit_test(test_conv_in_chunks),
+      cmocka_unit_test(test_conv_resnet_shapes),
       cmocka_unit_test(test_gemm_batched),
       cmocka_unit_test(test_pool_against_reference),
       cmocka_unit_test(test_batch_norm_against_reference),

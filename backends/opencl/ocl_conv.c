@@ -51,7 +51,7 @@ clpar_status clpar_ocl_im2col(void *dev, clpar_conv_geom g, clpar_bref x, clpar_
   karg args[] = {KARG(xm),   KARG(xo),           KARG(cm),   KARG(co),   KARG(k.n),  KARG(k.h),
                  KARG(k.w),  KARG(k.img_stride), KARG(k.kh), KARG(k.kw), KARG(k.sh), KARG(k.sw),
                  KARG(k.ph), KARG(k.pw),         KARG(k.dh), KARG(k.dw), KARG(k.oh), KARG(k.ow)};
-  return launch_2d(dev, "conv.cl", "im2col_f32", args, 18, (size_t)(g.n * g.oh * g.ow),
+  return launch_2d(dev, "conv.cl", "im2col_f32", args, 18, (size_t)(g.n * g.oh),
                    (size_t)(g.c * g.kh * g.kw));
 }
 
@@ -63,8 +63,7 @@ clpar_status clpar_ocl_col2im(void *dev, clpar_conv_geom g, clpar_bref col, clpa
                  KARG(k.c),  KARG(k.h),  KARG(k.w),  KARG(k.img_stride), KARG(k.kh),
                  KARG(k.kw), KARG(k.sh), KARG(k.sw), KARG(k.ph),         KARG(k.pw),
                  KARG(k.dh), KARG(k.dw), KARG(k.oh), KARG(k.ow)};
-  return launch_2d(dev, "conv.cl", "col2im_f32", args, 19, (size_t)(g.h * g.w),
-                   (size_t)(g.n * g.c));
+  return launch_2d(dev, "conv.cl", "col2im_f32", args, 19, (size_t)g.h, (size_t)(g.n * g.c));
 }
 
 /* A NULL buffer cannot be a kernel argument of every driver: an absent input passes another
