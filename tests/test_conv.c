@@ -443,9 +443,21 @@ static void bn_on(clpar_device *dev) {
   for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) check_case(dev, &cs[i], 400 + i);
 }
 
+#ifdef CLPAR_HAVE_OPENCL
+/* The OpenCL backend's switch between one work-item per channel (CPU devices) and a
+ * work-group tree (other devices) in the batch-norm reductions (ocl_conv.c). */
+extern int clpar_ocl_bn_serial;
+#endif
+
 static void test_batch_norm_against_reference(void **state) {
   (void)state;
   each_device(bn_on);
+#ifdef CLPAR_HAVE_OPENCL
+  int keep = clpar_ocl_bn_serial;
+  clpar_ocl_bn_serial = 0; /* the work-group path on CPU devices too */
+  each_device(bn_on);
+  clpar_ocl_bn_serial = keep;
+#endif
 }
 
 /* The running statistics after one training call: momentum 0.1, unbiased variance. */
