@@ -47,6 +47,7 @@ static float lanes_sum(float8 v) {
 /* The sum over the work-group of v, in every work-item; scratch holds get_local_size(0). */
 static float group_sum(float v, __local float *scratch) {
   uint lid = get_local_id(0), n = get_local_size(0);
+  if (n == 1) return v; /* one work-item: nothing to add, no local memory touched */
   scratch[lid] = v;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (uint s = n / 2; s > 0; s /= 2) {
@@ -112,10 +113,10 @@ __kernel void bn_apply_f32(__global const float *x, ulong x_off, __global const 
   if (row >= n * c) return;
   ulong ch = row % c;
   float mul = rsqrt(var[v_off + ch] + eps) * (has_weight ? weight[w_off + ch] : 1.0f);
-  float add = (has_bias ? bias[b_off + ch] : 0.0f) - mean[m_off + ch] * mul;
+  float add = has_bias ? bias[b_off + ch] : 0.0f, mu = mean[m_off + ch];
   __global const float *xr = x + x_off + row * p;
   __global float *yr = y + y_off + row * p;
-  for (ulong q = 0; q < p; q++) yr[q] = xr[q] * mul + add;
+  for (ulong q = 0; q < p; q++) yr[q] = (xr[q] - mu) * mul + add;
 }
 
 __kernel void bn_backward_reduce_f32(__global const float *x, ulong x_off, __global const float *g,
@@ -157,8 +158,8 @@ __kernel void bn_backward_apply_f32(__global const float *x, ulong x_off, __glob
   float istd = rsqrt(var[v_off + ch] + eps), M = (float)(n * p), mu = mean[m_off + ch];
   float mul = istd * (has_weight ? weight[w_off + ch] : 1.0f);
   float mg = training ? sum_g[sg_off + ch] / M : 0.0f;
-  float mgx = training ? sum_gxhat[sx_off + ch] / M * istd : 0.0f;
+  float mgx = training ? sum_gxhat[sx_off + ch] / M : 0.0f;
   __global const float *xr = x + x_off + row * p, *gr = g + g_off + row * p;
   __global float *dr = dx + d_off + row * p;
-  for (ulong q = 0; q < p; q++) dr[q] = mul * (gr[q] - mg - (xr[q] - mu) * mgx);
+  for (ulong q = 0; q < p; q++) dr[q] = mul * (gr[q] - mg - (xr[q] - mu) * istd * mgx);
 }
