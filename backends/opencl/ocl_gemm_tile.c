@@ -11,7 +11,8 @@
 #define AS_MEM(buf) ((cl_mem)(buf))
 
 /* The kernel's default tiles (gemm_tile.cl): GT_MR x 16 GT_NV for nn / tn, GT_DM x GT_DN for
- * nt. */
+ * nt. The kernel takes them as -D build options; a tuner that builds it with others must
+ * launch with the same tiles (global sizes below). */
 #define TILE_MR 8
 #define TILE_NR 32
 #define TILE_DM 4

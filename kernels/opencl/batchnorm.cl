@@ -1,9 +1,11 @@
 /* batchnorm.cl — batch norm over x [n, c, p] per channel (backend.h's formulas): the batch
  * statistics (two passes: mean, then the mean squared deviation from it) with the running
  * statistics' update, the normalization, and the backward's two per-channel sums and the
- * input's gradient. The reductions run one work-group per channel (a power of two of
- * work-items, tree-added in local memory); each work-item keeps its part of the sum with
- * Kahan compensation, since a channel may hold hundreds of thousands of elements. */
+ * input's gradient. The reductions run one work-group per channel: a power of two of
+ * work-items tree-added in local memory, or on CPU devices a single work-item that reads the
+ * channel's planes in order, 8 lanes at a time (ocl_conv.c). Each work-item (lane) keeps its
+ * part of the sum with Kahan compensation, since a channel may hold hundreds of thousands of
+ * elements. The apply kernels run a work-item per row of p elements. */
 
 typedef struct {
   float sum, comp;
