@@ -5,7 +5,8 @@
  * against CLBlast 1.5 with its own parameters in the same run (`bench_gemm 0 256x256x2304:nn
  * 2304x256x256:tn 256x2304x256:nt 512x64x4608:nn 4608x64x512:tn`, ResNet-50's convolution
  * GEMMs at batch 16 of 64x64): 193 / 5.8, 237 / 8.4, 160 / 6.7, 436 / 23, 241 / 7.1. In the
- * ResNet-50 training step the GEMMs' device time fell from about 9.7 s to 0.3 s a step. */
+ * ResNet-50 training step (`bench_train_step 0 2 --model resnet50`, device time summed per
+ * kernel, back to back at load 8) the GEMMs took 239 ms a step against 3010 ms before. */
 #include "ocl_internal.h"
 
 #define AS_MEM(buf) ((cl_mem)(buf))
