@@ -195,6 +195,30 @@ static void test_conv_against_reference(void **state) {
   each_device(conv_on);
 }
 
+/* Exact layer shapes of ResNet-50 at 64x64 (batch 1) and an odd-sized strided one: products
+ * over 2^20 multiply-adds, which a CPU OpenCL device runs with its register-tiled GEMM
+ * (gemm_tile.cl) around im2col / col2im. */
+static void conv_resnet_on(clpar_device *dev) {
+  op_case cs[] = {
+      conv_case("ResNet-50 conv1 7x7 stride 2 pad 3", 1, 3, 64, 64, 64, 7, 7,
+                OPT(2, 2, 3, 3, 1, 1, 1), 0),
+      conv_case("ResNet-50 layer1 1x1 256 -> 64 (direct)", 1, 256, 16, 16, 64, 1, 1,
+                OPT(1, 1, 0, 0, 1, 1, 1), 0),
+      conv_case("ResNet-50 layer2 3x3 stride 2", 1, 128, 16, 16, 128, 3, 3,
+                OPT(2, 2, 1, 1, 1, 1, 1), 0),
+      conv_case("ResNet-50 layer3 3x3 at 4x4", 1, 256, 4, 4, 256, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1),
+                0),
+      conv_case("3x3 stride 2 on 15x13, 40 -> 24, batch 3", 3, 40, 15, 13, 24, 3, 3,
+                OPT(2, 2, 1, 1, 1, 1, 1), 1),
+  };
+  for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) check_case(dev, &cs[i], 500 + i * 10);
+}
+
+static void test_conv_resnet_shapes(void **state) {
+  (void)state;
+  each_device(conv_resnet_on);
+}
+
 /* A few floats of columns per chunk: every image (and the last, partial chunk) on its own. */
 static void conv_chunked_on(clpar_device *dev) {
   int64_t keep = clpar_conv_chunk_floats;
@@ -216,9 +240,9 @@ static void test_conv_in_chunks(void **state) {
 
 /* C_i = alpha op(A_i) op(B_i) + beta C_i through the device's entry, against float64: A shared
  * (stride 0) or strided, leading dimensions and strides larger than the matrices. */
-static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
-                              float beta, uint64_t seed) {
-  int64_t m = 5, n = 7, k = 6, lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+static void gemm_batched_mnk(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
+                             float beta, uint64_t seed, int64_t m, int64_t n, int64_t k) {
+  int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
   int64_t sa = share_a ? 0 : (ta ? k : m) * lda + 4, sb = (tb ? n : k) * ldb + 1, sc = m * ldc + 5;
   int64_t na = (share_a ? 1 : batch) * ((ta ? k : m) * lda + 4), nb = batch * sb, nc = batch * sc;
   clpar_tensor *a = tu_make(dev, 1, &na, seed), *b = tu_make(dev, 1, &nb, seed + 1);
@@ -249,12 +273,22 @@ static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, in
   clpar_tensor_free(a), clpar_tensor_free(b), clpar_tensor_free(c);
 }
 
+static void gemm_batched_case(clpar_device *dev, int ta, int tb, int share_a, int64_t batch,
+                              float beta, uint64_t seed) {
+  gemm_batched_mnk(dev, ta, tb, share_a, batch, beta, seed, 5, 7, 6);
+}
+
 static void gemm_batched_on(clpar_device *dev) {
   for (int t = 0; t < 4; t++) {
     gemm_batched_case(dev, t & 1, t >> 1, 0, 3, 0.0f, 400 + (uint64_t)t * 3);
     gemm_batched_case(dev, t & 1, t >> 1, 1, 4, -0.5f, 420 + (uint64_t)t * 3);
+    /* over 2^20 multiply-adds: a CPU OpenCL device's register-tiled kernel (gemm_tile.cl),
+     * with full tiles and edges in m, n and k */
+    gemm_batched_mnk(dev, t & 1, t >> 1, 0, 2, t & 1 ? -0.5f : 0.0f, 450 + (uint64_t)t * 3, 37, 70,
+                     433);
   }
   gemm_batched_case(dev, 0, 0, 1, 1, 1.0f, 440);
+  gemm_batched_mnk(dev, 0, 1, 1, 1, 1.0f, 470, 64, 96, 256); /* full tiles only */
 }
 
 static void test_gemm_batched(void **state) {
@@ -409,9 +443,21 @@ static void bn_on(clpar_device *dev) {
   for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) check_case(dev, &cs[i], 400 + i);
 }
 
+#ifdef CLPAR_HAVE_OPENCL
+/* The OpenCL backend's switch between one work-item per channel (CPU devices) and a
+ * work-group tree (other devices) in the batch-norm reductions (ocl_conv.c). */
+extern int clpar_ocl_bn_serial;
+#endif
+
 static void test_batch_norm_against_reference(void **state) {
   (void)state;
   each_device(bn_on);
+#ifdef CLPAR_HAVE_OPENCL
+  int keep = clpar_ocl_bn_serial;
+  clpar_ocl_bn_serial = 0; /* the work-group path on CPU devices too */
+  each_device(bn_on);
+  clpar_ocl_bn_serial = keep;
+#endif
 }
 
 /* The running statistics after one training call: momentum 0.1, unbiased variance. */
@@ -690,6 +736,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conv_against_reference),
       cmocka_unit_test(test_conv_in_chunks),
+      cmocka_unit_test(test_conv_resnet_shapes),
       cmocka_unit_test(test_gemm_batched),
       cmocka_unit_test(test_pool_against_reference),
       cmocka_unit_test(test_batch_norm_against_reference),

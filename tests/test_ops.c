@@ -77,6 +77,8 @@ static void test_gemm(void **state) {
       /* n and k multiples of 8: the OpenCL backend's small kernels on a CPU device */
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 19, 24, 40);
       check_gemm(clpar_device_get(d), t & 1, t >> 1, 3, 8, 8);
+      /* over 2^20 multiply-adds: a CPU device's register-tiled kernel, edges in m, n, k */
+      check_gemm(clpar_device_get(d), t & 1, t >> 1, 45, 77, 401);
     }
     /* B transposed (nt), k a multiple of 8: a CPU device's small kernel at any size while B
      * holds at most 2^22 floats (m and n not multiples of a work-group), CLBlast past that */

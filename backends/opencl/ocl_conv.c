@@ -15,15 +15,22 @@ static clpar_status launch_2d(clpar_ocl_device *d, const char *file, const char 
   return clpar_ocl_launch(d, file, name, args, nargs, 2, global, NULL);
 }
 
+/* A CPU device's batch-norm reductions run one work-item per channel (below); tests clear
+ * this to run the work-group path on such a device too. */
+int clpar_ocl_bn_serial = 1;
+
 /* One work-group per channel, each reducing per_channel elements; args[nargs - 1] is the
- * kernel's __local scratch. The work-group is a power of two no larger than a channel needs:
+ * kernel's __local scratch. On a CPU device the work-group is one work-item, which reads its
+ * channel's planes in order with 8-wide sums (batchnorm.cl): measured on PoCL's pthread
+ * device in the ResNet-50 step, the strided 64-item groups took several times longer. Else
+ * the work-group is a power of two no larger than a channel needs:
  * a 64-wide tree over the 16 elements of a small micro-batch's channel cost more than the sums
  * (on PoCL, bn_stats over 2048 channels of 16 took 1 ms; DESIGN.md, pipeline). */
 static clpar_status launch_channels(clpar_ocl_device *d, const char *name, karg *args, int nargs,
                                     size_t channels, size_t per_channel) {
   size_t local = 1;
-  while (local * 2 <= WG_REDUCE && local * 2 <= d->max_wg_size &&
-         local * 2 * PER_ITEM <= per_channel)
+  while (!(d->cpu && clpar_ocl_bn_serial) && local * 2 <= WG_REDUCE &&
+         local * 2 <= d->max_wg_size && local * 2 * PER_ITEM <= per_channel)
     local *= 2;
   size_t global = channels * local;
   args[nargs - 1].size = local * sizeof(float);
@@ -50,7 +57,7 @@ clpar_status clpar_ocl_im2col(void *dev, clpar_conv_geom g, clpar_bref x, clpar_
   karg args[] = {KARG(xm),   KARG(xo),           KARG(cm),   KARG(co),   KARG(k.n),  KARG(k.h),
                  KARG(k.w),  KARG(k.img_stride), KARG(k.kh), KARG(k.kw), KARG(k.sh), KARG(k.sw),
                  KARG(k.ph), KARG(k.pw),         KARG(k.dh), KARG(k.dw), KARG(k.oh), KARG(k.ow)};
-  return launch_2d(dev, "conv.cl", "im2col_f32", args, 18, (size_t)(g.n * g.oh * g.ow),
+  return launch_2d(dev, "conv.cl", "im2col_f32", args, 18, (size_t)(g.n * g.oh),
                    (size_t)(g.c * g.kh * g.kw));
 }
 
@@ -62,8 +69,7 @@ clpar_status clpar_ocl_col2im(void *dev, clpar_conv_geom g, clpar_bref col, clpa
                  KARG(k.c),  KARG(k.h),  KARG(k.w),  KARG(k.img_stride), KARG(k.kh),
                  KARG(k.kw), KARG(k.sh), KARG(k.sw), KARG(k.ph),         KARG(k.pw),
                  KARG(k.dh), KARG(k.dw), KARG(k.oh), KARG(k.ow)};
-  return launch_2d(dev, "conv.cl", "col2im_f32", args, 19, (size_t)(g.h * g.w),
-                   (size_t)(g.n * g.c));
+  return launch_2d(dev, "conv.cl", "col2im_f32", args, 19, (size_t)g.h, (size_t)(g.n * g.c));
 }
 
 /* A NULL buffer cannot be a kernel argument of every driver: an absent input passes another
@@ -152,12 +158,12 @@ clpar_status clpar_ocl_bn_apply(void *dev, size_t n, size_t c, size_t p, clpar_b
   cl_mem xm = AS_MEM(x.buf), mm = AS_MEM(mean.buf), vm = AS_MEM(var.buf), ym = AS_MEM(y.buf);
   cl_mem wm = OPT_MEM(weight, var), bm = OPT_MEM(bias, var);
   cl_ulong xo = x.off, mo = mean.off, vo = var.off, wo = weight.off, bo = bias.off, yo = y.off,
-           cc = c, cp = p;
+           cn = n, cc = c, cp = p;
   cl_int has_w = weight.buf != NULL, has_b = bias.buf != NULL;
   karg args[] = {KARG(xm),  KARG(xo), KARG(mm),    KARG(mo), KARG(vm), KARG(vo),
                  KARG(wm),  KARG(wo), KARG(has_w), KARG(bm), KARG(bo), KARG(has_b),
-                 KARG(eps), KARG(ym), KARG(yo),    KARG(cc), KARG(cp)};
-  return launch_2d(dev, "batchnorm.cl", "bn_apply_f32", args, 17, p, n * c);
+                 KARG(eps), KARG(ym), KARG(yo),    KARG(cn), KARG(cc), KARG(cp)};
+  return clpar_ocl_launch_1d(dev, "batchnorm.cl", "bn_apply_f32", args, 18, n * c);
 }
 
 clpar_status clpar_ocl_bn_backward_sums(void *dev, size_t n, size_t c, size_t p, clpar_bref x,
@@ -187,5 +193,5 @@ clpar_status clpar_ocl_bn_backward(void *dev, size_t n, size_t c, size_t p, clpa
                  KARG(vm),  KARG(vo),  KARG(wm),  KARG(wo),  KARG(has_w), KARG(eps),
                  KARG(sgm), KARG(sgo), KARG(sxm), KARG(sxo), KARG(tr),    KARG(dm),
                  KARG(dof), KARG(cn),  KARG(cc),  KARG(cp)};
-  return launch_2d(dev, "batchnorm.cl", "bn_backward_apply_f32", args, 22, p, n * c);
+  return clpar_ocl_launch_1d(dev, "batchnorm.cl", "bn_backward_apply_f32", args, 22, n * c);
 }

@@ -109,6 +109,9 @@ clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, s
                       float alpha, clpar_bref a, size_t lda, clpar_bref b, size_t ldb, float beta,
                       clpar_bref c, size_t ldc) {
   clpar_ocl_device *d_ = dev;
+  if (clpar_ocl_gemm_takes_tile(d_, trans_a, trans_b, m, n, k, lda, ldb, ldc))
+    return clpar_ocl_gemm_tile(d_, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c,
+                               ldc, 0, 1);
   if (clpar_ocl_gemm_takes_small(d_, trans_a, trans_b, m, n, k))
     return gemm_small(d_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   pthread_mutex_lock(&d_->lock);
@@ -125,6 +128,9 @@ clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, siz
   clpar_ocl_device *d = dev;
   if (batch == 1)
     return ocl_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (clpar_ocl_gemm_takes_tile(d, trans_a, trans_b, m, n, k, lda, ldb, ldc))
+    return clpar_ocl_gemm_tile(d, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                               stride_b, beta, c, ldc, stride_c, batch);
   pthread_mutex_lock(&d->lock);
   blast_call call;
   blast_begin(d, &call);

@@ -16,4 +16,13 @@ extern pthread_mutex_t clpar_ocl_gemm_warmup_lock;
 int clpar_ocl_gemm_takes_small(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
                                size_t n, size_t k);
 
+/* Whether ocl_gemm runs this GEMM with gemm_tile.cl rather than gemm_small or CLBlast (CPU
+ * devices only), and that run (ocl_gemm_tile.c); batch 1 is a plain GEMM. */
+int clpar_ocl_gemm_takes_tile(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
+                              size_t n, size_t k, size_t lda, size_t ldb, size_t ldc);
+clpar_status clpar_ocl_gemm_tile(clpar_ocl_device *d, int trans_a, int trans_b, size_t m, size_t n,
+                                 size_t k, float alpha, clpar_bref a, size_t lda, size_t stride_a,
+                                 clpar_bref b, size_t ldb, size_t stride_b, float beta,
+                                 clpar_bref c, size_t ldc, size_t stride_c, size_t batch);
+
 #endif

@@ -342,8 +342,9 @@ out:
 }
 
 static int runs_clblast(const clpar_ocl_device *d, const clpar_gemm_shape *s) {
-  return !clpar_ocl_gemm_takes_small(d, s->trans_a, s->trans_b, (size_t)s->m, (size_t)s->n,
-                                     (size_t)s->k);
+  size_t m = (size_t)s->m, n = (size_t)s->n, k = (size_t)s->k; /* leading dimensions: any fit */
+  return !clpar_ocl_gemm_takes_small(d, s->trans_a, s->trans_b, m, n, k) &&
+         !clpar_ocl_gemm_takes_tile(d, s->trans_a, s->trans_b, m, n, k, 0, 0, 0);
 }
 
 clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shapes,
@@ -359,20 +360,21 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
       return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                              "opencl: CLBlast %s names its GEMM parameters differently",
                              CLPAR_CLBLAST_VERSION);
-  /* only the shapes CLBlast runs: on a CPU device some take gemm_small.cl (ocl_gemm) */
+  /* only the shapes CLBlast runs: on a CPU device most take gemm_small.cl or gemm_tile.cl */
   int n_blast = 0;
   for (int i = 0; i < n_shapes; i++) n_blast += runs_clblast(d, &shapes[i]);
   if (!n_blast)
     return clpar_set_error(
         CLPAR_ERROR_INVALID_ARGUMENT,
         "opencl: %s: none of the %d shapes runs CLBlast on this CPU device (each "
-        "takes clpar's own small-GEMM kernel: B transposed with at most 2^22 "
-        "floats, or at most 2^20 multiply-adds), so there is nothing to tune",
+        "takes clpar's own GEMM kernels, gemm_small or gemm_tile: on CPU devices CLBlast "
+        "runs only A and B both transposed and a few odd small shapes), so there is "
+        "nothing to tune",
         d->dev_name, n_shapes);
   if (n_blast < n_shapes)
     clpar_log(CLPAR_LOG_INFO,
-              "opencl: %s: tuning on %d of the %d shapes; the others take clpar's own small-GEMM "
-              "kernel on this CPU device",
+              "opencl: %s: tuning on %d of the %d shapes; the others take clpar's own GEMM "
+              "kernels on this CPU device",
               d->dev_name, n_blast, n_shapes);
   tune_shape *ts = calloc((size_t)n_blast, sizeof *ts);
   if (!ts) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl: tuning");
