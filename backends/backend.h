@@ -211,8 +211,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bias_act, QUEUE, 0)          \
   X(bias_act_backward, QUEUE, 0) \
   X(conv2d, QUEUE, 0)            \
-  X(conv2d_backward_data, QUEUE, 0) \
-  X(conv2d_backward_weights, QUEUE, 0) \
+  X(conv2d_backward, QUEUE, 0)   \
   X(comm_id, DIRECT, 0)          \
   X(comm_init, DIRECT, 0)        \
   X(comm_query, DIRECT, 0)       \
@@ -414,15 +413,14 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(clpar_bref, sum_gxhat) F(int, training) F(clpar_bref, dx)
 
 /* Whole convolutions (optional; without them the core runs im2col and GEMMs):
- *   conv2d:                  y = conv(x, weight) + bias (bias optional)
- *   conv2d_backward_data:    dx = the gradient of y with respect to x, from gy (written whole)
- *   conv2d_backward_weights: dw (and db, when db.buf is set) from x and gy (written whole) */
+ *   conv2d:          y = conv(x, weight) + bias (bias optional)
+ *   conv2d_backward: from gy, each of dx, dw and db whose buf is set (dw whenever db is),
+ *                    written whole; one entry, so that gy is read (or reordered) once */
 #define CLPAR_BE_ARGS_conv2d(F) \
   F(clpar_conv2d_shape, s) F(clpar_bref, x) F(clpar_bref, weight) F(clpar_bref, bias) F(clpar_bref, y)
-#define CLPAR_BE_ARGS_conv2d_backward_data(F) \
-  F(clpar_conv2d_shape, s) F(clpar_bref, gy) F(clpar_bref, weight) F(clpar_bref, dx)
-#define CLPAR_BE_ARGS_conv2d_backward_weights(F) \
-  F(clpar_conv2d_shape, s) F(clpar_bref, x) F(clpar_bref, gy) F(clpar_bref, dw) F(clpar_bref, db)
+#define CLPAR_BE_ARGS_conv2d_backward(F)                                                  \
+  F(clpar_conv2d_shape, s) F(clpar_bref, x) F(clpar_bref, weight) F(clpar_bref, gy)        \
+  F(clpar_bref, dx) F(clpar_bref, dw) F(clpar_bref, db)
 
 /* ---- fused Linear epilogues (src/nn/functional.c: clpar_linear, clpar_linear_act) ---- */
 /* out[r, c] = f(a[r, c] + bias[c]), r < rows, c < cols (f: clpar_act_kind; the sum is

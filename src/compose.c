@@ -293,17 +293,11 @@ clpar_status clpar_compose_conv2d(clpar_device *dev, clpar_conv2d_shape s, clpar
   return refuse(dev, "conv2d");
 }
 
-clpar_status clpar_compose_conv2d_backward_data(clpar_device *dev, clpar_conv2d_shape s,
-                                                clpar_bref gy, clpar_bref weight, clpar_bref dx) {
-  (void)s, (void)gy, (void)weight, (void)dx;
-  return refuse(dev, "conv2d_backward_data");
-}
-
-clpar_status clpar_compose_conv2d_backward_weights(clpar_device *dev, clpar_conv2d_shape s,
-                                                   clpar_bref x, clpar_bref gy, clpar_bref dw,
-                                                   clpar_bref db) {
-  (void)s, (void)x, (void)gy, (void)dw, (void)db;
-  return refuse(dev, "conv2d_backward_weights");
+clpar_status clpar_compose_conv2d_backward(clpar_device *dev, clpar_conv2d_shape s, clpar_bref x,
+                                           clpar_bref weight, clpar_bref gy, clpar_bref dx,
+                                           clpar_bref dw, clpar_bref db) {
+  (void)s, (void)x, (void)weight, (void)gy, (void)dx, (void)dw, (void)db;
+  return refuse(dev, "conv2d_backward");
 }
 
 clpar_status clpar_compose_copy_peer(clpar_device *dev, void *peer, void *dst, size_t dst_off_bytes,

@@ -53,14 +53,15 @@ static float *read_free(clpar_tensor *t, size_t *n) {
   return tu_read(t);
 }
 
-static void run_case(clpar_device *dev, const conv_case *c, result *out) {
+/* grads: bit 0 x, bit 1 weight, bit 2 bias: the inputs that require a gradient. */
+static void run_case(clpar_device *dev, const conv_case *c, int grads, result *out) {
   clpar_scope *sc = clpar_scope_begin();
   int64_t xs[4] = {c->n, c->c, c->h, c->w}, ws[4] = {c->o, c->c / c->opt.groups, c->kh, c->kw};
   clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12);
   clpar_tensor *b = c->bias ? tu_make(dev, 1, &c->o, 13) : NULL, *y, *r, *prod, *loss;
-  tu_ok(clpar_tensor_set_requires_grad(x, 1));
-  tu_ok(clpar_tensor_set_requires_grad(w, 1));
-  if (b) tu_ok(clpar_tensor_set_requires_grad(b, 1));
+  tu_ok(clpar_tensor_set_requires_grad(x, grads & 1));
+  tu_ok(clpar_tensor_set_requires_grad(w, (grads >> 1) & 1));
+  if (b) tu_ok(clpar_tensor_set_requires_grad(b, (grads >> 2) & 1));
   tu_ok(clpar_conv2d(x, w, b, &c->opt, &y));
   r = tu_make(dev, y->ndim, y->shape, 14);
   tu_ok(clpar_mul(y, r, &prod));
@@ -68,9 +69,12 @@ static void run_case(clpar_device *dev, const conv_case *c, result *out) {
   tu_ok(clpar_backward(loss));
   memset(out, 0, sizeof *out);
   out->v[0] = read_free(y, &out->n[0]);
-  out->v[1] = read_free(clpar_tensor_grad(x), &out->n[1]);
-  out->v[2] = read_free(clpar_tensor_grad(w), &out->n[2]);
-  if (b) out->v[3] = read_free(clpar_tensor_grad(b), &out->n[3]);
+  clpar_tensor *g[3] = {clpar_tensor_grad(x), clpar_tensor_grad(w),
+                        b ? clpar_tensor_grad(b) : NULL};
+  for (int i = 0; i < 3; i++) {
+    if ((grads >> i) & 1 && (i < 2 || b)) assert_non_null(g[i]);
+    if (g[i]) out->v[i + 1] = read_free(g[i], &out->n[i + 1]);
+  }
   clpar_scope_end(sc);
 }
 
@@ -79,41 +83,46 @@ static void result_free(result *r) {
 }
 
 /* Runs the case with the host device's conv2d entries removed: the plain loops. */
-static void on_plain(clpar_device *dev, const conv_case *c, result *out) {
+static void on_plain(clpar_device *dev, const conv_case *c, int grads, result *out) {
   tu_ok(clpar_device_synchronize(dev));
   const clpar_backend_iface *keep = dev->bd.iface;
   clpar_backend_iface plain = *keep;
   plain.conv2d = NULL;
-  plain.conv2d_backward_data = NULL;
-  plain.conv2d_backward_weights = NULL;
+  plain.conv2d_backward = NULL;
   dev->bd.iface = &plain;
-  run_case(dev, c, out);
+  run_case(dev, c, grads, out);
   tu_ok(clpar_device_synchronize(dev));
   dev->bd.iface = keep;
 }
 
 static const char *const part[4] = {"y", "dx", "dw", "db"};
 
+/* One case on both paths, and twice on oneDNN: the same bits. */
+static void compare(clpar_device *dev, const conv_case *c, int grads) {
+  result got, again, want;
+  run_case(dev, c, grads, &got);
+  run_case(dev, c, grads, &again);
+  on_plain(dev, c, grads, &want);
+  for (int k = 0; k < 4; k++) {
+    assert_true(!got.v[k] == !want.v[k]);
+    if (!want.v[k]) continue;
+    char what[160];
+    snprintf(what, sizeof what, "%s (gradients 0x%x): %s", c->name, grads, part[k]);
+    assert_int_equal(got.n[k], want.n[k]);
+    tu_assert_close(got.v[k], want.v[k], want.n[k], 1e-4f, 1e-4f, what);
+    if (memcmp(got.v[k], again.v[k], got.n[k] * sizeof(float)) != 0)
+      fail_msg("%s differs between two runs on the same inputs", what);
+  }
+  result_free(&got), result_free(&again), result_free(&want);
+}
+
 static void test_against_plain_loops(void **state) {
   (void)state;
   clpar_device *dev = tu_host();
   assert_non_null(dev->bd.iface->conv2d); /* the oneDNN path is the default */
-  for (size_t i = 0; i < N_CASES; i++) {
-    result got, again, want;
-    run_case(dev, &cases[i], &got);
-    run_case(dev, &cases[i], &again);
-    on_plain(dev, &cases[i], &want);
-    for (int k = 0; k < 4; k++) {
-      if (!want.v[k]) continue;
-      char what[160];
-      snprintf(what, sizeof what, "%s: %s", cases[i].name, part[k]);
-      assert_int_equal(got.n[k], want.n[k]);
-      tu_assert_close(got.v[k], want.v[k], want.n[k], 1e-4f, 1e-4f, what);
-      if (memcmp(got.v[k], again.v[k], got.n[k] * sizeof(float)) != 0)
-        fail_msg("%s differs between two runs on the same inputs", what);
-    }
-    result_free(&got), result_free(&again), result_free(&want);
-  }
+  for (size_t i = 0; i < N_CASES; i++) compare(dev, &cases[i], 7);
+  /* some gradients only: dx alone, the bias's alone (dw made and dropped), dw without dx */
+  for (int grads = 1; grads <= 6; grads++) compare(dev, &cases[4], grads);
 }
 
 /* CLPAR_HOST_DNNL chooses the path at clpar_init: 0 the plain loops, 1 oneDNN, anything else

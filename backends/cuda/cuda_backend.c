@@ -1058,8 +1058,7 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
  * entries without NCCL). */
 /* Convolutions run as im2col and GEMMs in the core. */
 #define cuda_conv2d NULL
-#define cuda_conv2d_backward_data NULL
-#define cuda_conv2d_backward_weights NULL
+#define cuda_conv2d_backward NULL
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
 #undef CLPAR_BE_PREFIX_

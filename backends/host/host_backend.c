@@ -83,12 +83,10 @@ static clpar_status host_event_free(void *dev, void *ev) {
  * CLPAR_HOST_DNNL=0, the core's im2col and GEMMs over this file's loops. */
 #ifdef CLPAR_HAVE_DNNL
 #define host_conv2d clpar_host_dnnl_conv2d
-#define host_conv2d_backward_data clpar_host_dnnl_conv2d_backward_data
-#define host_conv2d_backward_weights clpar_host_dnnl_conv2d_backward_weights
+#define host_conv2d_backward clpar_host_dnnl_conv2d_backward
 #else
 #define host_conv2d NULL
-#define host_conv2d_backward_data NULL
-#define host_conv2d_backward_weights NULL
+#define host_conv2d_backward NULL
 #endif
 #define host_profile NULL
 #define host_profile_read NULL
@@ -599,8 +597,7 @@ static pthread_once_t plain_once = PTHREAD_ONCE_INIT;
 static void make_plain(void) {
   host_iface_plain = host_iface;
   host_iface_plain.conv2d = NULL;
-  host_iface_plain.conv2d_backward_data = NULL;
-  host_iface_plain.conv2d_backward_weights = NULL;
+  host_iface_plain.conv2d_backward = NULL;
 }
 
 /* CLPAR_HOST_DNNL: unset or "1" runs convolutions through oneDNN, "0" through the plain

@@ -222,7 +222,8 @@ static clpar_status make_pd(const clpar_conv2d_shape *s, int k, int has_bias, co
   return CLPAR_OK;
 }
 
-/* The operands of kind k in execution order (see run_entry's pointers). */
+/* The operands of kind k in execution order (see run_entry's pointers). Both backward kinds
+ * take gy (DIFF_DST) first, in work buffer 0, so that one reorder of it serves both. */
 static clpar_status add_operands(entry *e, dnnl_primitive_desc_t pd, const descs *d) {
   clpar_status st;
   if (e->kind == K_FWD) {
@@ -239,9 +240,8 @@ static clpar_status add_operands(entry *e, dnnl_primitive_desc_t pd, const descs
     if (st == CLPAR_OK)
       st = add_operand(e, pd, DNNL_ARG_DIFF_SRC, 1, dnnl_query_diff_src_md, &d->src);
   } else {
-    st = add_operand(e, pd, DNNL_ARG_SRC, 0, dnnl_query_src_md, &d->src);
-    if (st == CLPAR_OK)
-      st = add_operand(e, pd, DNNL_ARG_DIFF_DST, 0, dnnl_query_diff_dst_md, &d->dst);
+    st = add_operand(e, pd, DNNL_ARG_DIFF_DST, 0, dnnl_query_diff_dst_md, &d->dst);
+    if (st == CLPAR_OK) st = add_operand(e, pd, DNNL_ARG_SRC, 0, dnnl_query_src_md, &d->src);
     if (st == CLPAR_OK)
       st = add_operand(e, pd, DNNL_ARG_DIFF_WEIGHTS, 1, dnnl_query_diff_weights_md, &d->wei);
     if (st == CLPAR_OK && e->has_bias)
@@ -352,8 +352,9 @@ static clpar_status run_reorder(const operand *op, void *user, int i) {
 }
 
 /* Runs e on the user's pointers (one per operand, in add_operands' order): inputs reordered
- * into work buffers, the primitive, outputs reordered back. */
-static clpar_status run_entry(const entry *e, void *const *ptrs) {
+ * into work buffers (operand 0 is already there when have_first), the primitive, outputs
+ * reordered back. */
+static clpar_status run_entry(const entry *e, void *const *ptrs, int have_first) {
   dnnl_exec_arg_t args[MAX_ARGS];
   clpar_status st = CLPAR_OK;
   int made = 0;
@@ -362,7 +363,7 @@ static clpar_status run_entry(const entry *e, void *const *ptrs) {
     void *p = ptrs[i];
     if (op->reorder) {
       st = grow_work(i, dnnl_memory_desc_get_size(&op->inner));
-      if (st == CLPAR_OK && !op->out) st = run_reorder(op, ptrs[i], i);
+      if (st == CLPAR_OK && !op->out && !(i == 0 && have_first)) st = run_reorder(op, ptrs[i], i);
       p = work[i];
     }
     if (st == CLPAR_OK) st = memory(&op->inner, p, &args[i].memory);
@@ -379,15 +380,34 @@ static clpar_status run_entry(const entry *e, void *const *ptrs) {
   return st;
 }
 
-static clpar_status run(const clpar_conv2d_shape *s, int k, int has_bias, void *const *ptrs) {
+static clpar_status run_forward(const clpar_conv2d_shape *s, int has_bias, void *const *ptrs) {
   pthread_mutex_lock(&lock);
   entry *e = NULL;
-  clpar_status st = lookup(s, k, has_bias, &e);
-  if (st == CLPAR_OK) {
-    /* backward data writes dx whole: the rows and columns no window reads get zeros */
-    if (k == K_BWD_DATA && e->clipped)
-      memset(ptrs[2], 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float));
-    st = run_entry(e, ptrs);
+  clpar_status st = lookup(s, K_FWD, has_bias, &e);
+  if (st == CLPAR_OK) st = run_entry(e, ptrs, 0);
+  pthread_mutex_unlock(&lock);
+  return st;
+}
+
+/* Backward data (dx) then backward weights (dw, db); gy is reordered once when both
+ * primitives take it in the same layout. */
+static clpar_status run_backward(const clpar_conv2d_shape *s, void *x, void *w, void *gy, void *dx,
+                                 void *dw, void *db) {
+  pthread_mutex_lock(&lock);
+  entry *bd = NULL, *bw = NULL;
+  clpar_status st = dx ? lookup(s, K_BWD_DATA, 0, &bd) : CLPAR_OK;
+  if (st == CLPAR_OK && dw) st = lookup(s, K_BWD_WEIGHTS, db != NULL, &bw);
+  if (st == CLPAR_OK && bd) {
+    /* dx is written whole: the rows and columns no window reads get zeros */
+    if (bd->clipped) memset(dx, 0, (size_t)(s->n * s->c * s->h * s->w) * sizeof(float));
+    void *ptrs[MAX_ARGS] = {gy, w, dx, NULL};
+    st = run_entry(bd, ptrs, 0);
+  }
+  if (st == CLPAR_OK && bw) {
+    int have = bd && bd->ops[0].reorder && bw->ops[0].reorder &&
+               dnnl_memory_desc_equal(&bd->ops[0].inner, &bw->ops[0].inner);
+    void *ptrs[MAX_ARGS] = {gy, x, dw, db};
+    st = run_entry(bw, ptrs, have);
   }
   pthread_mutex_unlock(&lock);
   return st;
@@ -401,19 +421,13 @@ clpar_status clpar_host_dnnl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref 
                                     clpar_bref weight, clpar_bref bias, clpar_bref y) {
   (void)dev;
   void *ptrs[MAX_ARGS] = {at(x), at(weight), at(y), bias.buf ? at(bias) : NULL};
-  return run(&s, K_FWD, bias.buf != NULL, ptrs);
+  return run_forward(&s, bias.buf != NULL, ptrs);
 }
 
-clpar_status clpar_host_dnnl_conv2d_backward_data(void *dev, clpar_conv2d_shape s, clpar_bref gy,
-                                                  clpar_bref weight, clpar_bref dx) {
+clpar_status clpar_host_dnnl_conv2d_backward(void *dev, clpar_conv2d_shape s, clpar_bref x,
+                                             clpar_bref weight, clpar_bref gy, clpar_bref dx,
+                                             clpar_bref dw, clpar_bref db) {
   (void)dev;
-  void *ptrs[MAX_ARGS] = {at(gy), at(weight), at(dx), NULL};
-  return run(&s, K_BWD_DATA, 0, ptrs);
-}
-
-clpar_status clpar_host_dnnl_conv2d_backward_weights(void *dev, clpar_conv2d_shape s, clpar_bref x,
-                                                     clpar_bref gy, clpar_bref dw, clpar_bref db) {
-  (void)dev;
-  void *ptrs[MAX_ARGS] = {at(x), at(gy), at(dw), db.buf ? at(db) : NULL};
-  return run(&s, K_BWD_WEIGHTS, db.buf != NULL, ptrs);
+  return run_backward(&s, at(x), at(weight), at(gy), dx.buf ? at(dx) : NULL, dw.buf ? at(dw) : NULL,
+                      db.buf ? at(db) : NULL);
 }

@@ -280,8 +280,7 @@ static clpar_status ocl_event_free(void *dev, void *ev) {
 #define ocl_supports_op NULL
 /* Convolutions run as im2col and GEMMs in the core. */
 #define ocl_conv2d NULL
-#define ocl_conv2d_backward_data NULL
-#define ocl_conv2d_backward_weights NULL
+#define ocl_conv2d_backward NULL
 /* No OpenCL all-reduce library exists: DistributedDataParallel reduces OpenCL devices'
  * gradients in host memory over MPI. */
 #define ocl_comm_id NULL

@@ -213,7 +213,7 @@ static clpar_status forward_direct(clpar_device *dev, const conv_plan *p, const 
 /* The backend runs whole convolutions (backend.h's conv2d entries). */
 static int has_library(const clpar_device *dev) {
   const clpar_backend_iface *f = dev->bd.iface;
-  return f->conv2d && f->conv2d_backward_data && f->conv2d_backward_weights;
+  return f->conv2d && f->conv2d_backward;
 }
 
 static clpar_conv2d_shape shape_of(const conv_plan *p) {
@@ -306,22 +306,19 @@ static clpar_status backward_direct(clpar_device *dev, const conv_plan *p, const
   return s;
 }
 
-/* Backward through the backend's entries; dw is computed (into a scratch tensor) when only db
- * is wanted, since one entry gives both. */
+/* Backward through the backend's entry; dw is computed (into a scratch tensor) when only db
+ * is wanted, since the entry gives db with dw. */
 static clpar_status backward_library(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
                                      const clpar_tensor *wt, const clpar_tensor *gy,
                                      conv_grads *d) {
-  clpar_conv2d_shape shape = shape_of(p);
   clpar_tensor *dw = d->dw;
   clpar_status s = CLPAR_OK;
-  if (d->dx)
-    s = clpar_dev_conv2d_backward_data(dev, shape, clpar_tensor_bref(gy), clpar_tensor_bref(wt),
-                                       clpar_tensor_bref(d->dx));
-  if (s == CLPAR_OK && !dw && d->db) s = clpar_tensor_empty(dev, 4, wt->shape, &dw);
-  if (s == CLPAR_OK && dw)
-    s = clpar_dev_conv2d_backward_weights(dev, shape, clpar_tensor_bref(x), clpar_tensor_bref(gy),
-                                          clpar_tensor_bref(dw),
-                                          d->db ? clpar_tensor_bref(d->db) : none());
+  if (!dw && d->db) s = clpar_tensor_empty(dev, 4, wt->shape, &dw);
+  if (s == CLPAR_OK)
+    s = clpar_dev_conv2d_backward(dev, shape_of(p), clpar_tensor_bref(x), clpar_tensor_bref(wt),
+                                  clpar_tensor_bref(gy), d->dx ? clpar_tensor_bref(d->dx) : none(),
+                                  dw ? clpar_tensor_bref(dw) : none(),
+                                  d->db ? clpar_tensor_bref(d->db) : none());
   if (dw != d->dw) clpar_tensor_free(dw);
   return s;
 }
