@@ -397,8 +397,14 @@ static clpar_status host_unary_backward(void *dev, clpar_unary_kind kind, size_t
   const float *pg = at(g), *ps = at(saved);
   float *po = at(out);
   if (kind == CLPAR_UNARY_RELU) {
+    /* a select of g loaded unconditionally, as PyTorch's threshold_backward (g where x > 0,
+     * else 0): GCC vectorizes this form, where g times a 0-or-1 (or a select with the load
+     * inside) compiled to a branch per element */
 #pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
-    for (size_t i = 0; i < n; i++) po[i] = pg[i] * (ps[i] > 0.0f ? 1.0f : 0.0f);
+    for (size_t i = 0; i < n; i++) {
+      float g = pg[i];
+      po[i] = ps[i] > 0.0f ? g : 0.0f;
+    }
   } else if (kind == CLPAR_UNARY_SIGMOID) {
 #pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
     for (size_t i = 0; i < n; i++) po[i] = pg[i] * (ps[i] * (1.0f - ps[i]));
