@@ -2,10 +2,10 @@
  * oneDNN's C API: forward with bias, backward data, backward weights with bias.
  *
  * Tensors stay NCHW / OIHW in clpar's memory. Each primitive is made with its layouts left to
- * oneDNN (format_tag_any: on AVX2 it picks channel-blocked layouts such as nChw8c, whose
- * kernels are several times faster than its plain-layout ones), and reorders move the
- * operands between clpar's layout and the primitive's at the edges of the call, through work
- * buffers shared by every primitive.
+ * oneDNN (format_tag_any: channel-blocked layouts such as nChw16c on AVX-512, for which it
+ * has direct JIT kernels), and reorders move the operands between clpar's layout and the
+ * primitive's at the edges of the call, through work buffers shared by every primitive.
+ * Results are the same bits run to run at a given thread count (tests/test_host_dnnl.c).
  *
  * Making a primitive costs milliseconds, so each is kept (with its reorders) in a cache keyed
  * by the shape and the kind, most recently used first, at most CACHE_MAX of them; the cache,
@@ -98,8 +98,16 @@ void clpar_host_dnnl_release(void) {
 }
 
 static clpar_status ensure_engine(void) {
-  if (!engine) TRY("engine_create", dnnl_engine_create(&engine, dnnl_cpu, 0));
-  if (!stream) TRY("stream_create", dnnl_stream_create(&stream, engine, dnnl_stream_default_flags));
+  dnnl_status_t st = dnnl_success;
+  if (!engine && (st = dnnl_engine_create(&engine, dnnl_cpu, 0)) != dnnl_success) {
+    engine = NULL;
+    return fail("engine_create", st);
+  }
+  if (!stream &&
+      (st = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags)) != dnnl_success) {
+    stream = NULL;
+    return fail("stream_create", st);
+  }
   return CLPAR_OK;
 }
 
