@@ -49,7 +49,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 12
+#define CLPAR_BACKEND_ABI_VERSION 13
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -132,6 +132,15 @@ typedef struct clpar_conv_geom {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   int64_t oh, ow;
 } clpar_conv_geom;
+
+/* A whole 2-D convolution, for the entries that hand it to a library (conv2d and its two
+ * backward entries; oneDNN on the host): x [n, c, h, w], weight [o, c / groups, kh, kw] and
+ * y [n, o, oh, ow], each contiguous (NCHW, OIHW) from its bref's offset. */
+typedef struct clpar_conv2d_shape {
+  int64_t n, c, h, w, o, groups;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t oh, ow;
+} clpar_conv2d_shape;
 
 /* One Adam/AdamW update with PyTorch's rule, per element (step t >= 1), in the order of
  * torch.optim's _single_tensor_adam on a CPU (fma: one rounding, as ATen's vectorized add
@@ -226,6 +235,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bn_backward, QUEUE, 1)       \
   X(bias_act, QUEUE, 0)          \
   X(bias_act_backward, QUEUE, 0) \
+  X(conv2d, QUEUE, 0)            \
+  X(conv2d_backward, QUEUE, 0)   \
   X(comm_id, DIRECT, 0)          \
   X(comm_init, DIRECT, 0)        \
   X(comm_query, DIRECT, 0)       \
@@ -432,6 +443,15 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(clpar_bref, var) F(clpar_bref, weight) F(float, eps) F(clpar_bref, sum_g)                 \
   F(clpar_bref, sum_gxhat) F(int, training) F(clpar_bref, dx)
 
+/* Whole convolutions (optional; without them the core runs im2col and GEMMs):
+ *   conv2d:          y = conv(x, weight) + bias (bias optional)
+ *   conv2d_backward: from gy, each of dx, dw and db whose buf is set (dw whenever db is),
+ *                    written whole; one entry, so that gy is read (or reordered) once */
+#define CLPAR_BE_ARGS_conv2d(F) \
+  F(clpar_conv2d_shape, s) F(clpar_bref, x) F(clpar_bref, weight) F(clpar_bref, bias) F(clpar_bref, y)
+#define CLPAR_BE_ARGS_conv2d_backward(F)                                                  \
+  F(clpar_conv2d_shape, s) F(clpar_bref, x) F(clpar_bref, weight) F(clpar_bref, gy)        \
+  F(clpar_bref, dx) F(clpar_bref, dw) F(clpar_bref, db)
 
 /* ---- fused Linear epilogues (src/nn/functional.c: clpar_linear, clpar_linear_act) ---- */
 /* out[r, c] = f(a[r, c] + bias[c]), r < rows, c < cols (f: clpar_act_kind; the sum is

@@ -19,8 +19,13 @@
  * odd case (stride, padding and dilation differing per axis) checks Xconvgemm's layouts against
  * clpar_conv2d the same way ({"check": "convgemm", ...}).
  *
+ * On the host device built with oneDNN, clpar_conv2d is oneDNN's convolution and the GEMMs
+ * are what the plain path runs; CLPAR_HOST_DNNL=0 times the plain path itself ("name" says
+ * which: "... + oneDNN" or not).
+ *
  *   POCL_DEVICES=pthread ./bench_conv [device-index] [batch] [image]
- *   CLPAR_DEVICES=host ./bench_conv 0 2 112 */
+ *   CLPAR_DEVICES=host ./bench_conv 0 2 112
+ *   CLPAR_DEVICES=host CLPAR_HOST_DNNL=0 ./bench_conv 0 16 64 */
 #ifdef BENCH_HAVE_OPENCL
 #include <CL/cl.h>
 #include <clblast_c.h>

@@ -285,6 +285,21 @@ clpar_status clpar_compose_profile_read(clpar_device *dev, double *seconds, uint
   return refuse(dev, "profile_read");
 }
 
+/* A backend without its own convolution entries gets im2col and GEMMs from src/nn/conv.c,
+ * which never posts these. */
+clpar_status clpar_compose_conv2d(clpar_device *dev, clpar_conv2d_shape s, clpar_bref x,
+                                  clpar_bref weight, clpar_bref bias, clpar_bref y) {
+  (void)s, (void)x, (void)weight, (void)bias, (void)y;
+  return refuse(dev, "conv2d");
+}
+
+clpar_status clpar_compose_conv2d_backward(clpar_device *dev, clpar_conv2d_shape s, clpar_bref x,
+                                           clpar_bref weight, clpar_bref gy, clpar_bref dx,
+                                           clpar_bref dw, clpar_bref db) {
+  (void)s, (void)x, (void)weight, (void)gy, (void)dx, (void)dw, (void)db;
+  return refuse(dev, "conv2d_backward");
+}
+
 clpar_status clpar_compose_copy_peer(clpar_device *dev, void *peer, void *dst, size_t dst_off_bytes,
                                      const void *src, size_t src_off_bytes, size_t bytes) {
   (void)peer, (void)dst, (void)dst_off_bytes, (void)src, (void)src_off_bytes, (void)bytes;

@@ -387,6 +387,29 @@ static void test_loss_and_op_errors(void **state) {
   clpar_scope_end(scope);
 }
 
+/* relu's gradient on the host is PyTorch's threshold_backward: g where x > 0, else 0, so a
+ * NaN or infinite gradient reaching a negative input stops there. */
+static void test_relu_backward_stops_nan_host(void **state) {
+  (void)state;
+  clpar_device *dev = tu_host();
+  clpar_scope *scope = clpar_scope_begin();
+  int64_t n = 4;
+  float xv[4] = {-1.0f, 2.0f, -3.0f, 4.0f}, rv[4] = {NAN, 1.0f, INFINITY, 2.0f};
+  clpar_tensor *x, *r, *y, *p, *s;
+  tu_ok(clpar_tensor_from_host(dev, 1, &n, xv, &x));
+  tu_ok(clpar_tensor_from_host(dev, 1, &n, rv, &r));
+  tu_ok(clpar_tensor_set_requires_grad(x, 1));
+  tu_ok(clpar_relu(x, &y));
+  tu_ok(clpar_mul(y, r, &p));
+  tu_ok(clpar_sum(p, &s));
+  tu_ok(clpar_backward(s));
+  float *g = tu_read(clpar_tensor_grad(x)), want[4] = {0.0f, 1.0f, 0.0f, 2.0f};
+  for (int i = 0; i < 4; i++)
+    if (g[i] != want[i]) fail_msg("d relu [%d] is %g; PyTorch gives %g", i, g[i], want[i]);
+  free(g);
+  clpar_scope_end(scope);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_finite_differences_host),
@@ -395,6 +418,7 @@ int main(void) {
       cmocka_unit_test(test_cross_entropy_label_above_2_24),
       cmocka_unit_test(test_backward_errors),
       cmocka_unit_test(test_loss_and_op_errors),
+      cmocka_unit_test(test_relu_backward_stops_nan_host),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

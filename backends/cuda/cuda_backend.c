@@ -1,4 +1,4 @@
-/* cuda_backend.c — clpar's CUDA backend (backend ABI 11): the CUDA runtime for memory, streams
+/* cuda_backend.c — clpar's CUDA backend: the CUDA runtime for memory, streams
  * and events, cuBLAS for GEMM, and clpar's own kernels (kernels/cuda/) for the element-wise
  * ops, the row-wise ones (softmax, the loss) and the optimizer updates.
  *
@@ -142,6 +142,9 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 
 /* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL, and the comm_
  * entries without NCCL). */
+/* Convolutions run as im2col and GEMMs in the core. */
+#define cuda_conv2d NULL
+#define cuda_conv2d_backward NULL
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
 #undef CLPAR_BE_PREFIX_

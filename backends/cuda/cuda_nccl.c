@@ -1,4 +1,4 @@
-/* cuda_nccl.c — NCCL for the CUDA backend's comm_ entries (backend.h, ABI 11): the all-reduce
+/* cuda_nccl.c — NCCL for the CUDA backend's comm_ entries (backend.h): the all-reduce
  * of DistributedDataParallel's gradient buckets on the device, between processes, without the
  * host (src/dist/ddp_nccl.c). Built only with NCCL (CMake option CLPAR_NCCL,
  * cmake/ClparNCCL.cmake).

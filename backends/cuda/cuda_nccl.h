@@ -1,4 +1,4 @@
-/* cuda_nccl.h — NCCL communicators behind the CUDA backend's comm_ entries (backend.h, ABI 11),
+/* cuda_nccl.h — NCCL communicators behind the CUDA backend's comm_ entries (backend.h),
  * implemented in cuda_nccl.c, which is built only with NCCL (CMake option CLPAR_NCCL). The
  * backend's entries make their device current and pass its stream; NCCL's own types stay in
  * cuda_nccl.c, and the core sees a communicator as an opaque handle. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <limits.h>
@@ -18,6 +19,7 @@
 #include "backend.h"
 #include "host/host_conv.h"
 #include "host/host_tensor_ops.h"
+#include "host/host_dnnl.h"
 
 #ifdef CLPAR_HAVE_BLAS
 #include <cblas.h>
@@ -28,6 +30,9 @@
 
 static clpar_status host_destroy(void *dev) {
   (void)dev;
+#ifdef CLPAR_HAVE_DNNL
+  clpar_host_dnnl_release();
+#endif
   return CLPAR_OK;
 }
 
@@ -75,6 +80,15 @@ static clpar_status host_event_free(void *dev, void *ev) {
 }
 
 #define host_supports_op NULL
+/* Whole convolutions through oneDNN (host_dnnl.c) when built with it; else, or with
+ * CLPAR_HOST_DNNL=0, the core's im2col and GEMMs over this file's loops. */
+#ifdef CLPAR_HAVE_DNNL
+#define host_conv2d clpar_host_dnnl_conv2d
+#define host_conv2d_backward clpar_host_dnnl_conv2d_backward
+#else
+#define host_conv2d NULL
+#define host_conv2d_backward NULL
+#endif
 #define host_profile NULL
 #define host_profile_read NULL
 /* One host device: no peers. */
@@ -384,8 +398,14 @@ static clpar_status host_unary_backward(void *dev, clpar_unary_kind kind, size_t
   const float *pg = at(g), *ps = at(saved);
   float *po = at(out);
   if (kind == CLPAR_UNARY_RELU) {
+    /* a select of g loaded unconditionally, as PyTorch's threshold_backward (g where x > 0,
+     * else 0): GCC vectorizes this form, where g times a 0-or-1 (or a select with the load
+     * inside) compiled to a branch per element */
 #pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
-    for (size_t i = 0; i < n; i++) po[i] = pg[i] * (ps[i] > 0.0f ? 1.0f : 0.0f);
+    for (size_t i = 0; i < n; i++) {
+      float g = pg[i];
+      po[i] = ps[i] > 0.0f ? g : 0.0f;
+    }
   } else if (kind == CLPAR_UNARY_SIGMOID) {
 #pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
     for (size_t i = 0; i < n; i++) po[i] = pg[i] * (ps[i] * (1.0f - ps[i]));
@@ -576,16 +596,55 @@ static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_
 #define CLPAR_BE_PREFIX_ host
 static const clpar_backend_iface host_iface = CLPAR_BACKEND_TABLE("host");
 
+#ifdef CLPAR_HAVE_DNNL
+/* host_iface without the oneDNN convolutions (CLPAR_HOST_DNNL=0). */
+static clpar_backend_iface host_iface_plain;
+static pthread_once_t plain_once = PTHREAD_ONCE_INIT;
+
+static void make_plain(void) {
+  host_iface_plain = host_iface;
+  host_iface_plain.conv2d = NULL;
+  host_iface_plain.conv2d_backward = NULL;
+}
+
+/* CLPAR_HOST_DNNL: unset or "1" runs convolutions through oneDNN, "0" through the plain
+ * loops; anything else is refused. */
+static clpar_status dnnl_wanted(int *yes) {
+  const char *v = getenv("CLPAR_HOST_DNNL");
+  *yes = 1;
+  if (!v || strcmp(v, "1") == 0) return CLPAR_OK;
+  if (strcmp(v, "0") == 0) {
+    *yes = 0;
+    return CLPAR_OK;
+  }
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                         "host backend: CLPAR_HOST_DNNL is \"%.32s\"; use 1 (oneDNN) or 0 (the "
+                         "plain loops)",
+                         v);
+}
+#endif
+
+/* The one host device; a CLPAR_HOST_DNNL the probe refuses still adds it (clpar_init needs the
+ * host device to fail cleanly) and returns the error. */
 clpar_status clpar_host_probe(clpar_backend_device **devs, int *count) {
+  clpar_status s = CLPAR_OK;
+  const char *libs = "";
   clpar_backend_device *d = clpar_backend_device_append(devs, count);
   if (!d) return CLPAR_ERROR_OUT_OF_MEMORY;
   d->iface = &host_iface;
   d->ctx = NULL;
+#ifdef CLPAR_HAVE_DNNL
+  int dnnl = 1;
+  s = dnnl_wanted(&dnnl);
+  pthread_once(&plain_once, make_plain);
+  if (!dnnl) d->iface = &host_iface_plain;
+  libs = dnnl ? " + oneDNN" : "";
+#endif
   clpar_device_info *in = &d->info;
 #ifdef CLPAR_HAVE_BLAS
-  snprintf(in->name, sizeof in->name, "host (C + OpenMP + BLAS)");
+  snprintf(in->name, sizeof in->name, "host (C + OpenMP + BLAS%s)", libs);
 #else
-  snprintf(in->name, sizeof in->name, "host (C + OpenMP)");
+  snprintf(in->name, sizeof in->name, "host (C + OpenMP%s)", libs);
 #endif
   snprintf(in->vendor, sizeof in->vendor, "clpar");
   snprintf(in->driver_version, sizeof in->driver_version, "%s", CLPAR_VERSION_STRING);
@@ -596,5 +655,5 @@ clpar_status clpar_host_probe(clpar_backend_device **devs, int *count) {
   in->max_alloc_bytes = in->global_mem_bytes / 2;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   in->compute_units = cpus > 0 ? (int)cpus : 1;
-  return CLPAR_OK;
+  return s;
 }

@@ -2,9 +2,10 @@
  * im2col and its adjoint col2im, the [a, b, p] -> [b, a, p] swap that takes a
  * GEMM's [O, n * P] result to NCHW, max and adaptive average pooling with their backward, and
  * batch norm's per-channel statistics, normalization and gradient. Sums over many elements
- * (statistics, gradient reductions) are taken in double: this is the reference the other
- * backends are compared with. Backward passes gather (each output element sums what reaches
- * it) instead of scattering, so they need no atomics and give the same bits every run. */
+ * (statistics, gradient reductions) are taken in double (in SIMD-wide partial sums): this is
+ * the reference the other backends are compared with. Backward passes gather (each output
+ * element sums what reaches it) instead of scattering, so they need no atomics and give the
+ * same bits every run. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -250,14 +251,20 @@ clpar_status clpar_host_bn_stats(void *dev, size_t n, size_t c, size_t p, clpar_
 #pragma omp parallel for if (n * c * p > PAR_MIN) schedule(static)
   for (size_t ch = 0; ch < c; ch++) {
     double sum = 0.0, sq = 0.0;
-    for (size_t b = 0; b < n; b++)
-      for (size_t q = 0; q < p; q++) sum += px[(b * c + ch) * p + q];
+    for (size_t b = 0; b < n; b++) {
+      const float *row = px + (b * c + ch) * p;
+#pragma omp simd reduction(+ : sum)
+      for (size_t q = 0; q < p; q++) sum += row[q];
+    }
     double mu = sum / M;
-    for (size_t b = 0; b < n; b++)
+    for (size_t b = 0; b < n; b++) {
+      const float *row = px + (b * c + ch) * p;
+#pragma omp simd reduction(+ : sq)
       for (size_t q = 0; q < p; q++) {
-        double d = px[(b * c + ch) * p + q] - mu;
+        double d = row[q] - mu;
         sq += d * d;
       }
+    }
     pm[ch] = (float)mu;
     pv[ch] = (float)(sq / M);
     if (running_mean.buf) {
@@ -299,12 +306,14 @@ clpar_status clpar_host_bn_backward_sums(void *dev, size_t n, size_t c, size_t p
 #pragma omp parallel for if (n * c * p > PAR_MIN) schedule(static)
   for (size_t ch = 0; ch < c; ch++) {
     double sg = 0.0, sgx = 0.0, mu = pm[ch];
-    for (size_t b = 0; b < n; b++)
+    for (size_t b = 0; b < n; b++) {
+      const float *gr = pg + (b * c + ch) * p, *xr = px + (b * c + ch) * p;
+#pragma omp simd reduction(+ : sg, sgx)
       for (size_t q = 0; q < p; q++) {
-        size_t k = (b * c + ch) * p + q;
-        sg += pg[k];
-        sgx += pg[k] * (px[k] - mu);
+        sg += gr[q];
+        sgx += gr[q] * (xr[q] - mu);
       }
+    }
     at(sum_g)[ch] = (float)sg;
     at(sum_gxhat)[ch] = (float)(sgx / sqrt((double)at(var)[ch] + eps));
   }

@@ -1,6 +1,6 @@
 /* ddp_nccl.c — DistributedDataParallel's buckets all-reduced by NCCL on CUDA devices, in place
- * in the flat gradient, on the device's own stream (the backend's comm_ entries, backend.h
- * ABI 11; backends/cuda/cuda_nccl.c), instead of through host memory over MPI (ddp.c).
+ * in the flat gradient, on the device's own stream (the backend's comm_ entries, backend.h;
+ * backends/cuda/cuda_nccl.c), instead of through host memory over MPI (ddp.c).
  *
  * Choice (clpar_ddp_choose_backend, at creation): each rank encodes its CLPAR_DIST_BACKEND
  * and whether NCCL can serve it (every parameter on one device that has the comm_ entries,

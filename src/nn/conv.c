@@ -14,7 +14,10 @@
  * 1x1 convolutions with stride 1 and no padding need no columns: x[n] is already [C, P], so
  * each image and group is one GEMM straight between x, W and y (DIRECT_MIN_P and up; below
  * that the per-image GEMMs are too small and the chunked path, whose im2col is then a plain
- * layout change, is used). */
+ * layout change, is used).
+ *
+ * A backend with whole-convolution entries (conv2d and its backward entries: oneDNN on the
+ * host) gets each pass as one call instead. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +222,18 @@ static clpar_status forward_direct(clpar_device *dev, const conv_plan *p, const 
   return s;
 }
 
+/* The backend runs whole convolutions (backend.h's conv2d entries). */
+static int has_library(const clpar_device *dev) {
+  const clpar_backend_iface *f = dev->bd.iface;
+  return f->conv2d && f->conv2d_backward;
+}
+
+static clpar_conv2d_shape shape_of(const conv_plan *p) {
+  clpar_conv2d_shape s = {p->n,  p->c,  p->h,  p->w,  p->o,  p->groups, p->kh, p->kw,
+                          p->sh, p->sw, p->ph, p->pw, p->dh, p->dw,     p->oh, p->ow};
+  return s;
+}
+
 /* The gradients the inputs asked for: dx (zeroed here), dw, db, NULL where not wanted. */
 typedef struct {
   clpar_tensor *dx, *dw, *db;
@@ -303,6 +318,23 @@ static clpar_status backward_direct(clpar_device *dev, const conv_plan *p, const
   return s;
 }
 
+/* Backward through the backend's entry; dw is computed (into a scratch tensor) when only db
+ * is wanted, since the entry gives db with dw. */
+static clpar_status backward_library(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
+                                     const clpar_tensor *wt, const clpar_tensor *gy,
+                                     conv_grads *d) {
+  clpar_tensor *dw = d->dw;
+  clpar_status s = CLPAR_OK;
+  if (!dw && d->db) s = clpar_tensor_empty(dev, 4, wt->shape, &dw);
+  if (s == CLPAR_OK)
+    s = clpar_dev_conv2d_backward(dev, shape_of(p), clpar_tensor_bref(x), clpar_tensor_bref(wt),
+                                  clpar_tensor_bref(gy), d->dx ? clpar_tensor_bref(d->dx) : none(),
+                                  dw ? clpar_tensor_bref(dw) : none(),
+                                  d->db ? clpar_tensor_bref(d->db) : none());
+  if (dw != d->dw) clpar_tensor_free(dw);
+  return s;
+}
+
 static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tensor **gin) {
   const conv_plan *p = node->ctx;
   clpar_tensor *x = node->inputs[0], *wt = node->inputs[1];
@@ -310,14 +342,17 @@ static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tens
   clpar_device *dev = node->dev;
   conv_grads d = {NULL, NULL, NULL};
   clpar_status s = CLPAR_OK;
+  int library = has_library(dev);
   if (x->requires_grad) {
     s = clpar_tensor_empty(dev, 4, x->shape, &d.dx);
-    if (s == CLPAR_OK && !p->direct)
+    if (s == CLPAR_OK && !p->direct && !library)
       s = clpar_dev_fill(dev, clpar_tensor_bref(d.dx), (size_t)d.dx->numel, 0.0f);
   }
   if (s == CLPAR_OK && wt->requires_grad) s = clpar_tensor_empty(dev, 4, wt->shape, &d.dw);
   if (s == CLPAR_OK && bias && bias->requires_grad) s = clpar_tensor_empty(dev, 1, &p->o, &d.db);
-  if (s == CLPAR_OK)
+  if (s == CLPAR_OK && library)
+    s = backward_library(dev, p, x, wt, gy, &d);
+  else if (s == CLPAR_OK)
     s = p->direct ? backward_direct(dev, p, x, wt, gy, &d) : backward_im2col(dev, p, x, wt, gy, &d);
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
@@ -353,7 +388,10 @@ clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
   int64_t shape[4] = {plan.n, plan.o, plan.oh, plan.ow};
   clpar_tensor *y = NULL;
   s = clpar_tensor_empty(dev, 4, shape, &y);
-  if (s == CLPAR_OK)
+  if (s == CLPAR_OK && has_library(dev))
+    s = clpar_dev_conv2d(dev, shape_of(&plan), clpar_tensor_bref(x), clpar_tensor_bref(weight),
+                         bias ? clpar_tensor_bref(bias) : none(), clpar_tensor_bref(y));
+  else if (s == CLPAR_OK)
     s = plan.direct ? forward_direct(dev, &plan, x, weight, bias, y)
                     : forward_im2col(dev, &plan, x, weight, bias, y);
   if (s != CLPAR_OK) {

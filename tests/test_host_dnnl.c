@@ -1,0 +1,157 @@
+/* test_host_dnnl.c — the host backend's convolutions through oneDNN (backends/host/host_dnnl.c)
+ * against the plain loops (im2col, GEMMs, col2im) on the same inputs: forward with and without
+ * bias, the gradients of input, weight and bias, over stride, padding, dilation, groups
+ * (depthwise too), odd sizes, batch 1 and some of ResNet-50's layer shapes; the same bits on a
+ * second run; and CLPAR_HOST_DNNL, which selects the path at clpar_init. Built only with
+ * oneDNN (CLPAR_HAVE_DNNL). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+typedef struct {
+  const char *name;
+  int64_t n, c, h, w, o, kh, kw;
+  clpar_conv2d_options opt;
+  int bias;
+} conv_case;
+
+#define OPT(s0, s1, p0, p1, d0, d1, g) \
+  { {s0, s1}, {p0, p1}, {d0, d1}, g }
+
+static const conv_case cases[] = {
+    {"3x3 pad 1", 2, 3, 7, 6, 4, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1), 1},
+    {"stride (2,1) pad (1,0) dilation (2,1) groups 2", 3, 4, 9, 8, 6, 3, 2,
+     OPT(2, 1, 1, 0, 2, 1, 2), 1},
+    {"depthwise 3x3 stride 2", 2, 5, 6, 7, 5, 3, 3, OPT(2, 2, 1, 1, 1, 1, 5), 0},
+    {"depthwise 5x5 channel multiplier 2", 1, 4, 11, 9, 8, 5, 5, OPT(1, 1, 2, 2, 1, 1, 4), 1},
+    {"5x5 stride 3 pad 2", 1, 2, 11, 13, 3, 5, 5, OPT(3, 3, 2, 2, 1, 1, 1), 1},
+    {"3x3 stride 2 no pad, odd sizes: the last row and column unread", 1, 3, 10, 8, 5, 3, 3,
+     OPT(2, 2, 0, 0, 1, 1, 1), 1},
+    {"3x3 dilation 2 pad 3", 2, 2, 4, 5, 3, 3, 3, OPT(1, 2, 3, 3, 2, 2, 1), 1},
+    {"1x1 stride 2", 2, 6, 7, 5, 4, 1, 1, OPT(2, 2, 0, 0, 1, 1, 1), 0},
+    {"1x1 groups 3", 1, 6, 16, 16, 9, 1, 1, OPT(1, 1, 0, 0, 1, 1, 3), 1},
+    {"resnet50 conv1 7x7 stride 2 pad 3", 1, 3, 64, 64, 64, 7, 7, OPT(2, 2, 3, 3, 1, 1, 1), 0},
+    {"resnet50 layer1 3x3 64", 2, 64, 16, 16, 64, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1), 0},
+    {"resnet50 layer1 1x1 64->256", 2, 64, 16, 16, 256, 1, 1, OPT(1, 1, 0, 0, 1, 1, 1), 0},
+    {"resnet50 layer2 3x3 128 stride 2", 2, 128, 16, 16, 128, 3, 3, OPT(2, 2, 1, 1, 1, 1, 1), 0},
+    {"resnet50 layer2 downsample 1x1 stride 2", 2, 256, 16, 16, 512, 1, 1, OPT(2, 2, 0, 0, 1, 1, 1),
+     0},
+    {"resnet50 layer4 3x3 512 stride 2", 2, 256, 4, 4, 256, 3, 3, OPT(2, 2, 1, 1, 1, 1, 1), 1},
+};
+#define N_CASES (sizeof cases / sizeof cases[0])
+
+/* y, dx, dw, db (db NULL without bias) of one case: loss sum(y * r). */
+typedef struct {
+  float *v[4];
+  size_t n[4];
+} result;
+
+static float *read_free(clpar_tensor *t, size_t *n) {
+  *n = (size_t)clpar_tensor_numel(t);
+  return tu_read(t);
+}
+
+/* grads: bit 0 x, bit 1 weight, bit 2 bias: the inputs that require a gradient. */
+static void run_case(clpar_device *dev, const conv_case *c, int grads, result *out) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t xs[4] = {c->n, c->c, c->h, c->w}, ws[4] = {c->o, c->c / c->opt.groups, c->kh, c->kw};
+  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12);
+  clpar_tensor *b = c->bias ? tu_make(dev, 1, &c->o, 13) : NULL, *y, *r, *prod, *loss;
+  tu_ok(clpar_tensor_set_requires_grad(x, grads & 1));
+  tu_ok(clpar_tensor_set_requires_grad(w, (grads >> 1) & 1));
+  if (b) tu_ok(clpar_tensor_set_requires_grad(b, (grads >> 2) & 1));
+  tu_ok(clpar_conv2d(x, w, b, &c->opt, &y));
+  r = tu_make(dev, y->ndim, y->shape, 14);
+  tu_ok(clpar_mul(y, r, &prod));
+  tu_ok(clpar_sum(prod, &loss));
+  tu_ok(clpar_backward(loss));
+  memset(out, 0, sizeof *out);
+  out->v[0] = read_free(y, &out->n[0]);
+  clpar_tensor *g[3] = {clpar_tensor_grad(x), clpar_tensor_grad(w),
+                        b ? clpar_tensor_grad(b) : NULL};
+  for (int i = 0; i < 3; i++) {
+    if ((grads >> i) & 1 && (i < 2 || b)) assert_non_null(g[i]);
+    if (g[i]) out->v[i + 1] = read_free(g[i], &out->n[i + 1]);
+  }
+  clpar_scope_end(sc);
+}
+
+static void result_free(result *r) {
+  for (int i = 0; i < 4; i++) free(r->v[i]);
+}
+
+/* Runs the case with the host device's conv2d entries removed: the plain loops. */
+static void on_plain(clpar_device *dev, const conv_case *c, int grads, result *out) {
+  tu_ok(clpar_device_synchronize(dev));
+  const clpar_backend_iface *keep = dev->bd.iface;
+  clpar_backend_iface plain = *keep;
+  plain.conv2d = NULL;
+  plain.conv2d_backward = NULL;
+  dev->bd.iface = &plain;
+  run_case(dev, c, grads, out);
+  tu_ok(clpar_device_synchronize(dev));
+  dev->bd.iface = keep;
+}
+
+static const char *const part[4] = {"y", "dx", "dw", "db"};
+
+/* One case on both paths, and twice on oneDNN: the same bits. */
+static void compare(clpar_device *dev, const conv_case *c, int grads) {
+  result got, again, want;
+  run_case(dev, c, grads, &got);
+  run_case(dev, c, grads, &again);
+  on_plain(dev, c, grads, &want);
+  for (int k = 0; k < 4; k++) {
+    assert_true(!got.v[k] == !want.v[k]);
+    if (!want.v[k]) continue;
+    char what[160];
+    snprintf(what, sizeof what, "%s (gradients 0x%x): %s", c->name, grads, part[k]);
+    assert_int_equal(got.n[k], want.n[k]);
+    tu_assert_close(got.v[k], want.v[k], want.n[k], 1e-4f, 1e-4f, what);
+    if (memcmp(got.v[k], again.v[k], got.n[k] * sizeof(float)) != 0)
+      fail_msg("%s differs between two runs on the same inputs", what);
+  }
+  result_free(&got), result_free(&again), result_free(&want);
+}
+
+static void test_against_plain_loops(void **state) {
+  (void)state;
+  clpar_device *dev = tu_host();
+  assert_non_null(dev->bd.iface->conv2d); /* the oneDNN path is the default */
+  for (size_t i = 0; i < N_CASES; i++) compare(dev, &cases[i], 7);
+  /* some gradients only: dx alone, the bias's alone (dw made and dropped), dw without dx */
+  for (int grads = 1; grads <= 6; grads++) compare(dev, &cases[5], grads);
+}
+
+/* CLPAR_HOST_DNNL chooses the path at clpar_init: 0 the plain loops, 1 oneDNN, anything else
+ * an error naming the variable. */
+static void test_env(void **state) {
+  (void)state;
+  clpar_shutdown();
+  setenv("CLPAR_HOST_DNNL", "0", 1);
+  tu_ok(clpar_init());
+  assert_null(tu_host()->bd.iface->conv2d);
+  clpar_shutdown();
+  const char *bad[] = {"2", "", "yes", "1 ", "01"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("CLPAR_HOST_DNNL", bad[i], 1);
+    assert_int_equal(clpar_init(), CLPAR_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(clpar_last_error(), "CLPAR_HOST_DNNL"));
+  }
+  setenv("CLPAR_HOST_DNNL", "1", 1);
+  tu_ok(clpar_init());
+  assert_non_null(tu_host()->bd.iface->conv2d);
+  unsetenv("CLPAR_HOST_DNNL");
+}
+
+int main(void) {
+  unsetenv("CLPAR_HOST_DNNL");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_against_plain_loops),
+      cmocka_unit_test(test_env),
+  };
+  return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
+}
