@@ -367,6 +367,10 @@ clpar_node *clpar_record(clpar_tensor *result, const char *op, clpar_backward_fn
  * gives it in *node (NULL otherwise; node may be NULL). Out of memory frees result. */
 clpar_status clpar_record_op(clpar_tensor *result, const char *op, clpar_backward_fn backward,
                              clpar_tensor *const *inputs, int n, clpar_node **node);
+/* A unary entry's op (activation.c): the result of clpar_dev_unary, with a node that keeps x
+ * and, except for relu, an alias of the output; backward NULL is the unary_backward entry. */
+clpar_status clpar_unary_op(const char *fn, clpar_unary_kind kind, const clpar_tensor *x,
+                            clpar_backward_fn backward, clpar_tensor **out);
 /* clpar_record_op, then what an op with a context or saved tensors does next: a node made
  * takes ctx (malloc'ed, freed with free; may be NULL) and saved[0..n_saved) as its
  * saved[0..n_saved) (out of the scope); without a node they are freed. *out = result on

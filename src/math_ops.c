@@ -33,37 +33,12 @@ static clpar_status from_output_backward(clpar_node *n, clpar_tensor *g, clpar_t
   return s;
 }
 
-static clpar_status unary_op(const char *fn, clpar_unary_kind kind, const clpar_tensor *x,
-                             clpar_tensor **out) {
-  clpar_status s = check_x(fn, x, out);
-  if (s != CLPAR_OK) return s;
-  clpar_device *dev = x->storage->dev;
-  clpar_tensor *r;
-  s = clpar_tensor_empty(dev, x->ndim, x->shape, &r);
-  if (s != CLPAR_OK) return s;
-  s = clpar_dev_unary(dev, kind, (size_t)x->numel, clpar_tensor_bref(x), clpar_tensor_bref(r));
-  if (s != CLPAR_OK) return failed(dev, s, r);
-  clpar_node *node;
-  s = clpar_record_op(r, fn, from_output_backward, (clpar_tensor **)&x, 1, &node);
-  if (s == CLPAR_OK && node) { /* the output, as an alias: no reference cycle */
-    node->iparam[0] = kind;
-    s = clpar_tensor_alias(r, &node->saved[0]);
-    if (s != CLPAR_OK) {
-      clpar_tensor_free(r);
-      return s;
-    }
-    clpar_tensor_unscope(node->saved[0]);
-  }
-  if (s == CLPAR_OK) *out = r;
-  return s;
-}
-
 clpar_status clpar_exp(const clpar_tensor *x, clpar_tensor **out) {
-  return unary_op("clpar_exp", CLPAR_UNARY_EXP, x, out);
+  return clpar_unary_op("clpar_exp", CLPAR_UNARY_EXP, x, from_output_backward, out);
 }
 
 clpar_status clpar_sqrt(const clpar_tensor *x, clpar_tensor **out) {
-  return unary_op("clpar_sqrt", CLPAR_UNARY_SQRT, x, out);
+  return clpar_unary_op("clpar_sqrt", CLPAR_UNARY_SQRT, x, from_output_backward, out);
 }
 
 /* ---- log, pow, GELU: from the input ---- */

@@ -39,8 +39,8 @@ static clpar_status unary_backward(clpar_node *n, clpar_tensor *g, clpar_tensor 
   return CLPAR_OK;
 }
 
-static clpar_status unary(const char *fn, clpar_unary_kind kind, const clpar_tensor *x,
-                          clpar_tensor **out) {
+clpar_status clpar_unary_op(const char *fn, clpar_unary_kind kind, const clpar_tensor *x,
+                            clpar_backward_fn backward, clpar_tensor **out) {
   clpar_status s = check_input(fn, x, out);
   if (s != CLPAR_OK) return s;
   clpar_device *dev = x->storage->dev;
@@ -50,7 +50,7 @@ static clpar_status unary(const char *fn, clpar_unary_kind kind, const clpar_ten
   s = clpar_dev_unary(dev, kind, (size_t)x->numel, clpar_tensor_bref(x), clpar_tensor_bref(r));
   if (s != CLPAR_OK) return failed(dev, s, r);
   clpar_node *node;
-  s = clpar_record_op(r, fn, unary_backward, (clpar_tensor **)&x, 1, &node);
+  s = clpar_record_op(r, fn, backward ? backward : unary_backward, (clpar_tensor **)&x, 1, &node);
   if (s == CLPAR_OK && node) {
     node->iparam[0] = kind;
     if (kind != CLPAR_UNARY_RELU) s = save_output(node, r);
@@ -60,15 +60,15 @@ static clpar_status unary(const char *fn, clpar_unary_kind kind, const clpar_ten
 }
 
 clpar_status clpar_relu(const clpar_tensor *x, clpar_tensor **out) {
-  return unary("clpar_relu", CLPAR_UNARY_RELU, x, out);
+  return clpar_unary_op("clpar_relu", CLPAR_UNARY_RELU, x, NULL, out);
 }
 
 clpar_status clpar_sigmoid(const clpar_tensor *x, clpar_tensor **out) {
-  return unary("clpar_sigmoid", CLPAR_UNARY_SIGMOID, x, out);
+  return clpar_unary_op("clpar_sigmoid", CLPAR_UNARY_SIGMOID, x, NULL, out);
 }
 
 clpar_status clpar_tanh(const clpar_tensor *x, clpar_tensor **out) {
-  return unary("clpar_tanh", CLPAR_UNARY_TANH, x, out);
+  return clpar_unary_op("clpar_tanh", CLPAR_UNARY_TANH, x, NULL, out);
 }
 
 static clpar_status softmax_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
