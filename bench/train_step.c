@@ -4,12 +4,13 @@
  *   --model mlp (default): MLP 784-1024-1024-10 at batch 256, cross-entropy, Adam, the batch
  *     uploaded each step; also the share of the step the device spent outside kernels (the
  *     library's own overhead) and the driver allocations during timed steps.
- *   --model small: "Optional: Data Parallelism"'s Linear(5, 2) at batch 30, MSE, SGD (lr 0.01),
- * input and target uploaded each step: a latency-bound step where per-op costs dominate.
+ *   --model small: "Optional: Data Parallelism"'s Linear(5, 2) at batch 30, MSE, SGD
+ *     (lr 0.01), input and target uploaded each step: a latency-bound step where per-op
+ *     costs dominate.
  *   --model resnet50: torchvision's ResNet-50 (1000 classes) at batch 16 of 3x64x64, MSE
  *     against one-hot labels, SGD (lr 0.001), images and labels uploaded each step (the
- * model-parallel tutorial's train() at a CPU's size); also images per second. Default 3 steps a
- * round.
+ *     model-parallel tutorial's train() at a CPU's size); also images per second. Default
+ *     3 steps a round.
  *
  * Steps run back to back and the device is waited for once at the end of a round, as a
  * training loop that reads its loss only now and then would. clpar runs `rounds` rounds, then
