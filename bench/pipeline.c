@@ -82,8 +82,7 @@ static clpar_status mse(clpar_tensor *out, clpar_tensor *target, int64_t first_r
 
 /* ResNet-50 cut as the tutorial cuts it (clpar_resnet_split after layer2): stage 0 is conv1 ..
  * layer2, stage 1 layer3, layer4, avgpool, flatten and fc; training mode (BatchNorm on each
- * micro-batch's statistics), MSE against one-hot targets, as the model-parallel tutorial's train().
- */
+ * micro-batch's statistics), MSE against one-hot targets, as the tutorial's train(). */
 static clpar_module *resnet50_stage(const args *a, int s, clpar_device *dev) {
   clpar_module *r = NULL, *half[2] = {NULL, NULL};
   clpar_manual_seed(7);

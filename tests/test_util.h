@@ -58,8 +58,8 @@ void tu_expect_equal(const clpar_tensor *t, const clpar_tensor *ref, float rtol,
 /* Reads a whole tensor into a new malloc'ed buffer. */
 float *tu_read(const clpar_tensor *t);
 
-/* The model-parallel tutorial's ToyModel, model parallel: net1 = Linear(10, 10) on dev0, ReLU, net2
- * = Linear(10, 5) on dev1 (dev0 == dev1: one device); forward moves the input to dev0 and the
+/* The model-parallel tutorial's ToyModel: net1 = Linear(10, 10) on dev0, ReLU, net2 =
+ * Linear(10, 5) on dev1 (dev0 == dev1: one device); forward moves the input to dev0 and the
  * activation to dev1 with the differentiable copy. */
 typedef struct {
   clpar_device *dev0, *dev1;
