@@ -315,7 +315,7 @@ clpar_status clpar_tensor_from_host_dtype(clpar_device *dev, clpar_dtype dtype, 
  * small whatever the tensor's size. */
 static clpar_status rand_tensor(const char *fn, clpar_device *dev, int ndim, const int64_t *shape,
                                 uint64_t seed, int normal, float a, float b, clpar_tensor **out) {
-  enum { BLOCK = 1 << 20 }; /* floats: 4 MiB, one staging chunk (src/transfer.c) */
+  enum { BLOCK = 1 << 20 }; /* floats: 4 MiB, one staging chunk (src/runtime/transfer.c) */
   clpar_status s = check_device(fn, dev);
   if (s != CLPAR_OK) return s;
   if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
@@ -467,7 +467,7 @@ static clpar_status to_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **g
 }
 
 /* One copy and one node, whatever the two devices: the transfer is posted to their workers
- * and nothing waits (src/transfer.c). */
+ * and nothing waits (src/runtime/transfer.c). */
 clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
   clpar_status s = check_device("clpar_tensor_to", dev);
   if (s != CLPAR_OK) return s;

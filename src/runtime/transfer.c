@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 #define CHUNK ((size_t)4 << 20)
 #define MIN_BLOCK ((size_t)64 << 10)

@@ -9,7 +9,7 @@
  * what follows. No thread that calls an op ever waits for a transfer. */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 typedef struct callback {
   void (*fn)(void *);
