@@ -18,7 +18,7 @@
 #include "clpar/clpar.h"
 
 /* clpar_set_error, clpar_append_error and clpar_log are declared in backend.h. */
-struct clpar_busy;
+typedef struct clpar_busy clpar_busy;
 struct clpar_storage;
 void clpar_log_init_from_env(void);
 
@@ -215,17 +215,21 @@ clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s);
  * (src/runtime/allocator.c); CLPAR_ERROR_INVALID_ARGUMENT when that variable is not a size. */
 clpar_status clpar_allocator_set_limits(clpar_device **devs, int count);
 
+/* ---- busy buffers (src/runtime/event.c) ---- */
+
 /* Events of other devices' queued work on a buffer (a transfer reading or writing it). */
-typedef struct clpar_busy {
-  pthread_mutex_t lock;
-  clpar_event **events;
-  int count, capacity;
-} clpar_busy;
-/* Adds ev (retained) to busy, dropping the events that completed. */
-clpar_status clpar_busy_add(clpar_busy *busy, clpar_event *ev);
-/* 1 when every event completed. */
+typedef struct clpar_busy clpar_busy;
+/* Adds ev (retained) to *busy, which it makes on first use (safely against another thread's
+ * first use), dropping the events that completed. */
+clpar_status clpar_busy_mark(clpar_busy **busy, clpar_event *ev);
+/* 1 when every event completed (NULL: none). */
 int clpar_busy_idle(clpar_busy *busy);
-void clpar_busy_clear(clpar_busy *busy);
+/* Blocks until every event completed. */
+void clpar_busy_sync(clpar_busy *busy);
+/* Releases the events and frees the list (NULL: nothing). */
+void clpar_busy_free(clpar_busy *busy);
+
+/* ---- storages (src/runtime/storage.c): one device buffer, shared by reference ---- */
 
 typedef struct clpar_storage {
   int refcount; /* atomic */
@@ -234,10 +238,16 @@ typedef struct clpar_storage {
   size_t capacity;  /* bytes */
   uint64_t version; /* bumped by every in-place write: replicas copy only what changed */
   clpar_busy *busy; /* NULL until another device's queue touches the buffer */
-  /* every storage alive, for clpar_shutdown (src/tensor.c); dev is NULL once shut down */
+  /* every storage alive, for clpar_shutdown; dev is NULL once shut down */
   struct clpar_storage *live_prev, *live_next;
 } clpar_storage;
 
+/* A new storage of at least bytes on dev (from its cache), one reference, counted alive. */
+clpar_status clpar_storage_new(clpar_device *dev, size_t bytes, clpar_storage **out);
+clpar_storage *clpar_storage_retain(clpar_storage *st);
+/* Drops a reference; the last gives the memory back to the device's cache (with its busy
+ * list) and frees st. */
+void clpar_storage_release(clpar_storage *st);
 /* At clpar_shutdown, after the queues drained: gives every live storage's memory back to its
  * device's cache (released with the device), leaves the tensors unusable except for freeing,
  * and logs one warning with their count. */
