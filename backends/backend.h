@@ -9,14 +9,15 @@
  *
  * The entries come from one X-macro list, CLPAR_BACKEND_ENTRIES: the table's members, the
  * backends' tables (CLPAR_BACKEND_TABLE), the core's completeness check and its dispatch
- * functions (src/dispatch.c) are all generated from it, so an entry is added in one place.
+ * functions (src/runtime/worker.c) are all generated from it, so an entry is added in one
+ * place.
  *
  * Two kinds of entry:
  * - DIRECT entries (alloc, release, events' query/then/free, supports_op) may be called from
  *   any host thread at any time; the backend makes them thread-safe.
  * - QUEUE entries enqueue work on the device's one in-order queue (stream). The core calls
- *   them only from the device's worker thread (src/worker.c), one at a time and in order, so
- *   a backend needs no lock around them, and PoCL's devices, whose `basic` driver runs a
+ *   them only from the device's worker thread (src/runtime/worker.c), one at a time and in
+ *   order, so a backend needs no lock around them, and PoCL's devices, whose `basic` driver runs a
  *   kernel in the thread that enqueues it, each get a thread of their own. They return
  *   without waiting for the device; `read`, `write` and `host_alloc` may complete later
  *   (the core keeps their host memory alive until an event recorded after them completes).
@@ -34,8 +35,8 @@
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
  * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
  *   nll, nll_backward, sgd_step, adam_step) the core then composes the op from primitive
- *   entries (fill, copy, binary, scale, unary, gemm, pick; src/compose.c), so a new backend can
- * start with the primitives only; supports_op lets a backend refuse a fused op for some of its
+ *   entries (fill, copy, binary, scale, unary, gemm, pick; src/runtime/compose.c), so a new
+ * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some of its
  * devices (asked once per device at clpar_init). A device without profile cannot be profiled, and
  *   one without peer_access/copy_peer copies to its peers through host staging. */
 #ifndef CLPAR_BACKEND_H
@@ -74,7 +75,7 @@ void clpar_log(clpar_log_level level, const char *fmt, ...) CLPAR_PRINTF(2, 3);
  * the core's dispatch it does nothing. */
 void clpar_backend_waited(void);
 /* Seconds on the monotonic clock (CLOCK_MONOTONIC), for deadlines and timings; the one
- * clock of the library, core and backends alike (src/clock.c). */
+ * clock of the library, core and backends alike (src/runtime/clock.c). */
 double clpar_clock_seconds(void);
 
 /* The size of a communicator's id (comm_id, comm_init): NCCL's ncclUniqueId. */
@@ -576,10 +577,10 @@ clpar_status clpar_cuda_probe(clpar_backend_device **devs, int *count);
 #endif
 
 /* Helper for probes: grows *devs by one and returns the new, zeroed slot (NULL when out of
- * memory, with the error set). Defined in src/registry.c. */
+ * memory, with the error set). Defined in src/runtime/registry.c. */
 clpar_backend_device *clpar_backend_device_append(clpar_backend_device **devs, int *count);
 
-/* ---- trusted cache files (src/trusted_file.c) ----
+/* ---- trusted cache files (src/runtime/trusted_file.c) ----
  * For what a backend keeps on disk and later obeys (compiled kernels, tuning parameters):
  * anyone who can write the directory or swap a file could make the process run their code.
  * Each call sets the error message and returns CLPAR_ERROR_IO saying why it refused. */

@@ -16,12 +16,18 @@
 #    backends/ or kernels/, like "cuda/cuda_kernels.h"), or a public header "clpar/..."
 #    (include/clpar/, and the generated clpar/version.h); a header of src/ ("internal.h",
 #    "dist/ddp_internal.h", or any path that resolves into src/) fails, quoted or in <>.
-# 4. with a build directory given (check_house.sh BUILD_DIR), the README's first program no
+# 4. the runtime calls up into a layer above it. A file of src/runtime/ sees the rest of clpar
+#    only through its own header and what the backends see: each #include "..." must be
+#    "runtime.h" (src/runtime/runtime.h), "backend.h" (backends/backend.h) or a public header
+#    "clpar/..."; a header of src/ outside src/runtime/ ("internal.h", "dist/dist_internal.h"),
+#    a backend's own header, or any other quoted name fails; in <> only system headers pass
+#    (a name that is a file under src/ or backends/ fails).
+# 5. with a build directory given (check_house.sh BUILD_DIR), the README's first program no
 #    longer compiles and links against that build: scripts/readme_program.sh BUILD_DIR, which
 #    extracts the first ```c block of README.md, does that check (a checkout without that
 #    script says so and goes on). Without a build directory
 #    this rule is not run (the source rules need no build: .ci/run runs them first, and
-#    scripts/test.sh runs all four after its build).
+#    scripts/test.sh runs all five after its build).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD_DIR=${1:-}
@@ -162,7 +168,31 @@ for f in "${files[@]}"; do
   done < <(grep -nE '^[ \t]*#[ \t]*include[ \t]*["<]' "$f")
 done
 
-# 4. the README's first program
+# 4. what the runtime includes
+for f in "${files[@]}"; do
+  case "$f" in src/runtime/*) ;; *) continue ;; esac
+  while IFS=: read -r ln text; do
+    inc=$(printf '%s\n' "$text" | sed -E 's/^[ \t]*#[ \t]*include[ \t]*["<]([^">]+)[">].*/\1/')
+    ok=0
+    if printf '%s\n' "$text" | grep -Eq '^[ \t]*#[ \t]*include[ \t]*"'; then
+      case "$inc" in
+        runtime.h) [ -f src/runtime/runtime.h ] && ok=1 ;;
+        backend.h) [ -f backends/backend.h ] && ok=1 ;;
+        clpar/*) [ -f "include/$inc" ] || [ "$inc" = clpar/version.h ] && ok=1 ;;
+      esac
+    else
+      ok=1 # a system header, unless the name is one of clpar's own
+      [ -f "src/$inc" ] || [ -f "src/runtime/$inc" ] || [ -f "backends/$inc" ] && ok=0
+    fi
+    if [ "$ok" -eq 0 ]; then
+      echo "check_house: $f:$ln: includes \"$inc\": the runtime sees only runtime.h," \
+        "backend.h and the public clpar/ headers (it never calls up into the layers above)" >&2
+      fail=1
+    fi
+  done < <(grep -nE '^[ \t]*#[ \t]*include[ \t]*["<]' "$f")
+done
+
+# 5. the README's first program
 if [ -n "$BUILD_DIR" ]; then
   if [ -f scripts/readme_program.sh ]; then
     if ! bash scripts/readme_program.sh "$BUILD_DIR"; then
@@ -183,4 +213,4 @@ fi
 readme=""
 [ -n "$BUILD_DIR" ] && [ -f scripts/readme_program.sh ] && readme=", the README's first program builds"
 echo "check_house: ${#files[@]} files: none over $MAX_FILE lines, no function over $MAX_FN" \
-  "lines, backends include no core header$readme"
+  "lines, backends include no core header, the runtime none of the layers above$readme"

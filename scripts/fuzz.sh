@@ -24,7 +24,7 @@ fuzz_one() { # fuzz_one TARGET SECONDS MAX_LEN SOURCES...
   mkdir -p "$out/corpus"
   clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -Iinclude -Ibuild/include -Isrc -Ibackends -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
-    -DCLPAR_BUILDING "tests/fuzz/fuzz_$target.c" "$@" src/status.c src/log.c \
+    -DCLPAR_BUILDING "tests/fuzz/fuzz_$target.c" "$@" src/runtime/status.c src/runtime/log.c \
     $(pkg-config --cflags --libs jansson) -lpthread -o "$out/fuzz_$target"
   local regressions=(tests/fuzz/regressions/"$target"/*)
   if [ -e "${regressions[0]}" ]; then
@@ -45,8 +45,8 @@ fuzz_one() { # fuzz_one TARGET SECONDS MAX_LEN SOURCES...
 
 for target in "${targets[@]}"; do
   case $target in
-  safetensors) fuzz_one safetensors "$secs" 4096 src/io/safetensors.c src/trusted_file.c ;;
-  npy) fuzz_one npy $(((secs + 1) / 2)) 1024 src/io/npy.c src/trusted_file.c ;;
+  safetensors) fuzz_one safetensors "$secs" 4096 src/io/safetensors.c src/runtime/trusted_file.c ;;
+  npy) fuzz_one npy $(((secs + 1) / 2)) 1024 src/io/npy.c src/runtime/trusted_file.c ;;
   *) echo "fuzz.sh: unknown target $target (safetensors, npy)"; exit 2 ;;
   esac
 done

@@ -104,58 +104,6 @@ static clpar_tensor *tensor_alloc(clpar_storage *st, size_t offset, clpar_dtype 
   return t;
 }
 
-/* Every storage alive (the list's order does not matter): clpar_shutdown releases their
- * memory and counts them. */
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static clpar_storage *live_head;
-
-static void live_add(clpar_storage *st) {
-  pthread_mutex_lock(&live_lock);
-  st->live_prev = NULL;
-  st->live_next = live_head;
-  if (live_head) live_head->live_prev = st;
-  live_head = st;
-  pthread_mutex_unlock(&live_lock);
-}
-
-/* Unlinks st; its device, or NULL when clpar_shutdown has taken its memory already. */
-static clpar_device *live_remove(clpar_storage *st) {
-  pthread_mutex_lock(&live_lock);
-  clpar_device *dev = st->dev;
-  if (dev) {
-    if (st->live_prev)
-      st->live_prev->live_next = st->live_next;
-    else
-      live_head = st->live_next;
-    if (st->live_next) st->live_next->live_prev = st->live_prev;
-  }
-  pthread_mutex_unlock(&live_lock);
-  return dev;
-}
-
-void clpar_storage_orphan_all(void) {
-  uint64_t tensors = 0, bytes = 0, storages = 0;
-  pthread_mutex_lock(&live_lock);
-  for (clpar_storage *st = live_head, *next; st; st = next) {
-    next = st->live_next;
-    tensors += (uint64_t)__atomic_load_n(&st->refcount, __ATOMIC_ACQUIRE);
-    bytes += st->capacity;
-    storages++;
-    clpar_free_buffer(st->dev, st->buf, st->capacity, st->busy); /* freed with the device */
-    st->dev = NULL;
-    st->buf = NULL;
-    st->busy = NULL;
-    st->live_prev = st->live_next = NULL;
-  }
-  live_head = NULL;
-  pthread_mutex_unlock(&live_lock);
-  if (storages)
-    clpar_log(CLPAR_LOG_WARN,
-              "clpar_shutdown: %llu tensors were still alive (%llu buffers, %llu bytes of device "
-              "memory); the memory is released, and the tensors can only be freed now",
-              (unsigned long long)tensors, (unsigned long long)storages, (unsigned long long)bytes);
-}
-
 /* A tensor that outlived clpar_shutdown has no memory left: only freeing it is allowed. */
 clpar_status clpar_check_alive(const char *fn, const clpar_tensor *t) {
   if (t->magic != CLPAR_TENSOR_LIVE) return clpar_debug_freed_error(fn, t);
@@ -179,33 +127,17 @@ clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int 
                        ? CLPAR_OK
                        : clpar_check_shape("tensor", ndim, shape, &numel);
   if (s != CLPAR_OK) return s;
-  clpar_storage *st = calloc(1, sizeof *st);
-  if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
-  s = clpar_alloc_buffer(dev, (size_t)numel * clpar_dtype_size(dtype), &st->buf, &st->capacity);
-  if (s != CLPAR_OK) {
-    free(st);
-    return s;
-  }
-  st->refcount = 1;
-  st->dev = dev;
+  clpar_storage *st;
+  s = clpar_storage_new(dev, (size_t)numel * clpar_dtype_size(dtype), &st);
+  if (s != CLPAR_OK) return s;
   clpar_tensor *t = tensor_alloc(st, 0, dtype, ndim, shape);
   if (!t) {
-    clpar_free_buffer(dev, st->buf, st->capacity, NULL);
-    free(st);
+    clpar_storage_release(st);
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
-  live_add(st);
   clpar_scope_adopt(t);
   *out = t;
   return CLPAR_OK;
-}
-
-static void storage_release(clpar_storage *st) {
-  if (__atomic_sub_fetch(&st->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    clpar_device *dev = live_remove(st);
-    if (dev) clpar_free_buffer(dev, st->buf, st->capacity, st->busy); /* takes busy over */
-    free(st);
-  }
 }
 
 /* A freed tensor passed to fn where no status can be returned: logged, and left alone. */
@@ -230,7 +162,7 @@ void clpar_tensor_release(clpar_tensor *t) {
     }
     clpar_node_release(t->node);
     clpar_tensor_free(t->grad);
-    storage_release(t->storage);
+    clpar_storage_release(t->storage);
     clpar_debug_discard(t);
   }
 }
@@ -315,7 +247,7 @@ clpar_status clpar_tensor_from_host_dtype(clpar_device *dev, clpar_dtype dtype, 
  * small whatever the tensor's size. */
 static clpar_status rand_tensor(const char *fn, clpar_device *dev, int ndim, const int64_t *shape,
                                 uint64_t seed, int normal, float a, float b, clpar_tensor **out) {
-  enum { BLOCK = 1 << 20 }; /* floats: 4 MiB, one staging chunk (src/transfer.c) */
+  enum { BLOCK = 1 << 20 }; /* floats: 4 MiB, one staging chunk (src/runtime/transfer.c) */
   clpar_status s = check_device(fn, dev);
   if (s != CLPAR_OK) return s;
   if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
@@ -467,7 +399,7 @@ static clpar_status to_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **g
 }
 
 /* One copy and one node, whatever the two devices: the transfer is posted to their workers
- * and nothing waits (src/transfer.c). */
+ * and nothing waits (src/runtime/transfer.c). */
 clpar_status clpar_tensor_to(const clpar_tensor *t, clpar_device *dev, clpar_tensor **out) {
   clpar_status s = check_device("clpar_tensor_to", dev);
   if (s != CLPAR_OK) return s;
@@ -554,7 +486,7 @@ static clpar_status make_view(clpar_tensor *t, size_t offset, int ndim, const in
                               clpar_tensor **out) {
   clpar_tensor *v = tensor_alloc(t->storage, offset, t->dtype, ndim, shape);
   if (!v) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
-  __atomic_add_fetch(&t->storage->refcount, 1, __ATOMIC_RELAXED);
+  clpar_storage_retain(t->storage);
   clpar_scope_adopt(v);
   *out = v;
   return CLPAR_OK;
@@ -572,11 +504,11 @@ clpar_status clpar_tensor_view_at(const clpar_tensor *t, size_t offset, int ndim
 }
 
 void clpar_tensor_repoint(clpar_tensor *t, clpar_storage *st, size_t offset) {
-  __atomic_add_fetch(&st->refcount, 1, __ATOMIC_RELAXED);
+  clpar_storage_retain(st);
   clpar_storage *old = t->storage;
   t->storage = st;
   t->offset = offset;
-  storage_release(old);
+  clpar_storage_release(old);
 }
 
 /* The view's rows of the input get g, added in place into the input's gradient at the rows'

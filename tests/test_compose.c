@@ -1,5 +1,5 @@
-/* test_compose.c — the fused entries composed from primitives (src/compose.c) and the waits
- * inside backends counted by the dispatch.
+/* test_compose.c — the fused entries composed from primitives (src/runtime/compose.c) and the
+ * waits inside backends counted by the dispatch.
  *
  * On every selected device, each composable entry (softmax_backward, sgd_step, adam_step)
  * runs three ways: the backend's own fused entry, the composition (forced with the test-only

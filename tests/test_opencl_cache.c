@@ -1,5 +1,5 @@
 /* test_opencl_cache.c — the kernel cache trusts only what no other user can have planted
- * (src/trusted_file.c, used by backends/opencl/ocl_program.c).
+ * (src/runtime/trusted_file.c, used by backends/opencl/ocl_program.c).
  *
  * First the trusted-file API on its own: a missing directory is created 0700; a directory
  * that is group- or world-writable, a symbolic link, a regular file or another user's is

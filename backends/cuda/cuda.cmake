@@ -1,5 +1,5 @@
-# cuda.cmake — builds clpar's CUDA backend module (backends/cuda/*.c, kernels/cuda/*.cu) into
-# clpar_objects. Included by the top-level CMakeLists.txt, in its scope, unless CLPAR_CUDA is
+# cuda.cmake — builds clpar's CUDA backend module (backends/cuda/*.c, kernels/cuda/*.cu) as the
+# backend library clpar_backend_cuda. Included by the top-level CMakeLists.txt, in its scope, unless CLPAR_CUDA is
 # OFF. CLPAR_CUDA=AUTO builds the module when nvcc and the toolkit (with cuBLAS) are found and
 # says why not otherwise; CLPAR_CUDA=ON makes a missing toolkit an error. The module needs no
 # GPU to build: without one, it reports no devices at run time.
@@ -65,16 +65,17 @@ file(GLOB _clpar_cuda_sources CONFIGURE_DEPENDS
 # cuda_nccl.c is added by cmake/ClparNCCL.cmake when NCCL is built (after MPI is found).
 list(FILTER _clpar_cuda_sources EXCLUDE REGEX "/cuda_nccl\\.c$")
 
-target_sources(clpar_objects PRIVATE ${_clpar_cuda_sources})
-target_compile_options(clpar_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+clpar_backend_library(clpar_backend_cuda ${_clpar_cuda_sources})
+target_compile_options(clpar_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
 target_compile_definitions(clpar_objects PUBLIC CLPAR_HAVE_CUDA)
 target_link_libraries(clpar_objects PUBLIC CUDA::cudart CUDA::cublas)
+target_link_libraries(clpar_backend_cuda PRIVATE CUDA::cudart CUDA::cublas)
 # The shared runtime, as CUDA::cudart links it: one runtime per process. clpar and
 # clpar_internal are made after this file runs and take the variable's value.
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
-# clpar_objects was made before CMAKE_CUDA_ARCHITECTURES had a value (on a first configure),
-# so its CUDA_ARCHITECTURES property did not take one: set it here.
-set_target_properties(clpar_objects PROPERTIES
+# Set explicitly: a target made before CMAKE_CUDA_ARCHITECTURES had a value (on a first
+# configure) takes none.
+set_target_properties(clpar_backend_cuda PROPERTIES
   CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
   CUDA_STANDARD 17
   CUDA_STANDARD_REQUIRED ON

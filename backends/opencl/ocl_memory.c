@@ -142,7 +142,7 @@ clpar_status ocl_event_free(void *dev, void *ev) {
 
 /* A buffer of one context can be used by any queue of that context: devices that share it
  * copy between each other's buffers with clEnqueueCopyBuffer. Devices of separate contexts
- * (the default) cannot, and copy through host staging (src/transfer.c). */
+ * (the default) cannot, and copy through host staging (src/runtime/transfer.c). */
 clpar_status ocl_peer_access(void *dev, void *peer, int *yes) {
   const clpar_ocl_device *d = dev, *p = peer;
   *yes = d != p && d->context == p->context;

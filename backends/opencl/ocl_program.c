@@ -11,7 +11,7 @@
  * corrupt, truncated or stale (a key that does not match) is rebuilt from source and
  * overwritten. The checksum only detects damage: the key is computable from public data, so
  * an entry is trusted only as far as its directory and file are (a binary for a CPU device is
- * native code run in this process). src/trusted_file.c decides that: a directory of this
+ * native code run in this process). src/runtime/trusted_file.c decides that: a directory of this
  * user's that no one else can write, a regular file of this user's, no link followed, no FIFO
  * waited on; otherwise programs are compiled from source, with one warning. Entries are
  * written to a new file and renamed into place, so a reader never sees half a file even when
@@ -207,7 +207,7 @@ static char *full_options(clpar_ocl_device *dev, const char *options) {
   return full;
 }
 
-/* ---- the disk cache (what is trusted: src/trusted_file.c) ---- */
+/* ---- the disk cache (what is trusted: src/runtime/trusted_file.c) ---- */
 
 #define ENTRY_MAGIC "CLPARPRG"
 #define ENTRY_FORMAT 1u

@@ -1,6 +1,6 @@
 /* ocl_tune_entry.c — the GEMM tuner's saved entry: which device, driver and CLBlast it is
  * for, the parameters, the checks an entry passes before CLBlast runs what it says
- * (params_check), and its trusted file I/O in the cache directory (src/trusted_file.c).
+ * (params_check), and its trusted file I/O in the cache directory (src/runtime/trusted_file.c).
  * clpar_ocl_tune_apply reads it when a device is opened. */
 #include <clblast_c.h>
 #include <errno.h>

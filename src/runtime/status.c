@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 #define CLPAR_ERROR_CAPACITY 8192
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 #define CHUNK ((size_t)4 << 20)
 #define MIN_BLOCK ((size_t)64 << 10)
@@ -249,23 +249,7 @@ static void count(clpar_device *dst, clpar_device *src, size_t bytes) {
 
 /* Marks st as used by another device's queue until ev completes. */
 static clpar_status mark_busy(clpar_storage *st, clpar_event *ev) {
-  if (!st) return CLPAR_OK;
-  clpar_busy *b = __atomic_load_n(&st->busy, __ATOMIC_ACQUIRE);
-  if (!b) {
-    clpar_busy *fresh = calloc(1, sizeof *fresh);
-    if (!fresh) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
-    pthread_mutex_init(&fresh->lock, NULL);
-    clpar_busy *expected = NULL;
-    if (__atomic_compare_exchange_n(&st->busy, &expected, fresh, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
-      b = fresh;
-    } else {
-      pthread_mutex_destroy(&fresh->lock);
-      free(fresh);
-      b = expected;
-    }
-  }
-  return clpar_busy_add(b, ev);
+  return st ? clpar_busy_mark(&st->busy, ev) : CLPAR_OK;
 }
 
 /* dst's worker waits for what src's worker did so far. */

@@ -2,7 +2,7 @@
  * device's worker (the only thread that drives its queue). The tuning itself, its cache file
  * and its application at device open are the OpenCL backend's (backends/opencl/ocl_tune.c):
  * only CLBlast has parameters to tune. */
-#include "internal.h"
+#include "runtime.h"
 
 /* Largest dimension a tuning shape may have: the tuner allocates A, B and C for each shape
  * and checks them on the host. */

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 /* ---- commands ---- */
 
@@ -61,6 +61,7 @@ typedef struct {
 
 struct clpar_worker {
   clpar_device *dev;
+  void (*thread_init)(void); /* the layers above's, run first on the thread */
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t work; /* commands arrived, or stop */
@@ -154,7 +155,7 @@ static void *worker_main(void *arg) {
   clpar_worker *w = arg;
   current_device = w->dev;
   entry_device = w->dev;
-  clpar_set_grad_enabled(0);
+  if (w->thread_init) w->thread_init();
   pthread_mutex_lock(&w->lock);
   for (;;) {
     while (w->count == 0 && !w->stop) pthread_cond_wait(&w->work, &w->lock);
@@ -275,7 +276,7 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
  * device's worker (run_entry calls them there, with entry_device set for the thread's
  * life), DIRECT entries are called here with entry_device set, so that a backend's
  * clpar_backend_waited is counted on the right device. An optional QUEUE entry whose bit is
- * set in dev->composed is composed from primitives instead (src/compose.c). */
+ * set in dev->composed is composed from primitives instead (src/runtime/compose.c). */
 #define DISPATCH_(name, kind, required) DISPATCH_##kind##_##required(name)
 #define DISPATCH_DIRECT_0(name) DISPATCH_DIRECT(name)
 #define DISPATCH_DIRECT_1(name) DISPATCH_DIRECT(name)
@@ -336,10 +337,11 @@ CLPAR_BACKEND_ENTRIES(DISPATCH_)
 
 /* ---- life ---- */
 
-clpar_status clpar_worker_start(clpar_device *dev) {
+clpar_status clpar_worker_start(clpar_device *dev, void (*thread_init)(void)) {
   clpar_worker *w = calloc(1, sizeof *w);
   if (!w) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "worker: out of host memory");
   w->dev = dev;
+  w->thread_init = thread_init;
   pthread_mutex_init(&w->lock, NULL);
   pthread_cond_init(&w->work, NULL);
   pthread_cond_init(&w->ran, NULL);

@@ -9,7 +9,7 @@
  * what follows. No thread that calls an op ever waits for a transfer. */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 typedef struct callback {
   void (*fn)(void *);
@@ -145,7 +145,32 @@ clpar_status clpar_event_then(clpar_event *ev, void (*fn)(void *), void *user) {
 
 /* ---- busy buffers: events of other devices' work on a storage ---- */
 
-clpar_status clpar_busy_add(clpar_busy *b, clpar_event *ev) {
+struct clpar_busy {
+  pthread_mutex_t lock;
+  clpar_event **events;
+  int count, capacity;
+};
+
+static clpar_busy *busy_get(clpar_busy **slot) {
+  clpar_busy *b = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+  if (b) return b;
+  clpar_busy *fresh = calloc(1, sizeof *fresh);
+  if (!fresh) {
+    clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
+    return NULL;
+  }
+  pthread_mutex_init(&fresh->lock, NULL);
+  clpar_busy *expected = NULL;
+  if (__atomic_compare_exchange_n(slot, &expected, fresh, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return fresh;
+  pthread_mutex_destroy(&fresh->lock);
+  free(fresh);
+  return expected;
+}
+
+clpar_status clpar_busy_mark(clpar_busy **slot, clpar_event *ev) {
+  clpar_busy *b = busy_get(slot);
+  if (!b) return CLPAR_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&b->lock);
   int kept = 0;
   for (int i = 0; i < b->count; i++) {
@@ -172,6 +197,7 @@ clpar_status clpar_busy_add(clpar_busy *b, clpar_event *ev) {
 }
 
 int clpar_busy_idle(clpar_busy *b) {
+  if (!b) return 1;
   pthread_mutex_lock(&b->lock);
   int idle = 1;
   for (int i = 0; i < b->count && idle; i++) idle = clpar_event_done(b->events[i]);
@@ -179,9 +205,15 @@ int clpar_busy_idle(clpar_busy *b) {
   return idle;
 }
 
-void clpar_busy_clear(clpar_busy *b) {
+void clpar_busy_sync(clpar_busy *b) {
+  if (!b) return;
+  for (int i = 0; i < b->count; i++) clpar_event_sync(b->events[i]);
+}
+
+void clpar_busy_free(clpar_busy *b) {
+  if (!b) return;
   for (int i = 0; i < b->count; i++) clpar_event_release(b->events[i]);
   free(b->events);
-  b->events = NULL;
-  b->count = b->capacity = 0;
+  pthread_mutex_destroy(&b->lock);
+  free(b);
 }

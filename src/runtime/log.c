@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 static clpar_log_level log_level = CLPAR_LOG_WARN;
 static clpar_log_fn log_fn = NULL;

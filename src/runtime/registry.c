@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_count;
@@ -15,6 +15,7 @@ static int all_count;
 static clpar_device **selected;
 static int selected_count;
 static clpar_device *host_device;
+static const clpar_runtime_hooks *hooks; /* the layers above's, from the first init */
 
 const char *clpar_version(void) {
   return CLPAR_VERSION_STRING;
@@ -51,7 +52,7 @@ static void destroy_devices(void) {
   for (int i = 0; i < all_count; i++) /* every queue idle before any device goes */
     if (all_devices[i]->worker) clpar_worker_drain(all_devices[i]);
   clpar_storage_orphan_all(); /* tensors the user did not free: their memory goes now */
-  clpar_debug_shutdown();
+  if (hooks && hooks->stop) hooks->stop();
   for (int i = 0; i < all_count; i++) {
     clpar_device *d = all_devices[i];
     clpar_allocator_destroy(d);
@@ -67,6 +68,7 @@ static void destroy_devices(void) {
   all_devices = selected = NULL;
   all_count = selected_count = 0;
   host_device = NULL;
+  hooks = NULL;
 }
 
 /* A backend must implement this ABI's every entry: a missing one would crash the first op
@@ -209,8 +211,8 @@ static void select_default(void) {
 
 static clpar_status init_locked(void) {
   clpar_log_init_from_env();
-  clpar_status debug = clpar_debug_init_from_env();
-  if (debug != CLPAR_OK) return debug;
+  clpar_status started = hooks && hooks->start ? hooks->start() : CLPAR_OK;
+  if (started != CLPAR_OK) return started;
   clpar_status probed = probe_backend("host", clpar_host_probe);
   if (all_count == 0) return CLPAR_ERROR_INTERNAL;
   host_device = all_devices[0];
@@ -232,17 +234,19 @@ static clpar_status init_locked(void) {
   if (s == CLPAR_OK) s = clpar_allocator_set_limits(all_devices, all_count);
   for (int i = 0; i < all_count; i++) all_devices[i]->index = -1;
   for (int i = 0; i < selected_count; i++) selected[i]->index = i;
-  for (int i = 0; s == CLPAR_OK && i < all_count; i++) s = clpar_worker_start(all_devices[i]);
+  for (int i = 0; s == CLPAR_OK && i < all_count; i++)
+    s = clpar_worker_start(all_devices[i], hooks ? hooks->worker_thread : NULL);
   for (int i = 0; s == CLPAR_OK && i < selected_count; i++)
     s = clpar_staging_reserve(selected[i], 2, (size_t)64 << 10);
   return s;
 }
 
-clpar_status clpar_init(void) {
+clpar_status clpar_runtime_init(const clpar_runtime_hooks *h) {
   pthread_mutex_lock(&registry_lock);
   clpar_status s = CLPAR_OK;
   if (init_count == 0) {
     clpar_clear_error();
+    hooks = h;
     s = init_locked();
     if (s != CLPAR_OK) destroy_devices();
   }
@@ -251,7 +255,7 @@ clpar_status clpar_init(void) {
   return s;
 }
 
-void clpar_shutdown(void) {
+void clpar_runtime_shutdown(void) {
   pthread_mutex_lock(&registry_lock);
   if (init_count > 0 && __atomic_sub_fetch(&init_count, 1, __ATOMIC_RELEASE) == 0)
     destroy_devices();

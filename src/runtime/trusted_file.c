@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 /* What a stat mode is, for messages. */
 static const char *file_kind(mode_t m) {

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 struct clpar_block {
   void *buf;
@@ -32,13 +32,6 @@ struct clpar_block {
   clpar_busy *busy; /* other devices' work still on it, or NULL */
   clpar_block *next;
 };
-
-static void busy_free(clpar_busy *b) {
-  if (!b) return;
-  clpar_busy_clear(b);
-  pthread_mutex_destroy(&b->lock);
-  free(b);
-}
 
 static size_t round_size(size_t bytes) {
   size_t quantum = bytes < ((size_t)1 << 20) ? 512 : ((size_t)64 << 10);
@@ -54,7 +47,7 @@ static clpar_block *take_cached(clpar_device *dev, size_t size) {
     if (b->size > size + size / 4) return NULL; /* sorted: nothing closer follows */
     if (b->busy) {
       if (!clpar_busy_idle(b->busy)) continue; /* another queue still works on it */
-      busy_free(b->busy);
+      clpar_busy_free(b->busy);
       b->busy = NULL;
     }
     *p = b->next;
@@ -71,8 +64,8 @@ static void release_all_locked(clpar_device *dev) {
   while (b) {
     clpar_block *next = b->next;
     if (b->busy) { /* drained: every transfer that touched it completed too */
-      for (int i = 0; i < b->busy->count; i++) clpar_event_sync(b->busy->events[i]);
-      busy_free(b->busy);
+      clpar_busy_sync(b->busy);
+      clpar_busy_free(b->busy);
     }
     clpar_dev_release(dev, b->buf);
     dev->stats.driver_frees++;
@@ -219,7 +212,7 @@ clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, siz
 
 void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy *busy) {
   if (busy && clpar_busy_idle(busy)) {
-    busy_free(busy);
+    clpar_busy_free(busy);
     busy = NULL;
   }
   clpar_block *b = malloc(sizeof *b);
@@ -227,9 +220,8 @@ void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy
   dev->stats.bytes_in_use -= capacity;
   if (!b) { /* cannot cache it: give it straight back once nothing uses it */
     if (dev->worker) clpar_worker_drain(dev);
-    if (busy)
-      for (int i = 0; i < busy->count; i++) clpar_event_sync(busy->events[i]);
-    busy_free(busy);
+    clpar_busy_sync(busy);
+    clpar_busy_free(busy);
     clpar_dev_release(dev, buf);
     dev->stats.driver_frees++;
     pthread_mutex_unlock(&dev->alloc_lock);

@@ -3,7 +3,7 @@
  * backend lacks them or refuses them (supports_op), so that a new backend can start with the
  * primitives only.
  *
- * The dispatch (src/worker.c) calls clpar_compose_<entry> instead of posting the entry when
+ * The dispatch (src/runtime/worker.c) calls clpar_compose_<entry> instead of posting the entry when
  * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
  * entry's posting would: it takes scratch memory from the device's cache, posts primitive
  * entries (fill, copy, binary, scale, unary, gemm, pick) to the device's queue in order, and gives
@@ -16,7 +16,7 @@
  * in float (a GEMM with a vector of ones). */
 #include <math.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 /* One scratch buffer from the device's cache, cut into regions of floats. */
 typedef struct {

@@ -1,0 +1,299 @@
+/* runtime.h — the runtime: the device list and the library's lifetime (registry.c), each
+ * device's worker thread and the dispatch of backend entries through it (worker.c), entries
+ * composed from primitives (compose.c), events between devices and the busy list of a buffer
+ * (event.c), the caching allocator (allocator.c), storages (storage.c), transfers (transfer.c),
+ * and the services backend.h promises the backends (status.c, log.c, clock.c, trusted_file.c).
+ * The layers above (tensor, autograd, ops, nn, parallel, dist, io) call into it; it calls
+ * none of them (scripts/check_house.sh keeps its includes to this header, backend.h and the
+ * public headers). Not installed. */
+#ifndef CLPAR_RUNTIME_H
+#define CLPAR_RUNTIME_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "clpar/clpar.h"
+
+/* clpar_set_error, clpar_append_error and clpar_log are declared in backend.h. */
+typedef struct clpar_busy clpar_busy;
+struct clpar_storage;
+void clpar_log_init_from_env(void);
+
+/* ---- the library's lifetime (src/runtime/registry.c) ----
+ *
+ * What the layers above do at the library's start and end and on each worker thread, given
+ * by clpar_init (src/init.c): the runtime calls up only through these. Any may be NULL. */
+typedef struct clpar_runtime_hooks {
+  /* at the first clpar_init, before the devices are probed; an error fails clpar_init */
+  clpar_status (*start)(void);
+  /* at the last clpar_shutdown, once every queue drained and every storage's memory went back
+   * to its device's cache, before the devices go */
+  void (*stop)(void);
+  /* first thing on each device's worker thread */
+  void (*worker_thread)(void);
+} clpar_runtime_hooks;
+/* clpar_init and clpar_shutdown under the registry's lock and count: the first init probes the
+ * devices and starts their workers (hooks kept, by pointer, until the last shutdown). */
+clpar_status clpar_runtime_init(const clpar_runtime_hooks *hooks);
+void clpar_runtime_shutdown(void);
+
+/* ---- devices and the caching allocator (src/runtime/registry.c, src/runtime/allocator.c) ---- */
+
+typedef struct clpar_block clpar_block;                 /* a cached buffer */
+typedef struct clpar_event clpar_event;                 /* src/runtime/event.c */
+typedef struct clpar_worker clpar_worker;               /* src/runtime/worker.c */
+typedef struct clpar_staging_block clpar_staging_block; /* src/runtime/transfer.c */
+
+struct clpar_device {
+  clpar_backend_device bd; /* iface, ctx, info (with id) */
+  int index;               /* in the selected list */
+  pthread_mutex_t alloc_lock;
+  clpar_block *free_blocks; /* sorted by size, ascending */
+  clpar_memory_stats stats;
+  /* what the allocator lets the driver hold for this device (in use + cached): its global
+   * memory, or less with CLPAR_DEVICE_MEMORY_LIMIT (src/runtime/allocator.c) */
+  uint64_t mem_limit;
+  clpar_worker *worker; /* the one thread that drives the device's queue */
+  /* pinned host memory for transfers, by size; guarded by staging_lock */
+  pthread_mutex_t staging_lock;
+  clpar_staging_block *staging_free;
+  clpar_staging_block *staging_busy; /* in use by copies to other devices, oldest first */
+  int staging_blocks;                /* pinned blocks made for the pool (asked for) */
+  /* atomic counters (clpar_device_counters) */
+  uint64_t host_waits;  /* a thread blocked on the device (callers' waits, backend_waits) */
+  uint64_t queue_waits; /* the worker waited for another device's event */
+  uint64_t transfers_in, transfers_out, bytes_in, bytes_out;
+  uint64_t backend_waits; /* of host_waits, those inside a backend entry */
+  uint64_t peer_copies;   /* transfers in or out by the backend's copy_peer */
+  /* The fused entries the core composes from primitives (src/runtime/compose.c) instead of calling
+   * the backend: bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
+   * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). */
+  uint64_t natural, composed;
+  uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
+};
+
+/* The entries' numbers, in table order: bit positions in clpar_device.composed. */
+enum {
+#define CLPAR_ENTRY_ENUM_(name, kind, required) CLPAR_ENTRY_##name,
+  CLPAR_BACKEND_ENTRIES(CLPAR_ENTRY_ENUM_)
+#undef CLPAR_ENTRY_ENUM_
+      CLPAR_ENTRY_COUNT
+};
+_Static_assert(CLPAR_ENTRY_COUNT <= 64, "clpar_device.composed has one bit per entry");
+
+/* ---- the device's worker and the dispatch (src/runtime/worker.c) ----
+ *
+ * Every QUEUE entry of the backend runs on the device's worker thread, in the order posted;
+ * clpar_dev_<entry>(dev, args...) posts one and returns (the error of an earlier command
+ * that failed asynchronously comes back first); clpar_dev_<entry>_sync posts it and waits
+ * until it has run, counting a host wait. DIRECT entries are called at once. */
+#define CLPAR_DISPATCH_DECL_(name, kind, required) CLPAR_DISPATCH_DECL_##kind(name)
+#define CLPAR_DISPATCH_DECL_DIRECT(name) \
+  clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+#define CLPAR_DISPATCH_DECL_QUEUE(name)                                                   \
+  clpar_status clpar_dev_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)); \
+  clpar_status clpar_dev_##name##_sync(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+CLPAR_BACKEND_ENTRIES(CLPAR_DISPATCH_DECL_)
+
+/* ---- composition (src/runtime/compose.c) ----
+ *
+ * For each optional QUEUE entry, clpar_compose_<entry>(dev, args...) posts the same result
+ * from primitive entries (softmax_backward, nll, nll_backward, sgd_step, adam_step; the
+ * others refuse and are never composed); the dispatch calls it instead of the backend when the
+ * entry's bit is set in dev->composed. */
+#define CLPAR_COMPOSE_DECL_(name, kind, required) CLPAR_COMPOSE_DECL_##kind##_##required(name)
+#define CLPAR_COMPOSE_DECL_DIRECT_0(name)
+#define CLPAR_COMPOSE_DECL_DIRECT_1(name)
+#define CLPAR_COMPOSE_DECL_QUEUE_1(name)
+#define CLPAR_COMPOSE_DECL_QUEUE_0(name) \
+  clpar_status clpar_compose_##name(clpar_device *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+CLPAR_BACKEND_ENTRIES(CLPAR_COMPOSE_DECL_)
+/* Sets dev->natural and dev->composed from the backend's table and supports_op (at
+ * clpar_init, before the device's worker starts). */
+void clpar_compose_init(clpar_device *dev);
+/* For tests only (not in the public headers): composes the optional entries in mask (bits
+ * 1 << CLPAR_ENTRY_<name>) on dev even where the backend has them; 0 restores the backend's
+ * own. CLPAR_ERROR_INVALID_ARGUMENT for a bit of an entry that cannot be composed. */
+clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask);
+
+/* Starts dev's worker thread, which calls thread_init (may be NULL) first. */
+clpar_status clpar_worker_start(clpar_device *dev, void (*thread_init)(void));
+/* Runs everything posted, then ends the thread (at shutdown). */
+void clpar_worker_stop(clpar_device *dev);
+/* The first error of a command that failed on the worker, taken (cleared); CLPAR_OK if none. */
+clpar_status clpar_worker_take_error(clpar_device *dev);
+/* Posts the recording of ev (wait == 0) or a wait for it (wait == 1); src/runtime/event.c's record
+ * and wait do this, each handing the command a reference. Never refused for an earlier error. */
+clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait);
+/* Waits until every command posted to the device so far has run and completed on the device. */
+clpar_status clpar_worker_drain(clpar_device *dev);
+int clpar_worker_is_current(const clpar_device *dev);
+
+/* ---- events (src/runtime/event.c): the completion of the work posted to a device before it ----
+ */
+
+/* Posts the recording of an event on dev: it completes when the work posted before it has. */
+clpar_status clpar_event_record(clpar_device *dev, clpar_event **out);
+/* Makes dev's queue wait for ev (posted: the worker waits, the caller does not). */
+clpar_status clpar_event_wait(clpar_device *dev, clpar_event *ev);
+int clpar_event_done(const clpar_event *ev);
+/* Blocks the calling thread until ev completed (a host wait on dev); its status. */
+clpar_status clpar_event_sync(clpar_event *ev);
+/* Calls fn(user) once ev completed (at once if it has). */
+clpar_status clpar_event_then(clpar_event *ev, void (*fn)(void *user), void *user);
+clpar_event *clpar_event_retain(clpar_event *ev);
+void clpar_event_release(clpar_event *ev);
+/* The worker side: a new, pending event; completing it runs its callbacks and wakes waiters. */
+clpar_event *clpar_event_new(clpar_device *dev);
+void clpar_event_complete(clpar_event *ev, clpar_status status);
+/* Waits (worker side) for ev; counts a queue wait on dev when it had to. */
+void clpar_event_block(clpar_event *ev, clpar_device *dev);
+
+/* ---- transfers (src/runtime/transfer.c) ---- */
+
+/* Copies bytes from (src_dev, src buffer) to (dst_dev, dst buffer), both at byte offsets,
+ * without blocking the caller: on one device a device copy; else through pinned host memory
+ * in double-buffered chunks, or straight from or to the host device's memory. Storages
+ * read or written by another device's queue are marked busy until that work completes. */
+clpar_status clpar_transfer(clpar_device *dst_dev, struct clpar_storage *dst_st, size_t dst_off,
+                            clpar_device *src_dev, struct clpar_storage *src_st, size_t src_off,
+                            size_t bytes);
+/* clpar_transfer posted in two halves, for a copy whose source is ready long before its
+ * destination needs it (the pipeline's copies between stages): begin posts the source's part
+ * now (its queue reads into staging; the caller keeps src_st alive until finish or cancel),
+ * finish posts the destination's part
+ * (its queue waits for that read and writes) and frees the half, cancel frees it unfinished.
+ * Where no staging is needed (one device, the host device, a peer copy) or the copy is very
+ * large, finish posts the whole transfer: the source must not be written between the two. */
+typedef struct clpar_transfer_half clpar_transfer_half;
+clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
+                                  struct clpar_storage *src_st, size_t src_off, size_t bytes,
+                                  clpar_transfer_half **out);
+clpar_status clpar_transfer_finish(clpar_transfer_half *h, clpar_device *dst_dev,
+                                   struct clpar_storage *dst_st, size_t dst_off);
+void clpar_transfer_cancel(clpar_transfer_half *h);
+/* Uploads host memory the caller may reuse at once (copied into staging first). */
+clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const void *src,
+                          size_t bytes);
+/* Fills n bytes of the source, from byte at, into dst (pinned staging memory). */
+typedef clpar_status (*clpar_fill_fn)(void *user, size_t at, void *dst, size_t n);
+/* clpar_upload with the bytes produced straight into staging, chunk by chunk, by fill (a file
+ * read): one host copy fewer, and the device's write of one chunk overlaps the filling of the
+ * next. An error of fill is returned; chunks already posted are written. */
+clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
+                               clpar_fill_fn fill, void *user);
+/* Reads into host memory and waits (one host wait). */
+clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
+                            size_t bytes);
+void clpar_staging_destroy(clpar_device *dev);
+/* Allocates, up front and waiting for dev's worker, the pinned staging blocks that transfers
+ * transfers of bytes each from dev (or uploads of bytes to dev) in flight at once take (at most
+ * 8 blocks a call; none for transfers small enough to use plain memory): at clpar_init for
+ * small uploads (labels, a batch), at clpar_data_parallel_create for its flat copies. The
+ * blocks join dev's pool for any transfer. */
+clpar_status clpar_staging_reserve(clpar_device *dev, int transfers, size_t bytes);
+
+/* Gets a buffer of at least bytes from the device's cache or driver; never one that queued
+ * work of another device still uses. */
+clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, size_t *capacity);
+/* Returns a buffer to the device's cache; busy (may be NULL): events of other devices' work on
+ * it, taken over, after which the buffer may be handed out again. */
+void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, struct clpar_busy *busy);
+void clpar_allocator_destroy(clpar_device *dev);
+
+int clpar_is_initialized(void);
+/* Every probed device, selected or not (index 0 .. clpar_device_probed_count()-1), for tests
+ * that need a second device; NULL out of range. */
+int clpar_device_probed_count(void);
+clpar_device *clpar_device_probed(int i);
+/* Called by the core when a backend entry fails: prefixes the message with the device id. */
+clpar_status clpar_device_fail(const clpar_device *dev, clpar_status s);
+/* Sets every device's mem_limit from its global memory and CLPAR_DEVICE_MEMORY_LIMIT
+ * (src/runtime/allocator.c); CLPAR_ERROR_INVALID_ARGUMENT when that variable is not a size. */
+clpar_status clpar_allocator_set_limits(clpar_device **devs, int count);
+
+/* ---- busy buffers (src/runtime/event.c) ---- */
+
+/* Events of other devices' queued work on a buffer (a transfer reading or writing it). */
+typedef struct clpar_busy clpar_busy;
+/* Adds ev (retained) to *busy, which it makes on first use (safely against another thread's
+ * first use), dropping the events that completed. */
+clpar_status clpar_busy_mark(clpar_busy **busy, clpar_event *ev);
+/* 1 when every event completed (NULL: none). */
+int clpar_busy_idle(clpar_busy *busy);
+/* Blocks until every event completed. */
+void clpar_busy_sync(clpar_busy *busy);
+/* Releases the events and frees the list (NULL: nothing). */
+void clpar_busy_free(clpar_busy *busy);
+
+/* ---- storages (src/runtime/storage.c): one device buffer, shared by reference ---- */
+
+typedef struct clpar_storage {
+  int refcount; /* atomic */
+  clpar_device *dev;
+  void *buf;
+  size_t capacity;  /* bytes */
+  uint64_t version; /* bumped by every in-place write: replicas copy only what changed */
+  clpar_busy *busy; /* NULL until another device's queue touches the buffer */
+  /* every storage alive, for clpar_shutdown; dev is NULL once shut down */
+  struct clpar_storage *live_prev, *live_next;
+} clpar_storage;
+
+/* A new storage of at least bytes on dev (from its cache), one reference, counted alive. */
+clpar_status clpar_storage_new(clpar_device *dev, size_t bytes, clpar_storage **out);
+clpar_storage *clpar_storage_retain(clpar_storage *st);
+/* Drops a reference; the last gives the memory back to the device's cache (with its busy
+ * list) and frees st. */
+void clpar_storage_release(clpar_storage *st);
+/* At clpar_shutdown, after the queues drained: gives every live storage's memory back to its
+ * device's cache (released with the device), leaves the tensors unusable except for freeing,
+ * and logs one warning with their count. */
+void clpar_storage_orphan_all(void);
+
+/* ---- text from files in messages (src/runtime/status.c) ---- */
+
+/* Room for one escaped name or value in a message: longer ones are cut (with "..."). */
+#define CLPAR_ESC_SIZE 200
+/* s (len bytes, NUL bytes included) made fit for a message or a log line, into buf of size
+ * (>= 8) bytes: control bytes (below 0x20, DEL and the UTF-8 C1 controls) as \xNN and the
+ * backslash as \\, so that a name or value read from a file cannot move a terminal's cursor,
+ * forge a log line or hide text; cut with "..." to fit. Returns buf. */
+const char *clpar_escape(const char *s, size_t len, char *buf, size_t size);
+/* A NUL-terminated s escaped into buf, a char array of the caller's (CLPAR_ESC_SIZE). */
+#define CLPAR_ESC(s, buf) clpar_escape((s), strlen(s), (buf), sizeof(buf))
+
+/* ---- files read and written (src/runtime/trusted_file.c) ---- */
+
+/* Opens path for reading only if it is a regular file: the open cannot block (O_NONBLOCK, so a
+ * FIFO nobody writes is refused, not waited on) and the check is made with fstat on the
+ * descriptor then read (a link is followed to what it names, and a device or FIFO behind it
+ * is refused). *size: the file's size. CLPAR_ERROR_IO naming path and what it is. */
+clpar_status clpar_open_regular(const char *path, int *fd, int64_t *size);
+
+/* Part i of a file being written: its bytes, valid until the next call (so a producer can
+ * fill one buffer again and again). An error stops the write and is returned. */
+typedef clpar_status (*clpar_part_fn)(void *user, int i, const void **data, size_t *size);
+/* Writes parts 0 .. n-1 (total bytes in all) one after another to path as one new file: a
+ * temporary file in the same directory (".<name>.<16 random hex digits>.tmp", created O_EXCL,
+ * so no one can plant or predict it), synced, renamed over path, and the directory synced; a
+ * crash at any point leaves either the old file or the new one, whole (a temporary file may
+ * be left behind). A regular file at path keeps its permission bits (a 0600 file stays
+ * 0600); a new one is 0666 less the umask. A symbolic link at path is replaced by the file,
+ * and its target left unchanged. */
+clpar_status clpar_file_write_atomic(const char *path, int n, uint64_t total, clpar_part_fn part,
+                                     void *user);
+/* Test-only: called at each point of an atomic write (NULL outside tests). */
+typedef enum clpar_write_stage {
+  CLPAR_WRITE_CREATED, /* the temporary file exists, empty */
+  CLPAR_WRITE_HALFWAY, /* half the bytes written */
+  CLPAR_WRITE_WRITTEN, /* all written, not synced */
+  CLPAR_WRITE_SYNCED,  /* synced and closed, not renamed */
+  CLPAR_WRITE_RENAMED, /* renamed over the old file, the directory not synced */
+  CLPAR_WRITE_STAGE_COUNT
+} clpar_write_stage;
+extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
+
+#endif
