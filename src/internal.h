@@ -23,6 +23,9 @@ typedef struct clpar_event clpar_event;                 /* src/event.c */
 typedef struct clpar_worker clpar_worker;               /* src/worker.c */
 typedef struct clpar_staging_block clpar_staging_block; /* src/transfer.c */
 
+/* The words of a mask with one bit per backend entry (128 entries). */
+#define CLPAR_ENTRY_WORDS 2
+
 struct clpar_device {
   clpar_backend_device bd; /* iface, ctx, info (with id) */
   int index;               /* in the selected list */
@@ -46,8 +49,9 @@ struct clpar_device {
   uint64_t peer_copies;   /* transfers in or out by the backend's copy_peer */
   /* The fused entries the core composes from primitives (src/compose.c) instead of calling
    * the backend: bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
-   * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). */
-  uint64_t natural, composed;
+   * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). One bit
+   * per entry, entry e at bit e % 64 of word e / 64 (clpar_entry_set). */
+  uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
   uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
 };
 
@@ -58,7 +62,12 @@ enum {
 #undef CLPAR_ENTRY_ENUM_
       CLPAR_ENTRY_COUNT
 };
-_Static_assert(CLPAR_ENTRY_COUNT <= 64, "clpar_device.composed has one bit per entry");
+_Static_assert(CLPAR_ENTRY_COUNT <= 64 * CLPAR_ENTRY_WORDS, "an entry mask has a bit per entry");
+
+/* Whether entry's bit is set in one of the device's entry masks (natural, composed). */
+static inline int clpar_entry_set(const uint64_t *mask, int entry) {
+  return (int)((__atomic_load_n(&mask[entry / 64], __ATOMIC_RELAXED) >> (entry % 64)) & 1);
+}
 
 /* ---- the device's worker and the dispatch (src/worker.c, src/dispatch.c) ----
  *
@@ -91,8 +100,9 @@ CLPAR_BACKEND_ENTRIES(CLPAR_COMPOSE_DECL_)
  * clpar_init, before the device's worker starts). */
 void clpar_compose_init(clpar_device *dev);
 /* For tests only (not in the public headers): composes the optional entries in mask (bits
- * 1 << CLPAR_ENTRY_<name>) on dev even where the backend has them; 0 restores the backend's
- * own. CLPAR_ERROR_INVALID_ARGUMENT for a bit of an entry that cannot be composed. */
+ * 1 << CLPAR_ENTRY_<name>, all below 64: word 0 of the masks) on dev even where the backend
+ * has them; 0 restores the backend's own. CLPAR_ERROR_INVALID_ARGUMENT for a bit of an entry that
+ * cannot be composed. */
 clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask);
 
 clpar_status clpar_worker_start(clpar_device *dev);
