@@ -377,6 +377,109 @@ static void test_block_names(void **state) {
                    CLPAR_ERROR_INVALID_ARGUMENT);
 }
 
+/* ---- GPT ---- */
+
+static void test_gpt_names_and_init(void **state) {
+  (void)state;
+  clpar_gpt_config cfg = {16, 65, 2, 2, 32, 0.0f, 1};
+  clpar_module *m;
+  clpar_manual_seed(1);
+  tu_ok(clpar_gpt_create(&cfg, tu_host(), &m));
+  static const char *block[] = {"ln_1.weight",      "ln_1.bias",          "attn.c_attn.weight",
+                                "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+                                "ln_2.weight",      "ln_2.bias",          "mlp.c_fc.weight",
+                                "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+  static const int64_t block_shapes[][2] = {{32, 0},   {32, 0},  {96, 32},  {96, 0},
+                                            {32, 32},  {32, 0},  {32, 0},   {32, 0},
+                                            {128, 32}, {128, 0}, {32, 128}, {32, 0}};
+  assert_int_equal(clpar_module_state_count(m), 2 + 2 * 12 + 2);
+  assert_int_equal(clpar_module_parameter_count(m), 2 + 2 * 12 + 2);
+  for (int i = 0; i < clpar_module_state_count(m); i++) {
+    const char *name;
+    clpar_tensor *t;
+    tu_ok(clpar_module_state_at(m, i, &name, &t, NULL));
+    char want[96];
+    const int64_t *shape;
+    int64_t emb[2][2] = {{65, 32}, {16, 32}}, lnf[2] = {32, 0};
+    if (i < 2) {
+      snprintf(want, sizeof want, "transformer.%s.weight", i ? "wpe" : "wte");
+      shape = emb[i];
+    } else if (i < 26) {
+      snprintf(want, sizeof want, "transformer.h.%d.%s", (i - 2) / 12, block[(i - 2) % 12]);
+      shape = block_shapes[(i - 2) % 12];
+    } else {
+      snprintf(want, sizeof want, "transformer.ln_f.%s", i == 26 ? "weight" : "bias");
+      shape = lnf;
+    }
+    assert_string_equal(name, want);
+    assert_int_equal(clpar_tensor_ndim(t), shape[1] ? 2 : 1);
+    assert_int_equal(clpar_tensor_dim(t, 0), shape[0]);
+    if (shape[1]) assert_int_equal(clpar_tensor_dim(t, 1), shape[1]);
+    /* GPT-2's initialization: the spread of each weight matrix */
+    float *v = tu_read(t), sq = 0;
+    int64_t n = clpar_tensor_numel(t);
+    for (int64_t j = 0; j < n; j++) sq += v[j] * v[j] / (float)n;
+    float want_std = strstr(name, ".ln_")            ? -1
+                     : strstr(name, "bias")          ? 0
+                     : strstr(name, "c_proj.weight") ? 0.01f
+                                                     : 0.02f; /* 0.02 / sqrt(4) */
+    if (want_std == 0) assert_true(sq == 0);
+    if (want_std > 0) assert_true(fabsf(sqrtf(sq) - want_std) < 0.2f * want_std);
+    free(v);
+  }
+  /* lm_head.weight is wte's tensor */
+  assert_ptr_equal(clpar_module_parameter(clpar_module_child(m, "lm_head"), "weight"),
+                   clpar_module_parameter(
+                       clpar_module_child(clpar_module_child(m, "transformer"), "wte"), "weight"));
+  clpar_module_free(m);
+  cfg.n_head = 3;
+  assert_int_equal(clpar_gpt_create(&cfg, tu_host(), &m), CLPAR_ERROR_INVALID_ARGUMENT);
+}
+
+/* The tiny GPT of the fixture: weights 0.1 sin(0.37 i + 1.3 j) (+1 for LayerNorm weights),
+ * logits, loss and every gradient against nanoGPT's. */
+static void test_gpt_pytorch(void **state) {
+  (void)state;
+  enum { V = 11, TMAX = 8, B = 2, T = 6 };
+  clpar_gpt_config cfg = {TMAX, V, 2, 2, 8, 0.0f, 1};
+  int64_t ids[B * T], tg[B * T];
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      ids[b * T + t] = (b * 7 + t * 3) % V;
+      tg[b * T + t] = (ids[b * T + t] + 1) % V;
+    }
+  FOR_EACH_DEVICE(dev) {
+    clpar_module *m;
+    tu_ok(clpar_gpt_create(&cfg, dev, &m));
+    for (int j = 0; j < clpar_module_state_count(m); j++) {
+      const char *name;
+      clpar_tensor *p;
+      tu_ok(clpar_module_state_at(m, j, &name, &p, NULL));
+      size_t n = (size_t)clpar_tensor_numel(p);
+      float *v = malloc(n * sizeof *v);
+      int ln_weight = strstr(name, ".ln_") && strstr(name, ".weight");
+      for (size_t i = 0; i < n; i++)
+        v[i] = (float)(0.1 * sin(0.37 * (double)i + 1.3 * j)) + (ln_weight ? 1.0f : 0.0f);
+      tu_ok(clpar_tensor_write(p, v, n));
+      free(v);
+    }
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *it, *tt, *logits, *loss;
+    int64_t shape[2] = {B, T};
+    tu_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT64, 2, shape, ids, &it));
+    tu_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT64, 2, shape, tg, &tt));
+    tu_ok(clpar_module_forward(m, it, &logits));
+    assert_int_equal(clpar_tensor_dim(logits, 2), V);
+    expect_values(logits, gpt_logits, 1e-4f, 1e-5f, "GPT logits", dev);
+    tu_ok(clpar_cross_entropy_targets(logits, tt, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, &loss));
+    expect_values(loss, gpt_loss, 1e-5f, 0, "GPT loss", dev);
+    tu_ok(clpar_backward(loss));
+    check_module_grads(m, gpt_dparams, N_OF(gpt_dparams), dev, "GPT");
+    clpar_scope_end(scope);
+    clpar_module_free(m);
+  }
+}
+
 static void test_errors(void **state) {
   (void)state;
   clpar_scope *scope = clpar_scope_begin();
@@ -413,6 +516,8 @@ int main(void) {
       cmocka_unit_test_setup(test_attention_pytorch, grad_on),
       cmocka_unit_test_setup(test_block_pytorch, grad_on),
       cmocka_unit_test_setup(test_block_names, grad_on),
+      cmocka_unit_test_setup(test_gpt_names_and_init, grad_on),
+      cmocka_unit_test_setup(test_gpt_pytorch, grad_on),
       cmocka_unit_test_setup(test_errors, grad_on),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);

@@ -74,6 +74,28 @@ CLPAR_API clpar_status clpar_mlp_create(const clpar_block_config *config, clpar_
 CLPAR_API clpar_status clpar_transformer_block_create(const clpar_block_config *config,
                                                       clpar_device *dev, clpar_module **out);
 
+/* nanoGPT's GPTConfig: context block_size, vocabulary, layers, heads, width (a multiple of
+ * n_head), dropout probability and bias (GPT-2: 1024, 50257 (50304 padded), 12, 12, 768,
+ * 0.0, 1). */
+typedef struct clpar_gpt_config {
+  int64_t block_size, vocab_size, n_layer, n_head, n_embd;
+  float dropout;
+  int bias;
+} clpar_gpt_config;
+
+/* nanoGPT's GPT under GPT-2's names: transformer.wte.weight [V, C], transformer.wpe.weight
+ * [block_size, C], transformer.h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+ * mlp.c_proj}.{weight, bias}, transformer.ln_f.{weight, bias}, and lm_head.weight, the same
+ * tensor as wte's (listed once, under transformer.wte.weight, as safetensors and
+ * parameters() list a tied weight). Linear weights are nn.Linear's [out, in] (HF's GPT-2
+ * stores Conv1D weights [in, out]: transpose those four per block when loading such a
+ * file). GPT-2's initialization: weights normal(0, 0.02), the c_proj weights normal(0,
+ * 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0, from the parameter seed stream.
+ * Forward: int32 or int64 token ids [B, T], T <= block_size, on the model's device, to
+ * logits [B, T, vocab_size]. */
+CLPAR_API clpar_status clpar_gpt_create(const clpar_gpt_config *config, clpar_device *dev,
+                                        clpar_module **out);
+
 #ifdef __cplusplus
 }
 #endif
