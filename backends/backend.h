@@ -50,7 +50,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 13
+#define CLPAR_BACKEND_ABI_VERSION 14
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -249,7 +249,12 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(mask_upper, QUEUE, 1)        \
   X(argmax, QUEUE, 1)            \
   X(nll_ignore, QUEUE, 1)        \
-  X(nll_ignore_backward, QUEUE, 1)
+  X(nll_ignore_backward, QUEUE, 1) \
+  X(embedding, QUEUE, 1)           \
+  X(embedding_backward, QUEUE, 1)  \
+  X(layernorm, QUEUE, 1)           \
+  X(layernorm_backward, QUEUE, 1)  \
+  X(dropout_mask, QUEUE, 1)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -530,6 +535,37 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_nll_ignore_backward(F) \
   F(size_t, rows) F(size_t, cols) F(int, idx64) F(int64_t, ignore) F(clpar_bref, idx) \
   F(clpar_bref, scale) F(clpar_bref, out)
+
+/* ---- transformer layers (src/nn/embedding.c, layernorm.c, dropout.c) ---- */
+/* Indices t[i] int32 (idx64 == 0) or int64 (idx64 == 1; off in words, even), unchecked:
+ *   out[i, c] = 0 <= t[i] < num ? w[t[i], c] : NaN,  i < n, c < dim. */
+#define CLPAR_BE_ARGS_embedding(F) \
+  F(size_t, n) F(size_t, num) F(size_t, dim) F(int, idx64) F(clpar_bref, idx) F(clpar_bref, w) \
+  F(clpar_bref, out)
+/* dw[v, c] = the sum of g[i, c] over the i < n with t[i] == v, added in increasing i (the
+ * same bits on every run, whatever the repeats), v < num, c < dim; dw written whole. */
+#define CLPAR_BE_ARGS_embedding_backward(F) \
+  F(size_t, n) F(size_t, num) F(size_t, dim) F(int, idx64) F(clpar_bref, idx) F(clpar_bref, g) \
+  F(clpar_bref, dw)
+/* Per row r of x [rows, cols]: mean[r], rstd[r] = 1 / sqrt(var + eps) with the biased
+ * variance (two passes: squared deviations from the mean), and
+ *   y[r, c] = (x[r, c] - mean) rstd w[c] + b[c]  (w 1 and b 0 when their buf is NULL). */
+#define CLPAR_BE_ARGS_layernorm(F) \
+  F(size_t, rows) F(size_t, cols) F(float, eps) F(clpar_bref, x) F(clpar_bref, w) \
+  F(clpar_bref, b) F(clpar_bref, y) F(clpar_bref, mean) F(clpar_bref, rstd)
+/* From the forward's x, mean and rstd, with xhat = (x - mean) rstd and h = g w (w 1 when
+ * absent), each output written when its buf is set:
+ *   dx[r, c] = rstd (h - mean_c(h) - xhat mean_c(h xhat))
+ *   dw[c] = sum over r of g xhat,  db[c] = sum over r of g  (rows in increasing order). */
+#define CLPAR_BE_ARGS_layernorm_backward(F) \
+  F(size_t, rows) F(size_t, cols) F(clpar_bref, x) F(clpar_bref, g) F(clpar_bref, mean) \
+  F(clpar_bref, rstd) F(clpar_bref, w) F(clpar_bref, dx) F(clpar_bref, dw) F(clpar_bref, db)
+/* Dropout's mask from the counter-based generator of src/rng.c (clpar_rng_uniform01: a pure
+ * function of seed and counter, the same on every backend):
+ *   out[i] = uniform01(seed, offset + i) < p ? 0 : scale,  i < n. */
+#define CLPAR_BE_ARGS_dropout_mask(F) \
+  F(size_t, n) F(uint64_t, seed) F(uint64_t, offset) F(float, p) F(float, scale) \
+  F(clpar_bref, out)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -143,6 +143,12 @@ CLPAR_CUDA_ENTRY_DECL_(mask_upper)
 CLPAR_CUDA_ENTRY_DECL_(argmax)
 CLPAR_CUDA_ENTRY_DECL_(nll_ignore)
 CLPAR_CUDA_ENTRY_DECL_(nll_ignore_backward)
+/* cuda_layers.c */
+CLPAR_CUDA_ENTRY_DECL_(embedding)
+CLPAR_CUDA_ENTRY_DECL_(embedding_backward)
+CLPAR_CUDA_ENTRY_DECL_(layernorm)
+CLPAR_CUDA_ENTRY_DECL_(layernorm_backward)
+CLPAR_CUDA_ENTRY_DECL_(dropout_mask)
 #define cuda_profile clpar_cuda_entry_profile
 #define cuda_profile_read clpar_cuda_entry_profile_read
 #define cuda_alloc clpar_cuda_entry_alloc
@@ -196,5 +202,10 @@ CLPAR_CUDA_ENTRY_DECL_(nll_ignore_backward)
 #define cuda_argmax clpar_cuda_entry_argmax
 #define cuda_nll_ignore clpar_cuda_entry_nll_ignore
 #define cuda_nll_ignore_backward clpar_cuda_entry_nll_ignore_backward
+#define cuda_embedding clpar_cuda_entry_embedding
+#define cuda_embedding_backward clpar_cuda_entry_embedding_backward
+#define cuda_layernorm clpar_cuda_entry_layernorm
+#define cuda_layernorm_backward clpar_cuda_entry_layernorm_backward
+#define cuda_dropout_mask clpar_cuda_entry_dropout_mask
 
 #endif

@@ -155,6 +155,22 @@ cudaError_t clpar_cuda_nll_ignore_backward(cudaStream_t stream, size_t rows, siz
                                            int idx64, int64_t ignore, const void *idx,
                                            const float *scale, float *out);
 
+/* The transformer layers, as backend.h's entries of the same names; w, b, dx, dw, db may be
+ * NULL where the entry's buf may be (kernels/cuda/layers.cu). */
+cudaError_t clpar_cuda_embedding(cudaStream_t stream, size_t n, size_t num, size_t dim, int idx64,
+                                 const void *idx, const float *w, float *out);
+cudaError_t clpar_cuda_embedding_backward(cudaStream_t stream, size_t n, size_t num, size_t dim,
+                                          int idx64, const void *idx, const float *g, float *dw);
+cudaError_t clpar_cuda_layernorm(cudaStream_t stream, size_t rows, size_t cols, float eps,
+                                 const float *x, const float *w, const float *b, float *y,
+                                 float *mean, float *rstd);
+cudaError_t clpar_cuda_layernorm_backward(cudaStream_t stream, size_t rows, size_t cols,
+                                          const float *x, const float *g, const float *mean,
+                                          const float *rstd, const float *w, float *dx, float *dw,
+                                          float *db);
+cudaError_t clpar_cuda_dropout_mask(cudaStream_t stream, size_t n, uint64_t seed, uint64_t offset,
+                                    float p, float scale, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,12 @@ CLPAR_HOST_TOPS_DECL_(mask_upper)
 CLPAR_HOST_TOPS_DECL_(argmax)
 CLPAR_HOST_TOPS_DECL_(nll_ignore)
 CLPAR_HOST_TOPS_DECL_(nll_ignore_backward)
+/* host_layers.c */
+CLPAR_HOST_TOPS_DECL_(embedding)
+CLPAR_HOST_TOPS_DECL_(embedding_backward)
+CLPAR_HOST_TOPS_DECL_(layernorm)
+CLPAR_HOST_TOPS_DECL_(layernorm_backward)
+CLPAR_HOST_TOPS_DECL_(dropout_mask)
 #undef CLPAR_HOST_TOPS_DECL_
 
 #define host_strided_copy clpar_host_strided_copy
@@ -21,5 +27,10 @@ CLPAR_HOST_TOPS_DECL_(nll_ignore_backward)
 #define host_argmax clpar_host_argmax
 #define host_nll_ignore clpar_host_nll_ignore
 #define host_nll_ignore_backward clpar_host_nll_ignore_backward
+#define host_embedding clpar_host_embedding
+#define host_embedding_backward clpar_host_embedding_backward
+#define host_layernorm clpar_host_layernorm
+#define host_layernorm_backward clpar_host_layernorm_backward
+#define host_dropout_mask clpar_host_dropout_mask
 
 #endif

@@ -249,6 +249,18 @@ CLPAR_OCL_ENTRY_DECL_(nll_ignore_backward)
 #define ocl_nll_ignore clpar_ocl_nll_ignore
 #define ocl_nll_ignore_backward clpar_ocl_nll_ignore_backward
 
+/* ---- ocl_layers.c: the transformer layers (backend.h) ---- */
+CLPAR_OCL_ENTRY_DECL_(embedding)
+CLPAR_OCL_ENTRY_DECL_(embedding_backward)
+CLPAR_OCL_ENTRY_DECL_(layernorm)
+CLPAR_OCL_ENTRY_DECL_(layernorm_backward)
+CLPAR_OCL_ENTRY_DECL_(dropout_mask)
+#define ocl_embedding clpar_ocl_embedding
+#define ocl_embedding_backward clpar_ocl_embedding_backward
+#define ocl_layernorm clpar_ocl_layernorm
+#define ocl_layernorm_backward clpar_ocl_layernorm_backward
+#define ocl_dropout_mask clpar_ocl_dropout_mask
+
 /* ---- ocl_errors.c ---- */
 
 /* "CL_OUT_OF_RESOURCES"; "CL_UNKNOWN_ERROR(-1234)" (thread-local buffer) otherwise. */

@@ -21,5 +21,6 @@
 #include "data.h"
 #include "text.h"
 #include "models.h"
+#include "transformer.h"
 
 #endif

@@ -15,6 +15,7 @@
  * the only difference is that the host's softmax backward sums rows in double and this one
  * in float (a GEMM with a vector of ones). */
 #include <math.h>
+#include <string.h>
 
 #include "runtime.h"
 
@@ -321,7 +322,12 @@ clpar_status clpar_compose_comm_allreduce(clpar_device *dev, void *comm, clpar_b
 
 /* ---- which entries are composed ---- */
 
-/* The entries composed above. */
+/* The entries composed above (all below 64: word 0 of a device's masks). */
+_Static_assert(CLPAR_ENTRY_softmax_backward < 64 && CLPAR_ENTRY_nll < 64 &&
+                   CLPAR_ENTRY_nll_backward < 64 && CLPAR_ENTRY_sgd_step < 64 &&
+                   CLPAR_ENTRY_adam_step < 64 && CLPAR_ENTRY_bias_act < 64 &&
+                   CLPAR_ENTRY_bias_act_backward < 64,
+               "the composable entries are in word 0 of the masks");
 static uint64_t composable_mask(void) {
   return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
          (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
@@ -329,23 +335,29 @@ static uint64_t composable_mask(void) {
          (uint64_t)1 << CLPAR_ENTRY_bias_act_backward;
 }
 
+static int composable(int entry) {
+  return entry < 64 && ((composable_mask() >> entry) & 1);
+}
+
 void clpar_compose_init(clpar_device *dev) {
   const clpar_backend_iface *f = dev->bd.iface;
-  uint64_t natural = 0;
+  uint64_t natural = 0; /* the composable entries are all below 64 */
 #define NATURAL_(name, kind, required)                                                  \
-  if ((composable_mask() >> CLPAR_ENTRY_##name) & 1) {                                  \
+  if (composable(CLPAR_ENTRY_##name)) {                                                 \
     int yes = f->name != NULL;                                                          \
     if (yes && f->supports_op && clpar_dev_supports_op(dev, #name, &yes) != CLPAR_OK) { \
       clpar_log(CLPAR_LOG_WARN, "%s: composing " #name ": %s", dev->bd.info.id,         \
                 clpar_last_error());                                                    \
       yes = 0;                                                                          \
     }                                                                                   \
-    if (!yes) natural |= (uint64_t)1 << CLPAR_ENTRY_##name;                             \
+    if (!yes) natural |= (uint64_t)1 << (CLPAR_ENTRY_##name % 64);                      \
   }
   CLPAR_BACKEND_ENTRIES(NATURAL_)
 #undef NATURAL_
-  dev->natural = natural;
-  dev->composed = natural;
+  memset(dev->natural, 0, sizeof dev->natural);
+  memset(dev->composed, 0, sizeof dev->composed);
+  dev->natural[0] = natural;
+  dev->composed[0] = natural;
 }
 
 clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
@@ -357,6 +369,6 @@ clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
                            "composed (softmax_backward, nll, nll_backward, sgd_step, "
                            "adam_step, bias_act and bias_act_backward can)",
                            (unsigned long long)mask);
-  __atomic_store_n(&dev->composed, dev->natural | mask, __ATOMIC_RELAXED);
+  __atomic_store_n(&dev->composed[0], dev->natural[0] | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;
 }

@@ -47,6 +47,9 @@ typedef struct clpar_event clpar_event;                 /* src/runtime/event.c *
 typedef struct clpar_worker clpar_worker;               /* src/runtime/worker.c */
 typedef struct clpar_staging_block clpar_staging_block; /* src/runtime/transfer.c */
 
+/* The words of a mask with one bit per backend entry (128 entries). */
+#define CLPAR_ENTRY_WORDS 2
+
 struct clpar_device {
   clpar_backend_device bd; /* iface, ctx, info (with id) */
   int index;               /* in the selected list */
@@ -70,8 +73,9 @@ struct clpar_device {
   uint64_t peer_copies;   /* transfers in or out by the backend's copy_peer */
   /* The fused entries the core composes from primitives (src/runtime/compose.c) instead of calling
    * the backend: bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
-   * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). */
-  uint64_t natural, composed;
+   * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). One bit
+   * per entry, entry e at bit e % 64 of word e / 64 (clpar_entry_set). */
+  uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
   uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
 };
 
@@ -82,7 +86,12 @@ enum {
 #undef CLPAR_ENTRY_ENUM_
       CLPAR_ENTRY_COUNT
 };
-_Static_assert(CLPAR_ENTRY_COUNT <= 64, "clpar_device.composed has one bit per entry");
+_Static_assert(CLPAR_ENTRY_COUNT <= 64 * CLPAR_ENTRY_WORDS, "an entry mask has a bit per entry");
+
+/* Whether entry's bit is set in one of the device's entry masks (natural, composed). */
+static inline int clpar_entry_set(const uint64_t *mask, int entry) {
+  return (int)((__atomic_load_n(&mask[entry / 64], __ATOMIC_RELAXED) >> (entry % 64)) & 1);
+}
 
 /* ---- the device's worker and the dispatch (src/runtime/worker.c) ----
  *

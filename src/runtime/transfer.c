@@ -281,7 +281,7 @@ static clpar_status to_host(clpar_device *host, clpar_storage *dst_st, size_t ds
 static int peer_ok(clpar_device *dst, clpar_device *src) {
   const clpar_backend_iface *f = src->bd.iface;
   if (f != dst->bd.iface || !f->peer_access || !f->copy_peer ||
-      (__atomic_load_n(&src->composed, __ATOMIC_RELAXED) >> CLPAR_ENTRY_copy_peer) & 1)
+      clpar_entry_set(src->composed, CLPAR_ENTRY_copy_peer))
     return 0;
   int yes = 0;
   if (clpar_dev_peer_access(src, dst->bd.ctx, &yes) != CLPAR_OK) {

@@ -303,7 +303,7 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
 
 /* Whether entry is composed on dev (counted in dev->composed_calls when it is). */
 static int compose_now(clpar_device *dev, int entry) {
-  if (!((__atomic_load_n(&dev->composed, __ATOMIC_RELAXED) >> entry) & 1)) return 0;
+  if (!clpar_entry_set(dev->composed, entry)) return 0;
   __atomic_add_fetch(&dev->composed_calls, 1, __ATOMIC_RELAXED);
   return 1;
 }
