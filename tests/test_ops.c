@@ -84,6 +84,10 @@ static void test_gemm(void **state) {
      * holds at most 2^22 floats (m and n not multiples of a work-group), CLBlast past that */
     check_gemm(clpar_device_get(d), 0, 1, 67, 1029, 1024);
     check_gemm(clpar_device_get(d), 0, 1, 5, 2049, 2048);
+    /* nn narrower than the tiled kernel's 32 columns, over 2^20 multiply-adds: the small
+     * kernel on a CPU device; the same in tn: CLBlast */
+    check_gemm(clpar_device_get(d), 0, 0, 129, 16, 1031);
+    check_gemm(clpar_device_get(d), 1, 0, 129, 16, 1031);
   }
 }
 

@@ -80,6 +80,11 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
  * with n >= 1024). DESIGN.md, "Fused Linear, gradients into their slots, small GEMMs";
  * `bench_gemm 0 512x4608x16:nt` shows it against CLBlast. */
 #define SMALL_NT_B_FLOATS ((size_t)1 << 22)
+/* nn products narrower than gemm_tile's 32-column tile (a convolution's forward on a few
+ * images of a late layer) run gemm_small at any size: on a pthread device 1.4-2.9x CLBlast
+ * (`bench_gemm 0 512x16x4608:nn 2048x16x512:nn 256x8x1152:nn`: 34 / 25, 36 / 24, 30 / 10.5
+ * GFLOP/s); for tn it lost (512x16x2048: 12.7 / 26). */
+#define SMALL_NARROW_N 32
 
 static clpar_status gemm_small(clpar_ocl_device *d, int trans_a, int trans_b, size_t m, size_t n,
                                size_t k, float alpha, clpar_bref a, size_t lda, clpar_bref b,
@@ -101,7 +106,8 @@ static clpar_status gemm_small(clpar_ocl_device *d, int trans_a, int trans_b, si
 int clpar_ocl_gemm_takes_small(const clpar_ocl_device *d, int trans_a, int trans_b, size_t m,
                                size_t n, size_t k) {
   int fits = trans_b ? !trans_a && k % 8 == 0 : n % 8 == 0;
-  int small = k > 0 && (m * n <= SMALL_GEMM_MACS / k || (trans_b && n <= SMALL_NT_B_FLOATS / k));
+  int small = k > 0 && (m * n <= SMALL_GEMM_MACS / k || (trans_b && n <= SMALL_NT_B_FLOATS / k) ||
+                        (!trans_a && !trans_b && n < SMALL_NARROW_N));
   return d->cpu && fits && small;
 }
 
