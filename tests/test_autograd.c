@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h" /* clpar_linear_act */
 #include "test_util.h"
 
 #define MAX_IN 3
@@ -389,25 +390,42 @@ static void test_loss_and_op_errors(void **state) {
 
 /* relu's gradient on the host is PyTorch's threshold_backward: g where x > 0, else 0, so a
  * NaN or infinite gradient reaching a negative input stops there. */
-static void test_relu_backward_stops_nan_host(void **state) {
-  (void)state;
-  clpar_device *dev = tu_host();
+/* PyTorch's relu backward is a select (threshold_backward: g where x > 0, else 0), so an inf
+ * or NaN gradient does not pass where x <= 0; on every device, through clpar_relu and through
+ * the fused Linear + ReLU (clpar_linear_act, bias_act_backward). */
+static void check_relu_stops_nan(clpar_device *dev, int fused) {
   clpar_scope *scope = clpar_scope_begin();
-  int64_t n = 4;
+  int64_t n = 4, xs[2] = {1, 4}, ws[2] = {4, 4};
   float xv[4] = {-1.0f, 2.0f, -3.0f, 4.0f}, rv[4] = {NAN, 1.0f, INFINITY, 2.0f};
-  clpar_tensor *x, *r, *y, *p, *s;
-  tu_ok(clpar_tensor_from_host(dev, 1, &n, xv, &x));
-  tu_ok(clpar_tensor_from_host(dev, 1, &n, rv, &r));
+  float eye[16] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+  clpar_tensor *x, *r, *y, *p, *s, *w, *b;
+  tu_ok(clpar_tensor_from_host(dev, fused ? 2 : 1, fused ? xs : &n, xv, &x));
+  tu_ok(clpar_tensor_from_host(dev, fused ? 2 : 1, fused ? xs : &n, rv, &r));
   tu_ok(clpar_tensor_set_requires_grad(x, 1));
-  tu_ok(clpar_relu(x, &y));
+  if (fused) {
+    tu_ok(clpar_tensor_from_host(dev, 2, ws, eye, &w));
+    tu_ok(clpar_tensor_zeros(dev, 1, &n, &b));
+    tu_ok(clpar_linear_act(x, w, b, CLPAR_ACT_RELU, &y));
+  } else {
+    tu_ok(clpar_relu(x, &y));
+  }
   tu_ok(clpar_mul(y, r, &p));
   tu_ok(clpar_sum(p, &s));
   tu_ok(clpar_backward(s));
   float *g = tu_read(clpar_tensor_grad(x)), want[4] = {0.0f, 1.0f, 0.0f, 2.0f};
   for (int i = 0; i < 4; i++)
-    if (g[i] != want[i]) fail_msg("d relu [%d] is %g; PyTorch gives %g", i, g[i], want[i]);
+    if (g[i] != want[i])
+      fail_msg("%s: d relu%s [%d] is %g; PyTorch gives %g", clpar_device_id(dev),
+               fused ? " (Linear + ReLU)" : "", i, g[i], want[i]);
   free(g);
   clpar_scope_end(scope);
+}
+
+static void test_relu_backward_stops_nan(void **state) {
+  (void)state;
+  check_relu_stops_nan(tu_host(), 0);
+  for (int d = 0; d < clpar_device_count(); d++)
+    for (int fused = 0; fused < 2; fused++) check_relu_stops_nan(clpar_device_get(d), fused);
 }
 
 int main(void) {
@@ -418,7 +436,7 @@ int main(void) {
       cmocka_unit_test(test_cross_entropy_label_above_2_24),
       cmocka_unit_test(test_backward_errors),
       cmocka_unit_test(test_loss_and_op_errors),
-      cmocka_unit_test(test_relu_backward_stops_nan_host),
+      cmocka_unit_test(test_relu_backward_stops_nan),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

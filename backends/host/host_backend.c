@@ -468,7 +468,9 @@ static clpar_status host_bias_act_backward(void *dev, clpar_act_kind act, size_t
     for (size_t r = 0; r < rows; r++) {
       size_t i0 = r * cols + c0;
       for (size_t c = 0; c < w; c++) {
-        float d = py ? pg[i0 + c] * act_grad(act, py[i0 + c]) : pg[i0 + c];
+        float g = pg[i0 + c], d = !py                     ? g
+                                  : act == CLPAR_ACT_RELU ? (py[i0 + c] > 0.0f ? g : 0.0f)
+                                                          : g * act_grad(act, py[i0 + c]);
         if (po) po[i0 + c] = d;
         acc[c] += d;
       }

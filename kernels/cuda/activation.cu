@@ -48,7 +48,8 @@ template <int Kind>
 __global__ void unary_backward_kernel(size_t n, const float *g, const float *saved, float *out) {
   size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = g[i] * derivative<Kind>(saved[i]);
+    out[i] = Kind == CLPAR_UNARY_RELU ? (saved[i] > 0.0f ? g[i] : 0.0f) /* a select, as PyTorch */
+                                      : g[i] * derivative<Kind>(saved[i]);
 }
 
 unsigned grid_for(size_t n) {
@@ -153,7 +154,9 @@ __global__ void bias_act_backward_kernel(int act, size_t rows, size_t cols, cons
   if (c < cols)
     for (size_t r = threadIdx.y; r < rows; r += tile) {
       size_t i = r * cols + c;
-      float d = act == CLPAR_ACT_NONE ? g[i] : g[i] * act_derivative(act, y[i]);
+      float d = act == CLPAR_ACT_NONE   ? g[i]
+                : act == CLPAR_ACT_RELU ? (y[i] > 0.0f ? g[i] : 0.0f)
+                                        : g[i] * act_derivative(act, y[i]);
       if (out) out[i] = d;
       acc += d;
     }

@@ -24,17 +24,17 @@ __kernel void unary_f32(__global const float *a, ulong a_off, __global float *ou
 }
 
 /* out[i] = g[i] * f'(.), from the input x (relu) or the output y (sigmoid, tanh); out may
- * be g. relu's gradient at exactly 0 is 0, as in PyTorch. */
+ * be g. relu's is a select, g where x > 0 else 0, as PyTorch's threshold_backward: an inf or
+ * NaN gradient does not pass where x <= 0. */
 __kernel void unary_backward_f32(__global const float *g, ulong g_off, __global const float *saved,
                                  ulong s_off, __global float *out, ulong out_off, ulong n,
                                  int kind) {
   ulong i = get_global_id(0);
   if (i >= n) return;
-  float s = saved[s_off + i];
-  float d = kind == CLPAR_RELU      ? (s > 0.0f ? 1.0f : 0.0f)
-            : kind == CLPAR_SIGMOID ? s * (1.0f - s)
-                                    : 1.0f - s * s;
-  out[out_off + i] = g[g_off + i] * d;
+  float s = saved[s_off + i], gi = g[g_off + i];
+  out[out_off + i] = kind == CLPAR_RELU      ? (s > 0.0f ? gi : 0.0f)
+                     : kind == CLPAR_SIGMOID ? gi * (s * (1.0f - s))
+                                             : gi * (1.0f - s * s);
 }
 
 /* ---- the fused Linear epilogues (backend.h: bias_act, bias_act_backward) ---- */
@@ -65,9 +65,9 @@ inline float act_backward_at(__global const float *gr, ulong g_off, __global con
   float d = gr[g_off + i];
   if (act != CLPAR_ACT_NONE) {
     float v = y[y_off + i];
-    d *= act == CLPAR_ACT_RELU      ? (v > 0.0f ? 1.0f : 0.0f)
-         : act == CLPAR_ACT_SIGMOID ? v * (1.0f - v)
-                                    : 1.0f - v * v;
+    d = act == CLPAR_ACT_RELU      ? (v > 0.0f ? d : 0.0f) /* a select, as unary_backward */
+        : act == CLPAR_ACT_SIGMOID ? d * (v * (1.0f - v))
+                                   : d * (1.0f - v * v);
   }
   if (store) out[out_off + i] = d;
   return d;
