@@ -120,7 +120,7 @@ static void compare(clpar_device *dev, const conv_case *c, int grads) {
 static void test_against_plain_loops(void **state) {
   (void)state;
   clpar_device *dev = tu_host();
-  assert_non_null(dev->bd.iface->conv2d); /* the oneDNN path is the default */
+  assert_non_null(dev->bd.iface->conv2d); /* main selects the oneDNN path */
   for (size_t i = 0; i < N_CASES; i++) compare(dev, &cases[i], 7);
   /* some gradients only: dx alone, the bias's alone (dw made and dropped), dw without dx */
   for (int grads = 1; grads <= 6; grads++) compare(dev, &cases[5], grads);
@@ -141,14 +141,17 @@ static void test_env(void **state) {
     assert_int_equal(clpar_init(), CLPAR_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(clpar_last_error(), "CLPAR_HOST_DNNL"));
   }
+  unsetenv("CLPAR_HOST_DNNL"); /* the default: the plain loops */
+  tu_ok(clpar_init());
+  assert_null(tu_host()->bd.iface->conv2d);
+  clpar_shutdown();
   setenv("CLPAR_HOST_DNNL", "1", 1);
   tu_ok(clpar_init());
   assert_non_null(tu_host()->bd.iface->conv2d);
-  unsetenv("CLPAR_HOST_DNNL");
 }
 
 int main(void) {
-  unsetenv("CLPAR_HOST_DNNL");
+  setenv("CLPAR_HOST_DNNL", "1", 1); /* oneDNN is opt-in */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_against_plain_loops),
       cmocka_unit_test(test_env),

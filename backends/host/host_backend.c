@@ -609,14 +609,16 @@ static void make_plain(void) {
   host_iface_plain.conv2d_backward = NULL;
 }
 
-/* CLPAR_HOST_DNNL: unset or "1" runs convolutions through oneDNN, "0" through the plain
- * loops; anything else is refused. */
+/* CLPAR_HOST_DNNL: "1" runs convolutions through oneDNN, unset or "0" through the plain
+ * loops; anything else is refused. oneDNN is opt-in while a ResNet trained on the host alone
+ * with it drifts from the same training split over the host and an OpenCL device at the third
+ * step (test_pipeline_resnet with CLPAR_HOST_DNNL=1), which is not understood yet. */
 static clpar_status dnnl_wanted(int *yes) {
   const char *v = getenv("CLPAR_HOST_DNNL");
-  *yes = 1;
-  if (!v || strcmp(v, "1") == 0) return CLPAR_OK;
-  if (strcmp(v, "0") == 0) {
-    *yes = 0;
+  *yes = 0;
+  if (!v || strcmp(v, "0") == 0) return CLPAR_OK;
+  if (strcmp(v, "1") == 0) {
+    *yes = 1;
     return CLPAR_OK;
   }
   return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
