@@ -250,8 +250,9 @@ static int train(run *r, options *o, int64_t it) {
     loss_plot_add(&o->plot, (double)it, loss);
     if (log) {
       double rate = (double)((it - t0_it) * o->batch * o->block) / (now_seconds() - t0);
-      fprintf(stderr, "iter %lld/%lld: loss %.4f, lr %.3e, %.0f tokens/s\n", (long long)it,
-              (long long)o->iters, loss, lr, rate);
+      fprintf(stderr, "iter %lld/%lld: loss %.4f, lr %.3e, %.0f tokens/s (%.1f ms/iter)\n",
+              (long long)it, (long long)o->iters, loss, lr, rate,
+              1e3 * (double)(o->batch * o->block) / rate);
       if (it == end) printf("iter %lld train loss %.9g\n", (long long)it, loss);
     }
     if (it % o->eval_interval == 0 || it == end) {
