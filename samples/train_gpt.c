@@ -291,6 +291,11 @@ int main(int argc, char **argv) {
             argv[0]);
     return 2;
   }
+  if (o.warmup >= o.iters) { /* the schedule needs warm-up < decay iterations */
+    fprintf(stderr, "--warmup %lld cut to %lld, below --iters\n", (long long)o.warmup,
+            (long long)(o.iters - 1));
+    o.warmup = o.iters - 1;
+  }
   if (!check(clpar_init(), "clpar_init")) return 1;
   run r = {0};
   int64_t it = 0;
