@@ -3,7 +3,8 @@
 # wide, block 16, batch 4, 30 iterations): the training loss of the last iteration is below the
 # first's, the validation loss at 30 below that at 15, a text sample and the --loss-plot data
 # (one line per iteration) come out; then a run stopped after iteration 15 and resumed from its
-# checkpoint prints the same losses, to the last bit (%.9g of a float), as the uninterrupted run.
+# checkpoint prints the same losses, to the last bit (%.9g of a float), as the uninterrupted run;
+# and --data-parallel ends within 1e-4 of the one-device loss.
 set -u
 sample=$1
 tmp=$(mktemp -d)
@@ -40,5 +41,12 @@ got=$(grep '^iter 30 ' <<<"$resumed")
 echo "uninterrupted: $(tr '\n' ' ' <<<"$want")"
 echo "resumed:       $(tr '\n' ' ' <<<"$got")"
 [ "$want" = "$got" ] || { echo "FAIL: the resumed run ends elsewhere"; fail=1; }
+# DataParallel over every selected device: the same training within float rounding.
+dp=$("$sample" "${args[@]}" --ckpt "$tmp/dp.safetensors" --sample-len 0 --data-parallel \
+  2>"$tmp/dp.err") || { echo "FAIL: --data-parallel failed:"; cat "$tmp/dp.err"; exit 1; }
+dplast=$(awk '/^iter 30 train loss/ {print $5}' <<<"$dp")
+echo "--data-parallel: train loss at 30 $dplast"
+awk -v a="$last" -v b="$dplast" 'BEGIN {d = a - b; exit !(b != "" && d * d < 1e-8)}' || {
+  echo "FAIL: --data-parallel ends at '$dplast', one device at $last"; fail=1; }
 [ $fail -eq 0 ] && echo "train_gpt: ok"
 exit $fail
