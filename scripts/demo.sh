@@ -3,8 +3,8 @@
 # builds clpar, and runs the main samples over 4 PoCL devices (or over the machine's real GPUs
 # when it has some): the devices with a GEMM checked on each, PyTorch's DataParallel tutorial,
 # an MLP trained with DataParallel whose weights match a one-device run, digits from a CSV file,
-# the model-parallel tutorial's ToyModel split over two devices, a small ResNet training run, and
-# DistributedDataParallel on 2 processes (mpirun).
+# a small character GPT on Shakespeare, the model-parallel tutorial's ToyModel split over two
+# devices, a small ResNet training run, and DistributedDataParallel on 2 processes (mpirun).
 set -euo pipefail
 CLPAR_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$CLPAR_ROOT/scripts/deps.sh"
@@ -37,6 +37,11 @@ echo
 echo "== samples/train_digits (the UCI handwritten digits from gzip CSV, DataParallel, a checkpoint per epoch)"
 ckpt_dir=$(mktemp -d)
 ./build-demo/samples/train_digits --epochs 30 --checkpoint "$ckpt_dir/digits.safetensors"
+echo
+echo "== samples/train_gpt, tiny (a character GPT on Shakespeare, DataParallel; nanoGPT's CPU run: ./build-demo/samples/train_gpt)"
+./build-demo/samples/train_gpt --iters 200 --layers 2 --heads 4 --width 64 --block 32 --batch 16 \
+  --warmup 20 --eval-interval 100 --log-interval 50 --sample-len 200 --data-parallel \
+  --ckpt "$ckpt_dir/gpt.safetensors"
 rm -rf "$ckpt_dir"
 echo
 echo "== samples/model_parallel (the model-parallel tutorial's ToyModel: net1 on one device, net2 on another)"
