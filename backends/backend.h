@@ -36,9 +36,9 @@
  * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
  *   nll, nll_backward, sgd_step, adam_step) the core then composes the op from primitive
  *   entries (fill, copy, binary, scale, unary, gemm, pick; src/runtime/compose.c), so a new
- * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some of its
- * devices (asked once per device at clpar_init). A device without profile cannot be profiled, and
- *   one without peer_access/copy_peer copies to its peers through host staging. */
+ * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some
+ * of its devices (asked once per device at clpar_init). A device without profile cannot be
+ * profiled, and one without peer_access/copy_peer copies to its peers through host staging. */
 #ifndef CLPAR_BACKEND_H
 #define CLPAR_BACKEND_H
 
@@ -185,70 +185,70 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * CLPAR_BACKEND_ENTRIES(X) calls X(name, kind, required) once per entry, in table order;
  * CLPAR_BE_ARGS_<name>(F) calls F(type, field) once per argument after `void *dev`. Every
  * entry returns clpar_status. */
-#define CLPAR_BACKEND_ENTRIES(X) \
-  X(destroy, DIRECT, 1)          \
-  X(alloc, DIRECT, 1)            \
-  X(release, DIRECT, 1)          \
-  X(event_query, DIRECT, 1)      \
-  X(event_then, DIRECT, 1)       \
-  X(event_free, DIRECT, 1)       \
-  X(supports_op, DIRECT, 0)      \
-  X(peer_access, DIRECT, 0)      \
-  X(host_alloc, QUEUE, 1)        \
-  X(host_free, QUEUE, 1)         \
-  X(write, QUEUE, 1)             \
-  X(read, QUEUE, 1)              \
-  X(copy, QUEUE, 1)              \
-  X(finish, QUEUE, 1)            \
-  X(event_record, QUEUE, 1)      \
-  X(fill, QUEUE, 1)              \
-  X(binary, QUEUE, 1)            \
-  X(scale, QUEUE, 1)             \
-  X(sum_rows, QUEUE, 1)          \
-  X(gemm, QUEUE, 1)              \
-  X(gemm_batched, QUEUE, 1)      \
-  X(broadcast_rows, QUEUE, 1)    \
-  X(reduce_sum, QUEUE, 1)        \
-  X(expand, QUEUE, 1)            \
-  X(unary, QUEUE, 1)             \
-  X(unary_backward, QUEUE, 1)    \
-  X(softmax, QUEUE, 1)           \
-  X(pick, QUEUE, 1)              \
-  X(softmax_backward, QUEUE, 0)  \
-  X(nll, QUEUE, 0)               \
-  X(nll_backward, QUEUE, 0)      \
-  X(sgd_step, QUEUE, 0)          \
-  X(adam_step, QUEUE, 0)         \
-  X(profile, QUEUE, 0)           \
-  X(profile_read, QUEUE, 0)      \
-  X(copy_peer, QUEUE, 0)         \
-  X(tune_gemm, QUEUE, 0)         \
-  X(im2col, QUEUE, 1)            \
-  X(col2im, QUEUE, 1)            \
-  X(swap01, QUEUE, 1)            \
-  X(maxpool, QUEUE, 1)           \
-  X(maxpool_backward, QUEUE, 1)  \
-  X(avgpool, QUEUE, 1)           \
-  X(avgpool_backward, QUEUE, 1)  \
-  X(bn_stats, QUEUE, 1)          \
-  X(bn_apply, QUEUE, 1)          \
-  X(bn_backward_sums, QUEUE, 1)  \
-  X(bn_backward, QUEUE, 1)       \
-  X(bias_act, QUEUE, 0)          \
-  X(bias_act_backward, QUEUE, 0) \
-  X(conv2d, QUEUE, 0)            \
-  X(conv2d_backward, QUEUE, 0)   \
-  X(comm_id, DIRECT, 0)          \
-  X(comm_init, DIRECT, 0)        \
-  X(comm_query, DIRECT, 0)       \
-  X(comm_abort, DIRECT, 0)       \
-  X(comm_free, DIRECT, 0)        \
-  X(comm_allreduce, QUEUE, 0)    \
-  X(strided_copy, QUEUE, 1)      \
-  X(pointwise, QUEUE, 1)         \
-  X(mask_upper, QUEUE, 1)        \
-  X(argmax, QUEUE, 1)            \
-  X(nll_ignore, QUEUE, 1)        \
+#define CLPAR_BACKEND_ENTRIES(X)   \
+  X(destroy, DIRECT, 1)            \
+  X(alloc, DIRECT, 1)              \
+  X(release, DIRECT, 1)            \
+  X(event_query, DIRECT, 1)        \
+  X(event_then, DIRECT, 1)         \
+  X(event_free, DIRECT, 1)         \
+  X(supports_op, DIRECT, 0)        \
+  X(peer_access, DIRECT, 0)        \
+  X(host_alloc, QUEUE, 1)          \
+  X(host_free, QUEUE, 1)           \
+  X(write, QUEUE, 1)               \
+  X(read, QUEUE, 1)                \
+  X(copy, QUEUE, 1)                \
+  X(finish, QUEUE, 1)              \
+  X(event_record, QUEUE, 1)        \
+  X(fill, QUEUE, 1)                \
+  X(binary, QUEUE, 1)              \
+  X(scale, QUEUE, 1)               \
+  X(sum_rows, QUEUE, 1)            \
+  X(gemm, QUEUE, 1)                \
+  X(gemm_batched, QUEUE, 1)        \
+  X(broadcast_rows, QUEUE, 1)      \
+  X(reduce_sum, QUEUE, 1)          \
+  X(expand, QUEUE, 1)              \
+  X(unary, QUEUE, 1)               \
+  X(unary_backward, QUEUE, 1)      \
+  X(softmax, QUEUE, 1)             \
+  X(pick, QUEUE, 1)                \
+  X(softmax_backward, QUEUE, 0)    \
+  X(nll, QUEUE, 0)                 \
+  X(nll_backward, QUEUE, 0)        \
+  X(sgd_step, QUEUE, 0)            \
+  X(adam_step, QUEUE, 0)           \
+  X(profile, QUEUE, 0)             \
+  X(profile_read, QUEUE, 0)        \
+  X(copy_peer, QUEUE, 0)           \
+  X(tune_gemm, QUEUE, 0)           \
+  X(im2col, QUEUE, 1)              \
+  X(col2im, QUEUE, 1)              \
+  X(swap01, QUEUE, 1)              \
+  X(maxpool, QUEUE, 1)             \
+  X(maxpool_backward, QUEUE, 1)    \
+  X(avgpool, QUEUE, 1)             \
+  X(avgpool_backward, QUEUE, 1)    \
+  X(bn_stats, QUEUE, 1)            \
+  X(bn_apply, QUEUE, 1)            \
+  X(bn_backward_sums, QUEUE, 1)    \
+  X(bn_backward, QUEUE, 1)         \
+  X(bias_act, QUEUE, 0)            \
+  X(bias_act_backward, QUEUE, 0)   \
+  X(conv2d, QUEUE, 0)              \
+  X(conv2d_backward, QUEUE, 0)     \
+  X(comm_id, DIRECT, 0)            \
+  X(comm_init, DIRECT, 0)          \
+  X(comm_query, DIRECT, 0)         \
+  X(comm_abort, DIRECT, 0)         \
+  X(comm_free, DIRECT, 0)          \
+  X(comm_allreduce, QUEUE, 0)      \
+  X(strided_copy, QUEUE, 1)        \
+  X(pointwise, QUEUE, 1)           \
+  X(mask_upper, QUEUE, 1)          \
+  X(argmax, QUEUE, 1)              \
+  X(nll_ignore, QUEUE, 1)          \
   X(nll_ignore_backward, QUEUE, 1) \
   X(embedding, QUEUE, 1)           \
   X(embedding_backward, QUEUE, 1)  \

@@ -151,9 +151,9 @@ cudaError_t clpar_cuda_argmax(cudaStream_t stream, size_t rows, size_t cols, con
 cudaError_t clpar_cuda_nll_ignore(cudaStream_t stream, size_t rows, size_t cols, int idx64,
                                   int64_t ignore, const float *a, const void *idx, float *loss,
                                   float *weight);
-cudaError_t clpar_cuda_nll_ignore_backward(cudaStream_t stream, size_t rows, size_t cols,
-                                           int idx64, int64_t ignore, const void *idx,
-                                           const float *scale, float *out);
+cudaError_t clpar_cuda_nll_ignore_backward(cudaStream_t stream, size_t rows, size_t cols, int idx64,
+                                           int64_t ignore, const void *idx, const float *scale,
+                                           float *out);
 
 /* The transformer layers, as backend.h's entries of the same names; w, b, dx, dw, db may be
  * NULL where the entry's buf may be (kernels/cuda/layers.cu). */

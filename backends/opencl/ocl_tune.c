@@ -15,8 +15,8 @@
  * The result is a small text file in the cache directory (CLPAR_CACHE_DIR), named after a hash
  * of the device, driver, platform and CLBlast version, which it also repeats. It is read and
  * written with the trusted-file helpers (src/runtime/trusted_file.c: the user's own private
- * directory, regular files of the user's only, atomic replacement), since CLBlast compiles and runs what
- * its parameters say. A stale entry (another driver), a corrupt one or one the helpers refuse
+ * directory, regular files of the user's only, atomic replacement), since CLBlast compiles and runs
+ * what its parameters say. A stale entry (another driver), a corrupt one or one the helpers refuse
  * is ignored with a warning, as is one whose values CLBlast could not run (params_check).
  * clpar_ocl_tune_apply reads it when a device is opened. This file times and searches; the
  * entry's format and file I/O are in ocl_tune_entry.c, the candidates in
