@@ -15,40 +15,11 @@
 
 static const int32_t labels[5] = {0, 1, 1, 0, 1};
 
-static float value(int k, int a, int b) {
-  return (float)((double)((k * a) % b) / b - 0.5);
-}
-
-static clpar_module *make_mlp(clpar_device *dev) {
-  clpar_module *layers[3], *mlp;
-  tu_ok(clpar_linear_create(4, 3, 1, dev, &layers[0]));
-  tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(3, 2, 1, dev, &layers[2]));
-  tu_ok(clpar_sequential_create(layers, 3, &mlp));
-  /* the reference's initial weights, in parameter order 0.weight, 0.bias, 2.weight, 2.bias */
-  float w1[12], b1[3], w2[6], b2[2];
-  for (int i = 0; i < 12; i++) w1[i] = value(i + 1, 7, 11);
-  for (int i = 0; i < 3; i++) b1[i] = value(i + 1, 5, 13);
-  for (int i = 0; i < 6; i++) w2[i] = value(i + 1, 3, 7);
-  for (int i = 0; i < 2; i++) b2[i] = value(i + 1, 4, 9);
-  const float *init[4] = {w1, b1, w2, b2};
-  static const char *names[4] = {"0.weight", "0.bias", "2.weight", "2.bias"};
-  assert_int_equal(clpar_module_parameter_count(mlp), 4);
-  for (int i = 0; i < 4; i++) {
-    const char *name;
-    clpar_tensor *p;
-    tu_ok(clpar_module_parameter_at(mlp, i, &name, &p));
-    assert_string_equal(name, names[i]);
-    tu_ok(clpar_tensor_write(p, init[i], (size_t)clpar_tensor_numel(p)));
-  }
-  return mlp;
-}
-
 typedef enum { RUN_SGD, RUN_SGD_NESTEROV, RUN_SGD_DAMPENING, RUN_ADAM, RUN_ADAMW } run_kind;
 
 static void run(clpar_device *dev, run_kind kind, int steps, const double *losses,
                 const double *params) {
-  clpar_module *mlp = make_mlp(dev);
+  clpar_module *mlp = tu_parity_mlp(dev);
   clpar_optimizer *opt;
   clpar_sgd_options sgd = {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.01f};
   clpar_adam_options adam = {
@@ -62,8 +33,8 @@ static void run(clpar_device *dev, run_kind kind, int steps, const double *losse
   adam.weight_decay = 0.1f;
   if (kind == RUN_ADAMW) tu_ok(clpar_adamw_create_for(mlp, &adam, &opt));
   float xv[20], yv[10];
-  for (int i = 0; i < 20; i++) xv[i] = 2 * value(i + 1, 9, 17);
-  for (int i = 0; i < 10; i++) yv[i] = value(i + 1, 5, 19);
+  for (int i = 0; i < 20; i++) xv[i] = 2 * tu_parity_value(i + 1, 9, 17);
+  for (int i = 0; i < 10; i++) yv[i] = tu_parity_value(i + 1, 5, 19);
   clpar_tensor *x, *y;
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){5, 4}, xv, &x));
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){5, 2}, yv, &y));
@@ -188,7 +159,7 @@ static void test_training_step_does_not_wait(void **state) {
   (void)state;
   for (int d = 0; d < clpar_device_count(); d++) {
     clpar_device *dev = clpar_device_get(d);
-    clpar_module *mlp = make_mlp(dev);
+    clpar_module *mlp = tu_parity_mlp(dev);
     clpar_optimizer *sgd, *adam;
     clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
     clpar_adam_options ao = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};

@@ -12,31 +12,6 @@
 
 #include "reference/train_ref.h"
 
-static float value(int k, int a, int b) {
-  return (float)((double)((k * a) % b) / b - 0.5);
-}
-
-/* train_parity.py's MLP: Linear(4, 3), ReLU, Linear(3, 2) with its fixed weights. */
-static clpar_module *make_mlp(clpar_device *dev) {
-  clpar_module *layers[3], *mlp;
-  tu_ok(clpar_linear_create(4, 3, 1, dev, &layers[0]));
-  tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(3, 2, 1, dev, &layers[2]));
-  tu_ok(clpar_sequential_create(layers, 3, &mlp));
-  float w1[12], b1[3], w2[6], b2[2];
-  for (int i = 0; i < 12; i++) w1[i] = value(i + 1, 7, 11);
-  for (int i = 0; i < 3; i++) b1[i] = value(i + 1, 5, 13);
-  for (int i = 0; i < 6; i++) w2[i] = value(i + 1, 3, 7);
-  for (int i = 0; i < 2; i++) b2[i] = value(i + 1, 4, 9);
-  const float *init[4] = {w1, b1, w2, b2};
-  for (int i = 0; i < 4; i++) {
-    clpar_tensor *p;
-    tu_ok(clpar_module_parameter_at(mlp, i, NULL, &p));
-    tu_ok(clpar_tensor_write(p, init[i], (size_t)clpar_tensor_numel(p)));
-  }
-  return mlp;
-}
-
 static void read_params(clpar_module *m, float *out, int n) {
   int at = 0;
   for (int i = 0; i < clpar_module_parameter_count(m); i++) {
@@ -215,8 +190,8 @@ static void test_clip_grad_norm(void **state) {
 
 static void mlp_batch(clpar_device *dev, clpar_tensor **x, clpar_tensor **y) {
   float xv[20], yv[10];
-  for (int i = 0; i < 20; i++) xv[i] = 2 * value(i + 1, 9, 17);
-  for (int i = 0; i < 10; i++) yv[i] = value(i + 1, 5, 19);
+  for (int i = 0; i < 20; i++) xv[i] = 2 * tu_parity_value(i + 1, 9, 17);
+  for (int i = 0; i < 10; i++) yv[i] = tu_parity_value(i + 1, 5, 19);
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){5, 4}, xv, x));
   tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){5, 2}, yv, y));
 }
@@ -272,10 +247,10 @@ static void test_adamw_decay_groups(void **state) {
   (void)state;
   for (int d = -1; d < clpar_device_count(); d++) {
     clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
-    clpar_module *m = make_mlp(dev);
+    clpar_module *m = tu_parity_mlp(dev);
     check_nanogpt_run(m, clpar_device_id(dev));
     clpar_module_free(m);
-    m = make_mlp(dev); /* flat: clip reduces the flat gradient in one piece */
+    m = tu_parity_mlp(dev); /* flat: clip reduces the flat gradient in one piece */
     tu_ok(clpar_module_flatten(m));
     check_nanogpt_run(m, "flattened");
     clpar_module_free(m);
@@ -286,7 +261,7 @@ static void test_sgd_groups(void **state) {
   (void)state;
   for (int d = -1; d < clpar_device_count(); d++) {
     clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
-    clpar_module *m = make_mlp(dev);
+    clpar_module *m = tu_parity_mlp(dev);
     clpar_tensor *p[4];
     for (int i = 0; i < 4; i++) tu_ok(clpar_module_parameter_at(m, i, NULL, &p[i]));
     clpar_tensor *weights[2] = {p[0], p[2]}, *biases[2] = {p[1], p[3]};
@@ -336,7 +311,7 @@ static void test_clip_data_parallel(void **state) {
   }
   clpar_module *dp;
   clpar_data_parallel_options o = {.devices = devs, .n_devices = 2};
-  tu_ok(clpar_data_parallel_create(make_mlp(devs[0]), &o, &dp));
+  tu_ok(clpar_data_parallel_create(tu_parity_mlp(devs[0]), &o, &dp));
   check_nanogpt_run(dp, "DataParallel over 2 devices");
   clpar_module_free(dp);
 }
@@ -348,7 +323,7 @@ static void test_clip_data_parallel(void **state) {
  * zeroing in between; then one SGD step, and the parameters after it. */
 static void accumulate(clpar_device *dev, clpar_device *dev2, int micro, float *grads,
                        float *params) {
-  clpar_module *m = make_mlp(dev);
+  clpar_module *m = tu_parity_mlp(dev);
   if (dev2) { /* under DataParallel: the reduced gradients accumulate in the flat gradient */
     clpar_device *devs[2] = {dev, dev2};
     clpar_data_parallel_options dpo = {.devices = devs, .n_devices = 2};
@@ -357,8 +332,8 @@ static void accumulate(clpar_device *dev, clpar_device *dev2, int micro, float *
   clpar_optimizer *o;
   tu_ok(clpar_sgd_create_for(m, &(clpar_sgd_options){.lr = 0.1f}, &o));
   float xv[24], yv[12];
-  for (int i = 0; i < 24; i++) xv[i] = 2 * value(i + 1, 9, 17);
-  for (int i = 0; i < 12; i++) yv[i] = value(i + 1, 5, 19);
+  for (int i = 0; i < 24; i++) xv[i] = 2 * tu_parity_value(i + 1, 9, 17);
+  for (int i = 0; i < 12; i++) yv[i] = tu_parity_value(i + 1, 5, 19);
   int64_t rows = 6 / micro;
   tu_ok(clpar_optimizer_zero_grad(o));
   for (int k = 0; k < micro; k++) {

@@ -130,6 +130,34 @@ static clpar_status toy_forward(clpar_module *self, clpar_tensor *x, clpar_tenso
   return s;
 }
 
+float tu_parity_value(int k, int a, int b) {
+  return (float)((double)((k * a) % b) / b - 0.5);
+}
+
+clpar_module *tu_parity_mlp(clpar_device *dev) {
+  clpar_module *layers[3], *mlp;
+  tu_ok(clpar_linear_create(4, 3, 1, dev, &layers[0]));
+  tu_ok(clpar_relu_create(&layers[1]));
+  tu_ok(clpar_linear_create(3, 2, 1, dev, &layers[2]));
+  tu_ok(clpar_sequential_create(layers, 3, &mlp));
+  float w1[12], b1[3], w2[6], b2[2];
+  for (int i = 0; i < 12; i++) w1[i] = tu_parity_value(i + 1, 7, 11);
+  for (int i = 0; i < 3; i++) b1[i] = tu_parity_value(i + 1, 5, 13);
+  for (int i = 0; i < 6; i++) w2[i] = tu_parity_value(i + 1, 3, 7);
+  for (int i = 0; i < 2; i++) b2[i] = tu_parity_value(i + 1, 4, 9);
+  const float *init[4] = {w1, b1, w2, b2};
+  static const char *names[4] = {"0.weight", "0.bias", "2.weight", "2.bias"};
+  assert_int_equal(clpar_module_parameter_count(mlp), 4);
+  for (int i = 0; i < 4; i++) {
+    const char *name;
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(mlp, i, &name, &p));
+    assert_string_equal(name, names[i]);
+    tu_ok(clpar_tensor_write(p, init[i], (size_t)clpar_tensor_numel(p)));
+  }
+  return mlp;
+}
+
 clpar_module *tu_toy_create(tu_toy_devices *d, uint64_t seed) {
   clpar_module *m, *net1, *net2;
   clpar_manual_seed(seed);

@@ -65,6 +65,10 @@ typedef struct {
   clpar_device *dev0, *dev1;
 } tu_toy_devices;
 /* Made with clpar_manual_seed(seed) (d must outlive the module). */
+/* tests/reference/train_parity.py's value formula and MLP: Linear(4, 3), ReLU, Linear(3, 2) on
+ * dev with that script's fixed weights (parameters 0.weight, 0.bias, 2.weight, 2.bias). */
+float tu_parity_value(int k, int a, int b);
+clpar_module *tu_parity_mlp(clpar_device *dev);
 clpar_module *tu_toy_create(tu_toy_devices *d, uint64_t seed);
 /* steps SGD steps (MSE, batch 20 of fixed random inputs on dev0 and targets on dev1, both
  * seeded by the step), checking the output's device and the parameters' names; the losses
