@@ -610,9 +610,7 @@ static void make_plain(void) {
 }
 
 /* CLPAR_HOST_DNNL: "1" runs convolutions through oneDNN, unset or "0" through the plain
- * loops; anything else is refused. oneDNN is opt-in: its weight gradient made a ResNet trained
- * on the host alone drift at the third step (src/nn/conv.c now takes only dx from it), a fault
- * not understood yet. */
+ * loops; anything else is refused. */
 static clpar_status dnnl_wanted(int *yes) {
   const char *v = getenv("CLPAR_HOST_DNNL");
   *yes = 0;

@@ -350,14 +350,10 @@ static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tens
   }
   if (s == CLPAR_OK && wt->requires_grad) s = clpar_tensor_empty(dev, 4, wt->shape, &d.dw);
   if (s == CLPAR_OK && bias && bias->requires_grad) s = clpar_tensor_empty(dev, 1, &p->o, &d.db);
-  /* A library's backward runs dx only: oneDNN's weight gradient, through the same entry, made a
-   * ResNet trained on the host alone drift from the same training over host + OpenCL at the
-   * third step (test_pipeline_resnet, CLPAR_HOST_DNNL=1), while its dx agrees. */
-  conv_grads lib = {d.dx, NULL, NULL}, own = {library ? NULL : d.dx, d.dw, d.db};
-  if (s == CLPAR_OK && library && lib.dx) s = backward_library(dev, p, x, wt, gy, &lib);
-  if (s == CLPAR_OK && (own.dx || own.dw || own.db))
-    s = p->direct ? backward_direct(dev, p, x, wt, gy, &own)
-                  : backward_im2col(dev, p, x, wt, gy, &own);
+  if (s == CLPAR_OK && library)
+    s = backward_library(dev, p, x, wt, gy, &d);
+  else if (s == CLPAR_OK)
+    s = p->direct ? backward_direct(dev, p, x, wt, gy, &d) : backward_im2col(dev, p, x, wt, gy, &d);
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(d.dx);
