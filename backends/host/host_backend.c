@@ -609,14 +609,14 @@ static void make_plain(void) {
   host_iface_plain.conv2d_backward = NULL;
 }
 
-/* CLPAR_HOST_DNNL: "1" runs convolutions through oneDNN, unset or "0" through the plain
- * loops; anything else is refused. */
+/* CLPAR_HOST_DNNL: unset or "1" runs convolutions through oneDNN (PyTorch's CPU convolutions
+ * are oneDNN's too), "0" through the plain loops; anything else is refused. */
 static clpar_status dnnl_wanted(int *yes) {
   const char *v = getenv("CLPAR_HOST_DNNL");
-  *yes = 0;
-  if (!v || strcmp(v, "0") == 0) return CLPAR_OK;
-  if (strcmp(v, "1") == 0) {
-    *yes = 1;
+  *yes = 1;
+  if (!v || strcmp(v, "1") == 0) return CLPAR_OK;
+  if (strcmp(v, "0") == 0) {
+    *yes = 0;
     return CLPAR_OK;
   }
   return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
