@@ -171,7 +171,7 @@ void clpar_ddp_grad_ready(clpar_tensor *t, void *user) {
   ddp_param *p = user;
   ddp_state *st = p->st;
   pthread_mutex_lock(&st->lock);
-  if (p->ready || st->no_sync) {
+  if (p->ready || st->no_sync || st->zero_stage) {
     pthread_mutex_unlock(&st->lock);
     return;
   }

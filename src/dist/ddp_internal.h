@@ -93,6 +93,7 @@ struct ddp_state {
   int find_unused;   /* clpar_ddp_options.find_unused_parameters */
   int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
   int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
+  int zero_stage;    /* clpar_ddp_options.zero_stage: the hooks leave gradients alone (zero.c) */
   uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
   int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
   clpar_status ended_status;
@@ -128,6 +129,14 @@ void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
 clpar_status clpar_ddp_agree(ddp_state *st, clpar_status mine, const char *what);
 /* The bucket's runs of adjacent gradients, as its parameters' gradients are now. */
 void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b);
+
+/* The state of a DistributedDataParallel module, or NULL for another module. */
+ddp_state *clpar_ddp_state_of(const clpar_module *m);
+
+/* ---- ZeRO (zero.c) ---- */
+
+/* Stage 2, before a forward: sets aside the zeroed full gradient the last step freed. */
+clpar_status clpar_zero_regrow(ddp_state *st);
 
 /* ---- the communication thread and the hooks (ddp_comm.c) ---- */
 
