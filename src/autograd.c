@@ -328,6 +328,7 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   clpar_status s = CLPAR_OK;
   if (offset >= 0) {
     if (!*acc) s = zeros_like(t, acc);
+    if (s == CLPAR_OK && !n) clpar_storage_tag((*acc)->storage, CLPAR_MEM_GRADIENTS);
     if (s == CLPAR_OK) s = add_into(*acc, offset, g);
   } else if (n) {
     if (!n->grad) {
@@ -346,6 +347,7 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
     s = clpar_tensor_empty(t->storage->dev, t->ndim, t->shape, &own);
     if (s == CLPAR_OK) {
       clpar_tensor_unscope(own);
+      clpar_storage_tag(own->storage, CLPAR_MEM_GRADIENTS);
       s = clpar_copy(own, g);
       if (s == CLPAR_OK)
         t->grad = own;

@@ -433,6 +433,7 @@ static clpar_status make_state(const clpar_tensor *p, int zero, clpar_tensor **o
   clpar_status s = zero ? clpar_tensor_zeros(dev, p->ndim, p->shape, out)
                         : clpar_tensor_empty(dev, p->ndim, p->shape, out);
   if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  if (s == CLPAR_OK) clpar_storage_tag((*out)->storage, CLPAR_MEM_OPTIMIZER);
   return s;
 }
 
@@ -550,6 +551,7 @@ static clpar_status flat_state_build(clpar_optimizer *o, flat_state *fs, int j, 
                         : clpar_tensor_empty(dev, 1, &f->numel, &st);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(st);
+  clpar_storage_tag(st->storage, CLPAR_MEM_OPTIMIZER);
   clpar_tensor **views = calloc((size_t)n, sizeof *views);
   if (!views) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "optimizer: out of host memory");
   for (int i = 0; s == CLPAR_OK && i < n; i++) {

@@ -122,15 +122,44 @@ static void test_stage2_matches_ddp(void **state) {
   check_stage(2);
 }
 
-/* Each rank's Adam state is its shard's two moments; the shards cover the parameters once. */
+/* Bytes the allocator counts for n floats (its rounding: 512 below 1 MiB). */
+static uint64_t rounded(int64_t n) {
+  return ((uint64_t)n * 4 + 511) / 512 * 512;
+}
+
+/* Optimizer state on this rank's device after one step of plain DDP with Adam. */
+static uint64_t ddp_state_bytes(void) {
+  clpar_device *dev = clpar_dist_device();
+  uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER);
+  clpar_module *ddp = make_ddp(0);
+  clpar_optimizer *opt;
+  tu_ok(clpar_adam_create_for(ddp, &adam, &opt));
+  forward_backward(ddp, 0);
+  tu_ok(clpar_optimizer_step(opt));
+  uint64_t bytes = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER) - before;
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+  return bytes;
+}
+
+/* Each rank's Adam state is its shard's two moments, about 1/world of plain DDP's (the
+ * allocator's rounding aside); the shards cover the parameters once. */
 static void test_optimizer_state_is_sharded(void **state) {
   (void)state;
   int world = clpar_dist_world_size();
+  clpar_device *dev = clpar_dist_device();
+  uint64_t plain = ddp_state_bytes();
+  assert_int_equal(plain, 2 * rounded(NUMEL));
+  uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER);
   clpar_module *ddp = make_ddp(1);
   clpar_zero_optimizer *opt;
   tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
   forward_backward(ddp, 0);
   tu_ok(clpar_zero_optimizer_step(opt));
+  uint64_t sharded = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER) - before;
+  float sum = (float)sharded;
+  tu_ok(clpar_dist_all_reduce_sum(&sum, 1));
+  assert_true(sum <= (float)(plain + (uint64_t)world * 2 * 512));
   int64_t lo, len, shard = (NUMEL + world - 1) / world;
   clpar_zero_optimizer_shard(opt, &lo, &len);
   assert_int_equal(lo, clpar_dist_rank() * shard);
@@ -140,6 +169,7 @@ static void test_optimizer_state_is_sharded(void **state) {
   assert_int_equal(clpar_optimizer_size(inner), 1);
   for (int k = 0; k < 2; k++)
     assert_int_equal(clpar_tensor_numel(clpar_optimizer_state_at(inner, 0, k)), len);
+  assert_int_equal(sharded, 2 * rounded(len));
   float total = (float)len;
   tu_ok(clpar_dist_all_reduce_sum(&total, 1));
   assert_true(total == (float)NUMEL);

@@ -18,6 +18,7 @@
 #include "pipeline.h"
 #include "dist.h"
 #include "zero.h"
+#include "memory.h"
 #include "checkpoint.h"
 #include "data.h"
 #include "text.h"

@@ -510,11 +510,11 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
   }
   if (options && (options->zero_stage < 0 || options->zero_stage > 2)) {
     clpar_module_free(module);
-    return clpar_set_error(options->zero_stage == 3 ? CLPAR_ERROR_UNSUPPORTED
-                                                    : CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1 or 2 "
-                           "(stage 3 is not built)",
-                           options->zero_stage);
+    return clpar_set_error(
+        options->zero_stage == 3 ? CLPAR_ERROR_UNSUPPORTED : CLPAR_ERROR_INVALID_ARGUMENT,
+        "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1 or 2 "
+        "(stage 3 is not built)",
+        options->zero_stage);
   }
   if (options && !(options->bucket_cap_mb >= 0)) {
     clpar_module_free(module);

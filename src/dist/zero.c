@@ -129,6 +129,7 @@ static clpar_status make_shard(clpar_zero_optimizer *z, const char *fn) {
   } else {
     s = clpar_tensor_zeros(z->flat->storage->dev, 1, &z->len, &z->gshard);
     if (s == CLPAR_OK) clpar_tensor_unscope(z->gshard);
+    if (s == CLPAR_OK) clpar_storage_tag(z->gshard->storage, CLPAR_MEM_GRADIENTS);
   }
   if (s != CLPAR_OK) return s;
   z->pshard->requires_grad = 1;
@@ -213,6 +214,7 @@ clpar_status clpar_zero_regrow(ddp_state *st) {
   clpar_status s = clpar_tensor_zeros(flat->storage->dev, 1, &flat->numel, &grad);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(grad);
+  clpar_storage_tag(grad->storage, CLPAR_MEM_GRADIENTS);
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
     clpar_tensor *p = st->params[i].param;
     clpar_tensor *view = NULL;

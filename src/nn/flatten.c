@@ -62,10 +62,12 @@ static clpar_status group_build(group *g) {
   clpar_status s = clpar_tensor_empty(g->dev, 1, &g->total, &flat);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(flat);
+  clpar_storage_tag(flat->storage, CLPAR_MEM_PARAMETERS);
   g->flat = flat;
   s = clpar_tensor_zeros(g->dev, 1, &g->total, &grad);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(grad);
+  clpar_storage_tag(grad->storage, CLPAR_MEM_GRADIENTS);
   flat->grad = grad;
   for (int i = 0; s == CLPAR_OK && i < g->n; i++) {
     clpar_tensor *p = g->members[i];
