@@ -12,12 +12,15 @@
  * shard; (2) steps the rank's shard of the parameters in place with an inner optimizer (SGD,
  * Adam or AdamW with PyTorch's rules) that keeps state for that shard only, 1/world_size of
  * the state plain DDP keeps; (3) all-gathers the shards (MPI_Allgather), so every rank ends
- * with the same parameters as plain DDP would give. Stage 1 keeps the full gradient buffer on
- * every rank and writes the averaged shard into its slice of it; stage 2 keeps the averaged
- * shard in a buffer of its own and frees the full gradient after the reduction (the module's
- * parameters then have no gradient until the next forward through the DDP module sets aside
- * zeros again). Every collective runs with the job's deadline (clpar_dist_timeout): a rank
- * that dies or hangs makes the others' step fail with CLPAR_ERROR_TIMEOUT naming it.
+ * with the same parameters as plain DDP would give. The averaged shard is written into the
+ * rank's slice of the full gradient, which stage 1 keeps; stage 2 frees the full gradient once
+ * the shard is stepped (the module's parameters then have no gradient until the next forward
+ * through the DDP module sets aside zeros again), so between steps a rank holds parameters and
+ * its shard of the optimizer state only. During backward every rank still holds the whole
+ * gradient: the peak of stage 2 is that of stage 1 (DeepSpeed's stage 2 reduces buckets during
+ * backward and never holds it whole). Every collective runs with the job's deadline
+ * (clpar_dist_timeout): a rank that dies or hangs makes the others' step fail with
+ * CLPAR_ERROR_TIMEOUT naming it.
  *
  * Limits of this version: the reduction runs in the step, not overlapped with backward as the
  * DDP buckets are; the module must live on one device, all float32; over MPI only (not NCCL);

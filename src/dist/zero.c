@@ -66,7 +66,7 @@ struct clpar_zero_optimizer {
   int64_t numel, shard; /* shard: ceil(numel / world) */
   int64_t lo, len;      /* this rank's part of [0, numel) */
   clpar_tensor *pshard; /* a view of flat at lo, len; its grad is gshard (NULL when len is 0) */
-  clpar_tensor *gshard; /* stage 1: a view of flat's grad; stage 2: memory of its own */
+  clpar_tensor *gshard; /* a view of flat's grad at lo, len (NULL while it has none) */
   clpar_optimizer *inner;
   float *host;   /* world * shard floats: the gradient, then the gathered parameters */
   float *mine;   /* shard floats: the averaged shard, then this rank's parameters */
@@ -106,7 +106,17 @@ static clpar_status find_flat(ddp_state *st, const char *fn, clpar_tensor **flat
   return CLPAR_OK;
 }
 
-/* The shard's view, its gradient and host buffers. */
+static void unbind_grad_shard(clpar_zero_optimizer *z) {
+  if (z->pshard) {
+    clpar_tensor_release(z->pshard->grad);
+    z->pshard->grad = NULL;
+    z->pshard->grad_defined = 0;
+  }
+  clpar_tensor_release(z->gshard);
+  z->gshard = NULL;
+}
+
+/* The shard's view of the parameters and the host buffers. */
 static clpar_status make_shard(clpar_zero_optimizer *z, const char *fn) {
   z->shard = (z->numel + z->world - 1) / z->world;
   if (z->shard > INT32_MAX)
@@ -120,19 +130,18 @@ static clpar_status make_shard(clpar_zero_optimizer *z, const char *fn) {
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   if (z->len == 0) return CLPAR_OK;
   clpar_status s = clpar_tensor_view_at(z->flat, (size_t)z->lo, 1, &z->len, &z->pshard);
+  if (s == CLPAR_OK) z->pshard->requires_grad = 1;
+  return s;
+}
+
+/* The shard's gradient: the view gshard of the flat gradient there is now (stage 2 makes a new
+ * one each step), which the inner optimizer finds as the shard's grad. */
+static clpar_status bind_grad_shard(clpar_zero_optimizer *z) {
+  clpar_tensor *g = z->flat->grad;
+  if (z->len == 0 || (z->gshard && z->gshard->storage == g->storage)) return CLPAR_OK;
+  unbind_grad_shard(z);
+  clpar_status s = clpar_tensor_view_at(g, (size_t)z->lo, 1, &z->len, &z->gshard);
   if (s != CLPAR_OK) return s;
-  if (z->stage == 1) {
-    if (!z->flat->grad)
-      return clpar_set_error(CLPAR_ERROR_NO_GRADIENT, "%s: the flat parameters have no gradient",
-                             fn);
-    s = clpar_tensor_view_at(z->flat->grad, (size_t)z->lo, 1, &z->len, &z->gshard);
-  } else {
-    s = clpar_tensor_zeros(z->flat->storage->dev, 1, &z->len, &z->gshard);
-    if (s == CLPAR_OK) clpar_tensor_unscope(z->gshard);
-    if (s == CLPAR_OK) clpar_storage_tag(z->gshard->storage, CLPAR_MEM_GRADIENTS);
-  }
-  if (s != CLPAR_OK) return s;
-  z->pshard->requires_grad = 1;
   z->pshard->grad = clpar_tensor_retain(z->gshard);
   z->pshard->grad_defined = 1;
   return CLPAR_OK;
@@ -196,6 +205,7 @@ clpar_status clpar_zero_adamw_create(clpar_module *ddp, const clpar_adam_options
  * views of it); clpar_zero_regrow sets it aside again before the next backward. */
 static void drop_full_gradient(clpar_zero_optimizer *z) {
   ddp_state *st = z->st;
+  unbind_grad_shard(z);
   for (int i = 0; i < st->n_params; i++) {
     clpar_tensor *p = st->params[i].param;
     clpar_tensor_release(p->grad);
@@ -211,10 +221,11 @@ clpar_status clpar_zero_regrow(ddp_state *st) {
   clpar_tensor *flat = st->params[0].param->flat;
   if (!flat || flat->grad) return CLPAR_OK;
   clpar_tensor *grad = NULL;
+  int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
   clpar_status s = clpar_tensor_zeros(flat->storage->dev, 1, &flat->numel, &grad);
+  clpar_memory_category_set(was);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(grad);
-  clpar_storage_tag(grad->storage, CLPAR_MEM_GRADIENTS);
   for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
     clpar_tensor *p = st->params[i].param;
     clpar_tensor *view = NULL;
@@ -248,7 +259,8 @@ static clpar_status reduce_gradient(clpar_zero_optimizer *z) {
   if (s != CLPAR_OK) return s;
   float inv = 1.0f / (float)z->world;
   for (int64_t i = 0; i < z->len; i++) z->mine[i] *= inv;
-  if (z->len > 0) s = clpar_tensor_write(z->gshard, z->mine, (size_t)z->len);
+  if (z->len > 0) s = bind_grad_shard(z);
+  if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_write(z->gshard, z->mine, (size_t)z->len);
   return s;
 }
 
@@ -257,8 +269,8 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_zero_optimizer_step: opt is NULL");
   clpar_status s = reduce_gradient(z);
   if (s == CLPAR_ERROR_TIMEOUT || z->abandoned) return s;
-  if (s == CLPAR_OK && z->stage == 2) drop_full_gradient(z);
   if (s == CLPAR_OK && z->len > 0) s = clpar_optimizer_step(z->inner);
+  if (z->stage == 2 && z->flat->grad) drop_full_gradient(z); /* once the step has read it */
   memset(z->mine, 0, (size_t)z->shard * sizeof(float));
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_read(z->pshard, z->mine, (size_t)z->len);
   s = clpar_ddp_agree(z->st, s, "clpar_zero_optimizer_step");
@@ -286,8 +298,8 @@ void clpar_zero_optimizer_shard(const clpar_zero_optimizer *z, int64_t *offset, 
 void clpar_zero_optimizer_free(clpar_zero_optimizer *z) {
   if (!z) return;
   clpar_optimizer_free(z->inner);
+  unbind_grad_shard(z);
   clpar_tensor_release(z->pshard);
-  clpar_tensor_release(z->gshard);
   clpar_tensor_release(z->flat);
   if (!z->abandoned) { /* else MPI may still write them: left allocated */
     free(z->host);

@@ -59,15 +59,17 @@ static clpar_status group_build(group *g) {
     g->total += g->members[i]->numel;
   }
   clpar_tensor *flat = NULL, *grad = NULL;
+  int was = clpar_memory_category_set(CLPAR_MEM_PARAMETERS);
   clpar_status s = clpar_tensor_empty(g->dev, 1, &g->total, &flat);
-  if (s != CLPAR_OK) return s;
-  clpar_tensor_unscope(flat);
-  clpar_storage_tag(flat->storage, CLPAR_MEM_PARAMETERS);
-  g->flat = flat;
-  s = clpar_tensor_zeros(g->dev, 1, &g->total, &grad);
+  clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
+  if (s == CLPAR_OK) {
+    clpar_tensor_unscope(flat);
+    g->flat = flat;
+    s = clpar_tensor_zeros(g->dev, 1, &g->total, &grad);
+  }
+  clpar_memory_category_set(was);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(grad);
-  clpar_storage_tag(grad->storage, CLPAR_MEM_GRADIENTS);
   flat->grad = grad;
   for (int i = 0; s == CLPAR_OK && i < g->n; i++) {
     clpar_tensor *p = g->members[i];
