@@ -113,7 +113,6 @@ static clpar_status ddp_forward(clpar_module *self, clpar_tensor *input, clpar_t
   clpar_status s = begin_step(st, 1, &sync);
   if (s == CLPAR_OK && sync)
     s = broadcast_buffers(st, "DistributedDataParallel: broadcasting buffers from rank 0");
-  if (s == CLPAR_OK && st->zero_stage == 2) s = clpar_zero_regrow(st);
   if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "module"), input, output);
   if (s == CLPAR_OK && st->find_unused && clpar_is_grad_enabled() && !st->no_sync) {
     s = clpar_ddp_find_unused(st, *output);
@@ -466,6 +465,7 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
              st->zero_stage);
   else if (s == CLPAR_OK)
     s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
+  if (s == CLPAR_OK && st->zero_stage == 2) clpar_zero_release_grads(st);
   if (s == CLPAR_OK && !st->nccl && !st->zero_stage)
     s = clpar_ddp_agree(st, clpar_ddp_alloc_host_buffers(st), "clpar_ddp_create");
   if (s == CLPAR_OK && !(st->by_address = malloc((size_t)st->n_params * sizeof *st->by_address)))

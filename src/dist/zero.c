@@ -5,6 +5,7 @@
  * is read into a host buffer of world shards (the tail zero-padded), reduce-scattered and
  * averaged, the rank's shard stepped in place by an inner optimizer over a view of the flat
  * parameters, and the shards all-gathered back into the flat parameters. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,11 +67,18 @@ struct clpar_zero_optimizer {
   int64_t numel, shard; /* shard: ceil(numel / world) */
   int64_t lo, len;      /* this rank's part of [0, numel) */
   clpar_tensor *pshard; /* a view of flat at lo, len; its grad is gshard (NULL when len is 0) */
-  clpar_tensor *gshard; /* a view of flat's grad at lo, len (NULL while it has none) */
+  /* stage 1: a view of flat's grad at lo, len; stage 2: memory of its own */
+  clpar_tensor *gshard;
   clpar_optimizer *inner;
   float *host;   /* world * shard floats: the gradient, then the gathered parameters */
   float *mine;   /* shard floats: the averaged shard, then this rank's parameters */
   int abandoned; /* a collective timed out: MPI may still write host and mine */
+  /* stage 2: filled[i]: st->params[i]'s gradient is in host since the last step (a second
+   * backward adds into it); have: some is; the hook's first error and its message */
+  unsigned char *filled;
+  int have;
+  clpar_status hook_error;
+  char hook_message[MESSAGE_SIZE];
 };
 
 static clpar_status zero_mpi(clpar_zero_optimizer *z, int gather, const char *what) {
@@ -130,8 +138,17 @@ static clpar_status make_shard(clpar_zero_optimizer *z, const char *fn) {
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   if (z->len == 0) return CLPAR_OK;
   clpar_status s = clpar_tensor_view_at(z->flat, (size_t)z->lo, 1, &z->len, &z->pshard);
-  if (s == CLPAR_OK) z->pshard->requires_grad = 1;
-  return s;
+  if (s != CLPAR_OK) return s;
+  z->pshard->requires_grad = 1;
+  if (z->stage == 1) return CLPAR_OK; /* bound to the flat gradient at each step */
+  int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
+  s = clpar_tensor_zeros(z->flat->storage->dev, 1, &z->len, &z->gshard);
+  clpar_memory_category_set(was);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_unscope(z->gshard);
+  z->pshard->grad = clpar_tensor_retain(z->gshard);
+  z->pshard->grad_defined = 1;
+  return CLPAR_OK;
 }
 
 /* The shard's gradient: the view gshard of the flat gradient there is now (stage 2 makes a new
@@ -157,8 +174,16 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
                            "%s: ddp is not a DistributedDataParallel module made with "
                            "clpar_ddp_options.zero_stage 1 or 2",
                            fn);
+  if (st->zero)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: ddp (zero_stage 2) has a ZeRO optimizer already; its backward "
+                           "hands the gradients to that one",
+                           fn);
   clpar_zero_optimizer *z = calloc(1, sizeof *z);
-  if (!z) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  if (!z || !(z->filled = calloc((size_t)st->n_params, 1))) {
+    free(z);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  }
   z->st = st;
   z->stage = st->zero_stage;
   z->world = st->world;
@@ -184,6 +209,7 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
     clpar_zero_optimizer_free(z);
     return s;
   }
+  if (z->stage == 2) st->zero = z;
   *out = z;
   return CLPAR_OK;
 }
@@ -201,65 +227,92 @@ clpar_status clpar_zero_adamw_create(clpar_module *ddp, const clpar_adam_options
   return create(ddp, ZERO_ADAMW, options, "clpar_zero_adamw_create", out);
 }
 
-/* Stage 2, after the reduction: the full gradient goes (the flat leaf's and its members'
- * views of it); clpar_zero_regrow sets it aside again before the next backward. */
-static void drop_full_gradient(clpar_zero_optimizer *z) {
-  ddp_state *st = z->st;
-  unbind_grad_shard(z);
+void clpar_zero_release_grads(ddp_state *st) {
   for (int i = 0; i < st->n_params; i++) {
     clpar_tensor *p = st->params[i].param;
+    if (p->flat) {
+      clpar_tensor_release(p->flat->grad);
+      p->flat->grad = NULL;
+      p->flat->grad_defined = 0;
+    }
     clpar_tensor_release(p->grad);
     p->grad = NULL;
     p->grad_defined = 0;
   }
-  clpar_tensor_release(z->flat->grad);
-  z->flat->grad = NULL;
-  z->flat->grad_defined = 0;
 }
 
-clpar_status clpar_zero_regrow(ddp_state *st) {
-  clpar_tensor *flat = st->params[0].param->flat;
-  if (!flat || flat->grad) return CLPAR_OK;
-  clpar_tensor *grad = NULL;
-  int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
-  clpar_status s = clpar_tensor_zeros(flat->storage->dev, 1, &flat->numel, &grad);
-  clpar_memory_category_set(was);
+/* Stage 2: parameter i's gradient into its place in host (added when a backward since the
+ * last step put one there already), then off the device. */
+static clpar_status take_gradient(clpar_zero_optimizer *z, int i) {
+  clpar_tensor *t = z->st->params[i].param, *g = t->grad;
+  size_t n = (size_t)t->numel;
+  float *dst = z->host + (t->offset - z->flat->offset), *tmp = NULL;
+  if (z->filled[i] && !(tmp = malloc(n * sizeof(float))))
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "ZeRO: out of host memory");
+  clpar_status s = clpar_tensor_read(g, tmp ? tmp : dst, n);
+  for (size_t k = 0; s == CLPAR_OK && tmp && k < n; k++) dst[k] += tmp[k];
+  free(tmp);
   if (s != CLPAR_OK) return s;
-  clpar_tensor_unscope(grad);
-  for (int i = 0; s == CLPAR_OK && i < st->n_params; i++) {
-    clpar_tensor *p = st->params[i].param;
-    clpar_tensor *view = NULL;
-    s = clpar_tensor_view_at(grad, p->offset - flat->offset, p->ndim, p->shape, &view);
-    if (s == CLPAR_OK) {
-      clpar_tensor_release(p->grad);
-      p->grad = view;
-      p->grad_defined = 0;
-    }
+  z->filled[i] = 1;
+  z->have = 1;
+  clpar_tensor_release(g);
+  t->grad = NULL;
+  t->grad_defined = 0;
+  return CLPAR_OK;
+}
+
+void clpar_zero_grad_ready(ddp_state *st, ddp_param *p) {
+  clpar_zero_optimizer *z = st->zero;
+  if (!z || !p->param->grad) return;
+  clpar_status s = take_gradient(z, (int)(p - st->params));
+  if (s != CLPAR_OK && z->hook_error == CLPAR_OK) {
+    z->hook_error = s;
+    snprintf(z->hook_message, sizeof z->hook_message, "%s", clpar_last_error());
   }
-  flat->grad = grad;
-  flat->grad_defined = 0;
+}
+
+/* The whole gradient in host: stage 1 reads the flat gradient; stage 2 takes what backward's
+ * hooks left and zeros where no gradient came. */
+static clpar_status gather_gradient(clpar_zero_optimizer *z, const char *fn) {
+  clpar_tensor *g = z->flat->grad;
+  if (z->stage == 1)
+    return g ? clpar_tensor_read(g, z->host, (size_t)z->numel)
+             : clpar_set_error(CLPAR_ERROR_NO_GRADIENT, "%s: the module has no gradient", fn);
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; i < z->st->n_params; i++) {
+    clpar_tensor *t = z->st->params[i].param;
+    if (t->grad && s == CLPAR_OK) s = take_gradient(z, i);
+    if (!z->filled[i])
+      memset(z->host + (t->offset - z->flat->offset), 0, (size_t)t->numel * sizeof(float));
+  }
+  if (s == CLPAR_OK && z->hook_error != CLPAR_OK)
+    s = clpar_set_error(z->hook_error, "%s", z->hook_message);
+  if (s == CLPAR_OK && !z->have)
+    s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
+                        "%s: no backward gave the module a gradient since the last step", fn);
   return s;
 }
 
-/* The flat gradient's average of this rank's shard into gshard. */
+/* Stage 2: the next backward starts the gradient afresh. */
+static void reset_gradient(clpar_zero_optimizer *z) {
+  memset(z->filled, 0, (size_t)z->st->n_params);
+  z->have = 0;
+  z->hook_error = CLPAR_OK;
+}
+
+/* The average of this rank's shard of the gradient into gshard. */
 static clpar_status reduce_gradient(clpar_zero_optimizer *z) {
   const char *fn = "clpar_zero_optimizer_step";
-  clpar_tensor *g = z->flat->grad;
-  clpar_status s = g ? CLPAR_OK
-                     : clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
-                                       "%s: the module's parameters have no gradient (run a "
-                                       "forward through the DDP module and a backward first)",
-                                       fn);
-  if (s == CLPAR_OK) s = clpar_tensor_read(g, z->host, (size_t)z->numel);
-  /* a rank whose gradient could not be read takes part with zeros (the collectives stay in
-   * step) and fails every rank at the agreement before the all-gather */
+  clpar_status s = gather_gradient(z, fn);
+  /* a rank without its gradient takes part with zeros (the collectives stay in step) and
+   * fails every rank at the agreement before the all-gather */
   if (s != CLPAR_OK) memset(z->host, 0, (size_t)z->numel * sizeof(float));
   clpar_status mpi = zero_mpi(z, 0, "clpar_zero_optimizer_step: reduce-scatter of the gradients");
   if (mpi != CLPAR_OK) return mpi;
   if (s != CLPAR_OK) return s;
   float inv = 1.0f / (float)z->world;
   for (int64_t i = 0; i < z->len; i++) z->mine[i] *= inv;
-  if (z->len > 0) s = bind_grad_shard(z);
+  if (z->len > 0 && z->stage == 1) s = bind_grad_shard(z);
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_write(z->gshard, z->mine, (size_t)z->len);
   return s;
 }
@@ -268,9 +321,9 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_zero_optimizer_step: opt is NULL");
   clpar_status s = reduce_gradient(z);
+  if (z->stage == 2) reset_gradient(z);
   if (s == CLPAR_ERROR_TIMEOUT || z->abandoned) return s;
   if (s == CLPAR_OK && z->len > 0) s = clpar_optimizer_step(z->inner);
-  if (z->stage == 2 && z->flat->grad) drop_full_gradient(z); /* once the step has read it */
   memset(z->mine, 0, (size_t)z->shard * sizeof(float));
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_read(z->pshard, z->mine, (size_t)z->len);
   s = clpar_ddp_agree(z->st, s, "clpar_zero_optimizer_step");
@@ -283,7 +336,10 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_zero_optimizer_zero_grad: opt is NULL");
-  return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
+  if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
+  clpar_zero_release_grads(z->st); /* any a backward left before the optimizer took them */
+  reset_gradient(z);
+  return CLPAR_OK;
 }
 
 clpar_optimizer *clpar_zero_optimizer_inner(clpar_zero_optimizer *z) {
@@ -297,6 +353,7 @@ void clpar_zero_optimizer_shard(const clpar_zero_optimizer *z, int64_t *offset, 
 
 void clpar_zero_optimizer_free(clpar_zero_optimizer *z) {
   if (!z) return;
+  if (z->st && z->st->zero == z) z->st->zero = NULL;
   clpar_optimizer_free(z->inner);
   unbind_grad_shard(z);
   clpar_tensor_release(z->pshard);
@@ -305,6 +362,7 @@ void clpar_zero_optimizer_free(clpar_zero_optimizer *z) {
     free(z->host);
     free(z->mine);
   }
+  free(z->filled);
   free(z);
 }
 
