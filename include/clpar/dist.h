@@ -86,9 +86,10 @@ typedef struct clpar_ddp_options {
    * clpar_ddp_join instead of its next forward. See clpar_ddp_join. */
   int uneven_inputs;
   /* Sharded data parallel (include/clpar/zero.h): 0 plain DDP; 1 (ZeRO-1: optimizer state
-   * sharded) or 2 (ZeRO-2: gradients too): backward then leaves the gradients on each rank
-   * and the step of a clpar_zero_optimizer reduce-scatters them, steps the rank's shard and
-   * all-gathers the parameters. MPI only; stage 3 is not built (CLPAR_ERROR_UNSUPPORTED). */
+   * sharded) or 2 (ZeRO-2: gradients too, taken off the device during backward): backward
+   * then reduces nothing, and the step of a clpar_zero_optimizer reduce-scatters the
+   * gradients, steps the rank's shard and all-gathers the parameters. MPI only; stage 3 is not
+   * built (CLPAR_ERROR_UNSUPPORTED). */
   int zero_stage;
 } clpar_ddp_options;
 

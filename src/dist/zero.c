@@ -1,10 +1,12 @@
 /* zero.c — the sharded optimizer of ZeRO stages 1 and 2 (include/clpar/zero.h) on a
- * DistributedDataParallel module made with zero_stage 1 or 2, whose gradient hooks then leave
- * the gradients on the device (ddp_comm.c). The flat parameters (one flat leaf: the module on
- * one device, float32) are cut into world shards of ceil(numel / world) floats; the gradient
- * is read into a host buffer of world shards (the tail zero-padded), reduce-scattered and
- * averaged, the rank's shard stepped in place by an inner optimizer over a view of the flat
- * parameters, and the shards all-gathered back into the flat parameters. */
+ * DistributedDataParallel module made with zero_stage 1 or 2, whose gradient hooks then reduce
+ * nothing (ddp_comm.c). The flat parameters (one flat leaf: the module on one device, float32)
+ * are cut into world shards of ceil(numel / world) floats. The whole gradient is gathered into
+ * a host buffer of world shards (the tail zero-padded): stage 1 reads the flat gradient in the
+ * step; stage 2 has no flat gradient, and its hook reads each parameter's gradient into its
+ * place as backward makes it and frees it. The buffer is reduce-scattered and averaged, the
+ * rank's shard stepped in place by an inner optimizer over a view of the flat parameters, and
+ * the shards all-gathered back into the flat parameters. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
