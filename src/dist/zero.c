@@ -7,6 +7,7 @@
  * place as backward makes it and frees it. The buffer is reduce-scattered and averaged, the
  * rank's shard stepped in place by an inner optimizer over a view of the flat parameters, and
  * the shards all-gathered back into the flat parameters. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,23 @@ static clpar_status zero_mpi(clpar_zero_optimizer *z, int gather, const char *wh
   s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, ++st->seq) : clpar_mpi_error(rc, what);
   if (s == CLPAR_ERROR_TIMEOUT) z->abandoned = st->abandoned = 1;
   return s;
+}
+
+/* Collective: CLPAR_OK when every rank's mine is; else every rank fails with the error of the
+ * lowest rank that failed, naming that rank. */
+static clpar_status agree(ddp_state *st, clpar_status mine, const char *fn) {
+  char msg[MESSAGE_SIZE] = "", what[96];
+  if (mine != CLPAR_OK) snprintf(msg, sizeof msg, "%s", clpar_last_error());
+  int bad = mine != CLPAR_OK ? clpar_dist_rank() : INT_MAX, code = mine;
+  snprintf(what, sizeof what, "%s: checking every rank succeeded", fn);
+  clpar_status s = clpar_dist_allreduce(&bad, 1, MPI_INT, MPI_MIN, st->comm, what, ++st->seq);
+  if (s != CLPAR_OK || bad == INT_MAX) return s;
+  snprintf(what, sizeof what, "%s: broadcasting rank %d's error", fn, bad);
+  s = clpar_dist_bcast(msg, sizeof msg, MPI_CHAR, bad, st->comm, what, ++st->seq);
+  if (s == CLPAR_OK) s = clpar_dist_bcast(&code, 1, MPI_INT, bad, st->comm, what, ++st->seq);
+  if (s != CLPAR_OK) return s;
+  msg[sizeof msg - 1] = '\0';
+  return clpar_set_error((clpar_status)code, "rank %d: %s", bad, msg);
 }
 
 /* The flat leaf every parameter of the DDP module is a member of, or an error. */
@@ -206,7 +224,7 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
       s = clpar_adamw_create(&z->pshard, 1, options, &z->inner);
   }
   /* every rank alike: a rank with a bad option or no memory fails them all */
-  s = clpar_ddp_agree(st, s, fn);
+  s = agree(st, s, fn);
   if (s != CLPAR_OK) {
     clpar_zero_optimizer_free(z);
     return s;
@@ -328,7 +346,7 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   if (s == CLPAR_OK && z->len > 0) s = clpar_optimizer_step(z->inner);
   memset(z->mine, 0, (size_t)z->shard * sizeof(float));
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_read(z->pshard, z->mine, (size_t)z->len);
-  s = clpar_ddp_agree(z->st, s, "clpar_zero_optimizer_step");
+  s = agree(z->st, s, "clpar_zero_optimizer_step");
   if (s == CLPAR_OK) s = zero_mpi(z, 1, "clpar_zero_optimizer_step: all-gather of the parameters");
   if (s == CLPAR_OK) s = clpar_tensor_write(z->flat, z->host, (size_t)z->numel);
   return s;
