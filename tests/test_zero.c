@@ -1,10 +1,10 @@
 /* test_zero.c — sharded data parallel (include/clpar/zero.h) against plain
  * DistributedDataParallel, run by ctest through mpirun on 2 and 4 ranks (tests/CMakeLists.txt).
  * Both train the same model (rank 0's weights, broadcast) on each rank's share of a batch for
- * 5 Adam steps; the parameters must agree. The model has 1391 parameters, which divides by
- * neither 2 nor 4, so the last shard is padded. Also: each rank's optimizer state covers its
- * shard only, stage 2 frees the full gradient after the step and sets it aside again at the
- * next forward, and the options ZeRO refuses. */
+ * 5 Adam steps (and AdamW, SGD with momentum, and two backwards a step); the parameters must
+ * agree. The model has 1391 parameters, which divides by neither 2 nor 4, so the last shard is
+ * padded. Also: each rank's optimizer state covers its shard only, stage 2 never holds the
+ * whole gradient on the device, and the options ZeRO refuses. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,12 +72,38 @@ static float *read_params(clpar_module *m) {
 }
 
 static const clpar_adam_options adam = {.lr = 0.01f, .weight_decay = 0.01f};
+static const clpar_sgd_options sgd = {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f};
+
+/* The optimizer the training below uses: Adam, AdamW or SGD with momentum. */
+enum { ADAM, ADAMW, SGD };
+static int kind = ADAM;
+
+static clpar_optimizer *make_optimizer(clpar_module *ddp) {
+  clpar_optimizer *opt;
+  if (kind == SGD)
+    tu_ok(clpar_sgd_create_for(ddp, &sgd, &opt));
+  else if (kind == ADAMW)
+    tu_ok(clpar_adamw_create_for(ddp, &adam, &opt));
+  else
+    tu_ok(clpar_adam_create_for(ddp, &adam, &opt));
+  return opt;
+}
+
+static clpar_zero_optimizer *make_zero_optimizer(clpar_module *ddp) {
+  clpar_zero_optimizer *opt;
+  if (kind == SGD)
+    tu_ok(clpar_zero_sgd_create(ddp, &sgd, &opt));
+  else if (kind == ADAMW)
+    tu_ok(clpar_zero_adamw_create(ddp, &adam, &opt));
+  else
+    tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  return opt;
+}
 
 /* STEPS steps of micro backwards each (gradients accumulate over them). */
 static float *train_ddp(int micro) {
   clpar_module *ddp = make_ddp(0);
-  clpar_optimizer *opt;
-  tu_ok(clpar_adam_create_for(ddp, &adam, &opt));
+  clpar_optimizer *opt = make_optimizer(ddp);
   for (int k = 0; k < STEPS; k++) {
     tu_ok(clpar_optimizer_zero_grad(opt));
     for (int m = 0; m < micro; m++) forward_backward(ddp, k + 7 * m);
@@ -91,8 +117,7 @@ static float *train_ddp(int micro) {
 
 static float *train_zero(int stage, int micro) {
   clpar_module *ddp = make_ddp(stage);
-  clpar_zero_optimizer *opt;
-  tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
   for (int k = 0; k < STEPS; k++) {
     tu_ok(clpar_zero_optimizer_zero_grad(opt));
     for (int m = 0; m < micro; m++) forward_backward(ddp, k + 7 * m);
@@ -109,7 +134,7 @@ static void check_stage(int stage, int micro) {
   /* the sums of 2 ranks are the same in any order; with 4 an MPI may add in another order, and
    * accumulated micro-steps are summed before the average (DDP averages each) */
   float tol = clpar_dist_world_size() == 2 && micro == 1 ? 0.0f : 1e-5f;
-  tu_assert_close(got, want, NUMEL, tol, tol, "parameters after 5 Adam steps");
+  tu_assert_close(got, want, NUMEL, tol, tol, "parameters after 5 steps");
   free(want);
   free(got);
 }
@@ -122,6 +147,14 @@ static void test_stage1_matches_ddp(void **state) {
 static void test_stage2_matches_ddp(void **state) {
   (void)state;
   check_stage(2, 1);
+}
+
+/* The other inner optimizers: AdamW's decoupled decay, SGD's momentum buffer per shard. */
+static void test_adamw_and_sgd_momentum_match_ddp(void **state) {
+  (void)state;
+  for (kind = ADAMW; kind <= SGD; kind++)
+    for (int stage = 1; stage <= 2; stage++) check_stage(stage, 1);
+  kind = ADAM;
 }
 
 /* Two backwards per step: stage 2 adds the second gradient into what the first left on the
@@ -270,6 +303,7 @@ int main(void) {
       cmocka_unit_test(test_stage1_matches_ddp),
       cmocka_unit_test(test_stage2_matches_ddp),
       cmocka_unit_test(test_optimizer_state_is_sharded),
+      cmocka_unit_test(test_adamw_and_sgd_momentum_match_ddp),
       cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
       cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
       cmocka_unit_test(test_refused_options),
