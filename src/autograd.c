@@ -327,7 +327,11 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   clpar_tensor **acc = n ? &n->grad : &t->grad;
   clpar_status s = CLPAR_OK;
   if (offset >= 0) {
-    if (!*acc) s = zeros_like(t, acc);
+    if (!*acc) {
+      int was = clpar_memory_category_set(n ? CLPAR_MEM_ACTIVATIONS : CLPAR_MEM_GRADIENTS);
+      s = zeros_like(t, acc);
+      clpar_memory_category_set(was);
+    }
     if (s == CLPAR_OK) s = add_into(*acc, offset, g);
   } else if (n) {
     if (!n->grad) {
@@ -343,7 +347,9 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
     }
   } else if (!t->grad) {
     clpar_tensor *own;
+    int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
     s = clpar_tensor_empty(t->storage->dev, t->ndim, t->shape, &own);
+    clpar_memory_category_set(was);
     if (s == CLPAR_OK) {
       clpar_tensor_unscope(own);
       s = clpar_copy(own, g);

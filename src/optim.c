@@ -430,8 +430,10 @@ clpar_status clpar_optimizer_set_lr(clpar_optimizer *o, int group, float lr) {
 /* A state tensor like p, on p's device, outside any scope; zeros when asked. */
 static clpar_status make_state(const clpar_tensor *p, int zero, clpar_tensor **out) {
   clpar_device *dev = p->storage->dev;
+  int was = clpar_memory_category_set(CLPAR_MEM_OPTIMIZER);
   clpar_status s = zero ? clpar_tensor_zeros(dev, p->ndim, p->shape, out)
                         : clpar_tensor_empty(dev, p->ndim, p->shape, out);
+  clpar_memory_category_set(was);
   if (s == CLPAR_OK) clpar_tensor_unscope(*out);
   return s;
 }
@@ -546,8 +548,10 @@ static clpar_status flat_state_build(clpar_optimizer *o, flat_state *fs, int j, 
                                      int n, clpar_device *dev, int copy) {
   clpar_tensor *f = fs->leaf, *st = NULL;
   int zero = o->kind != OPT_SGD && !copy; /* Adam's moments start at zero */
+  int was = clpar_memory_category_set(CLPAR_MEM_OPTIMIZER);
   clpar_status s = zero ? clpar_tensor_zeros(dev, 1, &f->numel, &st)
                         : clpar_tensor_empty(dev, 1, &f->numel, &st);
+  clpar_memory_category_set(was);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(st);
   clpar_tensor **views = calloc((size_t)n, sizeof *views);

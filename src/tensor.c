@@ -659,6 +659,8 @@ clpar_status clpar_tensor_move(clpar_tensor *t, clpar_device *dev) {
   clpar_tensor_unscope(grad);
   /* Swap the storages: t takes moved's memory, moved takes t's old one and frees it. */
   clpar_storage *old = t->storage;
+  clpar_storage_tag(moved->storage, old->category); /* a parameter stays one */
+  if (grad) clpar_storage_tag(grad->storage, CLPAR_MEM_GRADIENTS);
   t->storage = moved->storage;
   t->offset = 0;
   moved->storage = old;

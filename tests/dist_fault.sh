@@ -3,7 +3,7 @@
 # job printed (ctest: test_dist_fault_<scenario>, label mpi). Each survivor prints
 # "RESULT rank R: <status>: <message>"; CLPAR_DIST_TIMEOUT is 3 s, so a run takes seconds,
 # and `timeout` makes a hang a failure rather than a stuck ctest.
-# Usage: dist_fault.sh exit|skip|debug|badenv TEST_BINARY MPIEXEC [MPIEXEC FLAGS...]
+# Usage: dist_fault.sh exit|zero|skip|debug|badenv TEST_BINARY MPIEXEC [MPIEXEC FLAGS...]
 scenario=$1 bin=$2
 shift 2
 out=$(mktemp)
@@ -46,6 +46,16 @@ exit)
   for r in 0 2; do
     has "^RESULT rank $r: CLPAR_ERROR_TIMEOUT: .*all-reduce of bucket 0 .*collective #[0-9]+, did not complete within 3 s.*not arrived.*: rank 1[;.]" ||
       fail "rank $r did not time out naming the bucket and rank 1"
+  done
+  ;;
+zero)
+  # a ZeRO-2 step: the survivors time out in the gradients' reduce-scatter, naming rank 1
+  run 3 "$@" --enable-recovery
+  has 'rank 1: exiting after 2 steps' || fail "rank 1 did not exit as planned"
+  has 'step [234] done' && fail "a rank trained past the step rank 1 left"
+  for r in 0 2; do
+    has "^RESULT rank $r: CLPAR_ERROR_TIMEOUT: .*reduce-scatter of the gradients.*collective #[0-9]+, did not complete within 3 s.*not arrived.*: rank 1[;.]" ||
+      fail "rank $r did not time out naming the reduce-scatter and rank 1"
   done
   ;;
 skip)

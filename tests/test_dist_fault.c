@@ -6,6 +6,8 @@
  *   skip     rank 1 skips a clpar_dist_all_reduce_sum that the others make;
  *   debug    with CLPAR_DIST_DEBUG=1, rank 1 skips an all-reduce and calls a barrier: every
  *            rank fails naming both, and the ranks stay in step (a last all-reduce works);
+ *   zero     as exit, with a ZeRO-2 module (clpar_ddp_options.zero_stage) and its optimizer:
+ *            the others time out in the step's reduce-scatter;
  *   badenv   CLPAR_DIST_TIMEOUT is not a number: clpar_dist_init must fail, naming it.
  * A rank that gets the error it should prints "RESULT rank R: <status>: <message>" and ends
  * the job with clpar_dist_abort; the script then finds those lines in mpirun's output. */
@@ -83,6 +85,38 @@ static void scenario_exit(void) {
   _exit(6);
 }
 
+static void scenario_zero(void) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *lin, *ddp;
+  clpar_zero_optimizer *opt;
+  clpar_ddp_options o = {.zero_stage = 2};
+  OK(clpar_linear_create(IN, OUT, 1, dev, &lin));
+  OK(clpar_ddp_create(lin, &o, &ddp));
+  OK(clpar_zero_adam_create(ddp, NULL, &opt));
+  float x[ROWS * IN];
+  for (int i = 0; i < ROWS * IN; i++) x[i] = (float)(i % 7) - 3.0f;
+  for (int step = 0; step < 5; step++) {
+    if (step == 2 && clpar_dist_rank() == 1) {
+      fprintf(stderr, "rank 1: exiting after 2 steps\n");
+      fflush(stderr);
+      _exit(0);
+    }
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *xt, *out, *loss;
+    OK(clpar_tensor_from_host(dev, 2, (int64_t[]){ROWS, IN}, x, &xt));
+    OK(clpar_module_forward(ddp, xt, &out));
+    OK(clpar_mean(out, &loss));
+    OK(clpar_backward(loss));
+    clpar_scope_end(scope);
+    clpar_status s = clpar_zero_optimizer_step(opt);
+    if (s != CLPAR_OK) got(s);
+    printf("rank %d: step %d done\n", clpar_dist_rank(), step);
+    fflush(stdout);
+  }
+  fprintf(stderr, "FAIL rank %d: all steps completed without rank 1\n", clpar_dist_rank());
+  _exit(6);
+}
+
 static void scenario_skip(void) {
   float v = 1;
   OK(clpar_dist_all_reduce_sum(&v, 1)); /* collective #1: everybody */
@@ -128,8 +162,9 @@ int main(int argc, char **argv) {
           clpar_dist_timeout());
   if (!strcmp(which, "exit")) scenario_exit();
   if (!strcmp(which, "skip")) scenario_skip();
+  if (!strcmp(which, "zero")) scenario_zero();
   if (!strcmp(which, "debug")) scenario_debug();
-  fprintf(stderr, "usage: test_dist_fault exit|skip|debug|badenv\n");
+  fprintf(stderr, "usage: test_dist_fault exit|zero|skip|debug|badenv\n");
   clpar_dist_finalize();
   return 2;
 }

@@ -17,6 +17,8 @@
 #include "parallel.h"
 #include "pipeline.h"
 #include "dist.h"
+#include "zero.h"
+#include "memory.h"
 #include "checkpoint.h"
 #include "data.h"
 #include "text.h"

@@ -85,6 +85,12 @@ typedef struct clpar_ddp_options {
    * rank (one small collective per step); a rank that has run out of inputs calls
    * clpar_ddp_join instead of its next forward. See clpar_ddp_join. */
   int uneven_inputs;
+  /* Sharded data parallel (include/clpar/zero.h): 0 plain DDP; 1 (ZeRO-1: optimizer state
+   * sharded) or 2 (ZeRO-2: gradients too, taken off the device during backward): backward
+   * then reduces nothing, and the step of a clpar_zero_optimizer reduce-scatters the
+   * gradients, steps the rank's shard and all-gathers the parameters. MPI only; stage 3 is not
+   * built (CLPAR_ERROR_UNSUPPORTED). */
+  int zero_stage;
 } clpar_ddp_options;
 
 /* Wraps module (taking ownership of it, also on error) into a module of type

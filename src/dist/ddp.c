@@ -428,6 +428,7 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   double cap_mb = o && o->bucket_cap_mb > 0 ? o->bucket_cap_mb : 25.0;
   st->find_unused = o && o->find_unused_parameters;
   st->uneven_inputs = o && o->uneven_inputs;
+  st->zero_stage = o ? o->zero_stage : 0;
   /* MPI_Comm_idup is a collective too: with the deadline, as the others */
   const char *dup = "clpar_ddp_create: duplicating the communicator";
   clpar_status s = clpar_dist_check_broken() ? CLPAR_ERROR_TIMEOUT : CLPAR_OK;
@@ -459,8 +460,13 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   st->sync_buffers = 1;
   if (s == CLPAR_OK)
     s = clpar_ddp_agree(st, clpar_ddp_make_buckets(st, cap_mb), "clpar_ddp_create");
-  if (s == CLPAR_OK) s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
-  if (s == CLPAR_OK && !st->nccl)
+  if (s == CLPAR_OK && st->zero_stage) /* the step's reduce-scatter runs over MPI */
+    snprintf(st->backend_why, sizeof st->backend_why, "ZeRO reduces over MPI (zero_stage %d)",
+             st->zero_stage);
+  else if (s == CLPAR_OK)
+    s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
+  if (s == CLPAR_OK && st->zero_stage == 2) clpar_zero_release_grads(st);
+  if (s == CLPAR_OK && !st->nccl && !st->zero_stage)
     s = clpar_ddp_agree(st, clpar_ddp_alloc_host_buffers(st), "clpar_ddp_create");
   if (s == CLPAR_OK && !(st->by_address = malloc((size_t)st->n_params * sizeof *st->by_address)))
     s = clpar_ddp_oom();
@@ -502,6 +508,14 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
                            "clpar_ddp_create: call clpar_dist_init first");
   }
+  if (options && (options->zero_stage < 0 || options->zero_stage > 2)) {
+    clpar_module_free(module);
+    return clpar_set_error(
+        options->zero_stage == 3 ? CLPAR_ERROR_UNSUPPORTED : CLPAR_ERROR_INVALID_ARGUMENT,
+        "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1 or 2 "
+        "(stage 3 is not built)",
+        options->zero_stage);
+  }
   if (options && !(options->bucket_cap_mb >= 0)) {
     clpar_module_free(module);
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -527,12 +541,12 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
   return CLPAR_OK;
 }
 
-static ddp_state *state_of(const clpar_module *m) {
+ddp_state *clpar_ddp_state_of(const clpar_module *m) {
   return m && m->forward == ddp_forward ? m->user : NULL;
 }
 
 clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
-  ddp_state *st = state_of(ddp);
+  ddp_state *st = clpar_ddp_state_of(ddp);
   if (!st)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_ddp_synchronize: not a DistributedDataParallel module");
@@ -545,14 +559,14 @@ clpar_status clpar_ddp_synchronize(clpar_module *ddp) {
 }
 
 const char *clpar_ddp_backend(const clpar_module *ddp, const char **why) {
-  ddp_state *st = state_of(ddp);
+  ddp_state *st = clpar_ddp_state_of(ddp);
   if (why) *why = st ? st->backend_why : "not a DistributedDataParallel module";
   if (!st) return NULL;
   return st->nccl ? "nccl" : "mpi";
 }
 
 clpar_status clpar_ddp_join(clpar_module *ddp) {
-  ddp_state *st = state_of(ddp);
+  ddp_state *st = clpar_ddp_state_of(ddp);
   if (!st)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_ddp_join: not a DistributedDataParallel module");
@@ -565,7 +579,7 @@ clpar_status clpar_ddp_join(clpar_module *ddp) {
 }
 
 clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync) {
-  ddp_state *st = state_of(ddp);
+  ddp_state *st = clpar_ddp_state_of(ddp);
   if (!st)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_ddp_set_sync: not a DistributedDataParallel module");
@@ -576,7 +590,7 @@ clpar_status clpar_ddp_set_sync(clpar_module *ddp, int sync) {
 }
 
 clpar_status clpar_ddp_stats_get(const clpar_module *ddp, clpar_ddp_stats *out) {
-  ddp_state *st = state_of(ddp);
+  ddp_state *st = clpar_ddp_state_of(ddp);
   if (!st || !out)
     return clpar_set_error(
         CLPAR_ERROR_INVALID_ARGUMENT,

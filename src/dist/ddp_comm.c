@@ -170,6 +170,10 @@ void clpar_ddp_grad_ready(clpar_tensor *t, void *user) {
   (void)t;
   ddp_param *p = user;
   ddp_state *st = p->st;
+  if (st->zero_stage) { /* ZeRO reduces in its step; stage 2 takes the gradient off here */
+    if (st->zero_stage == 2) clpar_zero_grad_ready(st, p);
+    return;
+  }
   pthread_mutex_lock(&st->lock);
   if (p->ready || st->no_sync) {
     pthread_mutex_unlock(&st->lock);

@@ -93,6 +93,8 @@ struct ddp_state {
   int find_unused;   /* clpar_ddp_options.find_unused_parameters */
   int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
   int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
+  int zero_stage;    /* clpar_ddp_options.zero_stage: the hooks leave gradients alone (zero.c) */
+  void *zero;        /* stage 2: the clpar_zero_optimizer whose hook takes the gradients */
   uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
   int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
   clpar_status ended_status;
@@ -128,6 +130,19 @@ void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
 clpar_status clpar_ddp_agree(ddp_state *st, clpar_status mine, const char *what);
 /* The bucket's runs of adjacent gradients, as its parameters' gradients are now. */
 void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b);
+
+/* The state of a DistributedDataParallel module, or NULL for another module. */
+ddp_state *clpar_ddp_state_of(const clpar_module *m);
+
+/* ---- ZeRO (zero.c) ---- */
+
+/* Stage 2: frees the flat gradient and the parameters' views of it (backward then gives each
+ * parameter a gradient of its own, which the hook below takes off the device). */
+void clpar_zero_release_grads(ddp_state *st);
+/* Stage 2, the gradient hook of parameter p (the backward thread): its gradient is added into
+ * the optimizer's host buffer and freed. Nothing without an optimizer yet (its step then
+ * takes what is left). */
+void clpar_zero_grad_ready(ddp_state *st, ddp_param *p);
 
 /* ---- the communication thread and the hooks (ddp_comm.c) ---- */
 

@@ -59,11 +59,15 @@ static clpar_status group_build(group *g) {
     g->total += g->members[i]->numel;
   }
   clpar_tensor *flat = NULL, *grad = NULL;
+  int was = clpar_memory_category_set(CLPAR_MEM_PARAMETERS);
   clpar_status s = clpar_tensor_empty(g->dev, 1, &g->total, &flat);
-  if (s != CLPAR_OK) return s;
-  clpar_tensor_unscope(flat);
-  g->flat = flat;
-  s = clpar_tensor_zeros(g->dev, 1, &g->total, &grad);
+  clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
+  if (s == CLPAR_OK) {
+    clpar_tensor_unscope(flat);
+    g->flat = flat;
+    s = clpar_tensor_zeros(g->dev, 1, &g->total, &grad);
+  }
+  clpar_memory_category_set(was);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(grad);
   flat->grad = grad;

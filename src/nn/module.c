@@ -226,6 +226,7 @@ clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar
   if (s != CLPAR_OK) return s;
   clpar_tensor_retain(param);
   param->requires_grad = 1;
+  clpar_storage_tag(param->storage, CLPAR_MEM_PARAMETERS);
   return CLPAR_OK;
 }
 

@@ -56,6 +56,8 @@ struct clpar_device {
   pthread_mutex_t alloc_lock;
   clpar_block *free_blocks; /* sorted by size, ascending */
   clpar_memory_stats stats;
+  /* tensors' bytes by category (include/clpar/memory.h), under alloc_lock */
+  uint64_t mem_in_use[6], mem_peak[6];
   /* what the allocator lets the driver hold for this device (in use + cached): its global
    * memory, or less with CLPAR_DEVICE_MEMORY_LIMIT (src/runtime/allocator.c) */
   uint64_t mem_limit;
@@ -247,9 +249,21 @@ typedef struct clpar_storage {
   size_t capacity;  /* bytes */
   uint64_t version; /* bumped by every in-place write: replicas copy only what changed */
   clpar_busy *busy; /* NULL until another device's queue touches the buffer */
+  /* counted in this clpar_mem_category (src/runtime/memory.c) */
+  unsigned char category;
   /* every storage alive, for clpar_shutdown; dev is NULL once shut down */
   struct clpar_storage *live_prev, *live_next;
 } clpar_storage;
+
+/* ---- memory by category (src/runtime/memory.c; categories: clpar_mem_category) ---- */
+
+/* The category new storages of this thread are counted in; returns the one it replaces. */
+int clpar_memory_category_set(int c);
+int clpar_memory_category_current(void);
+/* Adds delta bytes to category c of dev (its peak follows). */
+void clpar_memory_account(clpar_device *dev, int c, int64_t delta);
+/* Moves st's bytes to category c (its owner took it over: a parameter, a gradient, ...). */
+void clpar_storage_tag(clpar_storage *st, int c);
 
 /* A new storage of at least bytes on dev (from its cache), one reference, counted alive. */
 clpar_status clpar_storage_new(clpar_device *dev, size_t bytes, clpar_storage **out);

@@ -68,6 +68,8 @@ clpar_status clpar_storage_new(clpar_device *dev, size_t bytes, clpar_storage **
   }
   st->refcount = 1;
   st->dev = dev;
+  st->category = (unsigned char)clpar_memory_category_current();
+  clpar_memory_account(dev, st->category, (int64_t)st->capacity);
   live_add(st);
   *out = st;
   return CLPAR_OK;
@@ -81,6 +83,7 @@ clpar_storage *clpar_storage_retain(clpar_storage *st) {
 void clpar_storage_release(clpar_storage *st) {
   if (__atomic_sub_fetch(&st->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     clpar_device *dev = live_remove(st);
+    if (dev) clpar_memory_account(dev, st->category, -(int64_t)st->capacity);
     if (dev) clpar_free_buffer(dev, st->buf, st->capacity, st->busy); /* takes busy over */
     free(st);
   }

@@ -1,0 +1,76 @@
+/* zero.h — sharded data parallel (DeepSpeed's ZeRO stages 1 and 2; PyTorch's
+ * ZeroRedundancyOptimizer) on a DistributedDataParallel module made with
+ * clpar_ddp_options.zero_stage 1 or 2. The training loop stays PyTorch's: forward through the
+ * DDP module, clpar_backward on the loss, then clpar_zero_optimizer_step instead of
+ * clpar_optimizer_step (and clpar_zero_optimizer_zero_grad).
+ *
+ * The module's parameters are one flat buffer of numel floats (clpar_module_flatten), cut into
+ * world_size shards of ceil(numel / world_size) floats (the last ones padded with zeros, so a
+ * numel that does not divide is fine). No bucket is all-reduced in backward. The step
+ * (1) reduce-scatters the whole gradient over MPI (MPI_Reduce_scatter_block through host
+ * memory), so each rank holds the average of its shard; (2) steps the rank's shard of the
+ * parameters in place with an inner optimizer (SGD, Adam or AdamW with PyTorch's rules) that
+ * keeps state for that shard only, 1/world_size of what plain DDP keeps; (3) all-gathers the
+ * shards (MPI_Allgather), so every rank ends with the parameters plain DDP gives.
+ *
+ * Stage 1 keeps the flat gradient on the device, as plain DDP: backward accumulates into it,
+ * the step reads it whole and writes the averaged shard into its slice. Stage 2 frees the flat
+ * gradient when the module is made: backward gives each parameter a gradient of its own, and
+ * the module's gradient hook (autograd.h) reads it into the optimizer's host buffer (adding to
+ * what an earlier backward of the same step left) and frees it at once, so the device holds at
+ * most the rank's averaged shard and the gradients backward is making, never all of them
+ * (DeepSpeed's 4Ψ + 12Ψ/N in fp32, plus activations). The parameters' grad is then NULL after
+ * backward; read gradients (to clip them, say) with stage 1.
+ *
+ * Every collective runs with the job's deadline (clpar_dist_timeout): a rank that dies or hangs
+ * makes the others' step fail with CLPAR_ERROR_TIMEOUT naming it and the collective.
+ *
+ * Limits of this version: the reduce-scatter runs in the step, not overlapped with backward as
+ * DDP's buckets are (stage 2 copies each gradient to the host during backward, waiting for
+ * it); the module must live on one device, all float32; over MPI only (not NCCL); no stage 3
+ * (parameter sharding): clpar_ddp_create refuses zero_stage 3 with CLPAR_ERROR_UNSUPPORTED. */
+#ifndef CLPAR_ZERO_H
+#define CLPAR_ZERO_H
+
+#include <stdint.h>
+
+#include "export.h"
+#include "nn.h"
+#include "optim.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct clpar_zero_optimizer clpar_zero_optimizer;
+
+/* The sharded optimizer of ddp (a DistributedDataParallel module made with zero_stage 1 or 2;
+ * CLPAR_ERROR_INVALID_ARGUMENT otherwise), with the inner optimizer's options (NULL: every
+ * default, as clpar_sgd_create and clpar_adam_create take them). Every rank calls it; ddp must
+ * outlive the optimizer. */
+CLPAR_API clpar_status clpar_zero_sgd_create(clpar_module *ddp, const clpar_sgd_options *options,
+                                             clpar_zero_optimizer **out);
+CLPAR_API clpar_status clpar_zero_adam_create(clpar_module *ddp, const clpar_adam_options *options,
+                                              clpar_zero_optimizer **out);
+CLPAR_API clpar_status clpar_zero_adamw_create(clpar_module *ddp, const clpar_adam_options *options,
+                                               clpar_zero_optimizer **out);
+/* Collective: reduce-scatter, the shard's step, all-gather (above). Waits for the device. */
+CLPAR_API clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *opt);
+/* Stage 1: zeroes the module's flat gradient; stage 2: forgets the gradients gathered on the
+ * host since the last step (and frees any a backward left on the device). */
+CLPAR_API clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *opt);
+/* The inner optimizer over this rank's shard (a [len] tensor viewing the flat parameters at
+ * offset), for learning-rate schedules and clpar_optimizer_set_lr; NULL when the rank's shard
+ * is empty (numel below world_size pieces). Owned by opt. */
+CLPAR_API clpar_optimizer *clpar_zero_optimizer_inner(clpar_zero_optimizer *opt);
+/* This rank's shard of the flat parameters: its first element and its length (0 for a shard
+ * wholly in the padding). */
+CLPAR_API void clpar_zero_optimizer_shard(const clpar_zero_optimizer *opt, int64_t *offset,
+                                          int64_t *len);
+CLPAR_API void clpar_zero_optimizer_free(clpar_zero_optimizer *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,365 @@
+/* test_zero.c — sharded data parallel (include/clpar/zero.h) against plain
+ * DistributedDataParallel, run by ctest through mpirun on 2 and 4 ranks (tests/CMakeLists.txt).
+ * Both train the same model (rank 0's weights, broadcast) on each rank's share of a batch for
+ * 5 Adam steps (and AdamW, SGD with momentum, and two backwards a step); the parameters must
+ * agree. The model has 1391 parameters, which divides by neither 2 nor 4, so the last shard is
+ * padded. Also: each rank's optimizer state covers its shard only, stage 2 never holds the
+ * whole gradient on the device, and the options ZeRO refuses. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+enum { IN = 16, HIDDEN = 63, OUT = 5, BATCH = 24, STEPS = 5, NUMEL = 1391 };
+
+/* Linear(IN, HIDDEN) ReLU Linear(HIDDEN, OUT): 1071 + 320 = 1391 parameters. */
+static clpar_module *make_mlp(uint64_t seed) {
+  clpar_module *layers[3], *mlp;
+  clpar_device *dev = clpar_dist_device();
+  clpar_manual_seed(seed);
+  tu_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]));
+  tu_ok(clpar_relu_create(&layers[1]));
+  tu_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[2]));
+  tu_ok(clpar_sequential_create(layers, 3, &mlp));
+  return mlp;
+}
+
+static clpar_module *make_ddp(int stage) {
+  clpar_ddp_options o = {.zero_stage = stage};
+  clpar_module *ddp;
+  /* seeded by rank: the broadcast from rank 0 makes them agree */
+  tu_ok(clpar_ddp_create(make_mlp(100 + (uint64_t)clpar_dist_rank()), &o, &ddp));
+  return ddp;
+}
+
+/* Forward and backward of MSE on this rank's rows of the batch for step k. */
+static void forward_backward(clpar_module *m, int k) {
+  int world = clpar_dist_world_size(), rows = BATCH / world;
+  int row0 = clpar_dist_rank() * rows;
+  float *x = tu_rand(BATCH * IN, 11 + (uint64_t)k), *y = tu_rand(BATCH * OUT, 41 + (uint64_t)k);
+  clpar_device *dev = clpar_dist_device();
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *xt, *yt, *out, *loss;
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + (size_t)row0 * IN, &xt));
+  tu_ok(clpar_module_forward(m, xt, &out));
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + (size_t)row0 * OUT, &yt));
+  tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
+  tu_ok(clpar_backward(loss));
+  clpar_scope_end(scope);
+  free(x);
+  free(y);
+}
+
+/* Every parameter of m, in order, into a new host array of NUMEL floats. */
+static float *read_params(clpar_module *m) {
+  float *all = malloc(NUMEL * sizeof(float));
+  assert_non_null(all);
+  size_t at = 0;
+  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
+    const char *name;
+    clpar_tensor *t;
+    tu_ok(clpar_module_parameter_at(m, i, &name, &t));
+    size_t n = (size_t)clpar_tensor_numel(t);
+    assert_true(at + n <= NUMEL);
+    tu_ok(clpar_tensor_read(t, all + at, n));
+    at += n;
+  }
+  assert_int_equal(at, NUMEL);
+  return all;
+}
+
+static const clpar_adam_options adam = {.lr = 0.01f, .weight_decay = 0.01f};
+static const clpar_sgd_options sgd = {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f};
+
+/* The optimizer the training below uses: Adam, AdamW or SGD with momentum. */
+enum { ADAM, ADAMW, SGD };
+static int kind = ADAM;
+
+static clpar_optimizer *make_optimizer(clpar_module *ddp) {
+  clpar_optimizer *opt;
+  if (kind == SGD)
+    tu_ok(clpar_sgd_create_for(ddp, &sgd, &opt));
+  else if (kind == ADAMW)
+    tu_ok(clpar_adamw_create_for(ddp, &adam, &opt));
+  else
+    tu_ok(clpar_adam_create_for(ddp, &adam, &opt));
+  return opt;
+}
+
+static clpar_zero_optimizer *make_zero_optimizer(clpar_module *ddp) {
+  clpar_zero_optimizer *opt;
+  if (kind == SGD)
+    tu_ok(clpar_zero_sgd_create(ddp, &sgd, &opt));
+  else if (kind == ADAMW)
+    tu_ok(clpar_zero_adamw_create(ddp, &adam, &opt));
+  else
+    tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  return opt;
+}
+
+/* STEPS steps of micro backwards each (gradients accumulate over them). */
+static float *train_ddp(int micro) {
+  clpar_module *ddp = make_ddp(0);
+  clpar_optimizer *opt = make_optimizer(ddp);
+  for (int k = 0; k < STEPS; k++) {
+    tu_ok(clpar_optimizer_zero_grad(opt));
+    for (int m = 0; m < micro; m++) forward_backward(ddp, k + 7 * m);
+    tu_ok(clpar_optimizer_step(opt));
+  }
+  float *p = read_params(ddp);
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+  return p;
+}
+
+static float *train_zero(int stage, int micro) {
+  clpar_module *ddp = make_ddp(stage);
+  clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
+  for (int k = 0; k < STEPS; k++) {
+    tu_ok(clpar_zero_optimizer_zero_grad(opt));
+    for (int m = 0; m < micro; m++) forward_backward(ddp, k + 7 * m);
+    tu_ok(clpar_zero_optimizer_step(opt));
+  }
+  float *p = read_params(ddp);
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
+  return p;
+}
+
+static void check_stage(int stage, int micro) {
+  float *want = train_ddp(micro), *got = train_zero(stage, micro);
+  /* the sums of 2 ranks are the same in any order; with 4 an MPI may add in another order, and
+   * accumulated micro-steps are summed before the average (DDP averages each) */
+  float tol = clpar_dist_world_size() == 2 && micro == 1 ? 0.0f : 1e-5f;
+  tu_assert_close(got, want, NUMEL, tol, tol, "parameters after 5 steps");
+  free(want);
+  free(got);
+}
+
+static void test_stage1_matches_ddp(void **state) {
+  (void)state;
+  check_stage(1, 1);
+}
+
+static void test_stage2_matches_ddp(void **state) {
+  (void)state;
+  check_stage(2, 1);
+}
+
+/* The other inner optimizers: AdamW's decoupled decay, SGD's momentum buffer per shard. */
+static void test_adamw_and_sgd_momentum_match_ddp(void **state) {
+  (void)state;
+  for (kind = ADAMW; kind <= SGD; kind++)
+    for (int stage = 1; stage <= 2; stage++) check_stage(stage, 1);
+  kind = ADAM;
+}
+
+/* Two backwards per step: stage 2 adds the second gradient into what the first left on the
+ * host; stage 1 accumulates on the device as plain DDP does. */
+static void test_accumulated_micro_steps_match_ddp(void **state) {
+  (void)state;
+  check_stage(1, 2);
+  check_stage(2, 2);
+}
+
+/* Linear(2, 1) (3 parameters) trained 5 steps with Adam, ZeRO at stage (0: plain DDP); its
+ * parameters into p. */
+static void train_tiny(int stage, float p[3]) {
+  clpar_ddp_options o = {.zero_stage = stage};
+  clpar_module *lin, *ddp;
+  clpar_device *dev = clpar_dist_device();
+  clpar_manual_seed(5);
+  tu_ok(clpar_linear_create(2, 1, 1, dev, &lin));
+  tu_ok(clpar_ddp_create(lin, &o, &ddp));
+  clpar_optimizer *opt = NULL;
+  clpar_zero_optimizer *zopt = NULL;
+  if (stage)
+    tu_ok(clpar_zero_adam_create(ddp, &adam, &zopt));
+  else
+    tu_ok(clpar_adam_create_for(ddp, &adam, &opt));
+  for (int k = 0; k < STEPS; k++) {
+    float x[2] = {(float)clpar_dist_rank() + 1.0f, (float)k - 2.0f};
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *xt, *y, *loss;
+    tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){1, 2}, x, &xt));
+    tu_ok(clpar_module_forward(ddp, xt, &y));
+    tu_ok(clpar_mean(y, &loss));
+    tu_ok(clpar_backward(loss));
+    clpar_scope_end(scope);
+    tu_ok(stage ? clpar_zero_optimizer_step(zopt) : clpar_optimizer_step(opt));
+    tu_ok(stage ? clpar_zero_optimizer_zero_grad(zopt) : clpar_optimizer_zero_grad(opt));
+  }
+  const char *name;
+  clpar_tensor *w, *b;
+  tu_ok(clpar_module_parameter_at(ddp, 0, &name, &w));
+  tu_ok(clpar_module_parameter_at(ddp, 1, &name, &b));
+  tu_ok(clpar_tensor_read(w, p, 2));
+  tu_ok(clpar_tensor_read(b, p + 2, 1));
+  if (zopt && clpar_dist_world_size() == 4 && clpar_dist_rank() == 3)
+    assert_null(clpar_zero_optimizer_inner(zopt)); /* shards of 1: rank 3's is all padding */
+  clpar_zero_optimizer_free(zopt);
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+}
+
+/* Fewer parameters than shards: a rank whose shard is all padding steps nothing and still
+ * takes part in every collective. */
+static void test_tiny_model_with_empty_shards(void **state) {
+  (void)state;
+  float want[3], got[3];
+  train_tiny(0, want);
+  for (int stage = 1; stage <= 2; stage++) {
+    train_tiny(stage, got);
+    tu_assert_close(got, want, 3, 1e-6f, 1e-6f, "Linear(2, 1) after 5 steps");
+  }
+}
+
+/* Bytes the allocator counts for n floats (its rounding: 512 below 1 MiB). */
+static uint64_t rounded(int64_t n) {
+  return ((uint64_t)n * 4 + 511) / 512 * 512;
+}
+
+/* Optimizer state on this rank's device after one step of plain DDP with Adam. */
+static uint64_t ddp_state_bytes(void) {
+  clpar_device *dev = clpar_dist_device();
+  uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER);
+  clpar_module *ddp = make_ddp(0);
+  clpar_optimizer *opt;
+  tu_ok(clpar_adam_create_for(ddp, &adam, &opt));
+  forward_backward(ddp, 0);
+  tu_ok(clpar_optimizer_step(opt));
+  uint64_t bytes = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER) - before;
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+  return bytes;
+}
+
+/* Each rank's Adam state is its shard's two moments, about 1/world of plain DDP's (the
+ * allocator's rounding aside); the shards cover the parameters once. */
+static void test_optimizer_state_is_sharded(void **state) {
+  (void)state;
+  int world = clpar_dist_world_size();
+  clpar_device *dev = clpar_dist_device();
+  uint64_t plain = ddp_state_bytes();
+  assert_int_equal(plain, 2 * rounded(NUMEL));
+  uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER);
+  clpar_module *ddp = make_ddp(1);
+  clpar_zero_optimizer *opt;
+  tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  forward_backward(ddp, 0);
+  tu_ok(clpar_zero_optimizer_step(opt));
+  uint64_t sharded = clpar_memory_in_use(dev, CLPAR_MEM_OPTIMIZER) - before;
+  float sum = (float)sharded;
+  tu_ok(clpar_dist_all_reduce_sum(&sum, 1));
+  assert_true(sum <= (float)(plain + (uint64_t)world * 2 * 512));
+  int64_t lo, len, shard = (NUMEL + world - 1) / world;
+  clpar_zero_optimizer_shard(opt, &lo, &len);
+  assert_int_equal(lo, clpar_dist_rank() * shard);
+  assert_true(len <= shard);
+  clpar_optimizer *inner = clpar_zero_optimizer_inner(opt);
+  assert_non_null(inner);
+  assert_int_equal(clpar_optimizer_size(inner), 1);
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(clpar_tensor_numel(clpar_optimizer_state_at(inner, 0, k)), len);
+  assert_int_equal(sharded, 2 * rounded(len));
+  float total = (float)len;
+  tu_ok(clpar_dist_all_reduce_sum(&total, 1));
+  assert_true(total == (float)NUMEL);
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
+}
+
+/* Stage 2 never holds the whole gradient on the device: each parameter's gradient leaves for
+ * the host as backward makes it, so the gradients' peak is the rank's shard and the largest
+ * parameter (Linear(IN, HIDDEN)'s weight); stage 1 holds the flat gradient throughout. */
+static void test_stage2_never_holds_the_whole_gradient(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_dist_device();
+  uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_GRADIENTS);
+  clpar_module *ddp = make_ddp(2);
+  assert_int_equal(clpar_memory_in_use(dev, CLPAR_MEM_GRADIENTS), before);
+  clpar_zero_optimizer *opt;
+  tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  int64_t lo, len;
+  clpar_zero_optimizer_shard(opt, &lo, &len);
+  assert_int_equal(clpar_memory_in_use(dev, CLPAR_MEM_GRADIENTS) - before, rounded(len));
+  const char *name;
+  clpar_tensor *w;
+  tu_ok(clpar_module_parameter_at(ddp, 0, &name, &w));
+  tu_ok(clpar_memory_mark(dev));
+  forward_backward(ddp, 0);
+  assert_null(clpar_tensor_grad(w)); /* on the host now */
+  assert_true(clpar_memory_peak(dev, CLPAR_MEM_GRADIENTS) - before <=
+              rounded(len) + rounded(IN * HIDDEN));
+  tu_ok(clpar_zero_optimizer_step(opt));
+  clpar_status s = clpar_zero_optimizer_step(opt); /* no backward since the last step */
+  assert_int_equal(s, CLPAR_ERROR_NO_GRADIENT);
+  /* every rank fails alike, naming the lowest rank that could not step */
+  assert_non_null(
+      strstr(clpar_last_error(), "rank 0: clpar_zero_optimizer_step: no backward gave"));
+  forward_backward(ddp, 1);
+  tu_ok(clpar_zero_optimizer_step(opt));
+  clpar_zero_optimizer *second = NULL;
+  assert_int_equal(clpar_zero_adam_create(ddp, &adam, &second), CLPAR_ERROR_INVALID_ARGUMENT);
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
+
+  ddp = make_ddp(1); /* for contrast: the flat gradient, all of it */
+  tu_ok(clpar_memory_mark(dev));
+  forward_backward(ddp, 0);
+  assert_true(clpar_memory_peak(dev, CLPAR_MEM_GRADIENTS) - before >= rounded(NUMEL));
+  clpar_module_free(ddp);
+}
+
+static void test_refused_options(void **state) {
+  (void)state;
+  clpar_ddp_options o = {.zero_stage = 3};
+  clpar_module *ddp = NULL;
+  assert_int_equal(clpar_ddp_create(make_mlp(1), &o, &ddp), CLPAR_ERROR_UNSUPPORTED);
+  assert_non_null(strstr(clpar_last_error(), "zero_stage is 3"));
+  o.zero_stage = -1;
+  assert_int_equal(clpar_ddp_create(make_mlp(1), &o, &ddp), CLPAR_ERROR_INVALID_ARGUMENT);
+  ddp = make_ddp(0);
+  clpar_zero_optimizer *opt = NULL;
+  assert_int_equal(clpar_zero_adam_create(ddp, NULL, &opt), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "clpar_zero_adam_create"));
+  assert_null(opt);
+  clpar_module_free(ddp);
+  ddp = make_ddp(1);
+  clpar_adam_options bad = {.beta1 = 1.0f};
+  assert_int_equal(clpar_zero_adam_create(ddp, &bad, &opt), CLPAR_ERROR_INVALID_ARGUMENT);
+  clpar_module_free(ddp);
+}
+
+static int setup(void **state) {
+  (void)state;
+  clpar_status s = clpar_dist_init();
+  if (s != CLPAR_OK) {
+    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  clpar_dist_finalize();
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stage1_matches_ddp),
+      cmocka_unit_test(test_stage2_matches_ddp),
+      cmocka_unit_test(test_optimizer_state_is_sharded),
+      cmocka_unit_test(test_adamw_and_sgd_momentum_match_ddp),
+      cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
+      cmocka_unit_test(test_tiny_model_with_empty_shards),
+      cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
+      cmocka_unit_test(test_refused_options),
+  };
+  return cmocka_run_group_tests_name("zero", tests, setup, teardown);
+}
