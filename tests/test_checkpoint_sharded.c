@@ -105,6 +105,12 @@ static void test_save(void **state) {
   assert_int_equal(access(in_dir("sharded/model-00001-of-00002.safetensors"), R_OK), 0);
   assert_int_equal(access(in_dir("sharded/model-00002-of-00002.safetensors"), R_OK), 0);
   assert_int_equal(access(in_dir("sharded/model.safetensors.index.json"), R_OK), 0);
+  /* balanced: apart from their headers (under 1 KiB here), the shards differ by at most the
+   * largest tensor, 2.weight's 4 KiB, out of 17 KiB */
+  struct stat a, b;
+  assert_int_equal(stat(in_dir("sharded/model-00001-of-00002.safetensors"), &a), 0);
+  assert_int_equal(stat(in_dir("sharded/model-00002-of-00002.safetensors"), &b), 0);
+  assert_true(llabs((long long)a.st_size - (long long)b.st_size) < 4096 + 1024);
   float losses[STEPS_AFTER];
   for (int k = 0; k < STEPS_AFTER; k++) losses[k] = train_step(m, opt, STEPS_BEFORE + k);
   if (rank == 0) {
@@ -347,6 +353,27 @@ static void test_wrong_shapes(void **state) {
   clpar_module_free(other);
 }
 
+/* A save that fails part way (here the shard cannot be renamed into place) leaves no index,
+ * so the directory holds no checkpoint rather than the old index over new shards. */
+static void test_failed_save_leaves_no_checkpoint(void **state) {
+  (void)state;
+  clpar_module *m = make_mlp(3, HIDDEN);
+  clpar_optimizer *opt = make_adam(m);
+  char d[1024];
+  snprintf(d, sizeof d, "%s/h_failed_save", dir);
+  tu_ok(clpar_checkpoint_save_sharded(d, m, opt, 1, 0));
+  tu_ok(clpar_checkpoint_load_sharded(d, m, opt, NULL, NULL));
+  const char *shard = in_dir("h_failed_save/model-00001-of-00001.safetensors");
+  assert_int_equal(unlink(shard), 0);
+  assert_int_equal(mkdir(shard, 0777), 0);
+  assert_int_equal(clpar_checkpoint_save_sharded(d, m, opt, 2, 0), CLPAR_ERROR_IO);
+  assert_int_equal(access(in_dir("h_failed_save/model.safetensors.index.json"), F_OK), -1);
+  expect_refused(d, CLPAR_ERROR_IO, "model.safetensors.index.json");
+  rmdir(shard);
+  clpar_optimizer_free(opt);
+  clpar_module_free(m);
+}
+
 /* Random bytes changed in the index or a shard's header: an error or a load, never a crash
  * (ASan checks the reads). */
 static void test_random_damage(void **state) {
@@ -405,6 +432,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_hostile_files),
       cmocka_unit_test(test_hostile_index),
       cmocka_unit_test(test_wrong_shapes),
+      cmocka_unit_test(test_failed_save_leaves_no_checkpoint),
       cmocka_unit_test(test_random_damage),
   };
   if (strcmp(argv[1], "save") == 0)

@@ -29,34 +29,37 @@ void clpar_ckpt_shard_name(char *buf, size_t size, int rank, int world) {
   snprintf(buf, size, "model-%05d-of-%05d.safetensors", rank + 1, world);
 }
 
-static const clpar_st_entry *sort_base;
+typedef struct {
+  uint64_t bytes;
+  const char *name;
+  int entry;
+} sized;
 
 static int by_size_then_name(const void *a, const void *b) {
-  const clpar_st_entry *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
-  uint64_t bx = entry_bytes(x), by = entry_bytes(y);
-  if (bx != by) return bx > by ? -1 : 1;
+  const sized *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
   return strcmp(x->name, y->name);
 }
 
 /* owner[i]: the rank that writes entry i. The largest tensor first, each to the rank with the
- * fewest bytes so far (the lowest such rank): a function of names and sizes only. */
+ * fewest bytes so far (the lowest such rank): a function of names and sizes only, and no
+ * rank gets more than the largest tensor beyond another. */
 static clpar_status assign(const clpar_ckpt_set *w, int world, int *owner) {
-  int *order = malloc(((size_t)w->n + 1) * sizeof *order);
+  sized *order = malloc(((size_t)w->n + 1) * sizeof *order);
   uint64_t *load = calloc((size_t)world, sizeof *load);
   if (!order || !load) {
     free(order);
     free(load);
     return NOMEM();
   }
-  for (int i = 0; i < w->n; i++) order[i] = i;
-  sort_base = w->e; /* the save runs on one thread of a rank; qsort has no user pointer */
+  for (int i = 0; i < w->n; i++) order[i] = (sized){entry_bytes(&w->e[i]), w->e[i].name, i};
   qsort(order, (size_t)w->n, sizeof *order, by_size_then_name);
   for (int k = 0; k < w->n; k++) {
     int best = 0;
     for (int r = 1; r < world; r++)
       if (load[r] < load[best]) best = r;
-    owner[order[k]] = best;
-    load[best] += entry_bytes(&w->e[order[k]]);
+    owner[order[k].entry] = best;
+    load[best] += order[k].bytes;
   }
   free(order);
   free(load);
