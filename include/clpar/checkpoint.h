@@ -85,8 +85,9 @@ CLPAR_API clpar_status clpar_checkpoint_load(const char *path, clpar_module *m,
  * the same module and optimizer layout; dir must be one directory that every rank sees, and
  * is made if missing. The checkpoint exists once rank 0 renames the index into place, after
  * every rank's shard is synced; the old index is removed first, so a crash during the save
- * leaves no checkpoint in dir (never a mix of two saves). Every rank returns the same
- * status: a rank's failure is named on every rank. */
+ * leaves no checkpoint in dir (never a mix of two saves); shards of an older save that the
+ * new index does not name are left in place. The generator state saved is rank 0's. Every
+ * rank returns the same status: a rank's failure is named on every rank. */
 CLPAR_API clpar_status clpar_checkpoint_save_sharded(const char *dir, const clpar_module *m,
                                                      const clpar_optimizer *opt, int64_t step,
                                                      int64_t epoch);
