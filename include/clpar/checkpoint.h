@@ -98,13 +98,15 @@ CLPAR_API clpar_status clpar_checkpoint_save_sharded(const char *dir, const clpa
  * metadata, every tensor in the file the index names and no other, total_size, the checksums,
  * then names, shapes and dtypes against m and opt; a fault is CLPAR_ERROR_CORRUPT (or _IO for
  * a file that cannot be read) naming the file and what is wrong, and nothing is changed. The
- * whole checkpoint is held in host memory during the load. */
+ * data is read one tensor at a time (no copy of the whole checkpoint in memory), as
+ * clpar_checkpoint_load reads it. */
 CLPAR_API clpar_status clpar_checkpoint_load_sharded(const char *dir, clpar_module *m,
                                                      clpar_optimizer *opt, int64_t *step,
                                                      int64_t *epoch);
 /* Writes the sharded checkpoint in dir as one training checkpoint at path (crash-safe), the
  * file clpar_checkpoint_save would have written of the same model and optimizer, byte for
- * byte; checked as clpar_checkpoint_load_sharded checks it, checksums included. The tool
+ * byte; checked as clpar_checkpoint_load_sharded checks it, checksums included, and copied
+ * one tensor at a time. The tool
  * clpar-checkpoint calls it ("clpar-checkpoint consolidate DIR OUT.safetensors"). */
 CLPAR_API clpar_status clpar_checkpoint_consolidate(const char *dir, const char *path);
 

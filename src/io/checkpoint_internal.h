@@ -38,9 +38,12 @@ clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpa
 void clpar_ckpt_shard_name(char *buf, size_t size, int rank, int world);
 /* Every tensor of f against the crc32 its metadata gives (when it has "checksums"). */
 clpar_status clpar_ckpt_verify(const clpar_st_file *f, const char *path);
-/* The sharded checkpoint in dir read whole and checked (src/io/shard_index.c): one file in
- * memory (f->buf) holding what clpar_checkpoint_save would have written, its metadata
- * included, every tensor of the index read from its shard. */
-clpar_status clpar_ckpt_read_sharded(const char *dir, clpar_st_file *f);
+/* The sharded checkpoint in dir, checked whole (src/io/shard_index.c), as one file: *view
+ * holds what clpar_checkpoint_save would have written, metadata included, each tensor read
+ * from its shard when asked (clpar_st_tensor_read). Valid until clpar_ckpt_close_sharded. */
+typedef struct clpar_ckpt_sharded clpar_ckpt_sharded;
+clpar_status clpar_ckpt_open_sharded(const char *dir, clpar_ckpt_sharded **h,
+                                     const clpar_st_file **view);
+void clpar_ckpt_close_sharded(clpar_ckpt_sharded *h);
 
 #endif

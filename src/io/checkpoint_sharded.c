@@ -285,38 +285,58 @@ clpar_status clpar_checkpoint_load_sharded(const char *dir, clpar_module *m, clp
   if (!dir || !*dir || !m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_checkpoint_load_sharded: NULL or empty dir, or NULL module");
-  clpar_st_file f;
-  clpar_status s = clpar_ckpt_read_sharded(dir, &f);
-  if (s == CLPAR_OK) s = clpar_ckpt_load_file(&f, dir, m, opt, step, epoch);
-  clpar_st_free(&f);
+  clpar_ckpt_sharded *h;
+  const clpar_st_file *f;
+  clpar_status s = clpar_ckpt_open_sharded(dir, &h, &f);
+  if (s == CLPAR_OK) s = clpar_ckpt_load_file(f, dir, m, opt, step, epoch);
+  clpar_ckpt_close_sharded(h);
   return s;
+}
+
+static clpar_status read_source(const void *src, void *dst, size_t bytes) {
+  const clpar_st_source *from = src;
+  (void)bytes; /* the tensor's size, as the entry's shape says */
+  return clpar_st_tensor_read(from->file, from->index, dst);
+}
+
+/* The view's tensors as entries to write, each read from its shard as the file is written. */
+static clpar_status view_entries(const clpar_st_file *f, clpar_st_entry *e,
+                                 int64_t (*shapes)[CLPAR_MAX_DIMS], clpar_st_source *src) {
+  for (int i = 0; i < f->n; i++) {
+    const clpar_st_tensor *t = &f->tensors[i];
+    if (t->ndim > CLPAR_MAX_DIMS)
+      return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
+                             "clpar_checkpoint_consolidate: tensor %d has more than %d "
+                             "dimensions",
+                             i, CLPAR_MAX_DIMS);
+    for (int k = 0; k < t->ndim; k++) shapes[i][k] = (int64_t)t->shape[k];
+    src[i] = (clpar_st_source){f, i};
+    e[i] = (clpar_st_entry){t->name, t->dtype, t->ndim, shapes[i], NULL, read_source, &src[i]};
+  }
+  return CLPAR_OK;
 }
 
 clpar_status clpar_checkpoint_consolidate(const char *dir, const char *path) {
   if (!dir || !*dir || !path || !*path)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_checkpoint_consolidate: NULL or empty dir or path");
-  clpar_st_file f;
-  clpar_status s = clpar_ckpt_read_sharded(dir, &f);
-  if (s == CLPAR_OK) s = clpar_ckpt_verify(&f, dir);
-  clpar_st_entry *e = calloc((size_t)f.n + 1, sizeof *e);
-  int64_t(*shapes)[CLPAR_MAX_DIMS] = calloc((size_t)f.n + 1, sizeof *shapes);
-  if (s == CLPAR_OK && (!e || !shapes))
+  clpar_ckpt_sharded *h;
+  const clpar_st_file *f;
+  clpar_status s = clpar_ckpt_open_sharded(dir, &h, &f);
+  if (s != CLPAR_OK) return s;
+  s = clpar_ckpt_verify(f, dir);
+  clpar_st_entry *e = calloc((size_t)f->n + 1, sizeof *e);
+  int64_t(*shapes)[CLPAR_MAX_DIMS] = calloc((size_t)f->n + 1, sizeof *shapes);
+  clpar_st_source *src = calloc((size_t)f->n + 1, sizeof *src);
+  if (s == CLPAR_OK && (!e || !shapes || !src))
     s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_checkpoint_consolidate: out of memory");
-  for (int i = 0; s == CLPAR_OK && i < f.n; i++) {
-    const clpar_st_tensor *t = &f.tensors[i];
-    if (t->ndim > CLPAR_MAX_DIMS)
-      s = clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                          "clpar_checkpoint_consolidate: a tensor has more than %d dimensions",
-                          CLPAR_MAX_DIMS);
-    for (int k = 0; s == CLPAR_OK && k < t->ndim; k++) shapes[i][k] = (int64_t)t->shape[k];
-    e[i] = (clpar_st_entry){t->name, t->dtype, t->ndim, shapes[i], t->data, NULL, NULL};
-  }
+  if (s == CLPAR_OK) s = view_entries(f, e, shapes, src);
   if (s == CLPAR_OK)
-    s = clpar_st_write(path, e, f.n, (const char *const *)f.meta_keys,
-                       (const char *const *)f.meta_values, f.n_meta);
+    s = clpar_st_write(path, e, f->n, (const char *const *)f->meta_keys,
+                       (const char *const *)f->meta_values, f->n_meta);
   free(e);
   free(shapes);
-  clpar_st_free(&f);
+  free(src);
+  clpar_ckpt_close_sharded(h);
   return s;
 }

@@ -1,12 +1,13 @@
 /* shard_index.c — reading a sharded checkpoint (src/io/checkpoint_sharded.c writes it) back as
- * one safetensors file in memory, checked whole before anything uses it: the index is JSON of
+ * one safetensors file, checked whole before anything uses it: the index is JSON of
  * bounded size in Hugging Face's layout; every file it names is a plain name inside the
  * directory, a valid safetensors file (src/io/safetensors.c's checks), of the same save
  * (metadata "shard.id") and with the same metadata as the index (but the generator's state,
  * each rank's own); every tensor of the index is
- * in the file it names and no file holds another; the sizes add up to total_size. The merged
- * file is what clpar_checkpoint_save writes: the index's metadata (less total_size and the
- * "shard." keys), then "checksums" and each tensor's "crc32.<name>" in the index's order. */
+ * in the file it names and no file holds another; the sizes add up to total_size. The view
+ * (a clpar_st_file whose tensors are read from the shards, one at a time) is what
+ * clpar_checkpoint_save writes: the index's metadata (less total_size and the "shard."
+ * keys), then "checksums" and each tensor's "crc32.<name>" in the index's order. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,24 +224,24 @@ static clpar_status merge_meta(const shard_set *x, clpar_st_file *out, const int
   return s;
 }
 
-/* Index entry i (name, file j, tensor t of file j) into out, its data read at *at. */
+/* Index entry (name, tensor t of file j) into the view out, after the entries before it. */
 static clpar_status merge_tensor(const shard_set *x, const char *name, int j, int t,
-                                 clpar_st_file *out, uint64_t *at) {
-  const clpar_st_tensor *src = &x->files[j].tensors[t];
+                                 clpar_st_file *out, clpar_st_source *src, uint64_t *at) {
+  const clpar_st_tensor *from = &x->files[j].tensors[t];
   clpar_st_tensor *dst = &out->tensors[out->n];
-  uint64_t bytes = src->end - src->begin;
+  uint64_t bytes = from->end - from->begin;
   dst->name = strdup(name);
-  dst->shape = src->ndim ? malloc((size_t)src->ndim * sizeof *dst->shape) : NULL;
+  dst->shape = from->ndim ? malloc((size_t)from->ndim * sizeof *dst->shape) : NULL;
+  src[out->n] = (clpar_st_source){&x->files[j], t};
   out->n++;
-  if (!dst->name || (src->ndim && !dst->shape)) return NOMEM(x->path);
-  if (src->ndim) memcpy(dst->shape, src->shape, (size_t)src->ndim * sizeof *dst->shape);
-  dst->dtype = src->dtype;
-  dst->ndim = src->ndim;
+  if (!dst->name || (from->ndim && !dst->shape)) return NOMEM(x->path);
+  if (from->ndim) memcpy(dst->shape, from->shape, (size_t)from->ndim * sizeof *dst->shape);
+  dst->dtype = from->dtype;
+  dst->ndim = from->ndim;
   dst->begin = *at;
   dst->end = *at + bytes;
-  dst->data = out->buf + *at;
   *at += bytes;
-  return clpar_st_tensor_read(&x->files[j], t, out->buf + dst->begin);
+  return CLPAR_OK;
 }
 
 /* Where each index entry is (file, tensor), and that the sizes add up to total_size. */
@@ -267,22 +268,31 @@ static clpar_status locate(const shard_set *x, int *where, int *which) {
   return CLPAR_OK;
 }
 
-static clpar_status merge(const shard_set *x, clpar_st_file *out) {
+struct clpar_ckpt_sharded {
+  shard_set x;
+  clpar_st_file view;
+  clpar_st_source *sources;
+};
+
+static clpar_status merge(clpar_ckpt_sharded *h) {
+  const shard_set *x = &h->x;
+  clpar_st_file *out = &h->view;
   size_t n = json_object_size(x->map);
   int *where = calloc(n, sizeof *where), *which = calloc(n, sizeof *which);
   clpar_status s = where && which ? locate(x, where, which) : NOMEM(x->path);
   if (s == CLPAR_OK) {
     out->tensors = calloc(n, sizeof *out->tensors);
-    out->buf = malloc((size_t)x->total + 1);
+    h->sources = calloc(n, sizeof *h->sources);
+    out->sources = h->sources;
     out->size = x->total;
-    if (!out->tensors || !out->buf) s = NOMEM(x->path);
+    if (!out->tensors || !h->sources) s = NOMEM(x->path);
   }
   uint64_t at = 0;
   size_t i = 0;
   const char *key;
   json_t *v;
   json_object_foreach(x->map, key, v) {
-    if (s == CLPAR_OK) s = merge_tensor(x, key, where[i], which[i], out, &at);
+    if (s == CLPAR_OK) s = merge_tensor(x, key, where[i], which[i], out, h->sources, &at);
     i++;
   }
   if (s == CLPAR_OK) s = merge_meta(x, out, where);
@@ -291,19 +301,35 @@ static clpar_status merge(const shard_set *x, clpar_st_file *out) {
   return s;
 }
 
-clpar_status clpar_ckpt_read_sharded(const char *dir, clpar_st_file *out) {
-  memset(out, 0, sizeof *out);
-  out->fd = -1;
-  shard_set x = {.dir = dir};
-  if ((size_t)snprintf(x.path, sizeof x.path, "%s/%s", dir, INDEX_NAME) >= sizeof x.path)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: the directory's name is too long",
-                           dir);
-  clpar_status s = load_json(&x);
-  if (s == CLPAR_OK) s = check_layout(&x);
-  if (s == CLPAR_OK) s = open_files(&x);
-  for (int i = 0; s == CLPAR_OK && i < x.n_files; i++) s = check_file(&x, i);
-  if (s == CLPAR_OK) s = merge(&x, out);
-  if (s != CLPAR_OK) clpar_st_free(out);
-  shard_set_free(&x);
-  return s;
+void clpar_ckpt_close_sharded(clpar_ckpt_sharded *h) {
+  if (!h) return;
+  clpar_st_free(&h->view);
+  free(h->sources);
+  shard_set_free(&h->x);
+  free(h);
+}
+
+clpar_status clpar_ckpt_open_sharded(const char *dir, clpar_ckpt_sharded **out,
+                                     const clpar_st_file **view) {
+  *out = NULL;
+  clpar_ckpt_sharded *h = calloc(1, sizeof *h);
+  if (!h) return NOMEM(dir);
+  h->view.fd = -1;
+  shard_set *x = &h->x;
+  x->dir = dir;
+  clpar_status s = CLPAR_OK;
+  if ((size_t)snprintf(x->path, sizeof x->path, "%s/%s", dir, INDEX_NAME) >= sizeof x->path)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: the directory's name is too long", dir);
+  if (s == CLPAR_OK) s = load_json(x);
+  if (s == CLPAR_OK) s = check_layout(x);
+  if (s == CLPAR_OK) s = open_files(x);
+  for (int i = 0; s == CLPAR_OK && i < x->n_files; i++) s = check_file(x, i);
+  if (s == CLPAR_OK) s = merge(h);
+  if (s != CLPAR_OK) {
+    clpar_ckpt_close_sharded(h);
+    return s;
+  }
+  *out = h;
+  *view = &h->view;
+  return CLPAR_OK;
 }
