@@ -116,6 +116,13 @@ static void test_save(void **state) {
   assert_int_equal(stat(in_dir("sharded/model-00001-of-00002.safetensors"), &a), 0);
   assert_int_equal(stat(in_dir("sharded/model-00002-of-00002.safetensors"), &b), 0);
   assert_true(llabs((long long)a.st_size - (long long)b.st_size) < 4096 + 1024);
+  /* ranks with different models: refused on both, and the checkpoint there is kept */
+  clpar_module *other = make_mlp(5, HIDDEN / 2);
+  clpar_status s = clpar_checkpoint_save_sharded(in_dir("sharded"), rank ? other : m, NULL, 0, 0);
+  if (s != CLPAR_ERROR_INVALID_ARGUMENT || !strstr(clpar_last_error(), "other tensors"))
+    fail_msg("rank %d: %s \"%s\"", rank, clpar_status_name(s), clpar_last_error());
+  assert_int_equal(access(in_dir("sharded/model.safetensors.index.json"), R_OK), 0);
+  clpar_module_free(other);
   float losses[STEPS_AFTER];
   for (int k = 0; k < STEPS_AFTER; k++) losses[k] = train_step(m, opt, STEPS_BEFORE + k);
   if (rank == 0) {

@@ -171,47 +171,51 @@ static clpar_status recall(const save_ctx *c, clpar_status s) {
   return clpar_set_error(s, "%s", c->why);
 }
 
-/* Rank 0 prepares the directory and draws the save's id; every rank then checks that each
- * collected its tensors and that all collected the same names, dtypes and shapes. */
-static clpar_status phase_prepare(save_ctx *c, clpar_status mine, uint32_t hash) {
-  int n = 5 + 3 * c->world;
+/* Every rank checks that each collected its tensors and that all collected the same names,
+ * dtypes and shapes, before anything on disk changes. */
+static clpar_status phase_agree(save_ctx *c, clpar_status mine, uint32_t hash) {
+  int n = 3 * c->world;
   float *v = calloc((size_t)n, sizeof *v);
   if (!v) return NOMEM();
+  v[3 * c->rank] = (float)(hash >> 16);
+  v[3 * c->rank + 1] = (float)(hash & 0xffff);
+  v[3 * c->rank + 2] = mine != CLPAR_OK;
+  clpar_status s = agree(v, n, c->world);
+  if (s == CLPAR_OK && mine != CLPAR_OK) s = recall(c, mine);
+  for (int r = 0; s == CLPAR_OK && r < c->world; r++) {
+    const char *what = FN ": rank %d could not gather its tensors; nothing was written";
+    if (v[3 * r + 2] != 0)
+      s = clpar_set_error(CLPAR_ERROR_IO, what, r);
+    else if (v[3 * r] != v[3 * c->rank] || v[3 * r + 1] != v[3 * c->rank + 1])
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                          FN
+                          ": rank %d's model or optimizer has other tensors (names, dtypes "
+                          "or shapes) than rank %d's; nothing was written",
+                          r, c->rank);
+  }
+  free(v);
+  return s;
+}
+
+/* Rank 0 prepares the directory and draws the save's id, which every rank learns. */
+static clpar_status phase_prepare(save_ctx *c) {
+  float v[5] = {0};
   clpar_status prep = CLPAR_OK;
   if (c->rank == 0) {
     uint64_t id = 0;
-    if (mine == CLPAR_OK) prep = remember(c, prepare_dir(c->dir, c->index));
+    prep = remember(c, prepare_dir(c->dir, c->index));
     if (getentropy(&id, sizeof id) != 0) id = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull;
     for (int k = 0; k < 4; k++) v[k] = (float)((id >> (16 * k)) & 0xffff);
     v[4] = prep != CLPAR_OK;
   }
-  v[5 + 3 * c->rank] = (float)(hash >> 16);
-  v[6 + 3 * c->rank] = (float)(hash & 0xffff);
-  v[7 + 3 * c->rank] = mine != CLPAR_OK;
-  clpar_status s = agree(v, n, c->world);
+  clpar_status s = agree(v, 5, c->world);
   uint64_t id = 0;
-  for (int k = 0; s == CLPAR_OK && k < 4; k++) id |= (uint64_t)v[k] << (16 * k);
+  for (int k = 0; k < 4; k++) id |= (uint64_t)v[k] << (16 * k);
   snprintf(c->id, sizeof c->id, "%016llx", (unsigned long long)id);
-  if (s == CLPAR_OK && mine != CLPAR_OK) s = recall(c, mine);
   if (s == CLPAR_OK && prep != CLPAR_OK) s = recall(c, prep);
   if (s == CLPAR_OK && v[4] != 0)
     s = clpar_set_error(CLPAR_ERROR_IO, FN ": rank 0 could not prepare %s; nothing was written",
                         c->dir);
-  for (int r = 0; s == CLPAR_OK && r < c->world; r++) {
-    if (v[7 + 3 * r] != 0)
-      s = clpar_set_error(CLPAR_ERROR_IO,
-                          FN
-                          ": rank %d could not gather its tensors; nothing "
-                          "was written",
-                          r);
-    else if (v[5 + 3 * r] != v[5 + 3 * c->rank] || v[6 + 3 * r] != v[6 + 3 * c->rank])
-      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                          FN
-                          ": rank %d's model or optimizer has other tensors (names, dtypes or "
-                          "shapes) than rank %d's; nothing was written",
-                          r, c->rank);
-  }
-  free(v);
   return s;
 }
 
@@ -267,7 +271,8 @@ clpar_status clpar_checkpoint_save_sharded(const char *dir, const clpar_module *
   if (mine == CLPAR_OK && !(owner = malloc(((size_t)w.n + 1) * sizeof *owner))) mine = NOMEM();
   if (mine == CLPAR_OK) mine = assign(&w, c.world, owner);
   remember(&c, mine);
-  clpar_status s = phase_prepare(&c, mine, mine == CLPAR_OK ? layout_hash(&w) : 0);
+  clpar_status s = phase_agree(&c, mine, mine == CLPAR_OK ? layout_hash(&w) : 0);
+  if (s == CLPAR_OK) s = phase_prepare(&c);
   if (s != CLPAR_OK) goto done;
   mine = c.rank == 0 ? index_text(&w, owner, c.world, c.id, &text) : CLPAR_OK;
   keep_own(&w, owner, c.rank);
