@@ -183,9 +183,9 @@ static clpar_status phase_agree(save_ctx *c, clpar_status mine, uint32_t hash) {
   clpar_status s = agree(v, n, c->world);
   if (s == CLPAR_OK && mine != CLPAR_OK) s = recall(c, mine);
   for (int r = 0; s == CLPAR_OK && r < c->world; r++) {
-    const char *what = FN ": rank %d could not gather its tensors; nothing was written";
     if (v[3 * r + 2] != 0)
-      s = clpar_set_error(CLPAR_ERROR_IO, what, r);
+      s = clpar_set_error(CLPAR_ERROR_IO,
+                          FN ": rank %d could not gather its tensors; nothing was written", r);
     else if (v[3 * r] != v[3 * c->rank] || v[3 * r + 1] != v[3 * c->rank + 1])
       s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                           FN

@@ -1,13 +1,13 @@
 /* shard_index.c — reading a sharded checkpoint (src/io/checkpoint_sharded.c writes it) back as
- * one safetensors file, checked whole before anything uses it: the index is JSON of
- * bounded size in Hugging Face's layout; every file it names is a plain name inside the
- * directory, a valid safetensors file (src/io/safetensors.c's checks), of the same save
- * (metadata "shard.id") and with the same metadata as the index (but the generator's state,
- * each rank's own); every tensor of the index is
- * in the file it names and no file holds another; the sizes add up to total_size. The view
- * (a clpar_st_file whose tensors are read from the shards, one at a time) is what
- * clpar_checkpoint_save writes: the index's metadata (less total_size and the "shard."
- * keys), then "checksums" and each tensor's "crc32.<name>" in the index's order. */
+ * one safetensors file, checked whole before anything uses it: the index is JSON of bounded
+ * size in Hugging Face's layout; every file it names is a plain name inside the directory, a
+ * valid safetensors file (src/io/safetensors.c's checks), of the same save (metadata
+ * "shard.id") and with the same metadata as the index (but the generator's state, each
+ * rank's own); every tensor of the index is in the file it names and no file holds another;
+ * the sizes add up to total_size. The view (a clpar_st_file whose tensors are read from the
+ * shards, one at a time) is what clpar_checkpoint_save writes: the index's metadata (less
+ * total_size and the "shard." keys), then "checksums" and each tensor's "crc32.<name>" in
+ * the index's order. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
