@@ -550,6 +550,53 @@ static void test_step_count_at_its_most(void **state) {
     }
 }
 
+/* A sharded checkpoint saved and loaded by a process outside any MPI job (a job of one: one
+ * shard): resumes bit for bit as the single file does, and consolidates to that file's bytes. */
+static void test_sharded_in_one_process(void **state) {
+  (void)state;
+  char full[128], sharded[128], merged[128];
+  path_in(full, sizeof full, "one.ckpt");
+  path_in(sharded, sizeof sharded, "one-sharded");
+  path_in(merged, sizeof merged, "one-merged.ckpt");
+  clpar_manual_seed(1);
+  clpar_module *a = make_resume_model(0);
+  clpar_optimizer *oa = make_opt(a, RUN_ADAM, 0.05f);
+  train(a, oa, 0, 3);
+  tu_ok(clpar_checkpoint_save_sharded(sharded, a, oa, 3, 2));
+  tu_ok(clpar_checkpoint_save(full, a, oa, 3, 2));
+  tu_ok(clpar_checkpoint_consolidate(sharded, merged));
+  size_t n;
+  float *va = read_all(a, &n);
+  clpar_manual_seed(99);
+  clpar_module *b = make_resume_model(0);
+  clpar_optimizer *ob = make_opt(b, RUN_ADAM, 0.5f);
+  int64_t step = -1, epoch = -1;
+  tu_ok(clpar_checkpoint_load_sharded(sharded, b, ob, &step, &epoch));
+  assert_true(step == 3 && epoch == 2);
+  train(a, oa, 3, 6);
+  train(b, ob, 3, 6);
+  free(va);
+  va = read_all(a, &n);
+  float *vb = read_all(b, &n);
+  if (memcmp(va, vb, n * sizeof *va) != 0) fail_msg("resumed from a sharded checkpoint: differs");
+  FILE *f1 = fopen(full, "rb"), *f2 = fopen(merged, "rb");
+  assert_non_null(f1);
+  assert_non_null(f2);
+  for (int c1, c2;;) {
+    c1 = fgetc(f1), c2 = fgetc(f2);
+    assert_int_equal(c1, c2);
+    if (c1 == EOF) break;
+  }
+  fclose(f1);
+  fclose(f2);
+  free(va);
+  free(vb);
+  clpar_optimizer_free(oa);
+  clpar_optimizer_free(ob);
+  clpar_module_free(a);
+  clpar_module_free(b);
+}
+
 static int make_dir(void **state) {
   (void)state;
   snprintf(dir, sizeof dir, "/tmp/clpar-ckpt-XXXXXX");
@@ -570,6 +617,7 @@ int main(void) {
       cmocka_unit_test(test_data_parallel_prefix),    cmocka_unit_test(test_strict_and_partial),
       cmocka_unit_test(test_corrupt_files),           cmocka_unit_test(test_save_and_load_errors),
       cmocka_unit_test(test_resume_bit_exact),        cmocka_unit_test(test_step_count_at_its_most),
+      cmocka_unit_test(test_sharded_in_one_process),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -75,6 +75,41 @@ CLPAR_API clpar_status clpar_checkpoint_save(const char *path, const clpar_modul
 CLPAR_API clpar_status clpar_checkpoint_load(const char *path, clpar_module *m,
                                              clpar_optimizer *opt, int64_t *step, int64_t *epoch);
 
+/* A sharded training checkpoint (docs/checkpoints.md): a directory holding one safetensors
+ * file per rank, "model-00001-of-00002.safetensors" ..., and "model.safetensors.index.json" in
+ * Hugging Face's layout ({"metadata": {"total_size": bytes, ...}, "weight_map": {tensor:
+ * file}}). The tensors are those of clpar_checkpoint_save under the same names, each whole in
+ * one file; each rank writes those assigned to it (largest first, each to the rank with the
+ * fewest bytes so far: the same on every rank, from the names and sizes alone). Every rank of
+ * the job calls it (a collective; a process without clpar_dist_init is a job of one), with
+ * the same module and optimizer layout; dir must be one directory that every rank sees, and
+ * is made if missing. The checkpoint exists once rank 0 renames the index into place, after
+ * every rank's shard is synced; the old index is removed first, so a crash during the save
+ * leaves no checkpoint in dir (never a mix of two saves); shards of an older save that the
+ * new index does not name are left in place. The generator state saved is rank 0's. Every
+ * rank returns the same status: a rank's failure is named on every rank. */
+CLPAR_API clpar_status clpar_checkpoint_save_sharded(const char *dir, const clpar_module *m,
+                                                     const clpar_optimizer *opt, int64_t step,
+                                                     int64_t epoch);
+/* clpar_checkpoint_load from a sharded checkpoint, at any world size (not a collective: each
+ * process reads the index and every file it names). Everything read is checked before
+ * anything is loaded: the index's layout, file names that are plain names inside dir, each
+ * file a valid safetensors file of the same save (metadata "shard.id") with the index's
+ * metadata, every tensor in the file the index names and no other, total_size, the checksums,
+ * then names, shapes and dtypes against m and opt; a fault is CLPAR_ERROR_CORRUPT (or _IO for
+ * a file that cannot be read) naming the file and what is wrong, and nothing is changed. The
+ * data is read one tensor at a time (no copy of the whole checkpoint in memory), as
+ * clpar_checkpoint_load reads it. */
+CLPAR_API clpar_status clpar_checkpoint_load_sharded(const char *dir, clpar_module *m,
+                                                     clpar_optimizer *opt, int64_t *step,
+                                                     int64_t *epoch);
+/* Writes the sharded checkpoint in dir as one training checkpoint at path (crash-safe), the
+ * file clpar_checkpoint_save would have written of the same model and optimizer, byte for
+ * byte; checked as clpar_checkpoint_load_sharded checks it, checksums included, and copied
+ * one tensor at a time. The tool
+ * clpar-checkpoint calls it ("clpar-checkpoint consolidate DIR OUT.safetensors"). */
+CLPAR_API clpar_status clpar_checkpoint_consolidate(const char *dir, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "io/safetensors.h"
+#include "io/checkpoint_internal.h"
 
 #define TRAIN_FORMAT "clpar.train.v1"
 #define NOMEM(what) clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what)
@@ -79,13 +79,7 @@ void clpar_load_report_free(clpar_load_report *r) {
 
 /* ---- a set of tensors to write ---- */
 
-typedef struct {
-  clpar_st_entry *e;
-  int64_t (*shapes)[CLPAR_MAX_DIMS];
-  int n, cap;
-  char **keys, **values;
-  int n_meta, cap_meta;
-} write_set;
+typedef clpar_ckpt_set write_set;
 
 static void set_free(write_set *w) {
   for (int i = 0; i < w->n; i++) free((void *)w->e[i].name);
@@ -510,21 +504,47 @@ static clpar_status verify_checksums(const clpar_st_file *f, const char *path) {
   return s;
 }
 
+clpar_status clpar_ckpt_collect(write_set *w, const clpar_module *m, const clpar_optimizer *opt,
+                                int64_t step, int64_t epoch) {
+  uint64_t seed, counter;
+  clpar_rng_state_get(&seed, &counter);
+  clpar_status s = meta_add(w, "format", "%s", TRAIN_FORMAT);
+  if (s == CLPAR_OK) s = meta_add(w, "step", "%lld", (long long)step);
+  if (s == CLPAR_OK) s = meta_add(w, "epoch", "%lld", (long long)epoch);
+  if (s == CLPAR_OK) s = meta_add(w, "rng.seed", "%llu", (unsigned long long)seed);
+  if (s == CLPAR_OK) s = meta_add(w, "rng.counter", "%llu", (unsigned long long)counter);
+  if (s == CLPAR_OK) s = add_module(w, m, "model.");
+  if (s == CLPAR_OK && opt) s = add_optimizer(w, opt);
+  return s;
+}
+
+void clpar_ckpt_set_free(write_set *w) {
+  set_free(w);
+}
+
+clpar_status clpar_ckpt_meta_add(write_set *w, const char *key, const char *value) {
+  return meta_add(w, key, "%s", value);
+}
+
+clpar_status clpar_ckpt_add_checksums(write_set *w) {
+  return add_checksums(w);
+}
+
+clpar_status clpar_ckpt_verify(const clpar_st_file *f, const char *path) {
+  return verify_checksums(f, path);
+}
+
+clpar_status clpar_ckpt_write(write_set *w, const char *path) {
+  return set_write(w, path);
+}
+
 clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
                                    const clpar_optimizer *opt, int64_t step, int64_t epoch) {
   if (!path || !m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_checkpoint_save: NULL path or module");
   write_set w = {0};
-  uint64_t seed, counter;
-  clpar_rng_state_get(&seed, &counter);
-  clpar_status s = meta_add(&w, "format", "%s", TRAIN_FORMAT);
-  if (s == CLPAR_OK) s = meta_add(&w, "step", "%lld", (long long)step);
-  if (s == CLPAR_OK) s = meta_add(&w, "epoch", "%lld", (long long)epoch);
-  if (s == CLPAR_OK) s = meta_add(&w, "rng.seed", "%llu", (unsigned long long)seed);
-  if (s == CLPAR_OK) s = meta_add(&w, "rng.counter", "%llu", (unsigned long long)counter);
-  if (s == CLPAR_OK) s = add_module(&w, m, "model.");
-  if (s == CLPAR_OK && opt) s = add_optimizer(&w, opt);
+  clpar_status s = clpar_ckpt_collect(&w, m, opt, step, epoch);
   if (s == CLPAR_OK) s = add_checksums(&w);
   if (s == CLPAR_OK) s = set_write(&w, path);
   set_free(&w);
@@ -692,25 +712,19 @@ static clpar_status read_counters(const clpar_st_file *f, const char *path, int6
   return s;
 }
 
-clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_optimizer *opt,
-                                   int64_t *step, int64_t *epoch) {
-  if (!path || !m)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_checkpoint_load: NULL path or module");
-  clpar_st_file f;
-  clpar_status s = clpar_st_read(path, &f);
-  if (s != CLPAR_OK) return s;
+clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpar_module *m,
+                                  clpar_optimizer *opt, int64_t *step, int64_t *epoch) {
   int64_t st = 0, ep = 0;
   uint64_t seed = 0, counter = 0;
   plan p;
   opt_plan q = {0};
   memset(&p, 0, sizeof p);
-  s = read_counters(&f, path, &st, &ep, &seed, &counter);
-  if (s == CLPAR_OK) s = verify_checksums(&f, path);
-  if (s == CLPAR_OK) s = plan_make(m, &f, "model.", &p);
+  clpar_status s = read_counters(f, path, &st, &ep, &seed, &counter);
+  if (s == CLPAR_OK) s = verify_checksums(f, path);
+  if (s == CLPAR_OK) s = plan_make(m, f, "model.", &p);
   if (s == CLPAR_OK && !plan_clean(&p)) s = plan_error(path, &p);
-  if (s == CLPAR_OK && opt) s = opt_plan_make(&f, path, opt, &q);
-  if (s == CLPAR_OK) s = plan_apply(&f, &p);
+  if (s == CLPAR_OK && opt) s = opt_plan_make(f, path, opt, &q);
+  if (s == CLPAR_OK) s = plan_apply(f, &p);
   if (s == CLPAR_OK && opt) {
     s = clpar_optimizer_set_options(opt, &q.sgd, &q.adam, 1);
     for (int i = 0; s == CLPAR_OK && i < q.n; i++) {
@@ -725,6 +739,18 @@ clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_opti
   }
   opt_plan_free(&q);
   plan_free(&p);
+  return s;
+}
+
+clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_optimizer *opt,
+                                   int64_t *step, int64_t *epoch) {
+  if (!path || !m)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_checkpoint_load: NULL path or module");
+  clpar_st_file f;
+  clpar_status s = clpar_st_read(path, &f);
+  if (s != CLPAR_OK) return s;
+  s = clpar_ckpt_load_file(&f, path, m, opt, step, epoch);
   clpar_st_free(&f);
   return s;
 }

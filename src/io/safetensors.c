@@ -409,6 +409,8 @@ clpar_status clpar_st_tensor_read_part(const clpar_st_file *f, int i, uint64_t a
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "safetensors read: bytes [%llu, +%zu) outside tensor \"%s\"",
                            (unsigned long long)at, n, CLPAR_ESC(t->name, esc));
+  if (f->sources)
+    return clpar_st_tensor_read_part(f->sources[i].file, f->sources[i].index, at, dst, n);
   if (f->buf) {
     memcpy(dst, t->data + at, n);
     return CLPAR_OK;

@@ -48,6 +48,8 @@ typedef struct clpar_st_tensor {
                           read from a path: NULL (clpar_st_tensor_read) */
 } clpar_st_tensor;
 
+struct clpar_st_source;
+
 typedef struct clpar_st_file {
   uint8_t *buf;             /* the whole file, when parsed from memory */
   int fd;                   /* the open file, when read from a path; else -1 */
@@ -59,7 +61,16 @@ typedef struct clpar_st_file {
   char **meta_keys, **meta_values; /* "__metadata__"; a value may hold NUL bytes */
   size_t *meta_lens;               /* each value's length */
   int n_meta;
+  /* a view over other files (a sharded checkpoint): tensor i's bytes are read from
+   * sources[i]; not owned. NULL otherwise. */
+  const struct clpar_st_source *sources;
 } clpar_st_file;
+
+/* Where a tensor of a view is: tensor index of file. */
+typedef struct clpar_st_source {
+  const clpar_st_file *file;
+  int index;
+} clpar_st_source;
 
 /* Validates a whole file held in memory, with every check of the reference's
  * SafeTensors::read_metadata and Metadata::validate; what names the file in messages. On
