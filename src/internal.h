@@ -30,6 +30,16 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
 /* x converted to dtype on x's device (float32 and the 16-bit types, either way), with no
  * node: the conversion clpar_to_dtype records. */
 clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar_tensor **y);
+/* clpar_check_float that also lets a 16-bit t through inside an autocast region; outside, its
+ * error says how to pass one. */
+clpar_status clpar_check_float_autocast(const char *fn, const char *name, const clpar_tensor *t);
+/* 1 when t is 16-bit and an autocast region is open: an op that runs in float32 (a loss)
+ * takes clpar_to_dtype(t, CLPAR_FLOAT32) instead. */
+int clpar_autocast_widens(const clpar_tensor *t);
+/* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
+clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
+                                   const clpar_tensor *bias, clpar_act_kind act,
+                                   clpar_tensor **out);
 
 /* ---- tensors (src/tensor.c) ---- */
 

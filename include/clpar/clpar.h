@@ -23,5 +23,6 @@
 #include "models.h"
 #include "transformer.h"
 #include "half.h"
+#include "autocast.h"
 
 #endif
