@@ -216,3 +216,68 @@ clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *we
   clpar_tensor_free(xh), clpar_tensor_free(wh); /* the node holds them */
   return s;
 }
+
+/* ---- matmul under autocast: the same scheme, the float32 work done by clpar_matmul itself
+ * on float32 copies that need no gradient (so it records no node), with autocast suspended
+ * on this thread while it runs ---- */
+
+static int suspend(void) {
+  int d = depth;
+  depth = 0;
+  return d;
+}
+
+/* r = op(a) op(b) in float32 from a and b of any float dtype; no node. */
+static clpar_status matmul32(const clpar_tensor *a, const clpar_tensor *b, int ta, int tb,
+                             clpar_tensor **r) {
+  clpar_tensor *a32 = NULL, *b32 = NULL;
+  clpar_status s = widen(a, &a32);
+  if (s == CLPAR_OK) s = widen(b, &b32);
+  int was = clpar_set_grad_enabled(0), d = suspend();
+  if (s == CLPAR_OK) s = clpar_matmul(a32, b32, ta, tb, r);
+  depth = d;
+  clpar_set_grad_enabled(was);
+  clpar_tensor_release(a32), clpar_tensor_release(b32);
+  return s;
+}
+
+static clpar_status ac_matmul_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *a = n->inputs[0], *b = n->inputs[1], *r = NULL;
+  int ta = (int)n->iparam[0], tb = (int)n->iparam[1];
+  clpar_status s = CLPAR_OK;
+  if (a->requires_grad) {
+    s = ta ? matmul32(b, g, tb, 1, &r) : matmul32(g, b, 0, !tb, &r);
+    if (s == CLPAR_OK) s = narrow_grad(r, a, &gin[0]);
+    clpar_tensor_free(r);
+    r = NULL;
+  }
+  if (s == CLPAR_OK && b->requires_grad) {
+    s = tb ? matmul32(g, a, 1, ta, &r) : matmul32(a, g, !ta, 0, &r);
+    if (s == CLPAR_OK) s = narrow_grad(r, b, &gin[1]);
+    clpar_tensor_free(r);
+  }
+  return s;
+}
+
+clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
+                                   int trans_b, clpar_tensor **out) {
+  clpar_dtype dt = clpar_autocast_dtype();
+  clpar_tensor *ah = NULL, *bh = NULL, *r32 = NULL, *rh = NULL;
+  clpar_status s = clpar_check_alive("clpar_matmul", a);
+  if (s == CLPAR_OK) s = clpar_check_alive("clpar_matmul", b);
+  if (s == CLPAR_OK) s = clpar_check_float_autocast("clpar_matmul", "a", a);
+  if (s == CLPAR_OK) s = clpar_check_float_autocast("clpar_matmul", "b", b);
+  if (s == CLPAR_OK) s = clpar_to_dtype(a, dt, &ah);
+  if (s == CLPAR_OK) s = clpar_to_dtype(b, dt, &bh);
+  if (s == CLPAR_OK) s = matmul32(ah, bh, trans_a != 0, trans_b != 0, &r32);
+  if (s == CLPAR_OK) s = clpar_convert_dtype(r32, dt, &rh);
+  clpar_tensor_free(r32);
+  clpar_node *node = NULL;
+  clpar_tensor *in[2] = {ah, bh};
+  if (s == CLPAR_OK)
+    s = clpar_record_op(rh, "clpar_matmul (autocast)", ac_matmul_backward, in, 2, &node);
+  if (node) node->iparam[0] = trans_a != 0, node->iparam[1] = trans_b != 0;
+  if (s == CLPAR_OK) *out = rh;
+  clpar_tensor_free(ah), clpar_tensor_free(bh); /* the node holds them */
+  return s;
+}

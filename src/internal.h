@@ -36,6 +36,9 @@ clpar_status clpar_check_float_autocast(const char *fn, const char *name, const 
 /* 1 when t is 16-bit and an autocast region is open: an op that runs in float32 (a loss)
  * takes clpar_to_dtype(t, CLPAR_FLOAT32) instead. */
 int clpar_autocast_widens(const clpar_tensor *t);
+/* clpar_matmul inside an autocast region (src/autocast.c). */
+clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
+                                   int trans_b, clpar_tensor **out);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,

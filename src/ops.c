@@ -44,7 +44,8 @@ clpar_status clpar_fill(clpar_tensor *t, float value) {
   clpar_status s = check_any("clpar_fill", "t", t);
   if (s == CLPAR_OK && t->dtype != CLPAR_FLOAT32 && value != 0.0f) {
     clpar_check_float("clpar_fill", "t", t);
-    clpar_append_error(" (a tensor of this dtype can be filled with 0 only, not %g)", (double)value);
+    clpar_append_error(" (a tensor of this dtype can be filled with 0 only, not %g)",
+                       (double)value);
     s = CLPAR_ERROR_DTYPE;
   }
   if (s != CLPAR_OK) return s;
@@ -226,6 +227,8 @@ static clpar_status matmul_backward(clpar_node *n, clpar_tensor *g, clpar_tensor
 
 clpar_status clpar_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a, int trans_b,
                           clpar_tensor **out) {
+  if (a && b && out && clpar_autocast_dtype() != CLPAR_FLOAT32)
+    return clpar_autocast_matmul(a, b, trans_a, trans_b, out);
   int64_t m, n, k;
   clpar_status s = gemm_dims("clpar_matmul", a, b, trans_a, trans_b, &m, &n, &k);
   if (s == CLPAR_OK && !out)

@@ -47,6 +47,57 @@ static void test_half_inputs_refused(void **state) {
   clpar_scope_end(sc);
 }
 
+/* sum(w * float(a @ b)) under autocast against the same casts written out in float32 code:
+ * the output, and the gradients of a and b, bit for bit (one device, the same GEMMs). */
+static void matmul_case(clpar_device *dev, clpar_dtype dt, int ta, int tb, int autocast,
+                        float **out, float **ga, float **gb) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t as[] = {ta ? 5 : 3, ta ? 3 : 5}, bs[] = {tb ? 4 : 5, tb ? 5 : 4}, rs[] = {3, 4};
+  clpar_tensor *a = tu_make(dev, 2, as, 21), *b = tu_make(dev, 2, bs, 22);
+  clpar_tensor *w = tu_make(dev, 2, rs, 23), *r, *r32, *p, *loss;
+  tu_ok(clpar_tensor_set_requires_grad(a, 1));
+  tu_ok(clpar_tensor_set_requires_grad(b, 1));
+  if (autocast) {
+    tu_ok(clpar_autocast_begin(dt));
+    tu_ok(clpar_matmul(a, b, ta, tb, &r));
+    clpar_autocast_end();
+    assert_int_equal(clpar_tensor_dtype(r), dt);
+  } else {
+    clpar_tensor *ah, *bh, *a1, *b1, *m;
+    tu_ok(clpar_to_dtype(a, dt, &ah));
+    tu_ok(clpar_to_dtype(b, dt, &bh));
+    tu_ok(clpar_to_dtype(ah, CLPAR_FLOAT32, &a1));
+    tu_ok(clpar_to_dtype(bh, CLPAR_FLOAT32, &b1));
+    tu_ok(clpar_matmul(a1, b1, ta, tb, &m));
+    tu_ok(clpar_to_dtype(m, dt, &r));
+  }
+  tu_ok(clpar_to_dtype(r, CLPAR_FLOAT32, &r32));
+  tu_ok(clpar_mul(r32, w, &p));
+  tu_ok(clpar_sum(p, &loss));
+  tu_ok(clpar_backward(loss));
+  *out = tu_read(r32);
+  *ga = tu_read(clpar_tensor_grad(a));
+  *gb = tu_read(clpar_tensor_grad(b));
+  clpar_scope_end(sc);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    for (int c = 0; c < 8; c++) {
+      clpar_dtype dt = (c & 4) ? CLPAR_FLOAT16 : CLPAR_BFLOAT16;
+      int ta = c & 1, tb = (c >> 1) & 1;
+      float *o[2], *ga[2], *gb[2];
+      for (int k = 0; k < 2; k++) matmul_case(dev, dt, ta, tb, k, &o[k], &ga[k], &gb[k]);
+      assert_memory_equal(o[0], o[1], 12 * sizeof(float));
+      assert_memory_equal(ga[0], ga[1], 15 * sizeof(float));
+      assert_memory_equal(gb[0], gb[1], 20 * sizeof(float));
+      for (int k = 0; k < 2; k++) free(o[k]), free(ga[k]), free(gb[k]);
+    }
+  }
+}
+
 enum { IN = 16, HID = 32, OUT = 5, BATCH = 24, STEPS = 5 };
 
 static clpar_module *make_mlp(clpar_device *dev, int hid, int in, int layers) {
@@ -188,6 +239,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_regions),
       cmocka_unit_test(test_half_inputs_refused),
+      cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_mlp_tracks_fp32),
       cmocka_unit_test(test_activation_memory_halved),
   };

@@ -8,7 +8,8 @@
  * losses (clpar_cross_entropy, clpar_mse_loss) convert a 16-bit input to float32 and run in
  * float32; other ops refuse a 16-bit tensor with CLPAR_ERROR_DTYPE naming it (convert with
  * clpar_to_dtype). Parameters and their gradients stay float32 (a weight's gradient passes
- * through dtype on its way back, as in PyTorch). clpar_matmul and convolutions are not cast.
+ * through dtype on its way back, as in PyTorch). clpar_matmul is cast the same way (its result
+ * in dtype, its gradients in its inputs' dtypes); convolutions are not.
  * begin with a dtype other than bfloat16/float16 is CLPAR_ERROR_INVALID_ARGUMENT; regions
  * nest up to 16 deep, end closing the innermost. */
 #ifndef CLPAR_AUTOCAST_H
