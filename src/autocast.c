@@ -122,7 +122,7 @@ static clpar_status ac_act_backward(clpar_node *n, const clpar_tensor *g32, clpa
     if (s != CLPAR_OK) clpar_device_fail(dev, s);
   }
   clpar_tensor_release(y32);
-  if (s == CLPAR_OK && want_b && !b_slot) gin[2] = db, db = NULL;
+  if (s == CLPAR_OK && want_b && !b_slot) s = narrow_grad(db, b, &gin[2]);
   clpar_tensor_free(db);
   return s;
 }
@@ -157,21 +157,26 @@ static clpar_status ac_linear_compute(const clpar_tensor *xh, const clpar_tensor
                                       clpar_tensor **y32) {
   clpar_device *dev = xh->storage->dev;
   int64_t rows = xh->shape[0], cols = wh->shape[0], in = xh->shape[1];
-  clpar_tensor *x32 = NULL, *w32 = NULL;
+  clpar_tensor *x32 = NULL, *w32 = NULL, *b32 = NULL;
   clpar_status s = widen(xh, &x32);
   if (s == CLPAR_OK) s = widen(wh, &w32);
+  if (s == CLPAR_OK && b) s = widen(b, &b32); /* a 16-bit bias (clpar_master_weights) */
   if (s == CLPAR_OK) s = gemm_new(dev, 0, 1, rows, cols, in, x32, w32, y32);
   clpar_tensor_release(x32), clpar_tensor_release(w32);
-  if (s != CLPAR_OK || (!b && act == CLPAR_ACT_NONE)) return s;
+  if (s != CLPAR_OK || (!b && act == CLPAR_ACT_NONE)) {
+    clpar_tensor_release(b32);
+    return s;
+  }
   clpar_bref y = clpar_tensor_bref(*y32);
   if (b)
-    s = clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, y, clpar_tensor_bref(b), y);
+    s = clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, y, clpar_tensor_bref(b32), y);
   else
     s = clpar_dev_unary(dev,
                         act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
                         : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
                                                    : CLPAR_UNARY_TANH,
                         (size_t)(rows * cols), y, y);
+  clpar_tensor_release(b32);
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_release(*y32);

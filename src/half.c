@@ -199,3 +199,45 @@ clpar_status clpar_to_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar_tens
   return clpar_record_op_keep(r, fn, to_dtype_backward, (clpar_tensor **)&x, 1, NULL, NULL, 0,
                               &node, y);
 }
+
+/* Writes x (any float dtype) converted into out (of out's dtype, x's numel) on x's device. */
+static clpar_status convert_into(const clpar_tensor *x, clpar_tensor *out) {
+  clpar_device *dev = x->storage->dev;
+  clpar_status s;
+  if (x->dtype == out->dtype) {
+    s = clpar_copy(out, x);
+  } else {
+    int to = clpar_dtype_is_half(out->dtype);
+    clpar_dtype half = to ? out->dtype : x->dtype;
+    s = clpar_dev_half_convert(dev, to, half == CLPAR_BFLOAT16, (size_t)x->numel,
+                               clpar_tensor_bref(x), clpar_tensor_bref(out));
+    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+  }
+  clpar_tensor_touch(out);
+  return s;
+}
+
+clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out) {
+  if (x->dtype == out->dtype || x->dtype == CLPAR_FLOAT32 || out->dtype == CLPAR_FLOAT32)
+    return convert_into(x, out);
+  clpar_tensor *f = NULL; /* between the two 16-bit types: through float32 */
+  clpar_status s = convert(x, CLPAR_FLOAT32, &f);
+  if (s == CLPAR_OK) s = convert_into(f, out);
+  clpar_tensor_free(f);
+  return s;
+}
+
+clpar_status clpar_half_add_into(clpar_tensor *acc, const clpar_tensor *g) {
+  clpar_tensor *a = NULL, *b = NULL;
+  clpar_status s = clpar_convert_dtype(acc, CLPAR_FLOAT32, &a);
+  if (s == CLPAR_OK) s = clpar_convert_dtype(g, CLPAR_FLOAT32, &b);
+  if (s == CLPAR_OK) {
+    clpar_device *dev = a->storage->dev;
+    s = clpar_dev_binary(dev, CLPAR_BINARY_ADD, 1, (size_t)a->numel, clpar_tensor_bref(a),
+                         clpar_tensor_bref(b), 1, clpar_tensor_bref(a));
+    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+  }
+  if (s == CLPAR_OK) s = clpar_convert_into(a, acc);
+  clpar_tensor_free(a), clpar_tensor_free(b);
+  return s;
+}

@@ -30,6 +30,10 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
 /* x converted to dtype on x's device (float32 and the 16-bit types, either way), with no
  * node: the conversion clpar_to_dtype records. */
 clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar_tensor **y);
+/* x converted into out (same numel, any float dtypes; a copy when they match), no node. */
+clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out);
+/* acc += g for 16-bit acc and g of one shape (through float32; src/half.c). */
+clpar_status clpar_half_add_into(clpar_tensor *acc, const clpar_tensor *g);
 /* clpar_check_float that also lets a 16-bit t through inside an autocast region; outside, its
  * error says how to pass one. */
 clpar_status clpar_check_float_autocast(const char *fn, const char *name, const clpar_tensor *t);

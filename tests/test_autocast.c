@@ -193,6 +193,96 @@ static void test_mlp_tracks_fp32(void **state) {
   free(p32), free(ph);
 }
 
+/* train's loop with the parameters in dtype and float32 masters stepped by SGD. */
+static void train_master(clpar_device *dev, clpar_dtype dtype, float *losses, float *params,
+                         size_t cap) {
+  clpar_module *m = make_mlp(dev, HID, IN, 2);
+  clpar_master_weights *mw;
+  tu_ok(clpar_master_weights_create(m, dtype, &mw));
+  int n = clpar_master_weights_count(mw);
+  assert_int_equal(n, clpar_module_parameter_count(m));
+  clpar_tensor *masters[8];
+  for (int i = 0; i < n; i++) masters[i] = clpar_master_weights_at(mw, i);
+  clpar_optimizer *opt;
+  clpar_sgd_options o = {.lr = 0.5f};
+  tu_ok(clpar_sgd_create(masters, n, &o, &opt));
+  int64_t xs[] = {BATCH, IN};
+  int32_t labels[BATCH];
+  for (int i = 0; i < BATCH; i++) labels[i] = (i * 7 + 3) % OUT;
+  for (int step = 0; step < STEPS; step++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x = tu_make(dev, 2, xs, 11), *y, *loss;
+    tu_ok(clpar_autocast_begin(dtype));
+    tu_ok(clpar_module_forward(m, x, &y));
+    tu_ok(clpar_cross_entropy(y, labels, BATCH, CLPAR_REDUCTION_MEAN, &loss));
+    clpar_autocast_end();
+    tu_ok(clpar_master_weights_zero_grad(mw));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_master_weights_grads(mw));
+    tu_ok(clpar_optimizer_step(opt));
+    tu_ok(clpar_master_weights_update(mw));
+    tu_ok(clpar_tensor_read(loss, &losses[step], 1));
+    clpar_scope_end(sc);
+  }
+  size_t at = 0;
+  for (int i = 0; i < n; i++) {
+    const char *name;
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(m, i, &name, &p));
+    assert_int_equal(clpar_tensor_dtype(p), dtype); /* stored 16-bit */
+    assert_int_equal(clpar_tensor_dtype(clpar_tensor_grad(p)), dtype);
+    size_t k = (size_t)clpar_tensor_numel(p);
+    float *pv = malloc(k * sizeof *pv);
+    tu_ok(clpar_tensor_read_floats(p, pv, k));
+    tu_ok(clpar_tensor_read(masters[i], params + at, cap - at));
+    for (size_t j = 0; j < k; j++) { /* the parameter is its master rounded */
+      float want = dtype == CLPAR_BFLOAT16
+                       ? clpar_bf16_to_float(clpar_float_to_bf16(params[at + j]))
+                       : clpar_fp16_to_float(clpar_float_to_fp16(params[at + j]));
+      assert_true(pv[j] == want);
+    }
+    free(pv);
+    at += k;
+  }
+  clpar_optimizer_free(opt);
+  clpar_master_weights_free(mw);
+  clpar_module_free(m);
+}
+
+/* 16-bit parameters (biases too) with float32 masters track float32 training within
+ * test_mlp_tracks_fp32's tolerances, each parameter being its master rounded. */
+static void test_master_weights(void **state) {
+  (void)state;
+  enum { CAP = 4096 };
+  float *p32 = malloc(CAP * sizeof *p32), *pm = malloc(CAP * sizeof *pm);
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    if (d >= 0 && dev == tu_host()) continue;
+    float l32[STEPS], lm[STEPS];
+    train(dev, CLPAR_FLOAT32, l32, p32, CAP);
+    for (int k = 0; k < 2; k++) {
+      clpar_dtype dt = k ? CLPAR_FLOAT16 : CLPAR_BFLOAT16;
+      float tol = k ? 1e-4f : 1e-3f, wtol = k ? 2e-3f : 3e-2f;
+      train_master(dev, dt, lm, pm, CAP);
+      for (int i = 0; i < STEPS; i++)
+        if (fabsf(lm[i] - l32[i]) > tol * fabsf(l32[i]))
+          fail_msg("%s %s masters: step %d loss %g, float32 %g", clpar_device_id(dev),
+                   clpar_dtype_name(dt), i, (double)lm[i], (double)l32[i]);
+      size_t n = (size_t)(IN * HID + HID + HID * HID + HID + HID * OUT + OUT);
+      float worst = 0.0f, scale = 0.0f;
+      for (size_t i = 0; i < n; i++) {
+        worst = fmaxf(worst, fabsf(pm[i] - p32[i]));
+        scale = fmaxf(scale, fabsf(p32[i]));
+      }
+      printf("# %s %s masters: last loss %.6f (float32 %.6f), weights within %g\n",
+             clpar_device_id(dev), clpar_dtype_name(dt), (double)lm[STEPS - 1],
+             (double)l32[STEPS - 1], (double)worst);
+      assert_true(worst <= wtol * scale);
+    }
+  }
+  free(p32), free(pm);
+}
+
 /* Bytes in use on dev after the forward and the loss (what backward will read), minus those
  * before it. */
 static uint64_t forward_bytes(clpar_device *dev, clpar_module *m, clpar_dtype dtype) {
@@ -237,11 +327,9 @@ static void test_activation_memory_halved(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_regions),
-      cmocka_unit_test(test_half_inputs_refused),
-      cmocka_unit_test(test_matmul),
-      cmocka_unit_test(test_mlp_tracks_fp32),
-      cmocka_unit_test(test_activation_memory_halved),
+      cmocka_unit_test(test_regions),        cmocka_unit_test(test_half_inputs_refused),
+      cmocka_unit_test(test_matmul),         cmocka_unit_test(test_mlp_tracks_fp32),
+      cmocka_unit_test(test_master_weights), cmocka_unit_test(test_activation_memory_halved),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -24,5 +24,6 @@
 #include "transformer.h"
 #include "half.h"
 #include "autocast.h"
+#include "master_weights.h"
 
 #endif

@@ -108,7 +108,7 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
   if (alive != CLPAR_OK) return alive;
   if (clpar_check_float_autocast("clpar_linear", "input", x) != CLPAR_OK ||
       clpar_check_float_autocast("clpar_linear", "weight", weight) != CLPAR_OK ||
-      (bias && clpar_check_float("clpar_linear", "bias", bias) != CLPAR_OK))
+      (bias && clpar_check_float_autocast("clpar_linear", "bias", bias) != CLPAR_OK))
     return CLPAR_ERROR_DTYPE;
   char a[128], b[128];
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
