@@ -50,7 +50,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 14
+#define CLPAR_BACKEND_ABI_VERSION 15
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -254,7 +254,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(embedding_backward, QUEUE, 1)  \
   X(layernorm, QUEUE, 1)           \
   X(layernorm_backward, QUEUE, 1)  \
-  X(dropout_mask, QUEUE, 1)
+  X(dropout_mask, QUEUE, 1)        \
+  X(half_convert, QUEUE, 1)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -566,6 +567,16 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_dropout_mask(F) \
   F(size_t, n) F(uint64_t, seed) F(uint64_t, offset) F(float, p) F(float, scale) \
   F(clpar_bref, out)
+
+/* ---- 16-bit floats (src/half.c) ----
+ * n elements between float32 and a 16-bit type, i < n: to_half: out16[i] = round(x[i]) (to
+ * nearest, ties to even; overflow to +-Inf; a NaN stays a quiet NaN of its sign); from half:
+ * out[i] = x16[i] exactly. The 16-bit side's off counts words as ever: its element i is
+ * 16-bit element 2 off + i of the buffer. bf16: bfloat16 (1), else IEEE float16 (0). The host
+ * backend uses the core's scalar conversions (clpar/half.h); the others must match them bit
+ * for bit (a NaN's payload aside). */
+#define CLPAR_BE_ARGS_half_convert(F) \
+  F(int, to_half) F(int, bf16) F(size_t, n) F(clpar_bref, x) F(clpar_bref, out)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -348,7 +348,7 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   } else if (!t->grad) {
     clpar_tensor *own;
     int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
-    s = clpar_tensor_empty(t->storage->dev, t->ndim, t->shape, &own);
+    s = clpar_tensor_empty_dtype(t->storage->dev, t->dtype, t->ndim, t->shape, &own);
     clpar_memory_category_set(was);
     if (s == CLPAR_OK) {
       clpar_tensor_unscope(own);
@@ -358,6 +358,8 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
       else
         clpar_tensor_free(own);
     }
+  } else if (clpar_dtype_is_half(t->dtype)) {
+    s = clpar_half_add_into(t->grad, g); /* a 16-bit parameter's (clpar_master_weights) */
   } else {
     /* Memory set aside by clpar_module_flatten holds zeros until a backward fills it. */
     s = add_into(t->grad, 0, g);
@@ -370,7 +372,8 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
 clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot) {
   *slot = NULL;
   clpar_tensor *t = i >= 0 && i < n->n_inputs && i < 32 ? n->inputs[i] : NULL;
-  if (!t || !t->requires_grad) return CLPAR_OK;
+  if (!t || !t->requires_grad || clpar_dtype_is_half(t->dtype))
+    return CLPAR_OK; /* no 16-bit GEMMs */
   clpar_tensor *acc = NULL;
   size_t offset = 0;
   clpar_status s = CLPAR_OK;

@@ -25,6 +25,29 @@ void clpar_tensor_to_cancel(clpar_tensor_transit *m);
 /* Overwrites all of t's bytes (any dtype) with what fill produces (clpar_upload_fill). */
 clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *user);
 
+/* ---- 16-bit floats (src/half.c, src/autocast.c) ---- */
+
+/* x converted to dtype on x's device (float32 and the 16-bit types, either way), with no
+ * node: the conversion clpar_to_dtype records. */
+clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar_tensor **y);
+/* x converted into out (same numel, any float dtypes; a copy when they match), no node. */
+clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out);
+/* acc += g for 16-bit acc and g of one shape (through float32; src/half.c). */
+clpar_status clpar_half_add_into(clpar_tensor *acc, const clpar_tensor *g);
+/* clpar_check_float that also lets a 16-bit t through inside an autocast region; outside, its
+ * error says how to pass one. */
+clpar_status clpar_check_float_autocast(const char *fn, const char *name, const clpar_tensor *t);
+/* 1 when t is 16-bit and an autocast region is open: an op that runs in float32 (a loss)
+ * takes clpar_to_dtype(t, CLPAR_FLOAT32) instead. */
+int clpar_autocast_widens(const clpar_tensor *t);
+/* clpar_matmul inside an autocast region (src/autocast.c). */
+clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
+                                   int trans_b, clpar_tensor **out);
+/* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
+clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
+                                   const clpar_tensor *bias, clpar_act_kind act,
+                                   clpar_tensor **out);
+
 /* ---- tensors (src/tensor.c) ---- */
 
 /* CLPAR_ERROR_INVALID_ARGUMENT naming fn when t was freed (reliable under CLPAR_DEBUG=1, see
@@ -63,10 +86,16 @@ static inline void clpar_tensor_touch(clpar_tensor *t);
 /* Offsets (t->offset, clpar_bref.off, partial_offset, view_at) count 4-byte words whatever
  * the dtype, so that every backend entry keeps its float-element offsets: an int64 element is
  * two words, and an int64 tensor's offset is always even (its views start at whole elements).
- * Bytes are words * 4. */
+ * Bytes are words * 4. A 16-bit element (bfloat16, float16) is half a word: such a tensor
+ * starts at a whole word (its views start at even elements, src/tensor.c) and its storage is
+ * rounded up to whole words. */
 #define CLPAR_WORD_BYTES 4
 static inline size_t clpar_dtype_words(clpar_dtype d) {
   return d == CLPAR_INT64 ? 2 : 1;
+}
+/* 1 for the 16-bit float dtypes (storage only: src/half.c converts them). */
+static inline int clpar_dtype_is_half(clpar_dtype d) {
+  return d == CLPAR_BFLOAT16 || d == CLPAR_FLOAT16;
 }
 
 struct clpar_tensor {
@@ -295,7 +324,7 @@ void clpar_data_parallel_note_forward(const clpar_module *m);
 /* A module buffer's bytes and their byte offset in its storage: buffers are moved, copied
  * between replicas and broadcast as bytes, whatever their dtype (offsets count 4-byte words). */
 static inline size_t clpar_tensor_nbytes(const clpar_tensor *t) {
-  return (size_t)t->numel * clpar_dtype_words(t->dtype) * CLPAR_WORD_BYTES;
+  return (size_t)t->numel * clpar_dtype_size(t->dtype);
 }
 static inline size_t clpar_tensor_byte_offset(const clpar_tensor *t) {
   return t->offset * CLPAR_WORD_BYTES;
@@ -325,12 +354,13 @@ clpar_status clpar_check_float(const char *fn, const char *name, const clpar_ten
 static inline float clpar_opt_float(float v, float def) {
   return v == CLPAR_ZERO ? 0.0f : v == 0.0f ? def : v;
 }
-/* Words (4 bytes) and bytes of t's elements. */
-static inline size_t clpar_tensor_words(const clpar_tensor *t) {
-  return (size_t)t->numel * clpar_dtype_words(t->dtype);
-}
+/* Bytes of t's elements, and the words (4 bytes) they occupy (a 16-bit tensor of odd numel
+ * rounded up). */
 static inline size_t clpar_tensor_bytes(const clpar_tensor *t) {
-  return clpar_tensor_words(t) * CLPAR_WORD_BYTES;
+  return (size_t)t->numel * clpar_dtype_size(t->dtype);
+}
+static inline size_t clpar_tensor_words(const clpar_tensor *t) {
+  return (clpar_tensor_bytes(t) + CLPAR_WORD_BYTES - 1) / CLPAR_WORD_BYTES;
 }
 static inline clpar_bref clpar_tensor_bref(const clpar_tensor *t) {
   clpar_bref r = {t->storage->buf, t->offset};

@@ -44,14 +44,22 @@ clpar_status clpar_fill(clpar_tensor *t, float value) {
   clpar_status s = check_any("clpar_fill", "t", t);
   if (s == CLPAR_OK && t->dtype != CLPAR_FLOAT32 && value != 0.0f) {
     clpar_check_float("clpar_fill", "t", t);
-    clpar_append_error(" (an int tensor can be filled with 0 only, not %g)", (double)value);
+    clpar_append_error(" (a tensor of this dtype can be filled with 0 only, not %g)",
+                       (double)value);
     s = CLPAR_ERROR_DTYPE;
   }
   if (s != CLPAR_OK) return s;
   clpar_device *dev = t->storage->dev;
-  /* an int tensor: +0.0f's zero bits over its words */
-  s = clpar_dev_fill(dev, clpar_tensor_bref(t), clpar_tensor_words(t),
-                     t->dtype == CLPAR_FLOAT32 ? value : 0.0f);
+  /* an int tensor: +0.0f's zero bits over its words; a 16-bit one of odd numel stops at its
+   * last whole word, and its last element is zeroed alone (the word's other half is not its) */
+  size_t words = clpar_tensor_bytes(t) / CLPAR_WORD_BYTES;
+  s = words ? clpar_dev_fill(dev, clpar_tensor_bref(t), words,
+                             t->dtype == CLPAR_FLOAT32 ? value : 0.0f)
+            : CLPAR_OK;
+  if (s == CLPAR_OK && clpar_tensor_bytes(t) % CLPAR_WORD_BYTES) {
+    static const uint16_t zero16 = 0;
+    s = clpar_upload(dev, t->storage->buf, (t->offset + words) * CLPAR_WORD_BYTES, &zero16, 2);
+  }
   clpar_tensor_touch(t);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }
@@ -219,6 +227,8 @@ static clpar_status matmul_backward(clpar_node *n, clpar_tensor *g, clpar_tensor
 
 clpar_status clpar_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a, int trans_b,
                           clpar_tensor **out) {
+  if (a && b && out && clpar_autocast_dtype() != CLPAR_FLOAT32)
+    return clpar_autocast_matmul(a, b, trans_a, trans_b, out);
   int64_t m, n, k;
   clpar_status s = gemm_dims("clpar_matmul", a, b, trans_a, trans_b, &m, &n, &k);
   if (s == CLPAR_OK && !out)

@@ -55,6 +55,9 @@ size_t clpar_dtype_size(clpar_dtype dtype) {
       return 4;
     case CLPAR_INT64:
       return 8;
+    case CLPAR_BFLOAT16:
+    case CLPAR_FLOAT16:
+      return 2;
   }
   return 0;
 }
@@ -67,6 +70,10 @@ const char *clpar_dtype_name(clpar_dtype dtype) {
       return "int32";
     case CLPAR_INT64:
       return "int64";
+    case CLPAR_BFLOAT16:
+      return "bfloat16";
+    case CLPAR_FLOAT16:
+      return "float16";
   }
   return "unknown";
 }
@@ -128,7 +135,9 @@ clpar_status clpar_tensor_empty_dtype(clpar_device *dev, clpar_dtype dtype, int 
                        : clpar_check_shape("tensor", ndim, shape, &numel);
   if (s != CLPAR_OK) return s;
   clpar_storage *st;
-  s = clpar_storage_new(dev, (size_t)numel * clpar_dtype_size(dtype), &st);
+  /* whole words: a 16-bit tensor of odd numel is rounded up */
+  size_t bytes = (size_t)numel * clpar_dtype_size(dtype);
+  s = clpar_storage_new(dev, (bytes + CLPAR_WORD_BYTES - 1) & ~(size_t)(CLPAR_WORD_BYTES - 1), &st);
   if (s != CLPAR_OK) return s;
   clpar_tensor *t = tensor_alloc(st, 0, dtype, ndim, shape);
   if (!t) {
@@ -536,11 +545,20 @@ clpar_status clpar_tensor_rows(clpar_tensor *t, int64_t start, int64_t count, cl
   memcpy(shape, t->shape, sizeof shape);
   shape[0] = count;
   int64_t row = t->numel / t->shape[0] * (int64_t)clpar_dtype_words(t->dtype); /* words */
+  int64_t at = start * row;
+  if (clpar_dtype_is_half(t->dtype)) { /* two elements a word: the view starts at an even one */
+    if (at % 2)
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                             "clpar_tensor_rows: row %lld of a %s tensor of rows of %lld elements "
+                             "starts at an odd element; views of 16-bit tensors start at even ones",
+                             (long long)start, clpar_dtype_name(t->dtype), (long long)row);
+    at /= 2;
+  }
   clpar_tensor *v = NULL;
-  clpar_status s = make_view(t, t->offset + (size_t)(start * row), t->ndim, shape, &v);
+  clpar_status s = make_view(t, t->offset + (size_t)at, t->ndim, shape, &v);
   clpar_node *node = NULL;
   if (s == CLPAR_OK) s = clpar_record_op(v, "clpar_tensor_rows", rows_backward, &t, 1, &node);
-  if (node) node->partial_offset = (int64_t)(start * row);
+  if (node) node->partial_offset = at;
   if (s == CLPAR_OK) *out = v;
   return s;
 }

@@ -55,6 +55,11 @@ static clpar_status strided(const clpar_tensor *src, const clpar_tensor *dst, in
     n++;
   }
   if (n == 0) g.shape[n] = 1, g.in_stride[n] = g.out_stride[n] = 0, n = 1;
+  if (clpar_dtype_is_half(src->dtype))
+    return clpar_set_error(CLPAR_ERROR_DTYPE,
+                           "strided copy (permute, narrow, cat along dim > 0): %s tensors are not "
+                           "supported; convert to float32 first (clpar_to_dtype)",
+                           clpar_dtype_name(src->dtype));
   size_t wpe = clpar_dtype_size(src->dtype) / CLPAR_WORD_BYTES; /* words per element */
   if (wpe == 2) {
     for (int d = 0; d < n; d++) g.in_stride[d] *= 2, g.out_stride[d] *= 2;

@@ -149,6 +149,8 @@ CLPAR_CUDA_ENTRY_DECL_(embedding_backward)
 CLPAR_CUDA_ENTRY_DECL_(layernorm)
 CLPAR_CUDA_ENTRY_DECL_(layernorm_backward)
 CLPAR_CUDA_ENTRY_DECL_(dropout_mask)
+/* cuda_half.c */
+CLPAR_CUDA_ENTRY_DECL_(half_convert)
 #define cuda_profile clpar_cuda_entry_profile
 #define cuda_profile_read clpar_cuda_entry_profile_read
 #define cuda_alloc clpar_cuda_entry_alloc
@@ -207,5 +209,6 @@ CLPAR_CUDA_ENTRY_DECL_(dropout_mask)
 #define cuda_layernorm clpar_cuda_entry_layernorm
 #define cuda_layernorm_backward clpar_cuda_entry_layernorm_backward
 #define cuda_dropout_mask clpar_cuda_entry_dropout_mask
+#define cuda_half_convert clpar_cuda_entry_half_convert
 
 #endif

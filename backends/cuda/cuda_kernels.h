@@ -170,6 +170,9 @@ cudaError_t clpar_cuda_layernorm_backward(cudaStream_t stream, size_t rows, size
                                           float *db);
 cudaError_t clpar_cuda_dropout_mask(cudaStream_t stream, size_t n, uint64_t seed, uint64_t offset,
                                     float p, float scale, float *out);
+/* half.cu: n elements from float32 to a 16-bit type (to_half) or back; pointers at element 0 */
+cudaError_t clpar_cuda_half_convert(cudaStream_t stream, int to_half, int bf16, size_t n, void *x,
+                                    void *out);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,8 @@ CLPAR_HOST_TOPS_DECL_(embedding_backward)
 CLPAR_HOST_TOPS_DECL_(layernorm)
 CLPAR_HOST_TOPS_DECL_(layernorm_backward)
 CLPAR_HOST_TOPS_DECL_(dropout_mask)
+/* host_half.c */
+CLPAR_HOST_TOPS_DECL_(half_convert)
 #undef CLPAR_HOST_TOPS_DECL_
 
 #define host_strided_copy clpar_host_strided_copy
@@ -32,5 +34,6 @@ CLPAR_HOST_TOPS_DECL_(dropout_mask)
 #define host_layernorm clpar_host_layernorm
 #define host_layernorm_backward clpar_host_layernorm_backward
 #define host_dropout_mask clpar_host_dropout_mask
+#define host_half_convert clpar_host_half_convert
 
 #endif

@@ -261,6 +261,10 @@ CLPAR_OCL_ENTRY_DECL_(dropout_mask)
 #define ocl_layernorm_backward clpar_ocl_layernorm_backward
 #define ocl_dropout_mask clpar_ocl_dropout_mask
 
+/* ---- ocl_half.c: float32 to and from the 16-bit floats (backend.h) ---- */
+CLPAR_OCL_ENTRY_DECL_(half_convert)
+#define ocl_half_convert clpar_ocl_half_convert
+
 /* ---- ocl_errors.c ---- */
 
 /* "CL_OUT_OF_RESOURCES"; "CL_UNKNOWN_ERROR(-1234)" (thread-local buffer) otherwise. */

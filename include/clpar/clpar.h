@@ -24,5 +24,8 @@
 #include "text.h"
 #include "models.h"
 #include "transformer.h"
+#include "half.h"
+#include "autocast.h"
+#include "master_weights.h"
 
 #endif

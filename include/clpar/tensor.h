@@ -27,13 +27,22 @@ typedef struct clpar_scope clpar_scope;
 
 /* Element types. The functions without a dtype in their name (clpar_tensor_zeros,
  * from_host, read, write) mean float32; every math op (ops.h, nn.h, optimizers) takes float32
- * only and refuses an int tensor with CLPAR_ERROR_DTYPE naming its dtype. Int tensors can be
- * created, read and written (raw), copied (clpar_copy, same dtype), moved between devices,
- * viewed (rows, reshape, flatten, split), concatenated and zero-filled. */
-typedef enum clpar_dtype { CLPAR_FLOAT32 = 0, CLPAR_INT32 = 1, CLPAR_INT64 = 2 } clpar_dtype;
-/* Bytes per element (4, 4, 8); 0 for a value that is no clpar_dtype. */
+ * only and refuses another dtype with CLPAR_ERROR_DTYPE naming it. Int and 16-bit float
+ * tensors can be created, read and written (raw), copied (clpar_copy, same dtype), moved
+ * between devices, viewed (rows, reshape, flatten, split), concatenated and zero-filled;
+ * bfloat16 and float16 also convert to and from float32 (half.h). A view of a 16-bit tensor
+ * must start at an even element (rows/split of odd row sizes are CLPAR_ERROR_INVALID_ARGUMENT). */
+typedef enum clpar_dtype {
+  CLPAR_FLOAT32 = 0,
+  CLPAR_INT32 = 1,
+  CLPAR_INT64 = 2,
+  CLPAR_BFLOAT16 = 3,
+  CLPAR_FLOAT16 = 4
+} clpar_dtype;
+/* Bytes per element (4, 4, 8, 2, 2); 0 for a value that is no clpar_dtype. */
 CLPAR_API size_t clpar_dtype_size(clpar_dtype dtype);
-/* "float32", "int32", "int64"; "unknown" for a value that is no clpar_dtype. */
+/* "float32", "int32", "int64", "bfloat16", "float16"; "unknown" for a value that is no
+ * clpar_dtype. */
 CLPAR_API const char *clpar_dtype_name(clpar_dtype dtype);
 
 /* 1 to 8 dimensions, every one >= 1. An int tensor (the _dtype functions below) may also

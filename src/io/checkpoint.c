@@ -94,7 +94,18 @@ static void set_free(write_set *w) {
 }
 
 clpar_st_dtype clpar_st_dtype_of(clpar_dtype d) {
-  return d == CLPAR_INT32 ? CLPAR_ST_I32 : d == CLPAR_INT64 ? CLPAR_ST_I64 : CLPAR_ST_F32;
+  switch (d) {
+    case CLPAR_INT32:
+      return CLPAR_ST_I32;
+    case CLPAR_INT64:
+      return CLPAR_ST_I64;
+    case CLPAR_BFLOAT16:
+      return CLPAR_ST_BF16;
+    case CLPAR_FLOAT16:
+      return CLPAR_ST_F16;
+    default:
+      return CLPAR_ST_F32;
+  }
 }
 
 clpar_status clpar_st_tensor_fill(const void *tensor, void *dst, size_t bytes) {

@@ -3,7 +3,7 @@
  * parameters, optimizer state) is src/io/checkpoint.c's business. Not installed.
  *
  * The reader knows every byte-sized dtype of the format, so that a file is validated whole
- * whatever it holds; clpar's tensors map to F32, I32 and I64 (clpar_st_dtype_of, in
+ * whatever it holds; clpar's tensors map to F32, I32, I64, BF16 and F16 (clpar_st_dtype_of, in
  * src/io/checkpoint.c), and loading reports any other dtype as a mismatch. */
 #ifndef CLPAR_IO_SAFETENSORS_H
 #define CLPAR_IO_SAFETENSORS_H

@@ -106,9 +106,9 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
   if (alive == CLPAR_OK) alive = clpar_check_alive("clpar_linear", weight);
   if (alive == CLPAR_OK && bias) alive = clpar_check_alive("clpar_linear", bias);
   if (alive != CLPAR_OK) return alive;
-  if (clpar_check_float("clpar_linear", "input", x) != CLPAR_OK ||
-      clpar_check_float("clpar_linear", "weight", weight) != CLPAR_OK ||
-      (bias && clpar_check_float("clpar_linear", "bias", bias) != CLPAR_OK))
+  if (clpar_check_float_autocast("clpar_linear", "input", x) != CLPAR_OK ||
+      clpar_check_float_autocast("clpar_linear", "weight", weight) != CLPAR_OK ||
+      (bias && clpar_check_float_autocast("clpar_linear", "bias", bias) != CLPAR_OK))
     return CLPAR_ERROR_DTYPE;
   char a[128], b[128];
   if (x->ndim != 2 || weight->ndim != 2 || x->shape[1] != weight->shape[1])
@@ -132,6 +132,8 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
   if (bias && bias->storage->dev != dev)
     return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH, "clpar_linear: input on %s, bias on %s",
                            dev->bd.info.id, bias->storage->dev->bd.info.id);
+  if (clpar_autocast_dtype() != CLPAR_FLOAT32)
+    return clpar_autocast_linear(x, weight, bias, act, out);
   int64_t rows = x->shape[0], cols = weight->shape[0], in = x->shape[1];
   int64_t shape[2] = {rows, cols};
   clpar_tensor *y;
@@ -192,6 +194,13 @@ clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *targe
   if (!input || !target || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_mse_loss: NULL argument");
   clpar_status s = check_reduction("clpar_mse_loss", reduction);
+  if (s == CLPAR_OK && clpar_autocast_widens(input)) { /* losses run in float32 */
+    clpar_tensor *wide;
+    s = clpar_to_dtype(input, CLPAR_FLOAT32, &wide);
+    if (s == CLPAR_OK) s = clpar_mse_loss(wide, target, reduction, out);
+    clpar_tensor_free(wide);
+    return s;
+  }
   if (s == CLPAR_OK) s = clpar_check_float("clpar_mse_loss", "input", input);
   if (s == CLPAR_OK) s = clpar_check_float("clpar_mse_loss", "target", target);
   if (s != CLPAR_OK) return s;
@@ -261,6 +270,13 @@ clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labe
   if (!logits || !labels || !out)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_cross_entropy: NULL argument");
   clpar_status s = check_reduction("clpar_cross_entropy", reduction);
+  if (s == CLPAR_OK && clpar_autocast_widens(logits)) { /* losses run in float32 */
+    clpar_tensor *wide;
+    s = clpar_to_dtype(logits, CLPAR_FLOAT32, &wide);
+    if (s == CLPAR_OK) s = clpar_cross_entropy(wide, labels, n_labels, reduction, out);
+    clpar_tensor_free(wide);
+    return s;
+  }
   if (s == CLPAR_OK) s = clpar_check_float("clpar_cross_entropy", "logits", logits);
   if (s != CLPAR_OK) return s;
   char a[128];

@@ -210,11 +210,11 @@ clpar_status clpar_module_add_parameter(clpar_module *m, const char *name, clpar
         CLPAR_ERROR_INVALID_ARGUMENT,
         "clpar_module_add_parameter: \"%s\" is the result of an op; a parameter must be a leaf",
         name);
-  if (param->dtype != CLPAR_FLOAT32) {
+  if (param->dtype != CLPAR_FLOAT32 && !clpar_dtype_is_half(param->dtype)) {
     char b[128];
     return clpar_set_error(CLPAR_ERROR_DTYPE,
                            "clpar_module_add_parameter: \"%s\" is %s %s; parameters are float32 "
-                           "(keep an int tensor as a buffer)",
+                           "(or 16-bit floats; keep an int tensor as a buffer)",
                            name ? name : "(null)", clpar_dtype_name(param->dtype),
                            clpar_tensor_shape_str(param, b, sizeof b));
   }

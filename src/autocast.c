@@ -1,0 +1,288 @@
+/* autocast.c — the autocast regions (clpar/half.h): a per-thread stack of dtypes, which
+ * clpar_linear and clpar_matmul consult. */
+#include "internal.h"
+
+enum { MAX_DEPTH = 16 };
+
+static _Thread_local clpar_dtype stack[MAX_DEPTH];
+static _Thread_local int depth;
+
+clpar_status clpar_autocast_begin(clpar_dtype dtype) {
+  if (!clpar_dtype_is_half(dtype))
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_autocast_begin: dtype is %s (%d); it must be bfloat16 or float16",
+                           clpar_dtype_name(dtype), (int)dtype);
+  if (depth == MAX_DEPTH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_autocast_begin: more than %d regions open on this thread",
+                           MAX_DEPTH);
+  stack[depth++] = dtype;
+  return CLPAR_OK;
+}
+
+void clpar_autocast_end(void) {
+  if (depth == 0) {
+    clpar_log(CLPAR_LOG_ERROR, "clpar_autocast_end: no autocast region is open on this thread");
+    return;
+  }
+  depth--;
+}
+
+clpar_dtype clpar_autocast_dtype(void) {
+  return depth ? stack[depth - 1] : CLPAR_FLOAT32;
+}
+
+int clpar_autocast_widens(const clpar_tensor *t) {
+  return clpar_dtype_is_half(t->dtype) && clpar_autocast_dtype() != CLPAR_FLOAT32;
+}
+
+clpar_status clpar_check_float_autocast(const char *fn, const char *name, const clpar_tensor *t) {
+  if (clpar_dtype_is_half(t->dtype) && clpar_autocast_dtype() != CLPAR_FLOAT32) return CLPAR_OK;
+  clpar_status s = clpar_check_float(fn, name, t);
+  if (s != CLPAR_OK && clpar_dtype_is_half(t->dtype))
+    clpar_append_error(
+        " (16-bit inputs are taken inside clpar_autocast_begin/end, or convert "
+        "with clpar_to_dtype)");
+  return s;
+}
+
+/* ---- Linear under autocast ----
+ *
+ * One node over the 16-bit copies of the input and the weight (each made by clpar_to_dtype,
+ * so their gradients go back to float32 through its node): forward widens them to float32
+ * temporaries, runs the GEMM and the bias-and-activation epilogue in float32 and rounds the
+ * result to the autocast dtype. The node keeps the 16-bit input, weight and (for an
+ * activation) output: half the bytes of float32's. Backward widens them again, computes in
+ * float32 and gives each input's gradient in its dtype. */
+
+/* A float32 copy of t (no node, outside any scope), or t itself (one more reference) when it
+ * is float32; either way dropped with clpar_tensor_release. */
+static clpar_status widen(const clpar_tensor *t, clpar_tensor **out) {
+  if (t->dtype == CLPAR_FLOAT32) {
+    *out = clpar_tensor_retain((clpar_tensor *)t);
+    return CLPAR_OK;
+  }
+  clpar_status s = clpar_convert_dtype(t, CLPAR_FLOAT32, out);
+  if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  return s;
+}
+
+/* C[m, n] = op(A) op(B) in float32 (beta 0), C new. */
+static clpar_status gemm_new(clpar_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                             const clpar_tensor *a, const clpar_tensor *b, clpar_tensor **c) {
+  int64_t shape[2] = {m, n};
+  clpar_status s = clpar_tensor_empty(dev, 2, shape, c);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_unscope(*c);
+  s = clpar_dev_gemm(dev, ta, tb, (size_t)m, (size_t)n, (size_t)k, 1.0f, clpar_tensor_bref(a),
+                     (size_t)(ta ? m : k), clpar_tensor_bref(b), (size_t)(tb ? k : n), 0.0f,
+                     clpar_tensor_bref(*c), (size_t)n);
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_release(*c);
+    *c = NULL;
+  }
+  return s;
+}
+
+/* gin = g32 converted to like's dtype (or g32 itself), in the caller's scope. */
+static clpar_status narrow_grad(clpar_tensor *g32, const clpar_tensor *like, clpar_tensor **gin) {
+  if (like->dtype == CLPAR_FLOAT32) {
+    *gin = clpar_tensor_retain(g32);
+    return CLPAR_OK;
+  }
+  return clpar_convert_dtype(g32, like->dtype, gin);
+}
+
+/* d = g * act'(y) in float32 and, when the bias wants one, its gradient (into its slot or a
+ * new gin[2]). */
+static clpar_status ac_act_backward(clpar_node *n, const clpar_tensor *g32, clpar_tensor **d,
+                                    clpar_tensor **gin) {
+  clpar_tensor *b = n->n_inputs > 2 ? n->inputs[2] : NULL, *db = NULL, *y32 = NULL;
+  clpar_act_kind act = (clpar_act_kind)n->iparam[0];
+  clpar_device *dev = n->dev;
+  int want_b = b && b->requires_grad, b_slot = 0;
+  *d = clpar_tensor_retain((clpar_tensor *)g32);
+  if (!want_b && act == CLPAR_ACT_NONE) return CLPAR_OK;
+  clpar_status s = want_b ? clpar_grad_slot(n, 2, &db) : CLPAR_OK;
+  b_slot = db != NULL;
+  if (s == CLPAR_OK && want_b && !db) s = clpar_tensor_empty(dev, b->ndim, b->shape, &db);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE) s = widen(n->saved[0], &y32);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE) {
+    clpar_tensor_release(*d);
+    s = clpar_tensor_empty(dev, 2, g32->shape, d);
+    if (s == CLPAR_OK) clpar_tensor_unscope(*d);
+  }
+  clpar_bref none = {NULL, 0};
+  if (s == CLPAR_OK) {
+    s = clpar_dev_bias_act_backward(dev, act, (size_t)g32->shape[0], (size_t)g32->shape[1],
+                                    clpar_tensor_bref(g32), y32 ? clpar_tensor_bref(y32) : none,
+                                    act != CLPAR_ACT_NONE ? clpar_tensor_bref(*d) : none,
+                                    want_b ? clpar_tensor_bref(db) : none, b_slot);
+    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+  }
+  clpar_tensor_release(y32);
+  if (s == CLPAR_OK && want_b && !b_slot) s = narrow_grad(db, b, &gin[2]);
+  clpar_tensor_free(db);
+  return s;
+}
+
+static clpar_status ac_linear_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *x = n->inputs[0], *w = n->inputs[1];
+  clpar_device *dev = n->dev;
+  int64_t rows = g->shape[0], cols = g->shape[1], in = w->shape[1];
+  clpar_tensor *g32 = NULL, *d = NULL, *o32 = NULL, *r32 = NULL;
+  clpar_status s = widen(g, &g32);
+  if (s == CLPAR_OK) s = ac_act_backward(n, g32, &d, gin);
+  if (s == CLPAR_OK && w->requires_grad) { /* dW = d^T x: [cols, in] */
+    s = widen(x, &o32);
+    if (s == CLPAR_OK) s = gemm_new(dev, 1, 0, cols, in, rows, d, o32, &r32);
+    if (s == CLPAR_OK) s = narrow_grad(r32, w, &gin[1]);
+    clpar_tensor_release(o32), clpar_tensor_release(r32);
+    o32 = r32 = NULL;
+  }
+  if (s == CLPAR_OK && x->requires_grad) { /* dx = d W: [rows, in] */
+    s = widen(w, &o32);
+    if (s == CLPAR_OK) s = gemm_new(dev, 0, 0, rows, in, cols, d, o32, &r32);
+    if (s == CLPAR_OK) s = narrow_grad(r32, x, &gin[0]);
+    clpar_tensor_release(o32), clpar_tensor_release(r32);
+  }
+  clpar_tensor_release(g32), clpar_tensor_release(d);
+  return s;
+}
+
+/* y32 = x32 W32^T, then the bias and the activation, in float32. */
+static clpar_status ac_linear_compute(const clpar_tensor *xh, const clpar_tensor *wh,
+                                      const clpar_tensor *b, clpar_act_kind act,
+                                      clpar_tensor **y32) {
+  clpar_device *dev = xh->storage->dev;
+  int64_t rows = xh->shape[0], cols = wh->shape[0], in = xh->shape[1];
+  clpar_tensor *x32 = NULL, *w32 = NULL, *b32 = NULL;
+  clpar_status s = widen(xh, &x32);
+  if (s == CLPAR_OK) s = widen(wh, &w32);
+  if (s == CLPAR_OK && b) s = widen(b, &b32); /* a 16-bit bias (clpar_master_weights) */
+  if (s == CLPAR_OK) s = gemm_new(dev, 0, 1, rows, cols, in, x32, w32, y32);
+  clpar_tensor_release(x32), clpar_tensor_release(w32);
+  if (s != CLPAR_OK || (!b && act == CLPAR_ACT_NONE)) {
+    clpar_tensor_release(b32);
+    return s;
+  }
+  clpar_bref y = clpar_tensor_bref(*y32);
+  if (b)
+    s = clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, y, clpar_tensor_bref(b32), y);
+  else
+    s = clpar_dev_unary(dev,
+                        act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                        : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                                   : CLPAR_UNARY_TANH,
+                        (size_t)(rows * cols), y, y);
+  clpar_tensor_release(b32);
+  if (s != CLPAR_OK) {
+    clpar_device_fail(dev, s);
+    clpar_tensor_release(*y32);
+    *y32 = NULL;
+  }
+  return s;
+}
+
+/* The node on yh over xh, wh (and b); for an activation it keeps an alias of yh. On failure
+ * yh is freed. */
+static clpar_status ac_linear_record(clpar_tensor *yh, clpar_tensor *xh, clpar_tensor *wh,
+                                     const clpar_tensor *b, clpar_act_kind act) {
+  clpar_tensor *inputs[3] = {xh, wh, (clpar_tensor *)b};
+  clpar_node *node;
+  clpar_status s =
+      clpar_record_op(yh, "clpar_linear (autocast)", ac_linear_backward, inputs, b ? 3 : 2, &node);
+  if (s != CLPAR_OK || !node) return s; /* a failed record freed yh */
+  node->iparam[0] = act;
+  if (act == CLPAR_ACT_NONE) return CLPAR_OK;
+  s = clpar_tensor_alias(yh, &node->saved[0]); /* no reference cycle */
+  if (s == CLPAR_OK)
+    clpar_tensor_unscope(node->saved[0]);
+  else
+    clpar_tensor_free(yh);
+  return s;
+}
+
+clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
+                                   const clpar_tensor *bias, clpar_act_kind act,
+                                   clpar_tensor **out) {
+  clpar_dtype dt = clpar_autocast_dtype();
+  clpar_tensor *xh = NULL, *wh = NULL, *y32 = NULL, *yh = NULL;
+  clpar_status s = clpar_to_dtype(x, dt, &xh);
+  if (s == CLPAR_OK) s = clpar_to_dtype(weight, dt, &wh);
+  if (s == CLPAR_OK) s = ac_linear_compute(xh, wh, bias, act, &y32);
+  if (s == CLPAR_OK) s = clpar_convert_dtype(y32, dt, &yh);
+  clpar_tensor_release(y32);
+  if (s == CLPAR_OK) {
+    s = ac_linear_record(yh, xh, wh, bias, act);
+    if (s == CLPAR_OK) *out = yh;
+  }
+  clpar_tensor_free(xh), clpar_tensor_free(wh); /* the node holds them */
+  return s;
+}
+
+/* ---- matmul under autocast: the same scheme, the float32 work done by clpar_matmul itself
+ * on float32 copies that need no gradient (so it records no node), with autocast suspended
+ * on this thread while it runs ---- */
+
+static int suspend(void) {
+  int d = depth;
+  depth = 0;
+  return d;
+}
+
+/* r = op(a) op(b) in float32 from a and b of any float dtype; no node. */
+static clpar_status matmul32(const clpar_tensor *a, const clpar_tensor *b, int ta, int tb,
+                             clpar_tensor **r) {
+  clpar_tensor *a32 = NULL, *b32 = NULL;
+  clpar_status s = widen(a, &a32);
+  if (s == CLPAR_OK) s = widen(b, &b32);
+  int was = clpar_set_grad_enabled(0), d = suspend();
+  if (s == CLPAR_OK) s = clpar_matmul(a32, b32, ta, tb, r);
+  depth = d;
+  clpar_set_grad_enabled(was);
+  clpar_tensor_release(a32), clpar_tensor_release(b32);
+  return s;
+}
+
+static clpar_status ac_matmul_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *a = n->inputs[0], *b = n->inputs[1], *r = NULL;
+  int ta = (int)n->iparam[0], tb = (int)n->iparam[1];
+  clpar_status s = CLPAR_OK;
+  if (a->requires_grad) {
+    s = ta ? matmul32(b, g, tb, 1, &r) : matmul32(g, b, 0, !tb, &r);
+    if (s == CLPAR_OK) s = narrow_grad(r, a, &gin[0]);
+    clpar_tensor_free(r);
+    r = NULL;
+  }
+  if (s == CLPAR_OK && b->requires_grad) {
+    s = tb ? matmul32(g, a, 1, ta, &r) : matmul32(a, g, !ta, 0, &r);
+    if (s == CLPAR_OK) s = narrow_grad(r, b, &gin[1]);
+    clpar_tensor_free(r);
+  }
+  return s;
+}
+
+clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
+                                   int trans_b, clpar_tensor **out) {
+  clpar_dtype dt = clpar_autocast_dtype();
+  clpar_tensor *ah = NULL, *bh = NULL, *r32 = NULL, *rh = NULL;
+  clpar_status s = clpar_check_alive("clpar_matmul", a);
+  if (s == CLPAR_OK) s = clpar_check_alive("clpar_matmul", b);
+  if (s == CLPAR_OK) s = clpar_check_float_autocast("clpar_matmul", "a", a);
+  if (s == CLPAR_OK) s = clpar_check_float_autocast("clpar_matmul", "b", b);
+  if (s == CLPAR_OK) s = clpar_to_dtype(a, dt, &ah);
+  if (s == CLPAR_OK) s = clpar_to_dtype(b, dt, &bh);
+  if (s == CLPAR_OK) s = matmul32(ah, bh, trans_a != 0, trans_b != 0, &r32);
+  if (s == CLPAR_OK) s = clpar_convert_dtype(r32, dt, &rh);
+  clpar_tensor_free(r32);
+  clpar_node *node = NULL;
+  clpar_tensor *in[2] = {ah, bh};
+  if (s == CLPAR_OK)
+    s = clpar_record_op(rh, "clpar_matmul (autocast)", ac_matmul_backward, in, 2, &node);
+  if (node) node->iparam[0] = trans_a != 0, node->iparam[1] = trans_b != 0;
+  if (s == CLPAR_OK) *out = rh;
+  clpar_tensor_free(ah), clpar_tensor_free(bh); /* the node holds them */
+  return s;
+}
