@@ -22,5 +22,6 @@
 #include "text.h"
 #include "models.h"
 #include "transformer.h"
+#include "recompute.h"
 
 #endif
