@@ -252,6 +252,10 @@ static clpar_status ckpt_backward(clpar_node *n, clpar_tensor *g, clpar_tensor *
     const clpar_tensor *in = n->inputs[i];
     s = clpar_tensor_view_at(in, 0, in->ndim, in->shape, &leaves[i]);
     if (s == CLPAR_OK) leaves[i]->requires_grad = in->requires_grad;
+    /* A parameter whose gradient has memory already (a flat group's, an earlier backward's)
+     * accumulates straight into it, as the module's own ops would: its leaf's grad is that
+     * memory (clpar_grad_slot), and nothing is handed back for it. */
+    if (s == CLPAR_OK && i > 0) s = clpar_grad_slot(n, i, &leaves[i]->grad);
   }
   if (s == CLPAR_OK) s = recompute(c, leaves, &y);
   if (s == CLPAR_OK && (y->ndim != g->ndim || y->numel != g->numel)) {
@@ -263,7 +267,8 @@ static clpar_status ckpt_backward(clpar_node *n, clpar_tensor *g, clpar_tensor *
   }
   if (s == CLPAR_OK && y->requires_grad) s = clpar_backward_grad(y, g);
   for (int i = 0; i < n->n_inputs; i++) {
-    if (s == CLPAR_OK && leaves[i] && n->inputs[i]->requires_grad &&
+    int slotted = i < 32 && ((n->slotted >> i) & 1);
+    if (s == CLPAR_OK && leaves[i] && !slotted && n->inputs[i]->requires_grad &&
         clpar_tensor_has_grad(leaves[i])) {
       gin[i] = leaves[i]->grad; /* the leaf's own memory: handed over */
       leaves[i]->grad = NULL;
