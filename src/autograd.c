@@ -397,7 +397,7 @@ static clpar_status run_node(clpar_node *n, list *ready, list *ready_copy) {
   n->slotted = 0;
   clpar_status s = g ? n->backward(n, g, grad_in) : CLPAR_OK;
   clpar_tensor_free(g);
-  for (int i = 0; s == CLPAR_OK && i < n->n_inputs && n->slotted; i++) {
+  for (int i = 0; s == CLPAR_OK && i < n->n_inputs && i < 32 && n->slotted; i++) {
     clpar_tensor *in = n->inputs[i];
     if (!((n->slotted >> i) & 1)) continue;
     if (!in->node) /* a leaf has a gradient now, as after deliver; so has a view's base leaf */
