@@ -328,6 +328,34 @@ static void test_errors(void **state) {
   clpar_module_free(w);
 }
 
+/* One graph backpropagated twice: the recompute runs each time, the gradients add up. */
+static void test_backward_twice(void **state) {
+  (void)state;
+  clpar_device *dev = tu_non_host() ? tu_non_host() : tu_host();
+  clpar_module *m[2] = {make_blocks(dev, 2, 0), make_blocks(dev, 2, 1)};
+  for (int k = 0; k < 2; k++) {
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *x = tu_make(dev, 3, (int64_t[]){B, T, C}, 9), *y, *loss;
+    tu_ok(clpar_tensor_set_requires_grad(x, 1));
+    tu_ok(clpar_module_forward(m[k], x, &y));
+    tu_ok(clpar_sum(y, &loss));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_backward(loss));
+    float *gx = tu_read(clpar_tensor_grad(x));
+    static float *gx_plain;
+    if (k == 0) gx_plain = gx;
+    if (k == 1) {
+      expect_same_bits(gx, gx_plain, (size_t)B * T * C, "input gradient after two backwards");
+      free(gx);
+      free(gx_plain);
+    }
+    clpar_scope_end(scope);
+  }
+  expect_same_grads(m[1], m[0], "two backwards");
+  clpar_module_free(m[0]);
+  clpar_module_free(m[1]);
+}
+
 /* Dropout on in the forward, off in the recompute: the draws differ, backward says why. */
 static void test_mode_changed_before_backward(void **state) {
   (void)state;
@@ -357,6 +385,7 @@ int main(void) {
       cmocka_unit_test(test_data_parallel_bit_identical),
       cmocka_unit_test(test_pipeline_bit_identical),
       cmocka_unit_test(test_peak_memory_lower),
+      cmocka_unit_test(test_backward_twice),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_mode_changed_before_backward),
   };

@@ -252,10 +252,11 @@ static clpar_status ckpt_backward(clpar_node *n, clpar_tensor *g, clpar_tensor *
     const clpar_tensor *in = n->inputs[i];
     s = clpar_tensor_view_at(in, 0, in->ndim, in->shape, &leaves[i]);
     if (s == CLPAR_OK) leaves[i]->requires_grad = in->requires_grad;
-    /* A parameter whose gradient has memory already (a flat group's, an earlier backward's)
-     * accumulates straight into it, as the module's own ops would: its leaf's grad is that
-     * memory (clpar_grad_slot), and nothing is handed back for it. */
-    if (s == CLPAR_OK && i > 0) s = clpar_grad_slot(n, i, &leaves[i]->grad);
+    /* An input whose gradient has memory already (a parameter of a flat group, a leaf after
+     * an earlier backward, a slice of a tensor whose gradient is being accumulated) gets its
+     * gradient added straight into it, in the order the module's own ops would add it: its
+     * leaf's grad is that memory (clpar_grad_slot), and nothing is handed back for it. */
+    if (s == CLPAR_OK) s = clpar_grad_slot(n, i, &leaves[i]->grad);
   }
   if (s == CLPAR_OK) s = recompute(c, leaves, &y);
   if (s == CLPAR_OK && (y->ndim != g->ndim || y->numel != g->numel)) {
