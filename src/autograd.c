@@ -406,7 +406,7 @@ static clpar_status run_node(clpar_node *n, list *ready, list *ready_copy) {
   n->slotted = 0;
   clpar_status s = g ? n->backward(n, g, grad_in) : CLPAR_OK;
   clpar_tensor_free(g);
-  for (int i = 0; s == CLPAR_OK && i < n->n_inputs && n->slotted; i++) {
+  for (int i = 0; s == CLPAR_OK && i < n->n_inputs && i < 32 && n->slotted; i++) {
     clpar_tensor *in = n->inputs[i];
     if (!((n->slotted >> i) & 1)) continue;
     if (!in->node) /* a leaf has a gradient now, as after deliver; so has a view's base leaf */
@@ -467,6 +467,34 @@ static clpar_status run_graph(clpar_node *root) {
   return s;
 }
 
+/* Backpropagates from root, whose gradient is seed (a reference this takes over). */
+static clpar_status backward_from(clpar_tensor *root, clpar_tensor *seed) {
+  graph g = {{0}, {0}};
+  clpar_status s = root->node ? collect(root->node, &g) : CLPAR_OK;
+  int was = clpar_set_grad_enabled(0);
+  if (s == CLPAR_OK && !root->node) { /* a leaf root: its gradient is the seed */
+    s = deliver(root, seed, -1);
+    seed = NULL;
+    if (s == CLPAR_OK) run_hooks(root);
+  } else if (s == CLPAR_OK) {
+    root->node->grad = seed;
+    seed = NULL;
+    s = run_graph(root->node);
+  }
+  clpar_tensor_free(seed);
+  if (s != CLPAR_OK) /* a later backward starts clean */
+    for (size_t i = 0; i < g.nodes.count; i++) {
+      clpar_node *n = g.nodes.items[i];
+      clpar_tensor_free(n->grad);
+      n->grad = NULL;
+    }
+  unclaim_all(&g);
+  free(g.nodes.items);
+  free(g.leaves.items);
+  clpar_set_grad_enabled(was);
+  return s;
+}
+
 clpar_status clpar_backward(clpar_tensor *loss) {
   if (!loss) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_backward: loss is NULL");
   clpar_status alive = clpar_check_alive("clpar_backward", loss);
@@ -483,34 +511,23 @@ clpar_status clpar_backward(clpar_tensor *loss) {
         "clpar_backward: the loss is %s; backward starts from a tensor of one element",
         clpar_tensor_shape_str(loss, b, sizeof b));
   }
-  graph g = {{0}, {0}};
-  clpar_status s = loss->node ? collect(loss->node, &g) : CLPAR_OK;
   clpar_tensor *seed = NULL;
-  int was = clpar_set_grad_enabled(0);
-  if (s == CLPAR_OK) s = clpar_tensor_empty(loss->storage->dev, loss->ndim, loss->shape, &seed);
+  clpar_status s = clpar_tensor_empty(loss->storage->dev, loss->ndim, loss->shape, &seed);
   if (s == CLPAR_OK) {
     clpar_tensor_unscope(seed);
     s = clpar_fill(seed, 1.0f);
   }
-  if (s == CLPAR_OK && !loss->node) { /* a leaf loss: its gradient is 1 */
-    s = deliver(loss, seed, -1);
-    seed = NULL;
-    if (s == CLPAR_OK) run_hooks(loss);
-  } else if (s == CLPAR_OK) {
-    loss->node->grad = seed;
-    seed = NULL;
-    s = run_graph(loss->node);
+  if (s != CLPAR_OK) {
+    clpar_tensor_free(seed);
+    return s;
   }
-  clpar_tensor_free(seed);
-  if (s != CLPAR_OK) /* a later backward starts clean */
-    for (size_t i = 0; i < g.nodes.count; i++) {
-      clpar_node *n = g.nodes.items[i];
-      clpar_tensor_free(n->grad);
-      n->grad = NULL;
-    }
-  unclaim_all(&g);
-  free(g.nodes.items);
-  free(g.leaves.items);
-  clpar_set_grad_enabled(was);
-  return s;
+  return backward_from(loss, seed);
+}
+
+clpar_status clpar_backward_grad(clpar_tensor *root, const clpar_tensor *grad) {
+  clpar_tensor *seed = NULL;
+  clpar_status s = clpar_tensor_alias(grad, &seed);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_unscope(seed);
+  return backward_from(root, seed);
 }

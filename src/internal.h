@@ -185,6 +185,9 @@ typedef struct clpar_grad_hook {
 int clpar_tensor_has_grad(const clpar_tensor *t);
 
 void clpar_node_release(clpar_node *node);
+/* Backpropagates from root (any shape), whose gradient is grad (root's shape; not taken over),
+ * as torch.autograd.backward(root, grad): the recompute of activation checkpointing. */
+clpar_status clpar_backward_grad(clpar_tensor *root, const clpar_tensor *grad);
 /* True when a result of an op with these inputs must record a node. */
 int clpar_needs_grad(clpar_tensor *const *inputs, int n);
 /* Attaches a new node to result (which then requires a gradient), retaining the inputs.
@@ -391,6 +394,11 @@ void clpar_weighted_sizes(int64_t rows, const float *weights, int n, int64_t *si
 
 /* Counter-based generator shared by every backend: the value for (seed, index). */
 float clpar_rng_uniform01(uint64_t seed, uint64_t index);
+/* The (seed, offset) of a random op in a module's forward (Dropout): seed and *counter, which
+ * advances by n; inside activation checkpointing the forward's draws are recorded and its
+ * recompute replays them, so it sees the same masks (src/nn/recompute.c). */
+void clpar_rng_draw(uint64_t seed, uint64_t *counter, uint64_t n, uint64_t *seed_out,
+                    uint64_t *offset_out);
 
 /* The parameter generator's state (clpar_manual_seed), for training checkpoints. */
 void clpar_rng_state_get(uint64_t *seed, uint64_t *counter);

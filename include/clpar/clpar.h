@@ -27,5 +27,6 @@
 #include "half.h"
 #include "autocast.h"
 #include "master_weights.h"
+#include "recompute.h"
 
 #endif

@@ -95,6 +95,9 @@ typedef struct clpar_memory_stats {
 } clpar_memory_stats;
 
 CLPAR_API clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_stats *out);
+/* Sets peak_bytes_in_use to bytes_in_use (torch.cuda.reset_peak_memory_stats): the peak read
+ * later is the peak since this call. */
+CLPAR_API clpar_status clpar_device_memory_reset_peak(clpar_device *dev);
 
 /* How often a thread, the program's or the library's, has blocked on the device: every read
  * of a tensor back to the host, every clpar_device_synchronize, the library's own waits

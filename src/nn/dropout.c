@@ -48,10 +48,10 @@ static clpar_status dropout_forward(clpar_module *self, clpar_tensor *x, clpar_t
                                     void *user) {
   dropout_state *st = user;
   int training = clpar_module_is_training(self);
-  uint64_t off = 0;
+  uint64_t seed = st->seed, off = 0;
   if (training && st->p > 0.0f && x)
-    off = __atomic_fetch_add(&st->offset, (uint64_t)x->numel, __ATOMIC_RELAXED);
-  return clpar_dropout(x, st->p, training, st->seed, off, y);
+    clpar_rng_draw(st->seed, &st->offset, (uint64_t)x->numel, &seed, &off);
+  return clpar_dropout(x, st->p, training, seed, off, y);
 }
 
 clpar_status clpar_dropout_create(float p, clpar_module **out) {

@@ -258,6 +258,16 @@ clpar_status clpar_device_memory_stats(const clpar_device *dev, clpar_memory_sta
   return CLPAR_OK;
 }
 
+clpar_status clpar_device_memory_reset_peak(clpar_device *dev) {
+  if (!dev)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_device_memory_reset_peak: NULL device");
+  pthread_mutex_lock(&dev->alloc_lock);
+  dev->stats.peak_bytes_in_use = dev->stats.bytes_in_use;
+  pthread_mutex_unlock(&dev->alloc_lock);
+  return CLPAR_OK;
+}
+
 clpar_status clpar_device_empty_cache(clpar_device *dev) {
   if (!dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_device_empty_cache: NULL device");
