@@ -512,6 +512,13 @@ static clpar_status verify_checksums(const clpar_st_file *f, const char *path) {
 
 clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
                                    const clpar_optimizer *opt, int64_t step, int64_t epoch) {
+  return clpar_checkpoint_save_meta(path, m, opt, step, epoch, NULL, NULL, 0);
+}
+
+clpar_status clpar_checkpoint_save_meta(const char *path, const clpar_module *m,
+                                        const clpar_optimizer *opt, int64_t step, int64_t epoch,
+                                        const char *const *keys, const char *const *values,
+                                        int n_extra) {
   if (!path || !m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_checkpoint_save: NULL path or module");
@@ -523,6 +530,7 @@ clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
   if (s == CLPAR_OK) s = meta_add(&w, "epoch", "%lld", (long long)epoch);
   if (s == CLPAR_OK) s = meta_add(&w, "rng.seed", "%llu", (unsigned long long)seed);
   if (s == CLPAR_OK) s = meta_add(&w, "rng.counter", "%llu", (unsigned long long)counter);
+  for (int i = 0; s == CLPAR_OK && i < n_extra; i++) s = meta_add(&w, keys[i], "%s", values[i]);
   if (s == CLPAR_OK) s = add_module(&w, m, "model.");
   if (s == CLPAR_OK && opt) s = add_optimizer(&w, opt);
   if (s == CLPAR_OK) s = add_checksums(&w);
