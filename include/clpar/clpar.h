@@ -18,6 +18,7 @@
 #include "pipeline.h"
 #include "dist.h"
 #include "checkpoint.h"
+#include "amp.h"
 #include "data.h"
 #include "text.h"
 #include "models.h"
