@@ -324,8 +324,9 @@ clpar_status clpar_grad_scaler_update(clpar_grad_scaler *s) {
     s->scale = (float)((double)s->scale * s->backoff_factor);
     s->growth_tracker = 0;
   } else if (s->growth_tracker + 1 == s->growth_interval) {
-    float grown = (float)((double)s->scale * s->growth_factor);
-    if (isfinite(grown)) s->scale = grown;
+    /* a product that rounds to inf is not taken (and not converted: that would be UB) */
+    double grown = (double)s->scale * s->growth_factor;
+    if (grown < 0x1.ffffffp+127) s->scale = (float)grown;
     s->growth_tracker = 0;
   } else {
     s->growth_tracker++;
