@@ -443,6 +443,67 @@ static void test_data_parallel(void **state) {
   tu_assert_close(got[1], got[0], MLP_PARAMS, 0.0f, 0.0f, "DataParallel, scaled by 2^16");
 }
 
+/* The ToyModel over two devices (net1 on one, net2 on the other): each device's gradients
+ * are checked there. Scaled training equals unscaled; an inf in net2's gradient alone, or a
+ * NaN in net1's alone, skips the step. */
+static void toy_run(tu_toy_devices *d, clpar_grad_scaler *s, const int *poke, float *weights) {
+  clpar_module *m = tu_toy_create(d, 3);
+  clpar_optimizer *o;
+  tu_ok(clpar_sgd_create_for(m, &(clpar_sgd_options){.lr = 0.05f}, &o));
+  for (int t = 0; t < 5; t++) {
+    clpar_scope *sc = clpar_scope_begin();
+    clpar_tensor *x, *labels, *y, *loss, *p;
+    tu_ok(clpar_tensor_rand_normal(d->dev0, 2, (int64_t[]){20, 10}, 100 + (uint64_t)t, 0, 1, &x));
+    tu_ok(
+        clpar_tensor_rand_normal(d->dev1, 2, (int64_t[]){20, 5}, 200 + (uint64_t)t, 0, 1, &labels));
+    tu_ok(clpar_optimizer_zero_grad(o));
+    tu_ok(clpar_module_forward(m, x, &y));
+    tu_ok(clpar_mse_loss(y, labels, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_grad_scaler_scale(s, loss, &loss));
+    tu_ok(clpar_backward(loss));
+    if (poke[t]) { /* 1: net1.weight (dev0) gets a NaN, 2: net2.bias (dev1) an inf */
+      tu_ok(clpar_module_parameter_at(m, poke[t] == 1 ? 0 : 3, NULL, &p));
+      poke_grad(p, 1, poke[t] == 1 ? NAN : INFINITY);
+    }
+    int skipped = -1;
+    tu_ok(clpar_grad_scaler_step(s, o, &skipped));
+    assert_int_equal(skipped, clpar_grad_scaler_is_enabled(s) && poke[t] != 0);
+    tu_ok(clpar_grad_scaler_update(s));
+    clpar_scope_end(sc);
+  }
+  size_t at = 0;
+  for (int i = 0; i < 4; i++) {
+    clpar_tensor *p;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    tu_ok(clpar_tensor_read(p, weights + at, 165 - at));
+    at += (size_t)clpar_tensor_numel(p);
+  }
+  clpar_optimizer_free(o);
+  clpar_module_free(m);
+}
+
+static void test_model_parallel(void **state) {
+  (void)state;
+  tu_toy_devices d = {device_at(device_count() - 1), NULL};
+  d.dev1 = tu_second_device(d.dev0);
+  if (!d.dev1) skip();
+  float plain[165], scaled[165], skipping[165];
+  const int none[5] = {0}, pokes[5] = {0, 1, 0, 2, 0};
+  clpar_grad_scaler *off, *on, *poked;
+  tu_ok(clpar_grad_scaler_create(&(clpar_grad_scaler_options){.disabled = 1}, &off));
+  tu_ok(clpar_grad_scaler_create(NULL, &on));
+  tu_ok(clpar_grad_scaler_create(NULL, &poked));
+  toy_run(&d, off, none, plain);
+  toy_run(&d, on, none, scaled);
+  tu_assert_close(scaled, plain, 165, 0.0f, 0.0f, "ToyModel over two devices, scaled by 2^16");
+  toy_run(&d, poked, pokes, skipping);
+  assert_true(clpar_grad_scaler_get_scale(poked) == 16384.0f);
+  assert_true(memcmp(skipping, plain, sizeof plain) != 0);
+  clpar_grad_scaler_free(off);
+  clpar_grad_scaler_free(on);
+  clpar_grad_scaler_free(poked);
+}
+
 /* The scaler's state through a training checkpoint, with PyTorch's names; a checkpoint
  * without them, or with a bad one, loads nothing. */
 static void test_checkpoint_keeps_state(void **state) {
@@ -515,6 +576,7 @@ int main(void) {
       cmocka_unit_test(test_check_spans_chunks),
       cmocka_unit_test(test_disabled_is_plain),
       cmocka_unit_test(test_data_parallel),
+      cmocka_unit_test(test_model_parallel),
       cmocka_unit_test(test_checkpoint_keeps_state),
   };
   return cmocka_run_group_tests_name("amp", tests, tu_setup, tu_teardown);
