@@ -338,6 +338,52 @@ static void test_unscale_then_clip(void **state) {
   }
 }
 
+/* Two optimizers sharing a scaler (PyTorch's several-optimizer loop): an inf in one's
+ * gradients skips that one's step only, and the update backs off. */
+static void test_two_optimizers(void **state) {
+  (void)state;
+  for (int d = 0; d < device_count(); d++) {
+    clpar_tensor *w[2];
+    clpar_optimizer *o[2];
+    int64_t four = 4;
+    for (int k = 0; k < 2; k++) {
+      tu_ok(clpar_tensor_zeros(device_at(d), 1, &four, &w[k]));
+      tu_ok(clpar_tensor_set_requires_grad(w[k], 1));
+      tu_ok(clpar_sgd_create(&w[k], 1, &(clpar_sgd_options){.lr = 1.0f}, &o[k]));
+    }
+    clpar_grad_scaler *s;
+    tu_ok(clpar_grad_scaler_create(&(clpar_grad_scaler_options){.growth_interval = 1}, &s));
+    for (int t = 0; t < 3; t++) {
+      clpar_scope *sc = clpar_scope_begin();
+      for (int k = 0; k < 2; k++) {
+        clpar_tensor *loss;
+        tu_ok(clpar_optimizer_zero_grad(o[k]));
+        tu_ok(clpar_sum_rows(w[k], &loss));
+        tu_ok(clpar_grad_scaler_scale(s, loss, &loss));
+        tu_ok(clpar_backward(loss));
+      }
+      if (t == 1) poke_grad(w[1], 2, INFINITY);
+      for (int k = 0; k < 2; k++) {
+        int skipped = -1;
+        tu_ok(clpar_grad_scaler_step(s, o[k], &skipped));
+        assert_int_equal(skipped, t == 1 && k == 1);
+      }
+      tu_ok(clpar_grad_scaler_update(s));
+      clpar_scope_end(sc);
+    }
+    /* grown at step 0, backed off at 1, grown at 2 */
+    assert_true(clpar_grad_scaler_get_scale(s) == 131072.0f);
+    float v[2][4];
+    for (int k = 0; k < 2; k++) tu_ok(clpar_tensor_read(w[k], v[k], 4));
+    assert_true(v[0][0] == -3.0f && v[1][0] == -2.0f);
+    clpar_grad_scaler_free(s);
+    for (int k = 0; k < 2; k++) {
+      clpar_optimizer_free(o[k]);
+      clpar_tensor_free(w[k]);
+    }
+  }
+}
+
 /* One gradient of more than one chunk (2^20 elements are checked at a time): an inf or a NaN
  * in the first chunk, in the last element, or none; finite values near FLT_MAX, whose sum
  * would overflow, are not an inf. */
@@ -573,6 +619,7 @@ int main(void) {
       cmocka_unit_test(test_skipped_step_changes_nothing),
       cmocka_unit_test(test_scaled_training_matches_unscaled),
       cmocka_unit_test(test_unscale_then_clip),
+      cmocka_unit_test(test_two_optimizers),
       cmocka_unit_test(test_check_spans_chunks),
       cmocka_unit_test(test_disabled_is_plain),
       cmocka_unit_test(test_data_parallel),
