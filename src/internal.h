@@ -418,6 +418,12 @@ void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
                              clpar_adam_options *adam);
 void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,
                              int64_t steps);
+/* clpar_checkpoint_save with n_extra more metadata pairs (src/amp_checkpoint.c: the loss
+ * scaler's state). */
+clpar_status clpar_checkpoint_save_meta(const char *path, const clpar_module *m,
+                                        const clpar_optimizer *opt, int64_t step, int64_t epoch,
+                                        const char *const *keys, const char *const *values,
+                                        int n_extra);
 /* Checks the options for o's kind and, when apply, sets them. */
 clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_options *sgd,
                                          const clpar_adam_options *adam, int apply);

@@ -20,6 +20,7 @@
 #include "zero.h"
 #include "memory.h"
 #include "checkpoint.h"
+#include "amp.h"
 #include "data.h"
 #include "text.h"
 #include "models.h"

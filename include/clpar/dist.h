@@ -50,6 +50,9 @@ CLPAR_API clpar_device *clpar_dist_device(void);
  * in the same order as its other collectives. For logging a loss, counting samples, ... */
 CLPAR_API clpar_status clpar_dist_all_reduce_sum(float *data, int64_t n);
 CLPAR_API clpar_status clpar_dist_all_reduce_mean(float *data, int64_t n);
+/* The element-wise maximum, in place (a flag any rank raised, as the loss scaler's inf/NaN
+ * finding: amp.h). */
+CLPAR_API clpar_status clpar_dist_all_reduce_max(float *data, int64_t n);
 CLPAR_API clpar_status clpar_dist_barrier(void);
 
 /* Timeouts. Every collective clpar makes (these helpers, and DistributedDataParallel's checks,

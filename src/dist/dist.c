@@ -59,6 +59,10 @@ clpar_status clpar_dist_all_reduce_mean(float *data, int64_t n) {
   (void)data, (void)n;
   return no_mpi("clpar_dist_all_reduce_mean");
 }
+clpar_status clpar_dist_all_reduce_max(float *data, int64_t n) {
+  (void)data, (void)n;
+  return no_mpi("clpar_dist_all_reduce_max");
+}
 clpar_status clpar_dist_barrier(void) {
   return no_mpi("clpar_dist_barrier");
 }
@@ -348,6 +352,7 @@ clpar_device *clpar_dist_device(void) {
   return g.device;
 }
 
+/* mean: 0 sum, 1 mean, 2 max. */
 static clpar_status all_reduce(const char *fn, float *data, int64_t n, int mean) {
   if (g.world == MPI_COMM_NULL)
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s: call clpar_dist_init first", fn);
@@ -356,9 +361,10 @@ static clpar_status all_reduce(const char *fn, float *data, int64_t n, int mean)
                            (void *)data);
   char what[WHAT_SIZE];
   snprintf(what, sizeof what, "%s (%lld floats)", fn, (long long)n);
-  clpar_status s = clpar_dist_allreduce(data, (int)n, MPI_FLOAT, MPI_SUM, g.world, what, ++g.seq);
+  clpar_status s = clpar_dist_allreduce(data, (int)n, MPI_FLOAT, mean == 2 ? MPI_MAX : MPI_SUM,
+                                        g.world, what, ++g.seq);
   if (s != CLPAR_OK) return s;
-  if (mean)
+  if (mean == 1)
     for (int64_t i = 0; i < n; i++) data[i] /= (float)g.size;
   return CLPAR_OK;
 }
@@ -368,6 +374,9 @@ clpar_status clpar_dist_all_reduce_sum(float *data, int64_t n) {
 }
 clpar_status clpar_dist_all_reduce_mean(float *data, int64_t n) {
   return all_reduce("clpar_dist_all_reduce_mean", data, n, 1);
+}
+clpar_status clpar_dist_all_reduce_max(float *data, int64_t n) {
+  return all_reduce("clpar_dist_all_reduce_max", data, n, 2);
 }
 
 clpar_status clpar_dist_barrier(void) {

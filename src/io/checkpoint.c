@@ -551,11 +551,19 @@ clpar_status clpar_ckpt_write(write_set *w, const char *path) {
 
 clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
                                    const clpar_optimizer *opt, int64_t step, int64_t epoch) {
+  return clpar_checkpoint_save_meta(path, m, opt, step, epoch, NULL, NULL, 0);
+}
+
+clpar_status clpar_checkpoint_save_meta(const char *path, const clpar_module *m,
+                                        const clpar_optimizer *opt, int64_t step, int64_t epoch,
+                                        const char *const *keys, const char *const *values,
+                                        int n_extra) {
   if (!path || !m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_checkpoint_save: NULL path or module");
   write_set w = {0};
   clpar_status s = clpar_ckpt_collect(&w, m, opt, step, epoch);
+  for (int i = 0; s == CLPAR_OK && i < n_extra; i++) s = meta_add(&w, keys[i], "%s", values[i]);
   if (s == CLPAR_OK) s = add_checksums(&w);
   if (s == CLPAR_OK) s = set_write(&w, path);
   set_free(&w);
