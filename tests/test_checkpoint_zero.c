@@ -8,8 +8,8 @@
  *   load DIR STAGE   (1 to 4 ranks) loads DIR/zeroSTAGE into one process's plain Adam (the
  *                    same state, bit for bit, as DIR/full.ckpt) and into a ZeRO job of that
  *                    world size (the parameters and each rank's shard of the state bit for bit,
- *                    the options and step count restored); 3 more steps give the saved losses
- *                    (bit for bit on 2 ranks; within 1e-5 relative elsewhere, where the
+ *                    the options and step count restored; also SGD with Nesterov momentum); 3 more
+ * steps give the saved losses (bit for bit on 2 ranks; within 1e-5 relative elsewhere, where the
  *                    gradient mean adds in another order), and so do 3 steps of the plain Adam
  *                    in a job of one; a checkpoint whose parameters took different step
  *                    counts is refused and changes nothing;
@@ -99,6 +99,27 @@ static float zero_step(clpar_module *m, clpar_zero_optimizer *opt, int k) {
   return loss;
 }
 
+static const clpar_sgd_options sgd = {
+    .lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = 1};
+
+/* SGD with Nesterov momentum, the same two ways: DIR/full_sgd.ckpt and DIR/sgdSTAGE. */
+static void save_sgd(void) {
+  clpar_module *m = make_ddp(2, 0), *z = make_ddp(2, stage);
+  clpar_optimizer *opt;
+  clpar_zero_optimizer *zo;
+  tu_ok(clpar_sgd_create_for(m, &sgd, &opt));
+  tu_ok(clpar_zero_sgd_create(z, &sgd, &zo));
+  for (int k = 0; k < STEPS_BEFORE; k++) plain_step(m, opt, k), zero_step(z, zo, k);
+  clpar_manual_seed(43);
+  if (clpar_dist_rank() == 0)
+    tu_ok(clpar_checkpoint_save(in_dir("full_sgd.ckpt", 0), m, opt, 3, 0));
+  tu_ok(clpar_checkpoint_save_sharded_zero(in_dir("sgd%d", stage), z, zo, 3, 0));
+  clpar_zero_optimizer_free(zo);
+  clpar_optimizer_free(opt);
+  clpar_module_free(z);
+  clpar_module_free(m);
+}
+
 static void test_save(void **state) {
   (void)state;
   assert_int_equal(clpar_dist_world_size(), 2);
@@ -126,6 +147,7 @@ static void test_save(void **state) {
     assert_int_equal(fwrite(losses, sizeof losses, 1, f), 1);
     assert_int_equal(fclose(f), 0);
   }
+  save_sgd();
   /* not a ZeRO module: refused on every rank before anything is written */
   clpar_module *plain = make_ddp(1, 0);
   assert_int_equal(clpar_checkpoint_save_sharded_zero(in_dir("x%d", 0), plain, zo, 0, 0),
@@ -174,11 +196,13 @@ static void expect_shard(clpar_zero_optimizer *zo, clpar_module *ref, clpar_opti
   if (len == 0) return;
   assert_non_null(inner);
   clpar_adam_options got;
-  clpar_sgd_options unused;
-  clpar_optimizer_options(inner, &unused, &got);
-  assert_true(got.lr == adam.lr && got.eps == adam.eps);
+  clpar_sgd_options got_sgd;
+  clpar_optimizer_options(inner, &got_sgd, &got);
+  int is_sgd = strcmp(clpar_optimizer_kind(inner), "SGD") == 0;
+  assert_true(is_sgd ? got_sgd.lr == sgd.lr && got_sgd.nesterov == 1
+                     : got.lr == adam.lr && got.eps == adam.eps);
   assert_true(clpar_optimizer_steps_at(inner, 0) == STEPS_BEFORE);
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < (is_sgd ? 1 : 2); k++) {
     float *want = calloc(1400, sizeof *want),
           *have = tu_read(clpar_optimizer_state_at(inner, 0, k));
     int64_t at = 0;
@@ -263,7 +287,7 @@ static void test_load(void **state) {
 static void test_load_file(void **state) {
   (void)state;
   clpar_module *ref = make_mlp(7);
-  clpar_optimizer *ref_opt;
+  clpar_optimizer *ref_opt, *ref_opt_sgd;
   tu_ok(clpar_adam_create_for(ref, &adam, &ref_opt));
   tu_ok(clpar_checkpoint_load(in_dir("full.ckpt", 0), ref, ref_opt, NULL, NULL));
   FILE *f = fopen(in_dir("full.ckpt", 0), "rb");
@@ -295,6 +319,17 @@ static void test_load_file(void **state) {
   expect_shard(zo, ref, ref_opt);
   unlink(uneven);
   clpar_zero_optimizer_free(zo);
+  /* SGD with momentum: its momentum buffers and options */
+  clpar_sgd_options other = sgd;
+  other.nesterov = 0;
+  tu_ok(clpar_sgd_create_for(ref, &sgd, &ref_opt_sgd));
+  tu_ok(clpar_checkpoint_load(in_dir("full_sgd.ckpt", 0), ref, ref_opt_sgd, NULL, NULL));
+  tu_ok(clpar_zero_sgd_create(z, &other, &zo));
+  tu_ok(clpar_checkpoint_load_sharded_zero(in_dir("sgd%d", stage), z, zo, NULL, NULL));
+  expect_identical(z, NULL, ref, NULL);
+  expect_shard(zo, ref, ref_opt_sgd);
+  clpar_optimizer_free(ref_opt_sgd);
+  clpar_zero_optimizer_free(zo);
   clpar_module_free(fresh);
   clpar_module_free(z);
   clpar_optimizer_free(ref_opt);
@@ -316,16 +351,21 @@ static char *slurp(const char *path, size_t *len) {
 }
 
 /* The ZeRO checkpoint consolidated is the plain DDP run's file, byte for byte. */
-static void test_consolidate(void **state) {
-  (void)state;
+static void expect_consolidated(const char *sharded, const char *full) {
   const char *out = in_dir("consolidated%d.safetensors", stage);
-  tu_ok(clpar_checkpoint_consolidate(in_dir("zero%d", stage), out));
+  tu_ok(clpar_checkpoint_consolidate(sharded, out));
   size_t a_len, b_len;
-  char *a = slurp(out, &a_len), *b = slurp(in_dir("full.ckpt", 0), &b_len);
+  char *a = slurp(out, &a_len), *b = slurp(full, &b_len);
   assert_int_equal(a_len, b_len);
   assert_memory_equal(a, b, a_len);
   free(a);
   free(b);
+}
+
+static void test_consolidate(void **state) {
+  (void)state;
+  expect_consolidated(in_dir("zero%d", stage), in_dir("full.ckpt", 0));
+  expect_consolidated(in_dir("sgd%d", stage), in_dir("full_sgd.ckpt", 0));
 }
 
 static int setup(void **state) {

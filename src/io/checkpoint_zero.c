@@ -85,6 +85,11 @@ static clpar_status zero_state(const clpar_module *ddp, const char *fn, ddp_stat
                            "%s: ddp is not a DistributedDataParallel module made with "
                            "clpar_ddp_options.zero_stage 1 or 2",
                            fn);
+  if ((*st)->zero_stage > 2)
+    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
+                           "%s: ddp has zero_stage %d; these checkpoints are built for stages 1 "
+                           "and 2",
+                           fn, (*st)->zero_stage);
   return CLPAR_OK;
 }
 
@@ -151,8 +156,13 @@ static clpar_status plan_owners(zsave *c) {
     if (c->L.off[i] < c->a[r]) c->a[r] = c->L.off[i];
     if (c->L.off[i] + c->L.p[i]->numel > c->b[r]) c->b[r] = c->L.off[i] + c->L.p[i]->numel;
   }
-  for (int q = 0; q < c->world; q++)
+  for (int q = 0; q < c->world; q++) {
     if (c->a[q] > c->b[q]) c->a[q] = c->b[q] = 0;
+    if (c->b[q] - c->a[q] > INT32_MAX)
+      return clpar_set_error(CLPAR_ERROR_TOO_LARGE,
+                             SAVE ": rank %d's parameters span %lld floats, over MPI's int", q,
+                             (long long)(c->b[q] - c->a[q]));
+  }
   int64_t lo = 0, len = 0;
   clpar_zero_optimizer_shard(c->z, &lo, &len);
   if (lo != c->lo || len != c->hi - c->lo)
@@ -209,7 +219,7 @@ static clpar_status exchange(zsave *c, int k, float *out) {
     return s;
   }
   const char *what = SAVE ": gathering each parameter's optimizer state";
-  clpar_status mpi = clpar_dist_debug_check(c->st->comm, what, c->st->seq + 1, c->L.flat_numel);
+  clpar_status mpi = clpar_dist_debug_check(c->st->comm, what, c->st->seq + 1, c->L.flat_numel * 4);
   for (int q = 0; q < w; q++) {
     int64_t at;
     cnt[q] = overlap(c->lo, c->hi, c->a[q], c->b[q], &at);
@@ -316,8 +326,10 @@ clpar_status clpar_checkpoint_save_sharded_zero(const char *dir, const clpar_mod
   c.world = c.st->world;
   clpar_status mine = layout_make(ddp, SAVE, &c.L);
   if (mine == CLPAR_OK) mine = plan_owners(&c);
-  if (mine != CLPAR_OK && (!c.a || !c.b || !c.owner_of || !c.state)) {
-    zsave_free(&c); /* cannot take part in the exchange: the others' deadline names this rank */
+  /* a fault here is the same on every rank (the same module), but for running out of memory
+   * or a mismatched opt, which leave the other ranks to their deadline */
+  if (mine != CLPAR_OK) {
+    zsave_free(&c);
     return mine;
   }
   s = share_desc(&c);
