@@ -318,6 +318,11 @@ static void test_load_file(void **state) {
   expect_identical(z, NULL, ref, NULL);
   expect_shard(zo, ref, ref_opt);
   unlink(uneven);
+  /* another optimizer's state: refused */
+  s = clpar_checkpoint_load_sharded_zero(in_dir("sgd%d", stage), z, zo, NULL, NULL);
+  if (s != CLPAR_ERROR_INVALID_ARGUMENT || !strstr(clpar_last_error(), "holds the state of SGD"))
+    fail_msg("%s \"%s\"", clpar_status_name(s), clpar_last_error());
+  expect_identical(z, NULL, ref, NULL);
   clpar_zero_optimizer_free(zo);
   /* SGD with momentum: its momentum buffers and options */
   clpar_sgd_options other = sgd;
