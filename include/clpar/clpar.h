@@ -20,6 +20,7 @@
 #include "zero.h"
 #include "memory.h"
 #include "checkpoint.h"
+#include "checkpoint_zero.h"
 #include "amp.h"
 #include "data.h"
 #include "text.h"

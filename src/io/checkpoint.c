@@ -549,6 +549,10 @@ clpar_status clpar_ckpt_write(write_set *w, const char *path) {
   return set_write(w, path);
 }
 
+clpar_status clpar_ckpt_add(write_set *w, const char *name, const clpar_tensor *t) {
+  return set_add(w, "", name, t);
+}
+
 clpar_status clpar_checkpoint_save(const char *path, const clpar_module *m,
                                    const clpar_optimizer *opt, int64_t step, int64_t epoch) {
   return clpar_checkpoint_save_meta(path, m, opt, step, epoch, NULL, NULL, 0);
@@ -759,6 +763,16 @@ clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpa
   opt_plan_free(&q);
   plan_free(&p);
   return s;
+}
+
+clpar_status clpar_ckpt_read_options(const clpar_st_file *f, const char *path, const char *kind,
+                                     clpar_sgd_options *sgd, clpar_adam_options *adam) {
+  return read_options(f, path, kind, sgd, adam);
+}
+
+clpar_status clpar_ckpt_meta_i64(const clpar_st_file *f, const char *path, const char *key,
+                                 int64_t lo, int64_t *out) {
+  return meta_i64(f, path, key, lo, out);
 }
 
 clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_optimizer *opt,

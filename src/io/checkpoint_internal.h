@@ -36,6 +36,21 @@ clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpa
  * rank's shard of world, "model-00001-of-00002.safetensors" as Hugging Face numbers them. */
 #define INDEX_NAME "model.safetensors.index.json"
 void clpar_ckpt_shard_name(char *buf, size_t size, int rank, int world);
+/* The collective save of clpar_checkpoint_save_sharded from w (the whole set, the same names,
+ * dtypes and shapes on every rank): owner[i] >= 0 makes that rank write entry i, the others
+ * are dealt out by size. mine: this rank's status so far (a failure is named on every rank
+ * and nothing is written). The caller checks that dir/INDEX_NAME fits in 4096 bytes. w keeps
+ * only the rank's own entries after. */
+clpar_status clpar_ckpt_save_sharded_set(const char *dir, clpar_ckpt_set *w, int *owner,
+                                         clpar_status mine);
+/* Adds tensor t to w as name (its values read from its device as the file is written). */
+clpar_status clpar_ckpt_add(clpar_ckpt_set *w, const char *name, const clpar_tensor *t);
+/* The optimizer metadata of a training checkpoint, checked as clpar_checkpoint_load checks
+ * it: the options of kind ("SGD", "Adam", "AdamW"), and integer key's value (>= lo). */
+clpar_status clpar_ckpt_read_options(const clpar_st_file *f, const char *path, const char *kind,
+                                     clpar_sgd_options *sgd, clpar_adam_options *adam);
+clpar_status clpar_ckpt_meta_i64(const clpar_st_file *f, const char *path, const char *key,
+                                 int64_t lo, int64_t *out);
 /* Every tensor of f against the crc32 its metadata gives (when it has "checksums"). */
 clpar_status clpar_ckpt_verify(const clpar_st_file *f, const char *path);
 /* The sharded checkpoint in dir, checked whole (src/io/shard_index.c), as one file: *view

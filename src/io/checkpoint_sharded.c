@@ -41,9 +41,10 @@ static int by_size_then_name(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
-/* owner[i]: the rank that writes entry i. The largest tensor first, each to the rank with the
- * fewest bytes so far (the lowest such rank): a function of names and sizes only, and no
- * rank gets more than the largest tensor beyond another. */
+/* owner[i]: the rank that writes entry i; an entry whose owner is set already (>= 0) keeps
+ * it. The others largest first, each to the rank with the fewest bytes so far (the lowest
+ * such rank): a function of names and sizes only, and no rank gets more than the largest
+ * tensor beyond another. */
 static clpar_status assign(const clpar_ckpt_set *w, int world, int *owner) {
   sized *order = malloc(((size_t)w->n + 1) * sizeof *order);
   uint64_t *load = calloc((size_t)world, sizeof *load);
@@ -52,9 +53,15 @@ static clpar_status assign(const clpar_ckpt_set *w, int world, int *owner) {
     free(load);
     return NOMEM();
   }
-  for (int i = 0; i < w->n; i++) order[i] = (sized){entry_bytes(&w->e[i]), w->e[i].name, i};
-  qsort(order, (size_t)w->n, sizeof *order, by_size_then_name);
-  for (int k = 0; k < w->n; k++) {
+  int n = 0;
+  for (int i = 0; i < w->n; i++) {
+    if (owner[i] >= 0 && owner[i] < world)
+      load[owner[i]] += entry_bytes(&w->e[i]);
+    else
+      order[n++] = (sized){entry_bytes(&w->e[i]), w->e[i].name, i};
+  }
+  qsort(order, (size_t)n, sizeof *order, by_size_then_name);
+  for (int k = 0; k < n; k++) {
     int best = 0;
     for (int r = 1; r < world; r++)
       if (load[r] < load[best]) best = r;
@@ -254,32 +261,38 @@ static clpar_status phase_index(save_ctx *c, const char *text) {
   return s;
 }
 
+clpar_status clpar_ckpt_save_sharded_set(const char *dir, clpar_ckpt_set *w, int *owner,
+                                         clpar_status mine) {
+  save_ctx c = {.dir = dir, .rank = clpar_dist_rank(), .world = clpar_dist_world_size()};
+  if (c.rank < 0 || c.world < 1) c.rank = 0, c.world = 1;
+  snprintf(c.index, sizeof c.index, "%s/%s", dir, INDEX_NAME);
+  char *text = NULL;
+  if (mine == CLPAR_OK) mine = assign(w, c.world, owner);
+  remember(&c, mine);
+  clpar_status s = phase_agree(&c, mine, mine == CLPAR_OK ? layout_hash(w) : 0);
+  if (s == CLPAR_OK) s = phase_prepare(&c);
+  if (s != CLPAR_OK) return s;
+  mine = c.rank == 0 ? index_text(w, owner, c.world, c.id, &text) : CLPAR_OK;
+  keep_own(w, owner, c.rank);
+  s = phase_write(&c, w, mine);
+  if (s == CLPAR_OK) s = phase_index(&c, c.rank == 0 ? text : "");
+  free(text);
+  return s;
+}
+
 clpar_status clpar_checkpoint_save_sharded(const char *dir, const clpar_module *m,
                                            const clpar_optimizer *opt, int64_t step,
                                            int64_t epoch) {
   if (!dir || !*dir || !m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, FN ": NULL or empty dir, or NULL module");
-  save_ctx c = {.dir = dir, .rank = clpar_dist_rank(), .world = clpar_dist_world_size()};
-  if (c.rank < 0 || c.world < 1) c.rank = 0, c.world = 1;
-  if (strlen(dir) + sizeof "/" INDEX_NAME > sizeof c.index)
+  if (strlen(dir) + sizeof "/" INDEX_NAME > 4096)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, FN ": dir is too long");
-  snprintf(c.index, sizeof c.index, "%s/%s", dir, INDEX_NAME);
   clpar_ckpt_set w = {0};
-  char *text = NULL;
   int *owner = NULL;
   clpar_status mine = clpar_ckpt_collect(&w, m, opt, step, epoch);
   if (mine == CLPAR_OK && !(owner = malloc(((size_t)w.n + 1) * sizeof *owner))) mine = NOMEM();
-  if (mine == CLPAR_OK) mine = assign(&w, c.world, owner);
-  remember(&c, mine);
-  clpar_status s = phase_agree(&c, mine, mine == CLPAR_OK ? layout_hash(&w) : 0);
-  if (s == CLPAR_OK) s = phase_prepare(&c);
-  if (s != CLPAR_OK) goto done;
-  mine = c.rank == 0 ? index_text(&w, owner, c.world, c.id, &text) : CLPAR_OK;
-  keep_own(&w, owner, c.rank);
-  s = phase_write(&c, &w, mine);
-  if (s == CLPAR_OK) s = phase_index(&c, c.rank == 0 ? text : "");
-done:
-  free(text);
+  for (int i = 0; mine == CLPAR_OK && i < w.n; i++) owner[i] = -1;
+  clpar_status s = clpar_ckpt_save_sharded_set(dir, &w, owner, mine);
   free(owner);
   clpar_ckpt_set_free(&w);
   return s;
