@@ -34,6 +34,9 @@ clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar
 clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out);
 /* acc += g for 16-bit acc and g of one shape (through float32; src/half.c). */
 clpar_status clpar_half_add_into(clpar_tensor *acc, const clpar_tensor *g);
+/* a + b for two 16-bit tensors of one dtype and shape: summed in float32 and rounded to their
+ * dtype, into a new tensor (outside any scope, no node). */
+clpar_status clpar_half_add(const clpar_tensor *a, const clpar_tensor *b, clpar_tensor **out);
 /* clpar_check_float that also lets a 16-bit t through inside an autocast region; outside, its
  * error says how to pass one. */
 clpar_status clpar_check_float_autocast(const char *fn, const char *name, const clpar_tensor *t);
