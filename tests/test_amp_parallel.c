@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "clpar/amp.h"
+#include "clpar/master_weights.h"
 #include "internal.h"
 #include "test_util.h"
 
@@ -24,6 +25,7 @@ typedef struct {
   clpar_dtype dtype;
   mode mode;
   clpar_device *devs[2];
+  int master; /* 16-bit parameters, float32 masters stepped (clpar_master_weights) */
 } run_spec;
 
 static int in_features(int toy) {
@@ -102,12 +104,48 @@ static void forward_backward(const run_spec *r, clpar_module *m, clpar_grad_scal
   *loss_out /= clpar_grad_scaler_get_scale(gs);
 }
 
+/* The optimizer over m's parameters, or over float32 masters of them (r->master: *mw). */
+static clpar_optimizer *make_optimizer(const run_spec *r, clpar_module *m,
+                                       clpar_master_weights **mw) {
+  clpar_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+  clpar_optimizer *o;
+  *mw = NULL;
+  if (!r->master) {
+    tu_ok(clpar_sgd_create_for(m, &so, &o));
+    return o;
+  }
+  tu_ok(clpar_master_weights_create(m, r->dtype, mw));
+  clpar_tensor *masters[8];
+  int n = clpar_master_weights_count(*mw);
+  assert_true(n <= 8);
+  for (int i = 0; i < n; i++) masters[i] = clpar_master_weights_at(*mw, i);
+  tu_ok(clpar_sgd_create(masters, n, &so, &o));
+  return o;
+}
+
+/* The float32 weights (the masters with r->master), concatenated; their count back. */
+static int read_weights(const run_spec *r, clpar_module *m, clpar_master_weights *mw,
+                        float *weights) {
+  int at = 0, n = r->master ? clpar_master_weights_count(mw) : clpar_module_parameter_count(m);
+  for (int i = 0; i < n; i++) {
+    clpar_tensor *p = NULL;
+    if (r->master)
+      p = clpar_master_weights_at(mw, i);
+    else
+      tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
+    assert_int_equal(clpar_tensor_dtype(p), CLPAR_FLOAT32);
+    tu_ok(clpar_tensor_read(p, weights + at, (size_t)(MAX_PARAMS - at)));
+    at += (int)clpar_tensor_numel(p);
+  }
+  return at;
+}
+
 /* STEPS of SGD (lr 0.1, momentum 0.9) on fixed random batches; the losses and the weights
  * after (concatenated) out; returns the weights' count. */
 static int train(const run_spec *r, float *losses, float *weights) {
   clpar_module *m = make_model(r);
-  clpar_optimizer *o;
-  tu_ok(clpar_sgd_create_for(m, &(clpar_sgd_options){.lr = 0.1f, .momentum = 0.9f}, &o));
+  clpar_master_weights *mw;
+  clpar_optimizer *o = make_optimizer(r, m, &mw);
   clpar_grad_scaler *gs;
   tu_ok(clpar_grad_scaler_create(NULL, &gs));
   clpar_device *last = r->mode == ONE || r->mode == DP ? r->devs[0] : r->devs[1];
@@ -118,24 +156,20 @@ static int train(const run_spec *r, float *losses, float *weights) {
                                    100 + (uint64_t)t, 0, 1, &x));
     tu_ok(clpar_tensor_rand_normal(last, 2, (int64_t[]){BATCH, out_features(r->toy)},
                                    200 + (uint64_t)t, 0, 1, &y));
-    tu_ok(clpar_optimizer_zero_grad(o));
+    tu_ok(mw ? clpar_master_weights_zero_grad(mw) : clpar_optimizer_zero_grad(o));
     forward_backward(r, m, gs, x, y, &losses[t]);
+    if (mw) tu_ok(clpar_master_weights_grads(mw));
     int skipped = -1;
     tu_ok(clpar_grad_scaler_step(gs, o, &skipped));
     assert_int_equal(skipped, 0);
+    if (mw) tu_ok(clpar_master_weights_update(mw));
     tu_ok(clpar_grad_scaler_update(gs));
     clpar_scope_end(sc);
   }
-  int at = 0;
-  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
-    clpar_tensor *p;
-    tu_ok(clpar_module_parameter_at(m, i, NULL, &p));
-    assert_int_equal(clpar_tensor_dtype(p), CLPAR_FLOAT32);
-    tu_ok(clpar_tensor_read(p, weights + at, (size_t)(MAX_PARAMS - at)));
-    at += (int)clpar_tensor_numel(p);
-  }
+  int at = read_weights(r, m, mw, weights);
   clpar_grad_scaler_free(gs);
   clpar_optimizer_free(o);
+  clpar_master_weights_free(mw);
   clpar_module_free(m);
   return at;
 }
@@ -157,15 +191,16 @@ static float rel_diff(const float *a, const float *b, int n) {
  * forwards are the same. Over 5 SGD steps with momentum 0.9 (a gradient counts up to 4.1
  * times in the weights) that stays below 4 gradient roundings of lr * |g|: split_tol.
  * Against float32, every activation and weight copy is rounded as well: track_tol, the
- * bounds of test_autocast's MLP. */
+ * bounds of test_autocast's MLP. With 16-bit parameters (masters) each micro-batch's gradient
+ * is added into a 16-bit gradient, rounded after each of the 4 adds: twice split_tol. */
 static const float split_tol[2] = {4e-3f, 5e-4f}, track_tol[2] = {3e-2f, 2e-3f};
 
 static void compare(const char *what, const run_spec *r, const float *lw, const float *w,
                     const float *lref, const float *wref, int n, float tol) {
   float dw = rel_diff(w, wref, n), dl = rel_diff(lw, lref, STEPS);
-  printf("# %s %s %s vs %s: weights within %.3g, losses within %.3g (tolerance %.3g)\n",
-         r->toy ? "ToyModel" : "MLP", clpar_dtype_name(r->dtype), mode_name[r->mode], what,
-         (double)dw, (double)dl, (double)tol);
+  printf("# %s %s %s%s vs %s: weights within %.3g, losses within %.3g (tolerance %.3g)\n",
+         r->toy ? "ToyModel" : "MLP", clpar_dtype_name(r->dtype), mode_name[r->mode],
+         r->master ? " masters" : "", what, (double)dw, (double)dl, (double)tol);
   if (dw > tol || dl > tol)
     fail_msg("%s %s %s: weights differ from %s by %g, losses by %g (largest), tolerance %g",
              r->toy ? "ToyModel" : "MLP", clpar_dtype_name(r->dtype), mode_name[r->mode], what,
@@ -180,7 +215,7 @@ static void test_parallel_modes(void **state) {
   float *w = malloc(MAX_PARAMS * sizeof *w);
   for (int toy = 1; toy >= 0; toy--) {
     float l32[STEPS], l1[STEPS], l[STEPS];
-    run_spec r = {toy, CLPAR_FLOAT32, ONE, {d0, d1}};
+    run_spec r = {toy, CLPAR_FLOAT32, ONE, {d0, d1}, 0};
     int n = train(&r, l32, w32);
     for (int k = 0; k < 2; k++) {
       r.dtype = k ? CLPAR_FLOAT16 : CLPAR_BFLOAT16;
@@ -194,6 +229,16 @@ static void test_parallel_modes(void **state) {
         compare("float32", &r, l, w, l32, w32, n, track_tol[k]);
         assert_true(l[STEPS - 1] < l[0]);
       }
+      r.master = 1; /* the pipeline with 16-bit parameters and float32 masters */
+      r.mode = ONE;
+      assert_int_equal(train(&r, l1, w1), n);
+      compare("float32", &r, l1, w1, l32, w32, n, track_tol[k]);
+      for (mode md = GPIPE; md <= ONE_F_ONE_B; md++) {
+        r.mode = md;
+        assert_int_equal(train(&r, l, w), n);
+        compare("one device", &r, l, w, l1, w1, n, 2 * split_tol[k]);
+      }
+      r.master = 0;
     }
   }
   free(w32), free(w1), free(w);
@@ -248,10 +293,39 @@ static void test_activation_with_two_consumers(void **state) {
   }
 }
 
+/* 16-bit parameters (clpar_master_weights) cannot go into flat groups, whose buffers are
+ * float32: clpar_module_flatten, and so DataParallel (and DDP, which flattens the same way),
+ * refuse them naming the parameter; autocast with float32 parameters is the way there. */
+static void test_master_weights_refused_by_flat_groups(void **state) {
+  (void)state;
+  clpar_device *d0 = clpar_device_get(clpar_device_count() - 1), *d1 = tu_second_device(d0);
+  clpar_module *l[8], *m, *dp = NULL;
+  int n = make_layers(1, d0, d0, l);
+  tu_ok(clpar_sequential_create(l, n, &m));
+  clpar_master_weights *mw;
+  tu_ok(clpar_master_weights_create(m, CLPAR_BFLOAT16, &mw));
+  assert_int_equal(clpar_module_flatten(m), CLPAR_ERROR_DTYPE);
+  assert_non_null(
+      strstr(clpar_last_error(), "clpar_module_flatten: parameter \"0.weight\" is bfloat16"));
+  clpar_tensor *p;
+  tu_ok(clpar_module_parameter_at(m, 0, NULL, &p));
+  assert_int_equal(clpar_tensor_dtype(p), CLPAR_BFLOAT16); /* left as it was */
+  if (d1) {
+    clpar_device *devs[2] = {d0, d1};
+    clpar_data_parallel_options o = {.devices = devs, .n_devices = 2};
+    assert_int_equal(clpar_data_parallel_create(m, &o, &dp), CLPAR_ERROR_DTYPE); /* frees m */
+    assert_non_null(strstr(clpar_last_error(), "clpar_autocast_begin"));
+  } else {
+    clpar_module_free(m);
+  }
+  clpar_master_weights_free(mw);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_activation_with_two_consumers),
       cmocka_unit_test(test_parallel_modes),
+      cmocka_unit_test(test_master_weights_refused_by_flat_groups),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
