@@ -286,3 +286,23 @@ clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b,
   clpar_tensor_free(ah), clpar_tensor_free(bh); /* the node holds them */
   return s;
 }
+
+/* ---- elementwise add, sub, mul, div under autocast: compositions of recorded ops ---- */
+
+clpar_status clpar_autocast_binary(clpar_status (*op)(const clpar_tensor *, const clpar_tensor *,
+                                                      clpar_tensor **),
+                                   const clpar_tensor *a, const clpar_tensor *b,
+                                   clpar_tensor **out) {
+  clpar_tensor *a32 = NULL, *b32 = NULL, *r = NULL;
+  clpar_status s = clpar_to_dtype(a, CLPAR_FLOAT32, &a32);
+  if (s == CLPAR_OK) s = clpar_to_dtype(b, CLPAR_FLOAT32, &b32);
+  if (s == CLPAR_OK) s = op(a32, b32, &r);
+  if (s == CLPAR_OK && a->dtype == b->dtype) {
+    s = clpar_to_dtype(r, a->dtype, out);
+    clpar_tensor_free(r); /* the graph holds it */
+  } else if (s == CLPAR_OK) {
+    *out = r;
+  }
+  clpar_tensor_free(a32), clpar_tensor_free(b32);
+  return s;
+}

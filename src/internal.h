@@ -46,6 +46,14 @@ int clpar_autocast_widens(const clpar_tensor *t);
 /* clpar_matmul inside an autocast region (src/autocast.c). */
 clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
                                    int trans_b, clpar_tensor **out);
+/* a op b (op one of clpar_add, clpar_sub, clpar_mul, clpar_div) inside an autocast region
+ * when a or b is 16-bit: both widened to float32 by clpar_to_dtype (so gradients go back in
+ * their dtypes), op in float32, the result rounded to the inputs' dtype when they share one
+ * (PyTorch's type promotion: bfloat16 + bfloat16 is bfloat16, bfloat16 + float32 float32). */
+clpar_status clpar_autocast_binary(clpar_status (*op)(const clpar_tensor *, const clpar_tensor *,
+                                                      clpar_tensor **),
+                                   const clpar_tensor *a, const clpar_tensor *b,
+                                   clpar_tensor **out);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,

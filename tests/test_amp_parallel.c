@@ -274,18 +274,48 @@ static void two_heads(clpar_device *dev, clpar_dtype dtype, float *grad) {
   for (int i = 0; i < 3; i++) clpar_module_free(l[i]);
 }
 
+/* A residual block under autocast: h = Linear(x) feeds both Linear r and the sum h + r (a
+ * 16-bit add, computed in float32), which feeds the last Linear. The first layer's weight
+ * gradient tracks float32's within 2e-2 of its largest element. */
+static void residual(clpar_device *dev, clpar_dtype dtype, float *grad) {
+  clpar_module *l[3];
+  clpar_manual_seed(6);
+  tu_ok(clpar_linear_create(8, 6, 1, dev, &l[0]));
+  tu_ok(clpar_linear_create(6, 6, 1, dev, &l[1]));
+  tu_ok(clpar_linear_create(6, 4, 1, dev, &l[2]));
+  clpar_scope *sc = clpar_scope_begin();
+  clpar_tensor *x = tu_make(dev, 2, (int64_t[]){7, 8}, 1),
+               *t = tu_make(dev, 2, (int64_t[]){7, 4}, 2);
+  clpar_tensor *h, *r, *y, *out, *loss, *p;
+  if (dtype != CLPAR_FLOAT32) tu_ok(clpar_autocast_begin(dtype));
+  tu_ok(clpar_module_forward(l[0], x, &h));
+  tu_ok(clpar_module_forward(l[1], h, &r));
+  tu_ok(clpar_add(h, r, &y));
+  assert_int_equal(clpar_tensor_dtype(y), dtype);
+  tu_ok(clpar_module_forward(l[2], y, &out));
+  tu_ok(clpar_mse_loss(out, t, CLPAR_REDUCTION_MEAN, &loss));
+  if (dtype != CLPAR_FLOAT32) clpar_autocast_end();
+  tu_ok(clpar_backward(loss));
+  tu_ok(clpar_module_parameter_at(l[0], 0, NULL, &p));
+  tu_ok(clpar_tensor_read(clpar_tensor_grad(p), grad, 48));
+  clpar_scope_end(sc);
+  for (int i = 0; i < 3; i++) clpar_module_free(l[i]);
+}
+
 static void test_activation_with_two_consumers(void **state) {
   (void)state;
   for (int d = -1; d < clpar_device_count(); d++) {
     clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
     float g32[48], g[48];
-    two_heads(dev, CLPAR_FLOAT32, g32);
-    for (int k = 0; k < 2; k++) {
-      clpar_dtype dt = k ? CLPAR_FLOAT16 : CLPAR_BFLOAT16;
-      two_heads(dev, dt, g);
+    for (int c = 0; c < 4; c++) {
+      void (*run)(clpar_device *, clpar_dtype, float *) = c < 2 ? two_heads : residual;
+      run(dev, CLPAR_FLOAT32, g32);
+      clpar_dtype dt = c % 2 ? CLPAR_FLOAT16 : CLPAR_BFLOAT16;
+      run(dev, dt, g);
       float diff = rel_diff(g, g32, 48);
-      printf("# %s %s: first weight's gradient within %.3g of float32's\n", clpar_device_id(dev),
-             clpar_dtype_name(dt), (double)diff);
+      printf("# %s %s %s: first weight's gradient within %.3g of float32's\n",
+             c < 2 ? "two heads" : "residual", clpar_device_id(dev), clpar_dtype_name(dt),
+             (double)diff);
       if (diff > 2e-2f)
         fail_msg("%s %s: gradient differs by %g", clpar_device_id(dev), clpar_dtype_name(dt),
                  (double)diff);

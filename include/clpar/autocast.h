@@ -6,8 +6,12 @@
  * does. Its node keeps the 16-bit input, weight and output, so the activations kept for
  * backward take half the bytes. A following Linear takes the 16-bit output as it is; the
  * losses (clpar_cross_entropy, clpar_mse_loss) convert a 16-bit input to float32 and run in
- * float32; other ops refuse a 16-bit tensor with CLPAR_ERROR_DTYPE naming it (convert with
- * clpar_to_dtype). Parameters and their gradients stay float32 (a weight's gradient passes
+ * float32; clpar_add/sub/mul/div compute in float32 and return the inputs' dtype when they
+ * share one (bfloat16 + bfloat16 is bfloat16; with float32, float32), so a residual works; a
+ * 16-bit activation may feed several ops (its gradients are summed in float32). Other ops
+ * refuse a 16-bit tensor with CLPAR_ERROR_DTYPE naming it (convert with clpar_to_dtype).
+ * DataParallel and the pipeline run their replicas' and stages' forwards on the calling
+ * thread, so a region opened around them covers them; DDP's too. Parameters and their gradients stay float32 (a weight's gradient passes
  * through dtype on its way back, as in PyTorch). clpar_matmul is cast the same way (its result
  * in dtype, its gradients in its inputs' dtypes); convolutions are not.
  * begin with a dtype other than bfloat16/float16 is CLPAR_ERROR_INVALID_ARGUMENT; regions
