@@ -54,6 +54,19 @@ clpar_status clpar_autocast_binary(clpar_status (*op)(const clpar_tensor *, cons
                                                       clpar_tensor **),
                                    const clpar_tensor *a, const clpar_tensor *b,
                                    clpar_tensor **out);
+/* 1 when x (alive and not NULL) is 16-bit inside an autocast region: ops that run in float32
+ * then widen x with clpar_autocast_widen, run on that, and round with clpar_autocast_round. */
+int clpar_autocast_takes(const char *fn, const clpar_tensor *x);
+/* x as float32 through clpar_to_dtype (its gradient goes back in x's dtype). */
+clpar_status clpar_autocast_widen(const clpar_tensor *x, clpar_tensor **x32);
+/* Given s, the status of the float32 op that made y32 from x32: *out = y32 rounded to dtype
+ * (recorded), then y32 and x32 dropped (the graph holds them); s or the rounding's status. */
+clpar_status clpar_autocast_round(clpar_status s, clpar_tensor *x32, clpar_tensor *y32,
+                                  clpar_dtype dtype, clpar_tensor **out);
+/* clpar_conv2d inside an autocast region (src/autocast.c). */
+clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
+                                   const clpar_tensor *bias, const void *options,
+                                   clpar_tensor **out);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,
