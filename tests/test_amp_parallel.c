@@ -15,7 +15,7 @@
 #include "internal.h"
 #include "test_util.h"
 
-enum { BATCH = 24, STEPS = 5, MAX_PARAMS = 2048 };
+enum { BATCH = 24, STEPS = 5, OUT = 5, MAX_PARAMS = 2048 }; /* both models end in 5 outputs */
 
 typedef enum { ONE, DP, GPIPE, ONE_F_ONE_B } mode;
 static const char *mode_name[] = {"one device", "DataParallel", "pipeline GPipe", "pipeline 1F1B"};
@@ -30,9 +30,6 @@ typedef struct {
 
 static int in_features(int toy) {
   return toy ? 10 : 16;
-}
-static int out_features(int toy) {
-  return toy ? 5 : 5;
 }
 
 /* The model's layers, made in order under one seed (so every layout starts from the same
@@ -154,8 +151,7 @@ static int train(const run_spec *r, float *losses, float *weights) {
     clpar_tensor *x, *y;
     tu_ok(clpar_tensor_rand_normal(r->devs[0], 2, (int64_t[]){BATCH, in_features(r->toy)},
                                    100 + (uint64_t)t, 0, 1, &x));
-    tu_ok(clpar_tensor_rand_normal(last, 2, (int64_t[]){BATCH, out_features(r->toy)},
-                                   200 + (uint64_t)t, 0, 1, &y));
+    tu_ok(clpar_tensor_rand_normal(last, 2, (int64_t[]){BATCH, OUT}, 200 + (uint64_t)t, 0, 1, &y));
     tu_ok(mw ? clpar_master_weights_zero_grad(mw) : clpar_optimizer_zero_grad(o));
     forward_backward(r, m, gs, x, y, &losses[t]);
     if (mw) tu_ok(clpar_master_weights_grads(mw));
