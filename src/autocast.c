@@ -286,3 +286,67 @@ clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b,
   clpar_tensor_free(ah), clpar_tensor_free(bh); /* the node holds them */
   return s;
 }
+
+/* ---- elementwise add, sub, mul, div under autocast: compositions of recorded ops ---- */
+
+clpar_status clpar_autocast_binary(clpar_status (*op)(const clpar_tensor *, const clpar_tensor *,
+                                                      clpar_tensor **),
+                                   const clpar_tensor *a, const clpar_tensor *b,
+                                   clpar_tensor **out) {
+  clpar_tensor *a32 = NULL, *b32 = NULL, *r = NULL;
+  clpar_status s = clpar_to_dtype(a, CLPAR_FLOAT32, &a32);
+  if (s == CLPAR_OK) s = clpar_to_dtype(b, CLPAR_FLOAT32, &b32);
+  if (s == CLPAR_OK) s = op(a32, b32, &r);
+  if (s == CLPAR_OK && a->dtype == b->dtype) {
+    s = clpar_to_dtype(r, a->dtype, out);
+    clpar_tensor_free(r); /* the graph holds it */
+  } else if (s == CLPAR_OK) {
+    *out = r;
+  }
+  clpar_tensor_free(a32), clpar_tensor_free(b32);
+  return s;
+}
+
+/* ---- ops that run in float32 on a 16-bit input and return its dtype (activations,
+ * normalization, pooling), and the convolution ---- */
+
+int clpar_autocast_takes(const char *fn, const clpar_tensor *x) {
+  return x && clpar_check_alive(fn, x) == CLPAR_OK && clpar_autocast_widens(x);
+}
+
+clpar_status clpar_autocast_widen(const clpar_tensor *x, clpar_tensor **x32) {
+  *x32 = NULL;
+  return clpar_to_dtype(x, CLPAR_FLOAT32, x32);
+}
+
+clpar_status clpar_autocast_round(clpar_status s, clpar_tensor *x32, clpar_tensor *y32,
+                                  clpar_dtype dtype, clpar_tensor **out) {
+  if (s == CLPAR_OK) s = clpar_to_dtype(y32, dtype, out);
+  clpar_tensor_free(y32), clpar_tensor_free(x32);
+  return s;
+}
+
+/* The input, weight and bias rounded to the region's dtype (each through clpar_to_dtype, so
+ * gradients go back through it), widened again and convolved in float32 (the devices'
+ * convolutions are float32), the output rounded to the dtype: autocast's numbers. The
+ * convolution's node keeps the float32 copies: no memory is saved here, unlike Linear. */
+clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
+                                   const clpar_tensor *bias, const void *options,
+                                   clpar_tensor **out) {
+  clpar_dtype dt = clpar_autocast_dtype();
+  const clpar_tensor *in[3] = {x, weight, bias};
+  clpar_tensor *h[3] = {0}, *f[3] = {0}, *y = NULL;
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; i < 3 && s == CLPAR_OK; i++)
+    if (in[i]) {
+      s = clpar_to_dtype(in[i], dt, &h[i]);
+      if (s == CLPAR_OK) s = clpar_to_dtype(h[i], CLPAR_FLOAT32, &f[i]);
+    }
+  int d = suspend();
+  if (s == CLPAR_OK) s = clpar_conv2d(f[0], f[1], f[2], options, &y);
+  depth = d;
+  if (s == CLPAR_OK) s = clpar_to_dtype(y, dt, out);
+  clpar_tensor_free(y);
+  for (int i = 0; i < 3; i++) clpar_tensor_free(h[i]), clpar_tensor_free(f[i]);
+  return s;
+}

@@ -339,7 +339,10 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
       return CLPAR_OK;
     }
     clpar_tensor *sum;
-    s = clpar_add(n->grad, g, &sum); /* out of place: either side may be a view of another */
+    /* Out of place: either side may be a view of another. A 16-bit activation with several
+     * consumers (autocast) gets 16-bit gradients, summed in float32 and rounded back. */
+    s = clpar_dtype_is_half(g->dtype) ? clpar_half_add(n->grad, g, &sum)
+                                      : clpar_add(n->grad, g, &sum);
     if (s == CLPAR_OK) {
       clpar_tensor_unscope(sum);
       clpar_tensor_free(n->grad);

@@ -241,3 +241,20 @@ clpar_status clpar_half_add_into(clpar_tensor *acc, const clpar_tensor *g) {
   clpar_tensor_free(a), clpar_tensor_free(b);
   return s;
 }
+
+clpar_status clpar_half_add(const clpar_tensor *a, const clpar_tensor *b, clpar_tensor **out) {
+  *out = NULL;
+  clpar_tensor *a32 = NULL, *b32 = NULL;
+  clpar_status s = clpar_convert_dtype(a, CLPAR_FLOAT32, &a32);
+  if (s == CLPAR_OK) s = clpar_convert_dtype(b, CLPAR_FLOAT32, &b32);
+  if (s == CLPAR_OK) {
+    clpar_device *dev = a32->storage->dev;
+    s = clpar_dev_binary(dev, CLPAR_BINARY_ADD, 1, (size_t)a32->numel, clpar_tensor_bref(a32),
+                         clpar_tensor_bref(b32), 1, clpar_tensor_bref(a32));
+    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+  }
+  if (s == CLPAR_OK) s = clpar_convert_dtype(a32, a->dtype, out);
+  if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  clpar_tensor_free(a32), clpar_tensor_free(b32);
+  return s;
+}

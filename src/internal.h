@@ -34,6 +34,9 @@ clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar
 clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out);
 /* acc += g for 16-bit acc and g of one shape (through float32; src/half.c). */
 clpar_status clpar_half_add_into(clpar_tensor *acc, const clpar_tensor *g);
+/* a + b for two 16-bit tensors of one dtype and shape: summed in float32 and rounded to their
+ * dtype, into a new tensor (outside any scope, no node). */
+clpar_status clpar_half_add(const clpar_tensor *a, const clpar_tensor *b, clpar_tensor **out);
 /* clpar_check_float that also lets a 16-bit t through inside an autocast region; outside, its
  * error says how to pass one. */
 clpar_status clpar_check_float_autocast(const char *fn, const char *name, const clpar_tensor *t);
@@ -43,6 +46,27 @@ int clpar_autocast_widens(const clpar_tensor *t);
 /* clpar_matmul inside an autocast region (src/autocast.c). */
 clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b, int trans_a,
                                    int trans_b, clpar_tensor **out);
+/* a op b (op one of clpar_add, clpar_sub, clpar_mul, clpar_div) inside an autocast region
+ * when a or b is 16-bit: both widened to float32 by clpar_to_dtype (so gradients go back in
+ * their dtypes), op in float32, the result rounded to the inputs' dtype when they share one
+ * (PyTorch's type promotion: bfloat16 + bfloat16 is bfloat16, bfloat16 + float32 float32). */
+clpar_status clpar_autocast_binary(clpar_status (*op)(const clpar_tensor *, const clpar_tensor *,
+                                                      clpar_tensor **),
+                                   const clpar_tensor *a, const clpar_tensor *b,
+                                   clpar_tensor **out);
+/* 1 when x (alive and not NULL) is 16-bit inside an autocast region: ops that run in float32
+ * then widen x with clpar_autocast_widen, run on that, and round with clpar_autocast_round. */
+int clpar_autocast_takes(const char *fn, const clpar_tensor *x);
+/* x as float32 through clpar_to_dtype (its gradient goes back in x's dtype). */
+clpar_status clpar_autocast_widen(const clpar_tensor *x, clpar_tensor **x32);
+/* Given s, the status of the float32 op that made y32 from x32: *out = y32 rounded to dtype
+ * (recorded), then y32 and x32 dropped (the graph holds them); s or the rounding's status. */
+clpar_status clpar_autocast_round(clpar_status s, clpar_tensor *x32, clpar_tensor *y32,
+                                  clpar_dtype dtype, clpar_tensor **out);
+/* clpar_conv2d inside an autocast region (src/autocast.c). */
+clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
+                                   const clpar_tensor *bias, const void *options,
+                                   clpar_tensor **out);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,

@@ -112,6 +112,16 @@ static clpar_status binary_backward(clpar_node *n, clpar_tensor *g, clpar_tensor
 /* b must have a's shape, or be a single row of a's last-dimension width. */
 static clpar_status binary(const char *fn, clpar_binary_kind kind, const clpar_tensor *a,
                            const clpar_tensor *b, clpar_tensor **out) {
+  if (a && b && out && clpar_check_alive(fn, a) == CLPAR_OK &&
+      clpar_check_alive(fn, b) == CLPAR_OK &&
+      (clpar_autocast_widens(a) || clpar_autocast_widens(b))) {
+    static clpar_status (*const op[])(const clpar_tensor *, const clpar_tensor *,
+                                      clpar_tensor **) = {[CLPAR_BINARY_ADD] = clpar_add,
+                                                          [CLPAR_BINARY_SUB] = clpar_sub,
+                                                          [CLPAR_BINARY_MUL] = clpar_mul,
+                                                          [CLPAR_BINARY_DIV] = clpar_div};
+    return clpar_autocast_binary(op[kind], a, b, out);
+  }
   clpar_status s = check_tensor(fn, "a", a);
   if (s == CLPAR_OK) s = check_tensor(fn, "b", b);
   if (s == CLPAR_OK && !out)

@@ -40,7 +40,11 @@ static void test_half_inputs_refused(void **state) {
   assert_non_null(strstr(clpar_last_error(), "autocast"));
   assert_null(y);
   tu_ok(clpar_autocast_begin(CLPAR_BFLOAT16));
-  assert_int_equal(clpar_mul(h, a, &y), CLPAR_ERROR_DTYPE);
+  assert_int_equal(clpar_sum(h, &y), CLPAR_ERROR_DTYPE);
+  tu_ok(clpar_mul(h, a, &y)); /* elementwise: in float32, the promoted type */
+  assert_int_equal(clpar_tensor_dtype(y), CLPAR_FLOAT32);
+  tu_ok(clpar_add(h, h, &y)); /* two bfloat16 inputs: a bfloat16 result */
+  assert_int_equal(clpar_tensor_dtype(y), CLPAR_BFLOAT16);
   tu_ok(clpar_linear(h, w, NULL, &y)); /* inside: taken, output bfloat16 */
   assert_int_equal(clpar_tensor_dtype(y), CLPAR_BFLOAT16);
   clpar_autocast_end();

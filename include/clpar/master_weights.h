@@ -11,7 +11,10 @@
  *   clpar_master_weights_update(mw);         parameters = masters rounded to dtype
  *   clpar_master_weights_zero_grad(mw);      both sets of gradients to zero
  *
- * A module with flattened parameter groups (clpar_module_flatten) is refused. */
+ * A module with flattened parameter groups (clpar_module_flatten) is refused, and
+ * clpar_module_flatten (so DataParallel and DistributedDataParallel) refuses 16-bit
+ * parameters with CLPAR_ERROR_DTYPE: there, keep float32 parameters and train inside
+ * clpar_autocast_begin/end (PyTorch's AMP). The pipeline takes 16-bit parameters. */
 #ifndef CLPAR_MASTER_WEIGHTS_H
 #define CLPAR_MASTER_WEIGHTS_H
 

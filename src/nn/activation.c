@@ -41,6 +41,12 @@ static clpar_status unary_backward(clpar_node *n, clpar_tensor *g, clpar_tensor 
 
 clpar_status clpar_unary_op(const char *fn, clpar_unary_kind kind, const clpar_tensor *x,
                             clpar_backward_fn backward, clpar_tensor **out) {
+  if (out && clpar_autocast_takes(fn, x)) { /* in float32, the result in x's dtype */
+    clpar_tensor *x32, *y = NULL;
+    clpar_status s = clpar_autocast_widen(x, &x32);
+    if (s == CLPAR_OK) s = clpar_unary_op(fn, kind, x32, backward, &y);
+    return clpar_autocast_round(s, x32, y, x->dtype, out);
+  }
   clpar_status s = check_input(fn, x, out);
   if (s != CLPAR_OK) return s;
   clpar_device *dev = x->storage->dev;

@@ -118,6 +118,14 @@ clpar_status clpar_batch_norm(const clpar_tensor *x, clpar_tensor *running_mean,
                               clpar_tensor *running_var, const clpar_tensor *weight,
                               const clpar_tensor *bias, int training, float momentum, float eps,
                               clpar_tensor **out) {
+  if (out && clpar_autocast_takes("clpar_batch_norm", x)) { /* float32 math, x's dtype out */
+    clpar_tensor *x32, *y = NULL;
+    clpar_status s = clpar_autocast_widen(x, &x32);
+    if (s == CLPAR_OK)
+      s = clpar_batch_norm(x32, running_mean, running_var, weight, bias, training, momentum, eps,
+                           &y);
+    return clpar_autocast_round(s, x32, y, x->dtype, out);
+  }
   clpar_status s = check_bn(x, running_mean, running_var, weight, bias, training, out);
   if (s != CLPAR_OK) return s;
   clpar_device *dev = x->storage->dev;

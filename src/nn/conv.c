@@ -371,6 +371,10 @@ clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
                           const clpar_tensor *bias, const clpar_conv2d_options *options,
                           clpar_tensor **out) {
   const char *fn = "clpar_conv2d";
+  if (x && weight && out && clpar_autocast_dtype() != CLPAR_FLOAT32 &&
+      clpar_check_alive(fn, x) == CLPAR_OK && clpar_check_alive(fn, weight) == CLPAR_OK &&
+      (!bias || clpar_check_alive(fn, bias) == CLPAR_OK))
+    return clpar_autocast_conv2d(x, weight, bias, options, out);
   clpar_status s = check_alive(fn, "input", x);
   if (s == CLPAR_OK) s = check_alive(fn, "weight", weight);
   if (s == CLPAR_OK && bias) s = check_alive(fn, "bias", bias);

@@ -120,7 +120,15 @@ clpar_status clpar_module_flatten(clpar_module *m) {
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < n; i++) {
     clpar_tensor *p;
-    s = clpar_module_parameter_at(m, i, NULL, &p);
+    const char *name;
+    s = clpar_module_parameter_at(m, i, &name, &p);
+    if (s == CLPAR_OK && p->dtype != CLPAR_FLOAT32) /* the flat buffers are float32 */
+      s = clpar_set_error(
+          CLPAR_ERROR_DTYPE,
+          "clpar_module_flatten: parameter \"%s\" is %s; flat groups (DataParallel, "
+          "DistributedDataParallel) need float32 parameters: train them under "
+          "clpar_autocast_begin without clpar_master_weights",
+          name, clpar_dtype_name(p->dtype));
     if (s != CLPAR_OK) break;
     int k = 0;
     while (k < n_groups && groups[k].dev != p->storage->dev) k++;

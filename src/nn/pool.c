@@ -59,6 +59,12 @@ clpar_status clpar_max_pool2d(const clpar_tensor *x, const int64_t kernel[2],
                               const int64_t stride[2], const int64_t padding[2],
                               clpar_tensor **out) {
   const char *fn = "clpar_max_pool2d";
+  if (out && clpar_autocast_takes(fn, x)) { /* in float32, the result in x's dtype */
+    clpar_tensor *x32, *y = NULL;
+    clpar_status s = clpar_autocast_widen(x, &x32);
+    if (s == CLPAR_OK) s = clpar_max_pool2d(x32, kernel, stride, padding, &y);
+    return clpar_autocast_round(s, x32, y, x->dtype, out);
+  }
   clpar_status s = check_image(fn, x, out);
   if (s != CLPAR_OK) return s;
   if (!kernel) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: kernel is NULL", fn);
@@ -135,6 +141,12 @@ static clpar_status adaptive_backward(clpar_node *node, clpar_tensor *g, clpar_t
 clpar_status clpar_adaptive_avg_pool2d(const clpar_tensor *x, int64_t out_h, int64_t out_w,
                                        clpar_tensor **out) {
   const char *fn = "clpar_adaptive_avg_pool2d";
+  if (out && clpar_autocast_takes(fn, x)) { /* in float32, the result in x's dtype */
+    clpar_tensor *x32, *y = NULL;
+    clpar_status s = clpar_autocast_widen(x, &x32);
+    if (s == CLPAR_OK) s = clpar_adaptive_avg_pool2d(x32, out_h, out_w, &y);
+    return clpar_autocast_round(s, x32, y, x->dtype, out);
+  }
   clpar_status s = check_image(fn, x, out);
   if (s != CLPAR_OK) return s;
   char a[128];
