@@ -38,7 +38,8 @@
  * the module is compiled and linked everywhere and runs where a GPU is.
  *
  * This file opens and closes devices and builds the table; the entries live in cuda_memory.c,
- * cuda_elementwise.c, cuda_gemm.c, cuda_conv.c and cuda_op.c (errors, profiling). */
+ * cuda_elementwise.c, cuda_gemm.c, cuda_conv.c, cuda_cudnn.c (convolutions through cuDNN) and
+ * cuda_op.c (errors, profiling). */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>

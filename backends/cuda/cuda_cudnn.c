@@ -47,8 +47,9 @@
 
 #define CUDNN_FUNCS(X)                                                                             \
   X(cudnnGetVersion)                                                                               \
-  X(cudnnGetCudartVersion) X(cudnnGetErrorString) X(cudnnGetLastErrorString) X(cudnnCreate) X(     \
-      cudnnDestroy) X(cudnnSetStream) X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor) \
+  X(cudnnGetCudartVersion)                                                                         \
+  X(cudnnGetErrorString) X(cudnnGetLastErrorString) X(cudnnCreate) X(cudnnDestroy) X(              \
+      cudnnSetStream) X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor)                 \
       X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor) X(cudnnSetFilter4dDescriptor) \
           X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)                      \
               X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionGroupCount)                  \
@@ -402,8 +403,21 @@ static clpar_status find_budget(cudnnHandle_t h, const entry *e, size_t *bytes) 
   return s;
 }
 
-/* Times the algorithms of e's kind on operands p and keeps the fastest that succeeded within
- * the workspace (in full fp32 unless tf32) in e, with its math type set on e->conv. */
+/* The first usable result of Find (fastest first): it succeeded within bytes of workspace,
+ * in a math type allowed. Full fp32 (tf32 0) takes FMA results first, and DEFAULT_MATH ones
+ * only when there is none (run under the descriptor's FMA math all the same); with tf32 any. */
+static int pick_result(const perf *r, int n, size_t bytes, int tf32) {
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < n && i < MAX_PERF; i++) {
+      if (r[i].status != CUDNN_STATUS_SUCCESS || r[i].memory > bytes) continue;
+      if (tf32 || r[i].math == CUDNN_FMA_MATH || (pass && r[i].math == CUDNN_DEFAULT_MATH))
+        return i;
+    }
+  return -1;
+}
+
+/* Times the algorithms of e's kind on operands p and keeps the fastest usable one in e (with
+ * tf32, its math type set on e->conv, as PyTorch does; without, e->conv keeps FMA math). */
 static clpar_status choose(cuda_dev *d, cudnn_state *st, entry *e, void *const *p) {
   size_t bytes = 0;
   void *tmp = NULL;
@@ -414,7 +428,7 @@ static clpar_status choose(cuda_dev *d, cudnn_state *st, entry *e, void *const *
     bytes = 0;
   }
   perf r[MAX_PERF];
-  int n = 0, pick = -1;
+  int n = 0;
   if (s == CLPAR_OK) s = find_ex(st->handle, e, p, tmp, bytes, r, &n);
   if (tmp) {
     clpar_status f = clpar_cuda_check(cudaFree(tmp), "cudaFree(cuDNN find workspace)");
@@ -422,16 +436,14 @@ static clpar_status choose(cuda_dev *d, cudnn_state *st, entry *e, void *const *
     if (s == CLPAR_OK) s = f;
   }
   if (s != CLPAR_OK) return s;
-  for (int i = 0; i < n && i < MAX_PERF && pick < 0; i++)
-    if (r[i].status == CUDNN_STATUS_SUCCESS && r[i].memory <= bytes &&
-        (d->cudnn_tf32 || r[i].math == CUDNN_FMA_MATH))
-      pick = i;
+  int pick = pick_result(r, n, bytes, d->cudnn_tf32);
   if (pick < 0)
     return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                            "cuda conv2d: cuDNN found no %s algorithm for this shape (%d tried, "
                            "%zu bytes of workspace); set CLPAR_CUDA_CUDNN=0",
                            kind_name[e->kind], n, bytes);
-  TRY("cudnnSetConvolutionMathType", lib.cudnnSetConvolutionMathType(e->conv, r[pick].math));
+  if (d->cudnn_tf32)
+    TRY("cudnnSetConvolutionMathType", lib.cudnnSetConvolutionMathType(e->conv, r[pick].math));
   e->algo = r[pick].algo;
   e->ws = r[pick].memory;
   return CLPAR_OK;
