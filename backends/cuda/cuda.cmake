@@ -64,6 +64,8 @@ file(GLOB _clpar_cuda_sources CONFIGURE_DEPENDS
   ${_clpar_root}/backends/cuda/*.c ${_clpar_root}/kernels/cuda/*.cu)
 # cuda_nccl.c is added by cmake/ClparNCCL.cmake when NCCL is built (after MPI is found).
 list(FILTER _clpar_cuda_sources EXCLUDE REGEX "/cuda_nccl\\.c$")
+# cuda_cudnn.c is added by cmake/ClparCUDNN.cmake when cuDNN's headers are found.
+list(FILTER _clpar_cuda_sources EXCLUDE REGEX "/cuda_cudnn\\.c$")
 
 clpar_backend_library(clpar_backend_cuda ${_clpar_cuda_sources})
 target_compile_options(clpar_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
@@ -83,5 +85,6 @@ set_target_properties(clpar_backend_cuda PROPERTIES
   CUDA_RUNTIME_LIBRARY Shared)
 
 set(CLPAR_HAVE_CUDA ON)
+include(${_clpar_root}/cmake/ClparCUDNN.cmake)
 message(STATUS
   "clpar: CUDA module built (toolkit ${CUDAToolkit_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")

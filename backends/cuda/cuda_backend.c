@@ -38,7 +38,8 @@
  * the module is compiled and linked everywhere and runs where a GPU is.
  *
  * This file opens and closes devices and builds the table; the entries live in cuda_memory.c,
- * cuda_elementwise.c, cuda_gemm.c, cuda_conv.c and cuda_op.c (errors, profiling). */
+ * cuda_elementwise.c, cuda_gemm.c, cuda_conv.c, cuda_cudnn.c (convolutions through cuDNN) and
+ * cuda_op.c (errors, profiling). */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +50,7 @@
 #ifdef CLPAR_HAVE_NCCL
 #include "cuda/cuda_nccl.h"
 #endif
+#include "cuda/cuda_cudnn.h"
 
 /* ---- the device ---- */
 
@@ -64,6 +66,9 @@ static clpar_status cuda_destroy(void *dev) {
     clpar_backend_waited();
   }
   clpar_cuda_prof_discard(d);
+#ifdef CLPAR_HAVE_CUDNN
+  clpar_cudnn_release(d);
+#endif
   free(d->pairs);
   if (d->scratch) (void)cudaFree(d->scratch);
   if (d->blas) (void)cublasDestroy(d->blas);
@@ -142,12 +147,36 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 
 /* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL, and the comm_
  * entries without NCCL). */
-/* Convolutions run as im2col and GEMMs in the core. */
+/* Whole convolutions through cuDNN (cuda_cudnn.c) when built with it; else, or with
+ * CLPAR_CUDA_CUDNN=0 or no cuDNN at run time, im2col and GEMMs in the core. */
+#ifdef CLPAR_HAVE_CUDNN
+#define cuda_conv2d clpar_cuda_entry_conv2d
+#define cuda_conv2d_backward clpar_cuda_entry_conv2d_backward
+#else
 #define cuda_conv2d NULL
 #define cuda_conv2d_backward NULL
+#endif
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
 #undef CLPAR_BE_PREFIX_
+
+#ifdef CLPAR_HAVE_CUDNN
+/* cuda_iface without the cuDNN convolutions. */
+static clpar_backend_iface cuda_iface_plain;
+static pthread_once_t plain_once = PTHREAD_ONCE_INIT;
+
+static void make_plain(void) {
+  cuda_iface_plain = cuda_iface;
+  cuda_iface_plain.conv2d = NULL;
+  cuda_iface_plain.conv2d_backward = NULL;
+}
+#endif
+
+/* What the probe read of CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32, for every device. */
+typedef struct {
+  const clpar_backend_iface *iface;
+  int tf32;
+} probe_opts;
 
 /* ---- probe ---- */
 
@@ -204,7 +233,8 @@ static void fill_info(clpar_device_info *in, const struct cudaDeviceProp *prop, 
 /* Adds device ordinal, or skips it with a warning when clpar's kernels have no code for it
  * (the build's CMAKE_CUDA_ARCHITECTURES does not cover its compute capability): every op
  * would fail on it, and a device that is not listed is clearer than one that never works. */
-static clpar_status probe_one(int ordinal, int driver, clpar_backend_device **devs, int *count) {
+static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
+                              clpar_backend_device **devs, int *count) {
   struct cudaDeviceProp prop;
   clpar_status s =
       clpar_cuda_check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
@@ -223,12 +253,13 @@ static clpar_status probe_one(int ordinal, int driver, clpar_backend_device **de
   cuda_dev *d = NULL;
   if (s == CLPAR_OK) s = cuda_dev_create(ordinal, &d);
   if (s != CLPAR_OK) return s;
+  d->cudnn_tf32 = o->tf32;
   clpar_backend_device *slot = clpar_backend_device_append(devs, count);
   if (!slot) {
     cuda_destroy(d);
     return CLPAR_ERROR_OUT_OF_MEMORY;
   }
-  slot->iface = &cuda_iface;
+  slot->iface = o->iface;
   slot->ctx = d;
   fill_info(&slot->info, &prop, driver);
   clpar_log(CLPAR_LOG_DEBUG, "CUDA device %d: %s, compute capability %d.%d, %d SMs, %zu MiB",
@@ -237,9 +268,38 @@ static clpar_status probe_one(int ordinal, int driver, clpar_backend_device **de
   return CLPAR_OK;
 }
 
+/* CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether or not a GPU is present
+ * so that a wrong value is reported everywhere; cuDNN is opened once a device is found. */
+static clpar_status probe_options(int have_devices, probe_opts *o) {
+  o->iface = &cuda_iface;
+  o->tf32 = 0;
+#ifdef CLPAR_HAVE_CUDNN
+  int use = 1, asked = 0;
+  clpar_status s = clpar_cudnn_settings(&use, &asked, &o->tf32);
+  if (s != CLPAR_OK || !have_devices) return s;
+  const char *why = "";
+  if (use && !clpar_cudnn_load(&why)) {
+    clpar_log(asked ? CLPAR_LOG_WARN : CLPAR_LOG_INFO,
+              "CUDA convolutions run as im2col and cuBLAS GEMMs: cuDNN could not be used: %s", why);
+    use = 0;
+  } else if (use) {
+    clpar_log(CLPAR_LOG_INFO, "CUDA convolutions through %s%s", why,
+              o->tf32 ? " (TF32 allowed)" : "");
+  }
+  pthread_once(&plain_once, make_plain);
+  if (!use) o->iface = &cuda_iface_plain;
+#else
+  (void)have_devices;
+#endif
+  return CLPAR_OK;
+}
+
 /* Devices are reported in CUDA's order, so that cuda:N is CUDA device N (unless one was
  * skipped); a device that fails stops the probe and the ones before it stay. */
 clpar_status clpar_cuda_probe(clpar_backend_device **devs, int *count) {
+  probe_opts opts;
+  clpar_status s = probe_options(0, &opts);
+  if (s != CLPAR_OK) return s;
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -254,7 +314,8 @@ clpar_status clpar_cuda_probe(clpar_backend_device **devs, int *count) {
     return CLPAR_OK;
   }
   int driver = 0;
-  clpar_status s = clpar_cuda_check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
-  for (int i = 0; i < n && s == CLPAR_OK; i++) s = probe_one(i, driver, devs, count);
+  s = probe_options(1, &opts);
+  if (s == CLPAR_OK) s = clpar_cuda_check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
+  for (int i = 0; i < n && s == CLPAR_OK; i++) s = probe_one(i, driver, &opts, devs, count);
   return s;
 }

@@ -46,6 +46,10 @@ typedef struct cuda_dev {
    * -1 no; guarded by peer_lock. */
   pthread_mutex_t peer_lock;
   signed char peer_ok[64];
+  /* cuDNN's handle, cached algorithms and workspace (cuda_cudnn.c), made at the first
+   * convolution; cudnn_tf32: CLPAR_CUDA_TF32 as the probe read it. */
+  void *cudnn;
+  int cudnn_tf32;
 } cuda_dev;
 
 /* ---- cuda_op.c ---- */
