@@ -91,8 +91,8 @@ typedef struct clpar_ddp_options {
   /* Sharded data parallel (include/clpar/zero.h): 0 plain DDP; 1 (ZeRO-1: optimizer state
    * sharded) or 2 (ZeRO-2: gradients too, taken off the device during backward): backward
    * then reduces nothing, and the step of a clpar_zero_optimizer reduce-scatters the
-   * gradients, steps the rank's shard and all-gathers the parameters. MPI only; stage 3 is not
-   * built (CLPAR_ERROR_UNSUPPORTED). */
+   * gradients, steps the rank's shard and all-gathers the parameters. 3 (ZeRO-3, FSDP): the
+   * parameters too, gathered per unit in forward and backward (zero.h). MPI only. */
   int zero_stage;
 } clpar_ddp_options;
 
