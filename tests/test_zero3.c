@@ -141,6 +141,56 @@ static void test_sgd_and_micro_steps_match_ddp(void **state) {
   check(0, 2);
 }
 
+/* A unit holding Dropout(0.3): Sequential(Sequential(Linear(IN, HIDDEN), ReLU, Dropout),
+ * Linear(HIDDEN, MID)), seeded alike on both sides; 5 Adam steps of it into p. The recompute
+ * in backward must draw the forward's mask. */
+static void train_dropout(int stage, float *p) {
+  enum { N = IN * HIDDEN + HIDDEN + HIDDEN * MID + MID };
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *inner[3], *outer[2], *model, *ddp;
+  clpar_manual_seed(200 + (uint64_t)clpar_dist_rank()); /* the masks differ by rank */
+  tu_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &inner[0]));
+  tu_ok(clpar_relu_create(&inner[1]));
+  tu_ok(clpar_dropout_create(0.3f, &inner[2]));
+  tu_ok(clpar_sequential_create(inner, 3, &outer[0]));
+  tu_ok(clpar_linear_create(HIDDEN, MID, 1, dev, &outer[1]));
+  tu_ok(clpar_sequential_create(outer, 2, &model));
+  tu_ok(clpar_ddp_create(model, &(clpar_ddp_options){.zero_stage = stage}, &ddp));
+  clpar_optimizer *opt = NULL;
+  clpar_zero_optimizer *zopt = NULL;
+  tu_ok(stage ? clpar_zero_adam_create(ddp, &adam, &zopt)
+              : clpar_adam_create_for(ddp, &adam, &opt));
+  for (int k = 0; k < STEPS; k++) {
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *x = tu_make(dev, 2, (int64_t[]){4, IN}, 60 + (uint64_t)k), *y, *loss;
+    tu_ok(clpar_module_forward(ddp, x, &y));
+    tu_ok(clpar_mean(y, &loss));
+    tu_ok(clpar_backward(loss));
+    clpar_scope_end(scope);
+    tu_ok(stage ? clpar_zero_optimizer_step(zopt) : clpar_optimizer_step(opt));
+    tu_ok(stage ? clpar_zero_optimizer_zero_grad(zopt) : clpar_optimizer_zero_grad(opt));
+  }
+  if (stage) tu_ok(clpar_zero_gather_parameters(ddp));
+  float *all = read_params(ddp, N);
+  memcpy(p, all, N * sizeof(float));
+  free(all);
+  clpar_zero_optimizer_free(zopt);
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+}
+
+static void test_dropout_in_a_unit_matches_ddp(void **state) {
+  (void)state;
+  enum { N = IN * HIDDEN + HIDDEN + HIDDEN * MID + MID };
+  float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+  assert_true(want && got);
+  train_dropout(0, want);
+  train_dropout(3, got);
+  tu_assert_close(got, want, N, 1e-5f, 1e-6f, "parameters after 5 steps with Dropout(0.3)");
+  free(want);
+  free(got);
+}
+
 /* Linear(2, 1) is its own unit (the module holds parameters itself): 3 floats in shards of 2
  * (2 ranks) or 1 (4 ranks: rank 3's shard is all padding). */
 static void train_tiny(int stage, float p[3]) {
@@ -292,6 +342,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adam_matches_ddp),
       cmocka_unit_test(test_sgd_and_micro_steps_match_ddp),
+      cmocka_unit_test(test_dropout_in_a_unit_matches_ddp),
       cmocka_unit_test(test_whole_module_unit_with_empty_shards),
       cmocka_unit_test(test_memory_is_sharded),
       cmocka_unit_test(test_refused),

@@ -39,8 +39,8 @@
  * Limits of this version: the collectives run in the forward and the backward that need them
  * (no prefetch of the next unit, no overlap), through host memory over MPI (not NCCL); the
  * module must live on one device, all float32; stages 1 and 2 reduce-scatter in the step;
- * stage 3 refuses find_unused_parameters and parameters shared by two units (tied weights),
- * and a unit with Dropout draws another mask in the recompute than in the forward. */
+ * stage 3 refuses find_unused_parameters and parameters shared by two units (tied weights).
+ * Dropout inside a unit replays in the recompute the draws of the forward (same masks). */
 #ifndef CLPAR_ZERO_H
 #define CLPAR_ZERO_H
 

@@ -230,17 +230,20 @@ static void free_views(z3_unit *u, clpar_tensor **views) {
 
 typedef struct {
   clpar_module *wrapper; /* one reference */
+  clpar_rng_tape *tape;  /* the forward's random draws (Dropout), which the recompute replays */
 } z3_ctx;
 
 static void ctx_free(void *p) {
   z3_ctx *c = p;
   if (c && c->wrapper) clpar_module_release(c->wrapper);
+  if (c) clpar_rng_tape_free(c->tape);
   free(c);
 }
 
 /* The recompute and nested backward; *grad the unit's full gradient. */
 static clpar_status unit_recompute(z3_unit *u, clpar_node *n, clpar_tensor *g, clpar_tensor *full,
                                    clpar_tensor *grad, clpar_tensor **gx) {
+  clpar_rng_tape *tape = ((z3_ctx *)n->ctx)->tape, *saved[2];
   clpar_tensor **views = calloc((size_t)u->n_params + 1, sizeof *views), *xleaf = NULL, *y = NULL;
   if (!views) return oom(UNIT_TYPE " backward");
   const clpar_tensor *x = n->inputs[0];
@@ -250,7 +253,15 @@ static clpar_status unit_recompute(z3_unit *u, clpar_node *n, clpar_tensor *g, c
     xleaf->requires_grad = x->requires_grad;
     s = clpar_grad_slot(n, 0, &xleaf->grad);
   }
-  if (s == CLPAR_OK) s = run_on(u, views, xleaf, 1, &y);
+  if (s == CLPAR_OK) {
+    clpar_rng_tape_start(tape, 1, saved);
+    s = run_on(u, views, xleaf, 1, &y);
+    if (clpar_rng_tape_stop(tape, 1, saved) && s == CLPAR_OK)
+      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                          "the recompute drew other random numbers (Dropout) than the forward "
+                          "did; was the module's training mode changed between forward and "
+                          "backward?");
+  }
   if (s == CLPAR_OK && (y->ndim != g->ndim || y->numel != g->numel))
     s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                         "the recompute gave an output of another shape than the forward");
@@ -298,19 +309,32 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
   z3_unit *u = user;
   clpar_tensor *full = NULL, *y0 = NULL, *out = NULL;
   clpar_tensor **views = calloc((size_t)u->n_params + 1, sizeof *views);
-  if (!views) return oom(UNIT_TYPE);
-  int record = clpar_is_grad_enabled();
+  z3_ctx *c = clpar_is_grad_enabled() ? calloc(1, sizeof *c) : NULL;
+  if (c) c->tape = clpar_rng_tape_new();
+  if (!views || (clpar_is_grad_enabled() && (!c || !c->tape))) {
+    free(views);
+    ctx_free(c);
+    return oom(UNIT_TYPE);
+  }
   clpar_status s = gather_full(u, UNIT_TYPE " forward: all-gather of the parameters", &full);
   if (s == CLPAR_OK) s = make_views(u, full, NULL, views);
-  if (s == CLPAR_OK) s = run_on(u, views, x, 0, &y0);
+  if (s == CLPAR_OK) {
+    clpar_rng_tape *saved[2];
+    if (c) clpar_rng_tape_start(c->tape, 0, saved);
+    s = run_on(u, views, x, 0, &y0);
+    if (c && clpar_rng_tape_stop(c->tape, 0, saved) && s == CLPAR_OK) {
+      clpar_tensor_free(y0);
+      s = oom(UNIT_TYPE " forward");
+    }
+  }
   free_views(u, views);
   clpar_tensor_release(full);
-  if (s != CLPAR_OK || !record || y0->dtype != CLPAR_FLOAT32) {
+  if (s != CLPAR_OK || !c || y0->dtype != CLPAR_FLOAT32) {
     if (s == CLPAR_OK) *y = y0;
+    ctx_free(c);
     return s;
   }
-  z3_ctx *c = calloc(1, sizeof *c);
-  s = c ? clpar_tensor_reshape(y0, y0->ndim, y0->shape, &out) : oom(UNIT_TYPE);
+  s = clpar_tensor_reshape(y0, y0->ndim, y0->shape, &out);
   clpar_tensor_free(y0);
   clpar_tensor *inputs[2] = {x, u->pshard};
   clpar_node *node = NULL;
@@ -318,7 +342,7 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
     s = CLPAR_ERROR_OUT_OF_MEMORY;
   if (s != CLPAR_OK) {
     clpar_tensor_free(out);
-    free(c);
+    ctx_free(c);
     return s;
   }
   module_retain(self);
