@@ -191,6 +191,70 @@ static void test_dropout_in_a_unit_matches_ddp(void **state) {
   free(got);
 }
 
+/* A GPT (2 blocks, tied head) with zero_units "transformer.h" (stage 3; 0: plain DDP):
+ * units are the blocks, the root unit the embeddings, ln_f and the head. 5 Adam steps of
+ * next-token cross-entropy; its parameters into a new array of *n floats. */
+static float *train_gpt(int stage, size_t *n) {
+  enum { B = 2, T = 6, V = 11 };
+  clpar_gpt_config cfg = {.block_size = 8,
+                          .vocab_size = V,
+                          .n_layer = 2,
+                          .n_head = 2,
+                          .n_embd = 8,
+                          .dropout = 0.1f,
+                          .bias = 1};
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *gpt, *ddp;
+  clpar_manual_seed(300 + (uint64_t)clpar_dist_rank());
+  tu_ok(clpar_gpt_create(&cfg, dev, &gpt));
+  clpar_ddp_options o = {.zero_stage = stage, .zero_units = stage ? "transformer.h" : NULL};
+  tu_ok(clpar_ddp_create(gpt, &o, &ddp));
+  clpar_optimizer *opt = NULL;
+  clpar_zero_optimizer *zopt = NULL;
+  tu_ok(stage ? clpar_zero_adam_create(ddp, &adam, &zopt)
+              : clpar_adam_create_for(ddp, &adam, &opt));
+  for (int k = 0; k < STEPS; k++) {
+    int32_t ids[B * T], next[B * T];
+    for (int i = 0; i < B * T; i++) {
+      ids[i] = (int32_t)((i * 7 + k * 3 + clpar_dist_rank() * 5) % V);
+      next[i] = (int32_t)((ids[i] * 3 + 1) % V);
+    }
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *x, *logits, *flat, *loss;
+    tu_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 2, (int64_t[]){B, T}, ids, &x));
+    tu_ok(clpar_module_forward(ddp, x, &logits));
+    tu_ok(clpar_tensor_reshape(logits, 2, (int64_t[]){B * T, V}, &flat));
+    tu_ok(clpar_cross_entropy(flat, next, B * T, CLPAR_REDUCTION_MEAN, &loss));
+    tu_ok(clpar_backward(loss));
+    clpar_scope_end(scope);
+    tu_ok(stage ? clpar_zero_optimizer_step(zopt) : clpar_optimizer_step(opt));
+    tu_ok(stage ? clpar_zero_optimizer_zero_grad(zopt) : clpar_optimizer_zero_grad(opt));
+  }
+  if (stage) tu_ok(clpar_zero_gather_parameters(ddp));
+  *n = 0;
+  for (int i = 0; i < clpar_module_parameter_count(ddp); i++) {
+    clpar_tensor *t;
+    tu_ok(clpar_module_parameter_at(ddp, i, NULL, &t));
+    *n += (size_t)clpar_tensor_numel(t);
+  }
+  float *p = read_params(ddp, *n);
+  clpar_zero_optimizer_free(zopt);
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+  return p;
+}
+
+/* Units named by zero_units, and a root unit around them holding a tied weight. */
+static void test_gpt_blocks_as_units_match_ddp(void **state) {
+  (void)state;
+  size_t n_want, n_got;
+  float *want = train_gpt(0, &n_want), *got = train_gpt(3, &n_got);
+  assert_int_equal(n_got, n_want);
+  tu_assert_close(got, want, n_want, 1e-5f, 1e-6f, "GPT parameters after 5 steps");
+  free(want);
+  free(got);
+}
+
 /* Linear(2, 1) is its own unit (the module holds parameters itself): 3 floats in shards of 2
  * (2 ranks) or 1 (4 ranks: rank 3's shard is all padding). */
 static void train_tiny(int stage, float p[3]) {
@@ -308,6 +372,10 @@ static void test_refused(void **state) {
   assert_int_equal(clpar_ddp_create(seq, &o, &ddp), CLPAR_ERROR_UNSUPPORTED);
   assert_non_null(strstr(clpar_last_error(), "share a parameter"));
   assert_null(ddp);
+  o.zero_units = "0.nothing";
+  assert_int_equal(clpar_ddp_create(make_mlp(1), &o, &ddp), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "zero_units is \"0.nothing\""));
+  o.zero_units = NULL;
   ddp = make_ddp(2);
   assert_int_equal(clpar_zero_gather_parameters(ddp), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_zero_release_parameters(ddp), CLPAR_ERROR_INVALID_ARGUMENT);
@@ -343,6 +411,7 @@ int main(void) {
       cmocka_unit_test(test_adam_matches_ddp),
       cmocka_unit_test(test_sgd_and_micro_steps_match_ddp),
       cmocka_unit_test(test_dropout_in_a_unit_matches_ddp),
+      cmocka_unit_test(test_gpt_blocks_as_units_match_ddp),
       cmocka_unit_test(test_whole_module_unit_with_empty_shards),
       cmocka_unit_test(test_memory_is_sharded),
       cmocka_unit_test(test_refused),

@@ -94,6 +94,10 @@ typedef struct clpar_ddp_options {
    * gradients, steps the rank's shard and all-gathers the parameters. 3 (ZeRO-3, FSDP): the
    * parameters too, gathered per unit in forward and backward (zero.h). MPI only. */
   int zero_stage;
+  /* Stage 3: the module (a dotted name, "transformer.h" for a GPT's blocks) whose children
+   * are the units; NULL: the wrapped module's. Parameters outside them (a GPT's embeddings,
+   * final LayerNorm and tied head) make one more unit, the root, around the whole forward. */
+  const char *zero_units;
 } clpar_ddp_options;
 
 /* Wraps module (taking ownership of it, also on error) into a module of type

@@ -26,8 +26,11 @@
  * makes the others' step fail with CLPAR_ERROR_TIMEOUT naming it and the collective.
  *
  * Stage 3 (FSDP; src/dist/zero3.c, docs/zero.md) also shards the parameters. The units are
- * the wrapped module's children that hold parameters (a Sequential's layers; for a GPT, make
- * the DDP module of its blocks), or the whole module when it holds parameters of its own. Each
+ * the children that hold parameters of the module clpar_ddp_options.zero_units names
+ * ("transformer.h": a GPT's blocks) or of the wrapped module (a Sequential's layers); the
+ * parameters left outside them (all of them for a module that holds parameters itself) make
+ * the root unit, gathered around the whole forward (in its backward, the other units run
+ * nested inside the recompute; a weight tied across the root is fine there). Each
  * unit is replaced in the tree by a wrapper of type "FSDPUnit" (names unchanged) and each rank
  * keeps ceil(numel / world_size) floats of it. A unit's forward all-gathers its parameters into
  * a temporary buffer, runs without recording and frees it; its backward all-gathers again,
@@ -39,7 +42,7 @@
  * Limits of this version: the collectives run in the forward and the backward that need them
  * (no prefetch of the next unit, no overlap), through host memory over MPI (not NCCL); the
  * module must live on one device, all float32; stages 1 and 2 reduce-scatter in the step;
- * stage 3 refuses find_unused_parameters and parameters shared by two units (tied weights).
+ * stage 3 refuses find_unused_parameters and a parameter shared by two units of zero_units.
  * Dropout inside a unit replays in the recompute the draws of the forward (same masks). */
 #ifndef CLPAR_ZERO_H
 #define CLPAR_ZERO_H

@@ -526,7 +526,8 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
   ddp_state *st = NULL;
   clpar_status s = make_state(module, options, &st);
   if (s == CLPAR_OK && st->zero_stage == 3) /* module may become its unit's wrapper */
-    s = clpar_ddp_agree(st, clpar_zero3_setup(st, &module), "clpar_ddp_create");
+    s = clpar_ddp_agree(st, clpar_zero3_setup(st, &module, options->zero_units),
+                        "clpar_ddp_create");
   clpar_module *ddp = NULL;
   if (s == CLPAR_OK)
     s = clpar_module_create("DistributedDataParallel", ddp_forward, st, ddp_free, &ddp);

@@ -145,10 +145,11 @@ void clpar_zero_release_grads(ddp_state *st);
  * takes what is left). */
 void clpar_zero_grad_ready(ddp_state *st, ddp_param *p);
 
-/* Stage 3, once the parameters are broadcast: wraps the units of *module (replacing
- * *module when the whole module is one unit), keeps the rank's shard of each and releases the
+/* Stage 3, once the parameters are broadcast: wraps the units of *module (the children of the
+ * module named units, or of *module; *module is replaced by the root unit's wrapper when
+ * parameters are left outside them), keeps the rank's shard of each and releases the
  * parameters' memory. Not collective. */
-clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module);
+clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module, const char *units);
 void clpar_zero3_free(ddp_state *st);
 /* Stage 3: the shards (one per unit, leaves the optimizer steps) into out (when not NULL);
  * returns their count. */

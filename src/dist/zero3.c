@@ -195,24 +195,14 @@ static clpar_status run_on(z3_unit *u, clpar_tensor **views, clpar_tensor *x, in
   clpar_named **slots = malloc((size_t)(n + 1) * sizeof *slots);
   if (!slots) return oom(UNIT_TYPE);
   collect_slots(u->wrapper, slots, 0);
-  clpar_status s = CLPAR_OK;
-  for (int j = 0; j < n; j++) {
-    int k = 0;
-    while (k < u->n_params && u->params[k].param != slots[j]->item) k++;
-    if (k == u->n_params) {
-      s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, UNIT_TYPE
-                          ": the unit was given a parameter after "
-                          "clpar_ddp_create; ZeRO stage 3 shards the ones it had then");
-      for (int i = 0; i < j; i++)
-        for (k = 0; k < u->n_params; k++)
-          if (slots[i]->item == views[k]) slots[i]->item = u->params[k].param;
-      free(slots);
-      return s;
-    }
-    slots[j]->item = views[k];
-  }
+  for (int j = 0; j < n; j++) /* entries of units inside this one stay theirs */
+    for (int k = 0; k < u->n_params; k++)
+      if (slots[j]->item == u->params[k].param) {
+        slots[j]->item = views[k];
+        break;
+      }
   int was = clpar_set_grad_enabled(record);
-  s = u->inner->forward(u->wrapper, x, y, u->inner->user);
+  clpar_status s = u->inner->forward(u->wrapper, x, y, u->inner->user);
   clpar_set_grad_enabled(was);
   for (int j = 0; j < n; j++)
     for (int k = 0; k < u->n_params; k++)
@@ -365,7 +355,16 @@ static void unit_free(void *p) {
   free(u);
 }
 
-/* u's parameters: each distinct tensor of the unit's tree once, in walk order. */
+/* 1 when t is a parameter of one of the units made so far. */
+static int in_units(const zero3 *z, const clpar_tensor *t) {
+  for (int k = 0; k < z->n_units; k++)
+    for (int i = 0; i < z->units[k]->n_params; i++)
+      if (z->units[k]->params[i].param == t) return 1;
+  return 0;
+}
+
+/* u's parameters: each distinct tensor of the unit's tree once, in walk order, but those of
+ * the units made already (inside it: the root unit holds what the others leave). */
 static clpar_status unit_params(z3_unit *u, clpar_module *m, const char *fn) {
   int n = count_slots(m);
   clpar_named **slots = malloc((size_t)(n + 1) * sizeof *slots);
@@ -380,7 +379,7 @@ static clpar_status unit_params(z3_unit *u, clpar_module *m, const char *fn) {
     clpar_tensor *t = slots[j]->item;
     int k = 0;
     while (k < u->n_params && u->params[k].param != t) k++;
-    if (k < u->n_params) continue;
+    if (k < u->n_params || in_units(u->z, t)) continue;
     if (t->dtype != CLPAR_FLOAT32 || t->numel > INT32_MAX - u->numel)
       s = clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                           "%s: ZeRO stage 3 shards float32 units of fewer than 2^31 floats", fn);
@@ -481,40 +480,72 @@ static void release_all(zero3 *z) {
   z->gathered = 0;
 }
 
-/* The units: the children of root that hold parameters, or root itself when it holds
- * parameters of its own or no child holds any. made[i]: child i's unit (or made[0] root's). */
-static clpar_status make_units(zero3 *z, clpar_module *root, z3_unit **made, int *whole) {
+/* The module named path ("transformer.h") under root; root for NULL or "". */
+static clpar_module *find_container(clpar_module *root, const char *path) {
+  char name[256];
+  clpar_module *m = root;
+  while (m && path && *path) {
+    size_t n = strcspn(path, ".");
+    if (n >= sizeof name) return NULL;
+    memcpy(name, path, n);
+    name[n] = '\0';
+    m = clpar_module_child(m, name);
+    path += n + (path[n] == '.');
+  }
+  return m;
+}
+
+/* The units inside c: its children that hold parameters, each wrapped (made[i] for child i),
+ * refused when two share a parameter, then put in c's place of the child. */
+static clpar_status child_units(zero3 *z, clpar_module *c, z3_unit **made) {
   const char *fn = "clpar_ddp_create";
-  int with = 0;
-  for (int i = 0; i < root->n_children; i++) with += count_slots(root->children[i].item) > 0;
-  *whole = root->n_params > 0 || with == 0;
   clpar_status s = CLPAR_OK;
-  if (*whole) {
-    module_retain(root);
-    s = wrap(z, root, fn, &made[0]);
+  for (int i = 0; s == CLPAR_OK && i < c->n_children; i++) {
+    clpar_module *child = c->children[i].item;
+    if (count_slots(child) == 0) continue;
+    module_retain(child);
+    s = wrap(z, child, fn, &made[i]); /* every parameter of the child's tree */
   }
-  for (int i = 0; !*whole && s == CLPAR_OK && i < root->n_children; i++) {
-    clpar_module *c = root->children[i].item;
-    if (count_slots(c) == 0) continue;
-    module_retain(c);
-    s = wrap(z, c, fn, &made[i]);
-  }
-  int n = *whole ? 1 : root->n_children;
-  for (int i = 0; s == CLPAR_OK && i < n; i++) /* a tensor in two units cannot be sharded */
+  for (int i = 0; s == CLPAR_OK && i < c->n_children; i++) /* a tensor in two units */
     for (int j = 0; made[i] && j < made[i]->n_params; j++)
-      for (int k = i + 1; k < n; k++)
+      for (int k = i + 1; k < c->n_children; k++)
         for (int m = 0; made[k] && m < made[k]->n_params; m++)
           if (made[k]->params[m].param == made[i]->params[j].param)
             s = clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                                 "%s: ZeRO stage 3: children %s and %s share a parameter; a "
                                 "parameter belongs to one unit (tied weights are not sharded)",
-                                fn, root->children[i].name, root->children[k].name);
-  for (int i = 0; s == CLPAR_OK && i < n; i++)
-    if (made[i]) {
-      z->units[z->n_units++] = made[i];
-      s = make_shard(z, made[i]);
+                                fn, c->children[i].name, c->children[k].name);
+  for (int i = 0; i < c->n_children; i++) {
+    if (!made[i]) continue;
+    if (s != CLPAR_OK) {
+      clpar_module_release(made[i]->wrapper);
+      continue;
     }
+    made[i]->wrapper->adopted = 1; /* c's reference to the child is now one to the wrapper */
+    c->children[i].item = made[i]->wrapper;
+    clpar_module_release(made[i]->inner);
+    z->units[z->n_units++] = made[i];
+  }
   return s;
+}
+
+/* The root unit: root's parameters that no other unit holds (all of them when there is no
+ * other), gathered around root's whole forward; root's creator reference becomes the
+ * wrapper's, which replaces *module. */
+static clpar_status root_unit(zero3 *z, ddp_state *st, clpar_module **module) {
+  int left = 0;
+  for (int i = 0; i < st->n_params; i++) left += !in_units(z, st->params[i].param);
+  if (left == 0) return CLPAR_OK;
+  clpar_module *root = *module;
+  z3_unit *u = NULL;
+  module_retain(root);
+  clpar_status s = wrap(z, root, "clpar_ddp_create", &u);
+  if (s != CLPAR_OK) return s;
+  z->units[z->n_units++] = u;
+  root->adopted = 1;
+  clpar_module_release(root);
+  *module = u->wrapper;
+  return CLPAR_OK;
 }
 
 static void zero3_free(zero3 *z) {
@@ -533,12 +564,26 @@ void clpar_zero3_free(ddp_state *st) {
   st->zero3 = NULL;
 }
 
-clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module) {
+/* The placeholder a released parameter views: [1] holding NaN. */
+static clpar_status make_placeholder(zero3 *z) {
+  int was = clpar_memory_category_set(CLPAR_MEM_PARAMETERS);
+  clpar_status s = clpar_tensor_empty(z->dev, 1, (int64_t[]){1}, &z->placeholder);
+  clpar_memory_category_set(was);
+  if (s != CLPAR_OK) return s;
+  clpar_tensor_unscope(z->placeholder);
+  return clpar_fill(z->placeholder, NAN);
+}
+
+clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module, const char *units) {
   const char *fn = "clpar_ddp_create";
-  clpar_module *root = *module;
+  clpar_module *c = find_container(*module, units);
+  if (!c)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "%s: zero_units is \"%s\", which names no module of the model", fn,
+                           units);
   zero3 *z = calloc(1, sizeof *z);
-  z3_unit **made = calloc((size_t)root->n_children + 1, sizeof *made);
-  if (!z || !made || !(z->units = calloc((size_t)root->n_children + 1, sizeof *z->units))) {
+  z3_unit **made = calloc((size_t)c->n_children + 1, sizeof *made);
+  if (!z || !made || !(z->units = calloc((size_t)c->n_children + 2, sizeof *z->units))) {
     free(made);
     zero3_free(z);
     return oom(fn);
@@ -552,37 +597,17 @@ clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module) {
     if (st->params[i].param->storage->dev != z->dev)
       s = clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                           "%s: ZeRO shards a module that lives on one device", fn);
-  int was = clpar_memory_category_set(CLPAR_MEM_PARAMETERS);
-  if (s == CLPAR_OK) s = clpar_tensor_empty(z->dev, 1, (int64_t[]){1}, &z->placeholder);
-  clpar_memory_category_set(was);
-  if (s == CLPAR_OK) {
-    clpar_tensor_unscope(z->placeholder);
-    s = clpar_fill(z->placeholder, NAN);
-  }
-  int whole = 0;
-  if (s == CLPAR_OK) s = make_units(z, root, made, &whole);
+  if (s == CLPAR_OK) s = make_placeholder(z);
+  /* units inside c when c is below the root or the root holds no parameter itself */
+  if (s == CLPAR_OK && (c != *module || c->n_params == 0)) s = child_units(z, c, made);
+  free(made);
+  if (s == CLPAR_OK) s = root_unit(z, st, module);
+  for (int k = 0; s == CLPAR_OK && k < z->n_units; k++) s = make_shard(z, z->units[k]);
   if (s == CLPAR_OK) {
     z->host = malloc((size_t)(z->max_shard * z->world) * sizeof(float));
     z->mine = malloc((size_t)z->max_shard * sizeof(float));
     if (!z->host || !z->mine) s = oom(fn);
   }
-  int n = whole ? 1 : root->n_children;
-  for (int i = 0; i < n; i++) {
-    if (!made[i]) continue;
-    clpar_module *w = made[i]->wrapper;
-    if (s != CLPAR_OK) {
-      clpar_module_release(w);
-    } else if (whole) { /* the wrapper stands for root; root's creator reference is its */
-      root->adopted = 1;
-      clpar_module_release(root);
-      *module = w;
-    } else {
-      w->adopted = 1; /* root's reference to the child is now its reference to the wrapper */
-      root->children[i].item = w;
-      clpar_module_release(made[i]->inner);
-    }
-  }
-  free(made);
   if (s != CLPAR_OK) {
     zero3_free(z);
     return s;

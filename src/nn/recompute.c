@@ -75,7 +75,7 @@ void clpar_rng_tape_start(clpar_rng_tape *t, int replay, clpar_rng_tape *saved[2
   t->next = 0;
   t->failed = 0;
   if (!replay) t->n = 0;
-  replaying = replay ? t : NULL;
+  if (replay) replaying = t; /* recording inside a replay takes the replayed draws */
   recording = replay ? NULL : t;
 }
 
