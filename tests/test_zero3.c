@@ -372,6 +372,14 @@ static void test_refused(void **state) {
   assert_int_equal(clpar_ddp_create(seq, &o, &ddp), CLPAR_ERROR_UNSUPPORTED);
   assert_non_null(strstr(clpar_last_error(), "share a parameter"));
   assert_null(ddp);
+  /* a unit's weight also held outside the units: Sequential(Sequential(lin), lin) */
+  clpar_module *lin2, *inner, *outer;
+  tu_ok(clpar_linear_create(4, 4, 1, clpar_dist_device(), &lin2));
+  tu_ok(clpar_sequential_create((clpar_module *[]){lin2}, 1, &inner));
+  tu_ok(clpar_sequential_create((clpar_module *[]){inner, lin2}, 2, &outer));
+  o.zero_units = "0";
+  assert_int_equal(clpar_ddp_create(outer, &o, &ddp), CLPAR_ERROR_UNSUPPORTED);
+  assert_non_null(strstr(clpar_last_error(), "also held outside it"));
   o.zero_units = "0.nothing";
   assert_int_equal(clpar_ddp_create(make_mlp(1), &o, &ddp), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(clpar_last_error(), "zero_units is \"0.nothing\""));

@@ -529,17 +529,55 @@ static clpar_status child_units(zero3 *z, clpar_module *c, z3_unit **made) {
   return s;
 }
 
+/* How many of the n entries hold t. */
+static int holds(clpar_named **slots, int n, const clpar_tensor *t) {
+  int k = 0;
+  for (int j = 0; j < n; j++) k += slots[j]->item == t;
+  return k;
+}
+
+/* Refuses a unit's parameter that a module outside the unit also holds (a weight tied across
+ * units would be gathered by one of them only). */
+static clpar_status check_tied(zero3 *z, clpar_module *root) {
+  int n = count_slots(root);
+  clpar_named **all = malloc((size_t)(n + 1) * sizeof *all), **mine = NULL;
+  if (!all) return oom("clpar_ddp_create");
+  collect_slots(root, all, 0);
+  clpar_status s = CLPAR_OK;
+  for (int k = 0; s == CLPAR_OK && k < z->n_units; k++) {
+    z3_unit *u = z->units[k];
+    int m = count_slots(u->wrapper);
+    free(mine);
+    if (!(mine = malloc((size_t)(m + 1) * sizeof *mine))) {
+      s = oom("clpar_ddp_create");
+      break;
+    }
+    collect_slots(u->wrapper, mine, 0);
+    for (int i = 0; s == CLPAR_OK && i < u->n_params; i++)
+      if (holds(all, n, u->params[i].param) > holds(mine, m, u->params[i].param))
+        s = clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
+                            "clpar_ddp_create: ZeRO stage 3: a parameter of unit %d is also "
+                            "held outside it; a parameter belongs to one unit (tied weights "
+                            "are not sharded across units)",
+                            k);
+  }
+  free(mine);
+  free(all);
+  return s;
+}
+
 /* The root unit: root's parameters that no other unit holds (all of them when there is no
  * other), gathered around root's whole forward; root's creator reference becomes the
  * wrapper's, which replaces *module. */
 static clpar_status root_unit(zero3 *z, ddp_state *st, clpar_module **module) {
   int left = 0;
   for (int i = 0; i < st->n_params; i++) left += !in_units(z, st->params[i].param);
-  if (left == 0) return CLPAR_OK;
   clpar_module *root = *module;
+  clpar_status s = check_tied(z, root);
+  if (s != CLPAR_OK || left == 0) return s;
   z3_unit *u = NULL;
   module_retain(root);
-  clpar_status s = wrap(z, root, "clpar_ddp_create", &u);
+  s = wrap(z, root, "clpar_ddp_create", &u);
   if (s != CLPAR_OK) return s;
   z->units[z->n_units++] = u;
   root->adopted = 1;
