@@ -136,12 +136,13 @@ static clpar_status gather_full(z3_unit *u, const char *what, clpar_tensor **ful
   return s;
 }
 
-/* *grad ([numel]) summed over the ranks, this rank's shard averaged, into *out ([shard],
- * counted as a gradient); *grad is released once read, before *out is made. */
+/* *grad ([numel]; NULL: zeros) summed over the ranks, this rank's shard averaged, into *out
+ * ([shard], counted as a gradient); *grad is released once read, before *out is made. */
 static clpar_status reduce_scatter(z3_unit *u, clpar_tensor **grad, clpar_tensor **out) {
   zero3 *z = u->z;
   size_t padded = (size_t)(u->shard * z->world);
-  clpar_status mine = clpar_tensor_read(*grad, z->host, (size_t)u->numel);
+  clpar_status mine = *grad ? clpar_tensor_read(*grad, z->host, (size_t)u->numel) : CLPAR_OK;
+  if (!*grad) memset(z->host, 0, (size_t)u->numel * sizeof(float));
   clpar_tensor_release(*grad);
   *grad = NULL;
   memset(z->host + (mine == CLPAR_OK ? u->numel : 0), 0,
@@ -279,11 +280,17 @@ static clpar_status unit_backward(clpar_node *n, clpar_tensor *g, clpar_tensor *
   }
   if (s == CLPAR_OK) s = unit_recompute(u, n, g, full, grad, &gin[0]);
   clpar_tensor_release(full);
-  /* every rank reduces (a rank whose recompute failed sends zeros), so that none waits */
-  if (s != CLPAR_ERROR_TIMEOUT && grad) {
+  /* every rank reduces (one that failed sends what it has, zeros if nothing), so that none
+   * waits; it fails after the collective */
+  if (s != CLPAR_ERROR_TIMEOUT) {
+    char msg[512] = "";
+    if (s != CLPAR_OK) snprintf(msg, sizeof msg, "%s", clpar_last_error());
     clpar_tensor *mine = NULL;
     clpar_status r = reduce_scatter(u, &grad, &mine);
-    if (s == CLPAR_OK) s = r;
+    if (s == CLPAR_OK)
+      s = r;
+    else if (r == CLPAR_OK)
+      clpar_set_error(s, "%s", msg);
     if (s == CLPAR_OK)
       gin[1] = mine;
     else
