@@ -690,11 +690,17 @@ clpar_status clpar_zero_gather_parameters(clpar_module *ddp) {
                            "%s: ddp is not a DistributedDataParallel module made with "
                            "clpar_ddp_options.zero_stage 3",
                            fn);
-  clpar_status s = CLPAR_OK;
-  for (int k = 0; s == CLPAR_OK && k < z->n_units; k++) {
+  clpar_status s = CLPAR_OK, first = CLPAR_OK;
+  char msg[512] = "";
+  /* every unit on every rank, so that the collectives stay matched; the first error kept */
+  for (int k = 0; first != CLPAR_ERROR_TIMEOUT && k < z->n_units; k++) {
     z3_unit *u = z->units[k];
     clpar_tensor *full = NULL;
     s = gather_full(u, "clpar_zero_gather_parameters: all-gather of the parameters", &full);
+    if (s != CLPAR_OK && (first == CLPAR_OK || s == CLPAR_ERROR_TIMEOUT)) {
+      first = s;
+      snprintf(msg, sizeof msg, "%s", clpar_last_error());
+    }
     for (int i = 0; s == CLPAR_OK && i < u->n_params; i++) {
       z3_param *p = &u->params[i];
       clpar_tensor_repoint(p->param, full->storage, full->offset + (size_t)p->at);
@@ -707,8 +713,9 @@ clpar_status clpar_zero_gather_parameters(clpar_module *ddp) {
     clpar_tensor_release(full);
     z->gathered = 1;
   }
-  if (s != CLPAR_OK) clpar_prefix_error("%s: ", fn);
-  return s;
+  if (first == CLPAR_OK) return CLPAR_OK;
+  release_all(z); /* all or nothing */
+  return clpar_set_error(first, "%s: %s", fn, msg);
 }
 
 clpar_status clpar_zero_release_parameters(clpar_module *ddp) {
