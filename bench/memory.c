@@ -1,15 +1,16 @@
 /* memory.c — peak device memory per rank of data-parallel training with Adam, plain
- * DistributedDataParallel against ZeRO stages 1 and 2 (include/clpar/zero.h), read from the
+ * DistributedDataParallel against ZeRO stages 1, 2 and 3 (include/clpar/zero.h), read from the
  * allocator's counts by category (include/clpar/memory.h), beside DeepSpeed's per-device
- * formulas in fp32 for Ψ parameters on N ranks: DDP 16Ψ, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N
- * (ZeRO-3 16Ψ/N is not built), each plus the activations measured in the same run; and the
- * mean step time. The model: Linear(WIDTH, WIDTH) x LAYERS with ReLUs, then Linear(WIDTH, 16):
+ * formulas in fp32 for Ψ parameters on N ranks: DDP 16Ψ, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N,
+ * ZeRO-3 16Ψ/N plus one unit's full parameters and gradient (8Φ, Φ the largest unit's
+ * parameters: a Linear(WIDTH, WIDTH)), each plus the activations measured in the same run; and
+ * the mean step time. The model: Linear(WIDTH, WIDTH) x LAYERS with ReLUs, then Linear(WIDTH, 16):
  * about 21 M parameters. One JSON object per mode, printed by rank 0; peaks are the largest
  * over the ranks, from a mark after one warm-up step (optimizer state made) over the timed
  * steps.
  *
  *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun -np 2 ./bench_memory [steps] [modes...]
- *   (modes: ddp zero1 zero2; all three by default)
+ *   (modes: ddp zero1 zero2 zero3; all four by default)
  */
 #include <clpar/clpar.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "bench_util.h"
 
 enum { BATCH = 16, WIDTH = 2048, LAYERS = 5, OUT = 16 };
+static const char *names[4] = {"ddp", "zero1", "zero2", "zero3"};
 
 static clpar_module *wide_mlp(clpar_device *dev) {
   clpar_module *l[2 * LAYERS + 1], *m = NULL;
@@ -68,17 +70,17 @@ static int run(int stage, int steps, const float *x, const int32_t *y) {
   clpar_zero_optimizer *zopt = NULL;
   clpar_ddp_options o = {.zero_stage = stage};
   clpar_adam_options adam = {.lr = 1e-4f};
+  double numel = 0; /* counted before ZeRO-3 releases the parameters */
+  for (int i = 0; model && i < clpar_module_parameter_count(model); i++) {
+    const char *name;
+    clpar_tensor *t;
+    clpar_module_parameter_at(model, i, &name, &t);
+    numel += (double)clpar_tensor_numel(t);
+  }
   int good = model && bench_ok(clpar_ddp_create(model, &o, &ddp), "clpar_ddp_create");
   if (good)
     good = stage ? bench_ok(clpar_zero_adam_create(ddp, &adam, &zopt), "ZeRO Adam")
                  : bench_ok(clpar_adam_create_for(ddp, &adam, &opt), "Adam");
-  double numel = 0;
-  for (int i = 0; good && i < clpar_module_parameter_count(ddp); i++) {
-    const char *name;
-    clpar_tensor *t;
-    clpar_module_parameter_at(ddp, i, &name, &t);
-    numel += (double)clpar_tensor_numel(t);
-  }
   good = good && step(ddp, opt, zopt, dev, x, y) && bench_ok(clpar_device_synchronize(dev), "sync");
   good =
       good && bench_ok(clpar_memory_mark(dev), "mark") && bench_ok(clpar_dist_barrier(), "barrier");
@@ -92,14 +94,18 @@ static int run(int stage, int steps, const float *x, const int32_t *y) {
     peak[c] = max_over_ranks((double)clpar_memory_peak(dev, (clpar_mem_category)c));
   if (good && clpar_dist_rank() == 0) {
     double n = clpar_dist_world_size(), psi = numel / 1048576.0; /* MiB per 1 byte/param */
-    double f = stage == 0 ? 16 * psi : stage == 1 ? 8 * psi + 8 * psi / n : 4 * psi + 12 * psi / n;
+    double unit = (double)WIDTH * (WIDTH + 1) / 1048576.0;
+    double f = stage == 0   ? 16 * psi
+               : stage == 1 ? 8 * psi + 8 * psi / n
+               : stage == 2 ? 4 * psi + 12 * psi / n
+                            : 16 * psi / n + 8 * unit;
     double want = f + peak[CLPAR_MEM_ACTIVATIONS];
     printf(
         "{\"bench\": \"memory\", \"mode\": \"%s\", \"ranks\": %d, \"params\": %.0f, "
         "\"batch_per_rank\": %d, \"steps\": %d, \"step_ms\": %.1f, \"peak_mib\": %.1f, "
         "\"formula_mib\": %.1f, \"formula_plus_activations_mib\": %.1f, \"ratio\": %.3f",
-        stage ? (stage == 1 ? "zero1" : "zero2") : "ddp", (int)n, numel, BATCH, steps, ms,
-        peak[CLPAR_MEM_TOTAL], f, want, peak[CLPAR_MEM_TOTAL] / want);
+        names[stage], (int)n, numel, BATCH, steps, ms, peak[CLPAR_MEM_TOTAL], f, want,
+        peak[CLPAR_MEM_TOTAL] / want);
     for (int c = 0; c < CLPAR_MEM_TOTAL; c++)
       printf(", \"peak_%s_mib\": %.1f", clpar_memory_category_name((clpar_mem_category)c), peak[c]);
     printf("}\n");
@@ -119,9 +125,8 @@ int main(int argc, char **argv) {
   int32_t *y = malloc(sizeof(int32_t) * BATCH);
   if (!x || !y) return 1;
   bench_batch(x, y, BATCH, WIDTH, OUT);
-  static const char *names[3] = {"ddp", "zero1", "zero2"};
   int good = 1;
-  for (int stage = 0; good && stage < 3; stage++) {
+  for (int stage = 0; good && stage < 4; stage++) {
     int wanted = argc <= 2;
     for (int i = 2; i < argc; i++) wanted |= !strcmp(argv[i], names[stage]);
     if (wanted) good = run(stage, steps, x, y);

@@ -423,6 +423,15 @@ float clpar_rng_uniform01(uint64_t seed, uint64_t index);
  * recompute replays them, so it sees the same masks (src/nn/recompute.c). */
 void clpar_rng_draw(uint64_t seed, uint64_t *counter, uint64_t n, uint64_t *seed_out,
                     uint64_t *offset_out);
+/* The same tape for another recompute (ZeRO-3's units, src/dist/zero3.c): start records this
+ * thread's draws into t (replay 0; t emptied first; inside a replay, the replayed draws) or
+ * replays them (1), keeping the outer state in saved; stop restores it and returns 0 when
+ * recording kept every draw, or the replay used exactly the draws recorded. */
+typedef struct clpar_rng_tape clpar_rng_tape;
+clpar_rng_tape *clpar_rng_tape_new(void);
+void clpar_rng_tape_free(clpar_rng_tape *t);
+void clpar_rng_tape_start(clpar_rng_tape *t, int replay, clpar_rng_tape *saved[2]);
+int clpar_rng_tape_stop(clpar_rng_tape *t, int replay, clpar_rng_tape *const saved[2]);
 
 /* The parameter generator's state (clpar_manual_seed), for training checkpoints. */
 void clpar_rng_state_get(uint64_t *seed, uint64_t *counter);

@@ -8,6 +8,7 @@
  *            rank fails naming both, and the ranks stay in step (a last all-reduce works);
  *   zero     as exit, with a ZeRO-2 module (clpar_ddp_options.zero_stage) and its optimizer:
  *            the others time out in the step's reduce-scatter;
+ *   zero3    as zero with ZeRO-3: the others time out in the forward's all-gather;
  *   badenv   CLPAR_DIST_TIMEOUT is not a number: clpar_dist_init must fail, naming it.
  * A rank that gets the error it should prints "RESULT rank R: <status>: <message>" and ends
  * the job with clpar_dist_abort; the script then finds those lines in mpirun's output. */
@@ -85,11 +86,11 @@ static void scenario_exit(void) {
   _exit(6);
 }
 
-static void scenario_zero(void) {
+static void scenario_zero(int stage) {
   clpar_device *dev = clpar_dist_device();
   clpar_module *lin, *ddp;
   clpar_zero_optimizer *opt;
-  clpar_ddp_options o = {.zero_stage = 2};
+  clpar_ddp_options o = {.zero_stage = stage};
   OK(clpar_linear_create(IN, OUT, 1, dev, &lin));
   OK(clpar_ddp_create(lin, &o, &ddp));
   OK(clpar_zero_adam_create(ddp, NULL, &opt));
@@ -104,11 +105,12 @@ static void scenario_zero(void) {
     clpar_scope *scope = clpar_scope_begin();
     clpar_tensor *xt, *out, *loss;
     OK(clpar_tensor_from_host(dev, 2, (int64_t[]){ROWS, IN}, x, &xt));
-    OK(clpar_module_forward(ddp, xt, &out));
+    clpar_status s = clpar_module_forward(ddp, xt, &out); /* stage 3 gathers here */
+    if (s != CLPAR_OK) got(s);
     OK(clpar_mean(out, &loss));
     OK(clpar_backward(loss));
     clpar_scope_end(scope);
-    clpar_status s = clpar_zero_optimizer_step(opt);
+    s = clpar_zero_optimizer_step(opt);
     if (s != CLPAR_OK) got(s);
     printf("rank %d: step %d done\n", clpar_dist_rank(), step);
     fflush(stdout);
@@ -162,9 +164,10 @@ int main(int argc, char **argv) {
           clpar_dist_timeout());
   if (!strcmp(which, "exit")) scenario_exit();
   if (!strcmp(which, "skip")) scenario_skip();
-  if (!strcmp(which, "zero")) scenario_zero();
+  if (!strcmp(which, "zero")) scenario_zero(2);
+  if (!strcmp(which, "zero3")) scenario_zero(3);
   if (!strcmp(which, "debug")) scenario_debug();
-  fprintf(stderr, "usage: test_dist_fault exit|zero|skip|debug|badenv\n");
+  fprintf(stderr, "usage: test_dist_fault exit|zero|zero3|skip|debug|badenv\n");
   clpar_dist_finalize();
   return 2;
 }

@@ -91,9 +91,13 @@ typedef struct clpar_ddp_options {
   /* Sharded data parallel (include/clpar/zero.h): 0 plain DDP; 1 (ZeRO-1: optimizer state
    * sharded) or 2 (ZeRO-2: gradients too, taken off the device during backward): backward
    * then reduces nothing, and the step of a clpar_zero_optimizer reduce-scatters the
-   * gradients, steps the rank's shard and all-gathers the parameters. MPI only; stage 3 is not
-   * built (CLPAR_ERROR_UNSUPPORTED). */
+   * gradients, steps the rank's shard and all-gathers the parameters. 3 (ZeRO-3, FSDP): the
+   * parameters too, gathered per unit in forward and backward (zero.h). MPI only. */
   int zero_stage;
+  /* Stage 3: the module (a dotted name, "transformer.h" for a GPT's blocks) whose children
+   * are the units; NULL: the wrapped module's. Parameters outside them (a GPT's embeddings,
+   * final LayerNorm and tied head) make one more unit, the root, around the whole forward. */
+  const char *zero_units;
 } clpar_ddp_options;
 
 /* Wraps module (taking ownership of it, also on error) into a module of type

@@ -1,6 +1,6 @@
-/* zero.h — sharded data parallel (DeepSpeed's ZeRO stages 1 and 2; PyTorch's
- * ZeroRedundancyOptimizer) on a DistributedDataParallel module made with
- * clpar_ddp_options.zero_stage 1 or 2. The training loop stays PyTorch's: forward through the
+/* zero.h — sharded data parallel (DeepSpeed's ZeRO stages 1, 2 and 3; PyTorch's
+ * ZeroRedundancyOptimizer, FSDP) on a DistributedDataParallel module made with
+ * clpar_ddp_options.zero_stage 1, 2 or 3. The training loop stays PyTorch's: forward through the
  * DDP module, clpar_backward on the loss, then clpar_zero_optimizer_step instead of
  * clpar_optimizer_step (and clpar_zero_optimizer_zero_grad).
  *
@@ -25,10 +25,25 @@
  * Every collective runs with the job's deadline (clpar_dist_timeout): a rank that dies or hangs
  * makes the others' step fail with CLPAR_ERROR_TIMEOUT naming it and the collective.
  *
- * Limits of this version: the reduce-scatter runs in the step, not overlapped with backward as
- * DDP's buckets are (stage 2 copies each gradient to the host during backward, waiting for
- * it); the module must live on one device, all float32; over MPI only (not NCCL); no stage 3
- * (parameter sharding): clpar_ddp_create refuses zero_stage 3 with CLPAR_ERROR_UNSUPPORTED. */
+ * Stage 3 (FSDP; src/dist/zero3.c, docs/zero.md) also shards the parameters. The units are
+ * the children that hold parameters of the module clpar_ddp_options.zero_units names
+ * ("transformer.h": a GPT's blocks) or of the wrapped module (a Sequential's layers); the
+ * parameters left outside them (all of them for a module that holds parameters itself) make
+ * the root unit, gathered around the whole forward (in its backward, the other units run
+ * nested inside the recompute; a weight tied across the root is fine there). Each
+ * unit is replaced in the tree by a wrapper of type "FSDPUnit" (names unchanged) and each rank
+ * keeps ceil(numel / world_size) floats of it. A unit's forward all-gathers its parameters into
+ * a temporary buffer, runs without recording and frees it; its backward all-gathers again,
+ * runs the forward again recording, backpropagates, reduce-scatters the unit's gradient (the
+ * rank's averaged shard becomes the shard's grad) and frees the full parameters and gradients.
+ * The step only steps the shards. The module's parameter tensors keep their names but give up
+ * their memory: each is a [1] tensor holding NaN, until clpar_zero_gather_parameters.
+ *
+ * Limits of this version: the collectives run in the forward and the backward that need them
+ * (no prefetch of the next unit, no overlap), through host memory over MPI (not NCCL); the
+ * module must live on one device, all float32; stages 1 and 2 reduce-scatter in the step;
+ * stage 3 refuses find_unused_parameters and a parameter shared by two units of zero_units.
+ * Dropout inside a unit replays in the recompute the draws of the forward (same masks). */
 #ifndef CLPAR_ZERO_H
 #define CLPAR_ZERO_H
 
@@ -45,7 +60,7 @@ extern "C" {
 
 typedef struct clpar_zero_optimizer clpar_zero_optimizer;
 
-/* The sharded optimizer of ddp (a DistributedDataParallel module made with zero_stage 1 or 2;
+/* The sharded optimizer of ddp (a DistributedDataParallel module made with zero_stage 1, 2, 3;
  * CLPAR_ERROR_INVALID_ARGUMENT otherwise), with the inner optimizer's options (NULL: every
  * default, as clpar_sgd_create and clpar_adam_create take them). Every rank calls it; ddp must
  * outlive the optimizer. */
@@ -61,14 +76,23 @@ CLPAR_API clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *opt);
  * host since the last step (and frees any a backward left on the device). */
 CLPAR_API clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *opt);
 /* The inner optimizer over this rank's shard (a [len] tensor viewing the flat parameters at
- * offset), for learning-rate schedules and clpar_optimizer_set_lr; NULL when the rank's shard
- * is empty (numel below world_size pieces). Owned by opt. */
+ * offset; stage 3: one tensor per unit, its shard), for learning-rate schedules and
+ * clpar_optimizer_set_lr; NULL when the rank's shard is empty (numel below world_size pieces).
+ * Owned by opt. */
 CLPAR_API clpar_optimizer *clpar_zero_optimizer_inner(clpar_zero_optimizer *opt);
 /* This rank's shard of the flat parameters: its first element and its length (0 for a shard
- * wholly in the padding). */
+ * wholly in the padding). Stage 3: 0 and the floats of every unit's shard (padding included). */
 CLPAR_API void clpar_zero_optimizer_shard(const clpar_zero_optimizer *opt, int64_t *offset,
                                           int64_t *len);
 CLPAR_API void clpar_zero_optimizer_free(clpar_zero_optimizer *opt);
+
+/* Stage 3 (collective): every parameter of ddp gets its full value and shape again, all-gathered
+ * (each unit's in one device buffer), to evaluate outside the DDP module, save a state_dict or
+ * read them; a snapshot, which the next clpar_zero_optimizer_step (or the call below) releases.
+ * CLPAR_ERROR_INVALID_ARGUMENT for a module not made with zero_stage 3. */
+CLPAR_API clpar_status clpar_zero_gather_parameters(clpar_module *ddp);
+/* Stage 3: the parameters give up their memory again ([1] tensors holding NaN). */
+CLPAR_API clpar_status clpar_zero_release_parameters(clpar_module *ddp);
 
 #ifdef __cplusplus
 }

@@ -135,6 +135,7 @@ static void ddp_free(void *user) {
     pthread_join(st->thread, NULL); /* with NCCL, after the last all-reduce completed */
   }
   if (st->nccl) clpar_ddp_nccl_free(st);
+  clpar_zero3_free(st);
   for (int i = 0; i < st->n_params; i++) {
     ddp_param *p = &st->params[i];
     if (p->param) {
@@ -508,13 +509,13 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
                            "clpar_ddp_create: call clpar_dist_init first");
   }
-  if (options && (options->zero_stage < 0 || options->zero_stage > 2)) {
+  if (options && (options->zero_stage < 0 || options->zero_stage > 3 ||
+                  (options->zero_stage == 3 && options->find_unused_parameters))) {
     clpar_module_free(module);
-    return clpar_set_error(
-        options->zero_stage == 3 ? CLPAR_ERROR_UNSUPPORTED : CLPAR_ERROR_INVALID_ARGUMENT,
-        "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1 or 2 "
-        "(stage 3 is not built)",
-        options->zero_stage);
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1, 2 or 3 "
+                           "(3 without find_unused_parameters)",
+                           options->zero_stage);
   }
   if (options && !(options->bucket_cap_mb >= 0)) {
     clpar_module_free(module);
@@ -524,6 +525,9 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
   }
   ddp_state *st = NULL;
   clpar_status s = make_state(module, options, &st);
+  if (s == CLPAR_OK && st->zero_stage == 3) /* module may become its unit's wrapper */
+    s = clpar_ddp_agree(st, clpar_zero3_setup(st, &module, options->zero_units),
+                        "clpar_ddp_create");
   clpar_module *ddp = NULL;
   if (s == CLPAR_OK)
     s = clpar_module_create("DistributedDataParallel", ddp_forward, st, ddp_free, &ddp);

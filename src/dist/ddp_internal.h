@@ -95,6 +95,7 @@ struct ddp_state {
   int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
   int zero_stage;    /* clpar_ddp_options.zero_stage: the hooks leave gradients alone (zero.c) */
   void *zero;        /* stage 2: the clpar_zero_optimizer whose hook takes the gradients */
+  void *zero3;       /* stage 3: the units and their shards (zero3.c) */
   uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
   int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
   clpar_status ended_status;
@@ -143,6 +144,20 @@ void clpar_zero_release_grads(ddp_state *st);
  * the optimizer's host buffer and freed. Nothing without an optimizer yet (its step then
  * takes what is left). */
 void clpar_zero_grad_ready(ddp_state *st, ddp_param *p);
+
+/* Stage 3, once the parameters are broadcast: wraps the units of *module (the children of the
+ * module named units, or of *module; *module is replaced by the root unit's wrapper when
+ * parameters are left outside them), keeps the rank's shard of each and releases the
+ * parameters' memory. Not collective. */
+clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module, const char *units);
+void clpar_zero3_free(ddp_state *st);
+/* Stage 3: the shards (one per unit, leaves the optimizer steps) into out (when not NULL);
+ * returns their count. */
+int clpar_zero3_shards(ddp_state *st, clpar_tensor **out);
+/* Stage 3: 1 when a backward gave some shard a gradient. */
+int clpar_zero3_has_grad(ddp_state *st);
+/* Stage 3: parameters that clpar_zero_gather_parameters gave values give their memory back. */
+void clpar_zero3_release(ddp_state *st);
 
 /* ---- the communication thread and the hooks (ddp_comm.c) ---- */
 

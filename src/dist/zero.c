@@ -184,6 +184,39 @@ static clpar_status bind_grad_shard(clpar_zero_optimizer *z) {
   return CLPAR_OK;
 }
 
+/* Stage 3: the inner optimizer over the units' shards (zero3.c), whose gradients backward
+ * reduce-scatters. */
+static clpar_status create_stage3(clpar_zero_optimizer *z, int kind, const void *options,
+                                  const char *fn) {
+  int n = clpar_zero3_shards(z->st, NULL);
+  clpar_tensor **shards = calloc((size_t)n + 1, sizeof *shards);
+  if (!shards) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  clpar_zero3_shards(z->st, shards);
+  clpar_status s;
+  if (kind == ZERO_SGD)
+    s = clpar_sgd_create(shards, n, options, &z->inner);
+  else if (kind == ZERO_ADAM)
+    s = clpar_adam_create(shards, n, options, &z->inner);
+  else
+    s = clpar_adamw_create(shards, n, options, &z->inner);
+  for (int i = 0; i < n; i++) z->len += clpar_tensor_numel(shards[i]);
+  free(shards);
+  return s;
+}
+
+/* Stage 3: the shards' gradients are reduced already; the step is the inner one's. */
+static clpar_status step_stage3(clpar_zero_optimizer *z) {
+  const char *fn = "clpar_zero_optimizer_step";
+  clpar_zero3_release(z->st); /* gathered parameters would be stale after the step */
+  clpar_status s = clpar_zero3_has_grad(z->st)
+                       ? clpar_optimizer_step(z->inner)
+                       : clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
+                                         "%s: no backward gave the module a gradient since the "
+                                         "last step",
+                                         fn);
+  return agree(z->st, s, fn);
+}
+
 static clpar_status create(clpar_module *ddp, int kind, const void *options, const char *fn,
                            clpar_zero_optimizer **out) {
   if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
@@ -192,7 +225,7 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
   if (!st || st->zero_stage < 1)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "%s: ddp is not a DistributedDataParallel module made with "
-                           "clpar_ddp_options.zero_stage 1 or 2",
+                           "clpar_ddp_options.zero_stage 1, 2 or 3",
                            fn);
   if (st->zero)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -209,13 +242,15 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
   z->world = st->world;
   z->rank = clpar_dist_rank();
   clpar_tensor *flat = NULL;
-  clpar_status s = find_flat(st, fn, &flat);
-  if (s == CLPAR_OK) {
+  clpar_status s = z->stage == 3 ? CLPAR_OK : find_flat(st, fn, &flat);
+  if (s == CLPAR_OK && z->stage == 3) {
+    s = create_stage3(z, kind, options, fn);
+  } else if (s == CLPAR_OK) {
     z->flat = clpar_tensor_retain(flat);
     z->numel = flat->numel;
     s = make_shard(z, fn);
   }
-  if (s == CLPAR_OK && z->len > 0) {
+  if (s == CLPAR_OK && z->stage != 3 && z->len > 0) {
     if (kind == ZERO_SGD)
       s = clpar_sgd_create(&z->pshard, 1, options, &z->inner);
     else if (kind == ZERO_ADAM)
@@ -340,6 +375,7 @@ static clpar_status reduce_gradient(clpar_zero_optimizer *z) {
 clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_zero_optimizer_step: opt is NULL");
+  if (z->stage == 3) return step_stage3(z);
   clpar_status s = reduce_gradient(z);
   if (z->stage == 2) reset_gradient(z);
   if (s == CLPAR_ERROR_TIMEOUT || z->abandoned) return s;
@@ -357,6 +393,7 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_zero_optimizer_zero_grad: opt is NULL");
   if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
+  if (z->stage == 3) return clpar_optimizer_zero_grad(z->inner);
   clpar_zero_release_grads(z->st); /* any a backward left before the optimizer took them */
   reset_gradient(z);
   return CLPAR_OK;

@@ -26,7 +26,7 @@
 
 /* ---- the random draws of a forward, recorded and replayed ---- */
 
-typedef struct {
+typedef struct clpar_rng_tape {
   uint64_t *items; /* seed, offset, seed, offset, ... */
   size_t n, cap, next;
   int failed; /* recording ran out of memory, or the replay ran past its end */
@@ -58,6 +58,31 @@ void clpar_rng_draw(uint64_t seed, uint64_t *counter, uint64_t n, uint64_t *seed
   }
   w->items[w->n++] = *seed_out;
   w->items[w->n++] = *offset_out;
+}
+
+clpar_rng_tape *clpar_rng_tape_new(void) {
+  return calloc(1, sizeof(rng_tape));
+}
+
+void clpar_rng_tape_free(clpar_rng_tape *t) {
+  if (t) free(t->items);
+  free(t);
+}
+
+void clpar_rng_tape_start(clpar_rng_tape *t, int replay, clpar_rng_tape *saved[2]) {
+  saved[0] = replaying;
+  saved[1] = recording;
+  t->next = 0;
+  t->failed = 0;
+  if (!replay) t->n = 0;
+  if (replay) replaying = t; /* recording inside a replay takes the replayed draws */
+  recording = replay ? NULL : t;
+}
+
+int clpar_rng_tape_stop(clpar_rng_tape *t, int replay, clpar_rng_tape *const saved[2]) {
+  replaying = saved[0];
+  recording = saved[1];
+  return t->failed || (replay && t->next != t->n) ? -1 : 0;
 }
 
 /* ---- the wrapper ---- */
