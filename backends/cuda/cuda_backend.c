@@ -145,6 +145,9 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 /* Convolutions run as im2col and GEMMs in the core. */
 #define cuda_conv2d NULL
 #define cuda_conv2d_backward NULL
+/* Softmax cross-entropy is composed in the core from softmax and nll_ignore. */
+#define cuda_xent NULL
+#define cuda_xent_backward NULL
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
 #undef CLPAR_BE_PREFIX_
