@@ -34,7 +34,8 @@
  *   large enough.
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
  * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
- *   nll, nll_backward, xent, xent_backward, sgd_step, adam_step, bias_act, bias_act_backward)
+ *   nll, nll_backward, xent, xent_backward, sgd_step, adam_step, bias_act, bias_act_backward,
+ *   linear_act)
  *   the core then composes the op from primitive entries (fill, copy, binary, scale, unary,
  *   gemm, pick, softmax, nll_ignore; src/runtime/compose.c), so a new
  * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some
@@ -239,6 +240,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bn_backward, QUEUE, 1)         \
   X(bias_act, QUEUE, 0)            \
   X(bias_act_backward, QUEUE, 0)   \
+  X(linear_act, QUEUE, 0)          \
   X(conv2d, QUEUE, 0)              \
   X(conv2d_backward, QUEUE, 0)     \
   X(comm_id, DIRECT, 0)            \
@@ -493,6 +495,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_bias_act_backward(F)                                                   \
   F(clpar_act_kind, act) F(size_t, rows) F(size_t, cols) F(clpar_bref, g) F(clpar_bref, y)    \
   F(clpar_bref, out) F(clpar_bref, db) F(int, accumulate)
+/* A Linear's forward with its epilogue, out [m, n] = f(x [m, k] w^T + bias) (w [n, k]): as
+ * gemm(0, 1, ..., alpha 1, beta 0) then bias_act, or then the activation's unary without a
+ * bias (bias.buf NULL), which the core composes it from; a backend may run it as one kernel
+ * (the GEMM's epilogue). out does not alias x or w. */
+#define CLPAR_BE_ARGS_linear_act(F)                                                     \
+  F(clpar_act_kind, act) F(size_t, m) F(size_t, n) F(size_t, k) F(clpar_bref, x)         \
+  F(clpar_bref, w) F(clpar_bref, bias) F(clpar_bref, out)
 
 /* ---- collectives between processes on the device itself (CUDA with NCCL) ----
  * For DistributedDataParallel (src/dist/ddp.c): one communicator per process and device, made

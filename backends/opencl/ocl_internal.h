@@ -171,6 +171,7 @@ CLPAR_OCL_ENTRY_DECL_(nll)
 CLPAR_OCL_ENTRY_DECL_(nll_backward)
 CLPAR_OCL_ENTRY_DECL_(xent)
 CLPAR_OCL_ENTRY_DECL_(xent_backward)
+CLPAR_OCL_ENTRY_DECL_(linear_act)
 CLPAR_OCL_ENTRY_DECL_(sgd_step)
 CLPAR_OCL_ENTRY_DECL_(adam_step)
 /* ocl_gemm.c */
@@ -210,6 +211,7 @@ CLPAR_OCL_ENTRY_DECL_(gemm_batched)
 #define ocl_nll_backward clpar_ocl_nll_backward
 #define ocl_xent clpar_ocl_xent
 #define ocl_xent_backward clpar_ocl_xent_backward
+#define ocl_linear_act clpar_ocl_linear_act
 #define ocl_sgd_step clpar_ocl_sgd_step
 #define ocl_adam_step clpar_ocl_adam_step
 #define ocl_gemm clpar_ocl_gemm

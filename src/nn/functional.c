@@ -35,12 +35,14 @@ clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
 
 /* ---- Linear: one node for x W^T + b and its activation ----
  *
- * Forward is a GEMM and one fused epilogue (bias_act: the bias and the activation; a plain
- * unary without a bias). Backward is one bias_act_backward (the activation's gradient d, and
- * the bias gradient summed from it), then dW = d^T x and dx = d W as GEMMs. Each gradient goes
+ * Forward is one linear_act entry: the GEMM with the bias and the activation in its epilogue
+ * where the backend can (OpenCL CPU devices' small GEMMs), else a GEMM and one fused epilogue
+ * (bias_act: the bias and the activation; a plain unary without a bias). Backward is one
+ * bias_act_backward (the activation's gradient d, and the bias gradient summed from it), then
+ * dW = d^T x and dx = d W as GEMMs. Each gradient goes
  * straight into the memory where it accumulates when the engine gives a slot (clpar_grad_slot:
  * the parameter's grad, a slice of a flat gradient): the bias' sum is added by the epilogue,
- * dW by the GEMM with beta 1. So a layer costs 2 kernels forward and 3 backward (2 for the
+ * dW by the GEMM with beta 1. So a layer costs 1 or 2 kernels forward and 3 backward (2 for the
  * first, whose input needs no gradient), where a matmul, an add and a relu node cost 3 and 6
  * (the bias sum, the relu gradient, two GEMMs, and an add into each parameter's slice). */
 
@@ -139,18 +141,10 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
   clpar_tensor *y;
   clpar_status s = clpar_tensor_empty(dev, 2, shape, &y);
   if (s != CLPAR_OK) return s;
-  s = clpar_dev_gemm(dev, 0, 1, (size_t)rows, (size_t)cols, (size_t)in, 1.0f, clpar_tensor_bref(x),
-                     (size_t)in, clpar_tensor_bref(weight), (size_t)in, 0.0f, clpar_tensor_bref(y),
-                     (size_t)cols);
-  if (s == CLPAR_OK && bias)
-    s = clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(y),
-                           clpar_tensor_bref(bias), clpar_tensor_bref(y));
-  else if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
-    s = clpar_dev_unary(dev,
-                        act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
-                        : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
-                                                   : CLPAR_UNARY_TANH,
-                        (size_t)(rows * cols), clpar_tensor_bref(y), clpar_tensor_bref(y));
+  clpar_bref none = {NULL, 0};
+  s = clpar_dev_linear_act(dev, act, (size_t)rows, (size_t)cols, (size_t)in, clpar_tensor_bref(x),
+                           clpar_tensor_bref(weight), bias ? clpar_tensor_bref(bias) : none,
+                           clpar_tensor_bref(y));
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(y);

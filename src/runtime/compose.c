@@ -1,7 +1,7 @@
 /* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, xent,
- * xent_backward, sgd_step, adam_step, bias_act, bias_act_backward) built from primitive entries,
- * for a device whose backend lacks them or refuses them (supports_op), so that a new backend can
- * start with the primitives only.
+ * xent_backward, sgd_step, adam_step, bias_act, bias_act_backward, linear_act) built from primitive
+ * entries, for a device whose backend lacks them or refuses them (supports_op), so that a new
+ * backend can start with the primitives only.
  *
  * The dispatch (src/runtime/worker.c) calls clpar_compose_<entry> instead of posting the entry when
  * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
@@ -331,6 +331,22 @@ clpar_status clpar_compose_profile_read(clpar_device *dev, double *seconds, uint
 
 /* A backend without its own convolution entries gets im2col and GEMMs from src/nn/conv.c,
  * which never posts these. */
+/* linear_act: gemm (x w^T), then bias_act, or the activation's unary without a bias. */
+clpar_status clpar_compose_linear_act(clpar_device *dev, clpar_act_kind act, size_t m, size_t n,
+                                      size_t k, clpar_bref x, clpar_bref w, clpar_bref bias,
+                                      clpar_bref out) {
+  clpar_status s = check_act(dev, "linear_act", act);
+  if (s == CLPAR_OK) s = clpar_dev_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
+  if (s == CLPAR_OK && bias.buf) return clpar_dev_bias_act(dev, act, m, n, out, bias, out);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = clpar_dev_unary(dev,
+                        act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                        : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                                   : CLPAR_UNARY_TANH,
+                        m * n, out, out);
+  return s;
+}
+
 clpar_status clpar_compose_conv2d(clpar_device *dev, clpar_conv2d_shape s, clpar_bref x,
                                   clpar_bref weight, clpar_bref bias, clpar_bref y) {
   (void)s, (void)x, (void)weight, (void)bias, (void)y;
@@ -370,14 +386,14 @@ _Static_assert(CLPAR_ENTRY_softmax_backward < 64 && CLPAR_ENTRY_nll < 64 &&
                    CLPAR_ENTRY_nll_backward < 64 && CLPAR_ENTRY_sgd_step < 64 &&
                    CLPAR_ENTRY_adam_step < 64 && CLPAR_ENTRY_bias_act < 64 &&
                    CLPAR_ENTRY_bias_act_backward < 64 && CLPAR_ENTRY_xent < 64 &&
-                   CLPAR_ENTRY_xent_backward < 64,
+                   CLPAR_ENTRY_xent_backward < 64 && CLPAR_ENTRY_linear_act < 64,
                "the composable entries are in word 0 of the masks");
 static uint64_t composable_mask(void) {
   return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
          (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
          (uint64_t)1 << CLPAR_ENTRY_adam_step | (uint64_t)1 << CLPAR_ENTRY_bias_act |
          (uint64_t)1 << CLPAR_ENTRY_bias_act_backward | (uint64_t)1 << CLPAR_ENTRY_xent |
-         (uint64_t)1 << CLPAR_ENTRY_xent_backward;
+         (uint64_t)1 << CLPAR_ENTRY_xent_backward | (uint64_t)1 << CLPAR_ENTRY_linear_act;
 }
 
 static int composable(int entry) {
@@ -412,8 +428,8 @@ clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_compose_force: mask 0x%llx names entries that cannot be "
                            "composed (softmax_backward, nll, nll_backward, xent, "
-                           "xent_backward, sgd_step, adam_step, bias_act and "
-                           "bias_act_backward can)",
+                           "xent_backward, sgd_step, adam_step, bias_act, "
+                           "bias_act_backward and linear_act can)",
                            (unsigned long long)mask);
   __atomic_store_n(&dev->composed[0], dev->natural[0] | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;
