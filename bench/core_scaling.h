@@ -1,6 +1,7 @@
 /* core_scaling.h — the machine's own two-core scaling, as bench/ddp.sh measures it: the bench
  * runs itself as a child process in "solo" mode (one device, bound to one core, printing its
- * samples/s on stdout), first one child alone on core 0, then two at once on cores 0 and 1.
+ * samples/s on stdout), first one child alone (on core 0, then 1, by turns), then two at
+ * once on cores 0 and 1.
  * The ratio of the two children's summed samples/s to the lone child's is what two cores give
  * on this machine right now, without any communication: a DataParallel speedup taken while
  * other work runs can then be told from a regression. Linux only (sched_setaffinity,
@@ -68,13 +69,14 @@ static inline double solo_finish(pid_t pid, int fd) {
 }
 
 /* Best of rounds: one solo child alone (*one), and the sum of two at once (*two). 1 if every
- * child ran. */
+ * child ran. Under other load, the best rounds need not be alike: a ratio above 2 says the
+ * lone child ran while the machine was busier than during the pair. */
 static inline int core_scaling(int steps, const char *model, int rounds, double *one, double *two) {
   *one = *two = -1;
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) return 0;
   for (int r = 0; r < rounds; r++) {
     int fa, fb;
-    pid_t a = solo_start(0, steps, model, &fa);
+    pid_t a = solo_start(r % 2, steps, model, &fa); /* alone on each core in turn */
     double alone = a > 0 ? solo_finish(a, fa) : -1;
     a = solo_start(0, steps, model, &fa);
     pid_t b = a > 0 ? solo_start(1, steps, model, &fb) : -1;
