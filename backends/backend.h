@@ -34,8 +34,10 @@
  *   large enough.
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
  * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
- *   nll, nll_backward, sgd_step, adam_step) the core then composes the op from primitive
- *   entries (fill, copy, binary, scale, unary, gemm, pick; src/runtime/compose.c), so a new
+ *   nll, nll_backward, xent, xent_backward, sgd_step, adam_step, bias_act, bias_act_backward,
+ *   linear_act)
+ *   the core then composes the op from primitive entries (fill, copy, binary, scale, unary,
+ *   gemm, pick, softmax, nll_ignore; src/runtime/compose.c), so a new
  * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some
  * of its devices (asked once per device at clpar_init). A device without profile cannot be
  * profiled, and one without peer_access/copy_peer copies to its peers through host staging. */
@@ -50,7 +52,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 15
+#define CLPAR_BACKEND_ABI_VERSION 16
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -217,6 +219,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(softmax_backward, QUEUE, 0)    \
   X(nll, QUEUE, 0)                 \
   X(nll_backward, QUEUE, 0)        \
+  X(xent, QUEUE, 0)                \
+  X(xent_backward, QUEUE, 0)       \
   X(sgd_step, QUEUE, 0)            \
   X(adam_step, QUEUE, 0)           \
   X(profile, QUEUE, 0)             \
@@ -236,6 +240,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bn_backward, QUEUE, 1)         \
   X(bias_act, QUEUE, 0)            \
   X(bias_act_backward, QUEUE, 0)   \
+  X(linear_act, QUEUE, 0)          \
   X(conv2d, QUEUE, 0)              \
   X(conv2d_backward, QUEUE, 0)     \
   X(comm_id, DIRECT, 0)            \
@@ -374,6 +379,22 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 /* out[r, c] = c == labels[r] ? -g[r] : 0; labels as for nll (int32). */
 #define CLPAR_BE_ARGS_nll_backward(F) \
   F(size_t, rows) F(size_t, cols) F(clpar_bref, labels) F(clpar_bref, g) F(clpar_bref, out)
+/* Softmax cross-entropy, one pass over each row (targets t as for nll_ignore):
+ *   loss[r] = t == ignore ? 0 : 0 <= t < cols ? -logp[r, t] : NaN;  weight[r] = t != ignore
+ * with logp = log_softmax(a) as the softmax entry computes it (the core composes xent from
+ * softmax and nll_ignore). */
+#define CLPAR_BE_ARGS_xent(F) \
+  F(size_t, rows) F(size_t, cols) F(int, idx64) F(int64_t, ignore) F(clpar_bref, a) \
+  F(clpar_bref, idx) F(clpar_bref, loss) F(clpar_bref, weight)
+/* Its gradient with respect to a, from one float g on the device and an optional count:
+ *   s = count.buf ? g[0] / count[0] : alpha * g[0]     (rounded to float)
+ *   out[r, c] = 0 <= t[r] < cols and t[r] != ignore ? d - exp(logp[r, c]) * -s : 0,
+ *   d = c == t[r] ? -s : 0
+ * (log-softmax's backward of nll_ignore's; composed from softmax, nll_ignore_backward and
+ * softmax_backward). out does not alias a. */
+#define CLPAR_BE_ARGS_xent_backward(F)                                                       \
+  F(size_t, rows) F(size_t, cols) F(int, idx64) F(int64_t, ignore) F(clpar_bref, a)           \
+  F(clpar_bref, idx) F(clpar_bref, g) F(clpar_bref, count) F(float, alpha) F(clpar_bref, out)
 /* In place, n elements (see clpar_sgd_args); buf is ignored when momentum == 0. The args
  * are copied when the op is queued. */
 #define CLPAR_BE_ARGS_sgd_step(F) \
@@ -474,6 +495,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_bias_act_backward(F)                                                   \
   F(clpar_act_kind, act) F(size_t, rows) F(size_t, cols) F(clpar_bref, g) F(clpar_bref, y)    \
   F(clpar_bref, out) F(clpar_bref, db) F(int, accumulate)
+/* A Linear's forward with its epilogue, out [m, n] = f(x [m, k] w^T + bias) (w [n, k]): as
+ * gemm(0, 1, ..., alpha 1, beta 0) then bias_act, or then the activation's unary without a
+ * bias (bias.buf NULL), which the core composes it from; a backend may run it as one kernel
+ * (the GEMM's epilogue). out does not alias x or w. */
+#define CLPAR_BE_ARGS_linear_act(F)                                                     \
+  F(clpar_act_kind, act) F(size_t, m) F(size_t, n) F(size_t, k) F(clpar_bref, x)         \
+  F(clpar_bref, w) F(clpar_bref, bias) F(clpar_bref, out)
 
 /* ---- collectives between processes on the device itself (CUDA with NCCL) ----
  * For DistributedDataParallel (src/dist/ddp.c): one communicator per process and device, made

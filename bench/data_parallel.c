@@ -12,10 +12,18 @@
  * On this 2-core machine, the meaningful set-up is two PoCL "basic" devices, each in its own
  * context and driven by its own worker thread (DESIGN.md):
  *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_data_parallel [steps [model]]
- * where model, when given, runs only the models whose name contains it ("compute", "latency"). */
+ * where model, when given, runs only the models whose name contains it ("compute", "latency").
+ *
+ * Also per model: kernels per device per step (the commands each device ran in the profiled
+ * round: kernel launches, GEMM calls, device-local copies) and the machine's own two-core
+ * scaling (core_scaling.h: two one-device processes at once, each bound to a core of its own,
+ * against one alone), printed with the two-device figures, so that a speedup measured while
+ * other work runs can be told from a regression. */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
+#include "core_scaling.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +88,16 @@ typedef struct {
   double waits, transfers;      /* per step, in the best round */
   double busy[2], busy_wall;    /* per step, in the profiled round: each device's time in
                                    kernels, GEMMs and local copies, and the round's wall time */
+  double kernels[2];            /* per step, in the profiled round: commands each device ran */
 } config;
+
+/* Waits for the set-up's devices. */
+static int sync_all(const config *c) {
+  int good = 1;
+  for (int d = 0; good && d < c->n; d++)
+    good = bench_ok(clpar_device_synchronize(clpar_device_get(d)), "sync");
+  return good;
+}
 
 static int step(config *c) {
   return bench_train_step(c->dp, c->opt, clpar_device_get(0), c->x, c->y, c->m->batch, c->m->in);
@@ -101,8 +118,7 @@ static int setup(config *c, const model_spec *m, int n) {
   /* two warm-up steps: kernels compile, the allocators' caches fill */
   return model && bench_ok(clpar_data_parallel_create(model, &o, &c->dp), "DataParallel") &&
          bench_ok(clpar_sgd_create_for(c->dp, &sgd, &c->opt), "SGD") && step(c) && step(c) &&
-         bench_ok(clpar_device_synchronize(devs[0]), "sync") &&
-         bench_ok(clpar_device_synchronize(devs[1]), "sync");
+         sync_all(c);
 }
 
 /* One round of steps steps; keeps it if it is the best so far. */
@@ -113,8 +129,7 @@ static int round_of(config *c, int steps) {
   int good = 1;
   for (int i = 0; good && i < steps; i++) good = step(c);
   counts after = count_now(); /* before the synchronizing below, which waits by design */
-  good = good && bench_ok(clpar_device_synchronize(clpar_device_get(0)), "sync") &&
-         bench_ok(clpar_device_synchronize(clpar_device_get(1)), "sync");
+  good = good && sync_all(c);
   double per = (now_seconds() - t0) / steps;
   if (good && per < c->best) {
     c->best = per;
@@ -137,13 +152,19 @@ static int profiled_round(config *c, int steps) {
     clpar_profile pr = {0, 0};
     good = good && bench_ok(clpar_device_profile_read(clpar_device_get(d), &pr), "profile");
     c->busy[d] = pr.device_seconds / steps;
+    c->kernels[d] = (double)pr.ops / steps;
     clpar_device_profile_stop(clpar_device_get(d));
   }
   c->busy_wall = (now_seconds() - t0) / steps;
   return good;
 }
 
-static void report(const config *c, int steps, int rounds, double baseline) {
+/* The machine's two-core scaling, best of rounds (core_scaling.h); negative when not taken. */
+typedef struct {
+  double one, two;
+} machine;
+
+static void report(const config *c, int steps, int rounds, double baseline, const machine *mc) {
   const clpar_data_parallel_stats *st = &c->st;
   printf(
       "{\"bench\": \"data_parallel\", \"model\": \"%s\", \"batch\": %lld, \"devices\": %d, "
@@ -152,14 +173,22 @@ static void report(const config *c, int steps, int rounds, double baseline) {
       "\"transfers_per_step\": %.2f, \"per_step_host_ms\": {\"scatter\": %.3f, \"replicate\": "
       "%.3f, \"apply\": %.3f, \"gather\": %.3f, \"reduce\": %.3f}, "
       "\"replica_parameter_copies_per_step\": %.2f, \"profiled_ms_per_step\": %.2f, "
-      "\"device_busy_ms_per_step\": [%.2f, %.2f]}\n",
+      "\"device_busy_ms_per_step\": [%.2f, %.2f], \"kernels_per_step\": [%.1f, %.1f]",
       c->m->name, (long long)c->m->batch, c->n, clpar_device_id(clpar_device_get(0)),
       c->n > 1 ? "," : "", c->n > 1 ? clpar_device_id(clpar_device_get(1)) : "", steps, rounds,
       c->best * 1e3, (double)c->m->batch / c->best, baseline / c->best, c->waits, c->transfers,
       st->scatter_seconds / steps * 1e3, st->replicate_seconds / steps * 1e3,
       st->apply_seconds / steps * 1e3, st->gather_seconds / steps * 1e3,
       st->reduce_seconds / steps * 1e3, (double)st->parameters_copied / steps, c->busy_wall * 1e3,
-      c->busy[0] * 1e3, c->busy[1] * 1e3);
+      c->busy[0] * 1e3, c->busy[1] * 1e3, c->kernels[0], c->kernels[1]);
+  if (c->n > 1 && mc->one > 0 && mc->two > 0)
+    printf(
+        ", \"machine_solo_samples_per_s\": %.1f, \"machine_two_solo_samples_per_s\": %.1f, "
+        "\"machine_two_core_scaling\": %.3f, \"speedup_vs_machine\": %.3f",
+        mc->one, mc->two, mc->two / mc->one, baseline / c->best / (mc->two / mc->one));
+  else if (c->n > 1)
+    printf(", \"machine_two_core_scaling\": null");
+  printf("}\n");
   fflush(stdout);
 }
 
@@ -170,7 +199,26 @@ static void teardown(config *c) {
   free(c->y);
 }
 
+/* --solo CORE STEPS MODEL: the child of core_scaling.h. Bound to core CORE, it trains MODEL
+ * on one device for 3 rounds of STEPS steps and prints the best round's samples/s. */
+static int solo(int argc, char **argv) {
+  if (argc < 5 || !core_bind(atoi(argv[2]))) return 1;
+  int steps = atoi(argv[3]);
+  const model_spec *m = NULL;
+  for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+    if (strcmp(models[i].name, argv[4]) == 0) m = &models[i];
+  if (!m || steps < 1 || !bench_ok(clpar_init(), "clpar_init")) return 1;
+  config one = {0};
+  int good = setup(&one, m, 1);
+  for (int r = 0; good && r < 3; r++) good = round_of(&one, steps);
+  if (good) printf("%.3f\n", (double)m->batch / one.best);
+  teardown(&one);
+  clpar_shutdown();
+  return good ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--solo") == 0) return solo(argc, argv);
   int steps_arg = argc > 1 ? atoi(argv[1]) : 5;
   if (steps_arg < 1) steps_arg = 5;
   if (!bench_ok(clpar_init(), "clpar_init")) return 1;
@@ -189,9 +237,12 @@ int main(int argc, char **argv) {
     good = setup(&one, &models[mi], 1) && setup(&two, &models[mi], 2);
     for (int r = 0; good && r < rounds; r++) good = round_of(&one, steps) && round_of(&two, steps);
     good = good && profiled_round(&one, steps) && profiled_round(&two, steps);
+    machine mc;
+    if (good && !core_scaling(steps, models[mi].name, rounds, &mc.one, &mc.two))
+      fprintf(stderr, "bench_data_parallel: the two-core scaling was not measured\n");
     if (good) {
-      report(&one, steps, rounds, one.best);
-      report(&two, steps, rounds, one.best);
+      report(&one, steps, rounds, one.best, &mc);
+      report(&two, steps, rounds, one.best, &mc);
     }
     teardown(&one);
     teardown(&two);

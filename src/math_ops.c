@@ -1,8 +1,9 @@
 /* math_ops.c — the element-wise math of transformers (exp, log, sqrt, pow, GELU), argmax and
  * cross-entropy with targets on the device. exp and sqrt run the unary entry and take their
  * gradient from the output; log, pow and GELU run the pointwise entry both ways, from the
- * input. Cross-entropy is log_softmax (its own node) and one node for the mean (or sum) of
- * the picked negative log-probabilities over the targets that are not ignored. */
+ * input. Cross-entropy is one node: the fused softmax cross-entropy entry (xent) per row, the
+ * mean (or sum) over the targets that are not ignored, and one entry (xent_backward) for the
+ * gradient of the logits. */
 #include <string.h>
 
 #include "internal.h"
@@ -112,25 +113,20 @@ clpar_status clpar_argmax(const clpar_tensor *x, clpar_tensor **out) {
 
 /* ---- cross-entropy with device targets and ignore_index ---- */
 
-/* d loss / d logp[r, c] = -scale at c == t[r] (t not ignored), with scale = g / count for
- * the mean and g for the sum. saved: the targets and, for the mean, the count. */
+/* d loss / d logits, one fused entry: (softmax - onehot(t)) * scale per row whose target is
+ * not ignored, with scale = g / count for the mean and g for the sum. saved: the targets and,
+ * for the mean, the count. */
 static clpar_status ce_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
-  clpar_tensor *logp = n->inputs[0], *t = n->saved[0], *count = n->saved[1];
+  clpar_tensor *logits = n->inputs[0], *t = n->saved[0], *count = n->saved[1];
   clpar_device *dev = n->dev;
-  clpar_tensor *scale = NULL, *r = NULL;
-  clpar_status s = CLPAR_OK;
-  if (count) {
-    s = clpar_tensor_empty(dev, 1, g->shape, &scale);
-    if (s == CLPAR_OK)
-      s = clpar_dev_binary(dev, CLPAR_BINARY_DIV, 1, 1, clpar_tensor_bref(g),
-                           clpar_tensor_bref(count), 1, clpar_tensor_bref(scale));
-  }
-  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 2, logp->shape, &r);
+  clpar_tensor *r = NULL;
+  clpar_bref none = {NULL, 0};
+  clpar_status s = clpar_tensor_empty(dev, 2, logits->shape, &r);
   if (s == CLPAR_OK)
-    s = clpar_dev_nll_ignore_backward(dev, (size_t)logp->shape[0], (size_t)logp->shape[1],
-                                      t->dtype == CLPAR_INT64, n->iparam[0], clpar_tensor_bref(t),
-                                      clpar_tensor_bref(scale ? scale : g), clpar_tensor_bref(r));
-  clpar_tensor_free(scale);
+    s = clpar_dev_xent_backward(
+        dev, (size_t)logits->shape[0], (size_t)logits->shape[1], t->dtype == CLPAR_INT64,
+        n->iparam[0], clpar_tensor_bref(logits), clpar_tensor_bref(t), clpar_tensor_bref(g),
+        count ? clpar_tensor_bref(count) : none, 1.0f, clpar_tensor_bref(r));
   if (s != CLPAR_OK) return failed(dev, s, r);
   gin[0] = r;
   return CLPAR_OK;
@@ -164,18 +160,18 @@ static clpar_status ce_check(const clpar_tensor *logits, const clpar_tensor *tar
   return CLPAR_OK;
 }
 
-/* total (and count) [1] from the per-row losses of logp [rows, cols]. */
-static clpar_status ce_sums(clpar_tensor *logp, const clpar_tensor *t, int64_t ignore,
+/* total (and count) [1] from the per-row losses of logits [rows, cols]. */
+static clpar_status ce_sums(clpar_tensor *logits, const clpar_tensor *t, int64_t ignore,
                             clpar_tensor *total, clpar_tensor *count) {
-  clpar_device *dev = logp->storage->dev;
-  int64_t rows = logp->shape[0], two[2] = {2, rows};
+  clpar_device *dev = logits->storage->dev;
+  int64_t rows = logits->shape[0], two[2] = {2, rows};
   clpar_tensor *lw; /* loss and weight per row */
   clpar_status s = clpar_tensor_empty(dev, 2, two, &lw);
   if (s != CLPAR_OK) return s;
   clpar_bref loss = clpar_tensor_bref(lw), weight = loss;
   weight.off += (size_t)rows;
-  s = clpar_dev_nll_ignore(dev, (size_t)rows, (size_t)logp->shape[1], t->dtype == CLPAR_INT64,
-                           ignore, clpar_tensor_bref(logp), clpar_tensor_bref(t), loss, weight);
+  s = clpar_dev_xent(dev, (size_t)rows, (size_t)logits->shape[1], t->dtype == CLPAR_INT64, ignore,
+                     clpar_tensor_bref(logits), clpar_tensor_bref(t), loss, weight);
   if (s == CLPAR_OK)
     s = clpar_dev_reduce_sum(dev, 1, (size_t)rows, 1, loss, clpar_tensor_bref(total));
   if (s == CLPAR_OK && count)
@@ -197,24 +193,22 @@ clpar_status clpar_cross_entropy_targets(const clpar_tensor *logits, const clpar
   if (s != CLPAR_OK) return s;
   clpar_device *dev = logits->storage->dev;
   int64_t cols = logits->shape[logits->ndim - 1], shape2[2] = {logits->numel / cols, cols}, one = 1;
-  clpar_tensor *flat = NULL, *logp = NULL, *r = NULL, *count = NULL, *t = NULL;
+  clpar_tensor *flat = NULL, *r = NULL, *count = NULL, *t = NULL;
   s = clpar_tensor_reshape((clpar_tensor *)logits, 2, shape2, &flat);
-  if (s == CLPAR_OK) s = clpar_log_softmax(flat, &logp);
   if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &one, &r);
   if (s == CLPAR_OK && reduction == CLPAR_REDUCTION_MEAN)
     s = clpar_tensor_empty(dev, 1, &one, &count);
   if (s == CLPAR_OK) s = clpar_tensor_alias(targets, &t);
-  if (s == CLPAR_OK) s = ce_sums(logp, t, ignore_index, r, count);
-  clpar_tensor_free(flat);
+  if (s == CLPAR_OK) s = ce_sums(flat, t, ignore_index, r, count);
   if (s != CLPAR_OK) {
-    clpar_tensor_free(logp), clpar_tensor_free(r), clpar_tensor_free(count), clpar_tensor_free(t);
+    clpar_tensor_free(flat), clpar_tensor_free(r), clpar_tensor_free(count), clpar_tensor_free(t);
     return s;
   }
   clpar_tensor *saved[2] = {t, count};
   clpar_node *node;
-  s = clpar_record_op_keep(r, "clpar_cross_entropy_targets", ce_backward, &logp, 1, NULL, saved,
+  s = clpar_record_op_keep(r, "clpar_cross_entropy_targets", ce_backward, &flat, 1, NULL, saved,
                            count ? 2 : 1, &node, out);
   if (s == CLPAR_OK && node) node->iparam[0] = ignore_index;
-  clpar_tensor_free(logp);
+  clpar_tensor_free(flat);
   return s;
 }

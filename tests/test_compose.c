@@ -233,11 +233,14 @@ static void test_softmax_backward_composed(void **state) {
         clpar_device *dev = clpar_device_get(d);
         char label[160];
         float *fused = softmax_grads(dev, kind, rows, cols);
-        set_way(dev, COMPOSED, BIT(softmax_backward));
+        /* cross-entropy reaches softmax_backward through its composed xent entries */
+        uint64_t bits = BIT(softmax_backward) | (kind == 2 ? BIT(xent) | BIT(xent_backward) : 0);
+        set_way(dev, COMPOSED, bits);
         uint64_t before = composed_calls(dev);
         float *composed = softmax_grads(dev, kind, rows, cols);
         set_way(dev, FUSED, 0);
-        assert_int_equal(composed_calls(dev) - before, 1); /* one softmax backward */
+        /* one softmax backward (and xent, xent_backward) */
+        assert_int_equal(composed_calls(dev) - before, kind == 2 ? 3 : 1);
         snprintf(label, sizeof label, "%s [%lld, %lld] on %s: composed vs fused", kinds[kind],
                  (long long)rows, (long long)cols, clpar_device_id(dev));
         /* float sums over a row (the host's softmax backward sums in double) */
@@ -253,31 +256,31 @@ static void test_softmax_backward_composed(void **state) {
     }
 }
 
-/* Cross-entropy (log-softmax, then nll) from a Linear layer: the loss and the gradients of
- * x and the weight; returns them concatenated (loss first). */
-static float *nll_run(clpar_device *dev, clpar_reduction red, int64_t rows, int64_t cols) {
-  int64_t xs[] = {rows, 8}, ws[] = {cols, 8};
-  clpar_tensor *x = tu_make(dev, 2, xs, 61), *wt = tu_make(dev, 2, ws, 62), *h, *loss;
-  tu_ok(clpar_tensor_set_requires_grad(x, 1));
-  tu_ok(clpar_tensor_set_requires_grad(wt, 1));
+/* The nll and nll_backward entries on dev for log-probabilities [rows, cols] (random), int32
+ * labels (the first row at the last class) and a per-row gradient; returns nll's [rows],
+ * then nll_backward's [rows, cols] (malloc'ed). */
+static float *nll_run(clpar_device *dev, int64_t rows, int64_t cols) {
+  int64_t as[] = {rows, cols};
+  clpar_tensor *a = tu_make(dev, 2, as, 61), *g = tu_make(dev, 1, &rows, 62), *lab, *out, *gin;
   int32_t *labels = malloc((size_t)rows * sizeof *labels);
   assert_non_null(labels);
   for (int64_t r = 0; r < rows; r++) labels[r] = (int32_t)(r == 0 ? cols - 1 : (r * 5 + 1) % cols);
-  tu_ok(clpar_linear(x, wt, NULL, &h));
-  tu_ok(clpar_cross_entropy(h, labels, rows, red, &loss));
-  tu_ok(clpar_backward(loss));
-  size_t nx = (size_t)rows * 8, nw = (size_t)cols * 8;
-  float *out = malloc((1 + nx + nw) * sizeof *out);
-  assert_non_null(out);
-  tu_ok(clpar_tensor_read(loss, out, 1));
-  tu_ok(clpar_tensor_read(clpar_tensor_grad(x), out + 1, nx));
-  tu_ok(clpar_tensor_read(clpar_tensor_grad(wt), out + 1 + nx, nw));
+  tu_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &rows, labels, &lab));
+  tu_ok(clpar_tensor_empty(dev, 1, &rows, &out));
+  tu_ok(clpar_tensor_empty(dev, 2, as, &gin));
+  tu_ok(clpar_dev_nll(dev, (size_t)rows, (size_t)cols, clpar_tensor_bref(a), clpar_tensor_bref(lab),
+                      clpar_tensor_bref(out)));
+  tu_ok(clpar_dev_nll_backward(dev, (size_t)rows, (size_t)cols, clpar_tensor_bref(lab),
+                               clpar_tensor_bref(g), clpar_tensor_bref(gin)));
+  size_t n = (size_t)(rows * cols);
+  float *res = malloc(((size_t)rows + n) * sizeof *res);
+  assert_non_null(res);
+  tu_ok(clpar_tensor_read(out, res, (size_t)rows));
+  tu_ok(clpar_tensor_read(gin, res + rows, n));
   free(labels);
-  clpar_tensor_free(loss);
-  clpar_tensor_free(h);
-  clpar_tensor_free(x);
-  clpar_tensor_free(wt);
-  return out;
+  clpar_tensor_free(a), clpar_tensor_free(g), clpar_tensor_free(lab);
+  clpar_tensor_free(out), clpar_tensor_free(gin);
+  return res;
 }
 
 /* nll and nll_backward composed (pick, neg, fill) against the fused entries and the host. */
@@ -285,35 +288,31 @@ static void test_nll_composed(void **state) {
   (void)state;
   static const int64_t shapes[][2] = {{16, 10}, {1, 3}, {50, 1}, {300, 77}};
   clpar_device *host = tu_host();
-  for (int red = 0; red < 2; red++)
-    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
-      int64_t rows = shapes[sh][0], cols = shapes[sh][1];
-      size_t n = 1 + (size_t)(rows * 8 + cols * 8);
-      clpar_reduction r = red ? CLPAR_REDUCTION_SUM : CLPAR_REDUCTION_MEAN;
-      set_way(host, FUSED, 0);
-      float *ref = nll_run(host, r, rows, cols);
-      for (int d = 0; d < clpar_device_count(); d++) {
-        clpar_device *dev = clpar_device_get(d);
-        char label[160];
-        float *fused = nll_run(dev, r, rows, cols);
-        set_way(dev, COMPOSED, BIT(nll) | BIT(nll_backward));
-        uint64_t before = composed_calls(dev);
-        float *composed = nll_run(dev, r, rows, cols);
-        set_way(dev, FUSED, 0);
-        assert_int_equal(composed_calls(dev) - before, 2); /* nll and its backward */
-        snprintf(label, sizeof label,
-                 "cross-entropy (%s) [%lld, %lld] on %s: composed nll vs fused",
-                 red ? "sum" : "mean", (long long)rows, (long long)cols, clpar_device_id(dev));
-        tu_assert_close(composed, fused, n, 1e-6f, 1e-7f, label);
-        snprintf(label, sizeof label,
-                 "cross-entropy (%s) [%lld, %lld] on %s: composed nll vs the host reference",
-                 red ? "sum" : "mean", (long long)rows, (long long)cols, clpar_device_id(dev));
-        tu_assert_close(composed, ref, n, 1e-4f, 1e-5f, label);
-        free(fused);
-        free(composed);
-      }
-      free(ref);
+  for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+    int64_t rows = shapes[sh][0], cols = shapes[sh][1];
+    size_t n = (size_t)(rows + rows * cols);
+    set_way(host, FUSED, 0);
+    float *ref = nll_run(host, rows, cols);
+    for (int d = 0; d < clpar_device_count(); d++) {
+      clpar_device *dev = clpar_device_get(d);
+      char label[160];
+      float *fused = nll_run(dev, rows, cols);
+      set_way(dev, COMPOSED, BIT(nll) | BIT(nll_backward));
+      uint64_t before = composed_calls(dev);
+      float *composed = nll_run(dev, rows, cols);
+      set_way(dev, FUSED, 0);
+      assert_int_equal(composed_calls(dev) - before, 2); /* nll and its backward */
+      snprintf(label, sizeof label, "nll [%lld, %lld] on %s: composed vs fused", (long long)rows,
+               (long long)cols, clpar_device_id(dev));
+      tu_assert_close(composed, fused, n, 0.0f, 0.0f, label);
+      snprintf(label, sizeof label, "nll [%lld, %lld] on %s: composed vs the host reference",
+               (long long)rows, (long long)cols, clpar_device_id(dev));
+      tu_assert_close(composed, ref, n, 0.0f, 0.0f, label);
+      free(fused);
+      free(composed);
     }
+    free(ref);
+  }
 }
 
 /* pick, the primitive nll is composed from: gather and scatter at int32 indices (the first

@@ -1,6 +1,7 @@
 /* host_tensor_ops.c — the host backend's tensor-op entries (backend.h): strided copies,
  * element-wise math with a parameter, the upper-triangle mask, argmax and the negative
- * log-likelihood with ignored targets. Plain loops; the host backend is the reference. */
+ * log-likelihood with ignored targets, and softmax cross-entropy in one pass per row. Plain
+ * loops; the host backend is the reference. */
 #include <math.h>
 #include <stdint.h>
 
@@ -138,6 +139,68 @@ clpar_status clpar_host_nll_ignore_backward(void *dev, size_t rows, size_t cols,
   for (size_t r = 0; r < rows; r++) {
     int64_t t = target(idx, idx64, r);
     for (size_t c = 0; c < cols; c++) po[r * cols + c] = t != ignore && (int64_t)c == t ? v : 0.0f;
+  }
+  return CLPAR_OK;
+}
+
+/* ---- softmax cross-entropy: the softmax entry's log_softmax, computed per row ---- */
+
+/* The row's maximum and the log of its sum of exp(x - max), as host_softmax computes them. */
+static void row_lse(const float *x, size_t cols, float *max, double *lse) {
+  float m = x[0];
+  for (size_t c = 1; c < cols; c++) m = x[c] > m ? x[c] : m;
+  double sum = 0.0;
+  for (size_t c = 0; c < cols; c++) sum += exp((double)x[c] - m);
+  *max = m;
+  *lse = log(sum);
+}
+
+clpar_status clpar_host_xent(void *dev, size_t rows, size_t cols, int idx64, int64_t ignore,
+                             clpar_bref a, clpar_bref idx, clpar_bref loss, clpar_bref weight) {
+  (void)dev;
+  const float *pa = at(a);
+  float *pl = at(loss), *pw = at(weight);
+#pragma omp parallel for if (rows * cols > HOST_PAR) schedule(static)
+  for (size_t r = 0; r < rows; r++) {
+    int64_t t = target(idx, idx64, r);
+    const float *x = pa + r * cols;
+    pw[r] = t == ignore ? 0.0f : 1.0f;
+    if (t == ignore || t < 0 || (uint64_t)t >= cols) {
+      pl[r] = t == ignore ? 0.0f : NAN;
+      continue;
+    }
+    float m;
+    double lse;
+    row_lse(x, cols, &m, &lse);
+    pl[r] = -(float)((double)x[t] - m - lse);
+  }
+  return CLPAR_OK;
+}
+
+clpar_status clpar_host_xent_backward(void *dev, size_t rows, size_t cols, int idx64,
+                                      int64_t ignore, clpar_bref a, clpar_bref idx, clpar_bref g,
+                                      clpar_bref count, float alpha, clpar_bref out) {
+  (void)dev;
+  const float *pa = at(a);
+  float *po = at(out);
+  float s = count.buf ? at(g)[0] / at(count)[0] : alpha * at(g)[0];
+  double dot = -(double)s; /* the row sum of d */
+#pragma omp parallel for if (rows * cols > HOST_PAR) schedule(static)
+  for (size_t r = 0; r < rows; r++) {
+    int64_t t = target(idx, idx64, r);
+    const float *x = pa + r * cols;
+    float *o = po + r * cols;
+    if (t == ignore || t < 0 || (uint64_t)t >= cols) {
+      for (size_t c = 0; c < cols; c++) o[c] = 0.0f;
+      continue;
+    }
+    float m;
+    double lse;
+    row_lse(x, cols, &m, &lse);
+    for (size_t c = 0; c < cols; c++) {
+      float logp = (float)((double)x[c] - m - lse), d = (int64_t)c == t ? -s : 0.0f;
+      o[c] = (float)(d - exp((double)logp) * dot);
+    }
   }
   return CLPAR_OK;
 }

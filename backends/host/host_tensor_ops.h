@@ -13,6 +13,8 @@ CLPAR_HOST_TOPS_DECL_(mask_upper)
 CLPAR_HOST_TOPS_DECL_(argmax)
 CLPAR_HOST_TOPS_DECL_(nll_ignore)
 CLPAR_HOST_TOPS_DECL_(nll_ignore_backward)
+CLPAR_HOST_TOPS_DECL_(xent)
+CLPAR_HOST_TOPS_DECL_(xent_backward)
 /* host_layers.c */
 CLPAR_HOST_TOPS_DECL_(embedding)
 CLPAR_HOST_TOPS_DECL_(embedding_backward)
@@ -29,6 +31,8 @@ CLPAR_HOST_TOPS_DECL_(half_convert)
 #define host_argmax clpar_host_argmax
 #define host_nll_ignore clpar_host_nll_ignore
 #define host_nll_ignore_backward clpar_host_nll_ignore_backward
+#define host_xent clpar_host_xent
+#define host_xent_backward clpar_host_xent_backward
 #define host_embedding clpar_host_embedding
 #define host_embedding_backward clpar_host_embedding_backward
 #define host_layernorm clpar_host_layernorm

@@ -264,6 +264,33 @@ clpar_status ocl_softmax_backward(void *dev, int log, size_t rows, size_t cols, 
   return launch_rows(dev, "softmax_backward_f32", args, 9, rows, cols);
 }
 
+clpar_status ocl_xent(void *dev, size_t rows, size_t cols, int idx64, int64_t ignore, clpar_bref a,
+                      clpar_bref idx, clpar_bref loss, clpar_bref weight) {
+  cl_mem am = AS_MEM(a.buf), im = AS_MEM(idx.buf), lm = AS_MEM(loss.buf), wm = AS_MEM(weight.buf);
+  cl_ulong ao = a.off, io = idx.off, lo = loss.off, wo = weight.off, c = cols;
+  cl_int i64 = idx64;
+  cl_long ig = ignore;
+  karg args[] = {KARG(am), KARG(ao), KARG(im), KARG(io), KARG(i64), KARG(ig),
+                 KARG(lm), KARG(lo), KARG(wm), KARG(wo), KARG(c),   {0, NULL}};
+  return launch_rows(dev, "xent_f32", args, 12, rows, cols);
+}
+
+clpar_status ocl_xent_backward(void *dev, size_t rows, size_t cols, int idx64, int64_t ignore,
+                               clpar_bref a, clpar_bref idx, clpar_bref g, clpar_bref count,
+                               float alpha, clpar_bref out) {
+  /* without a count, g's buffer stands in for it (never read: has_count says so) */
+  cl_mem am = AS_MEM(a.buf), im = AS_MEM(idx.buf), gm = AS_MEM(g.buf), om = AS_MEM(out.buf),
+         cm = AS_MEM(count.buf ? count.buf : g.buf);
+  cl_ulong ao = a.off, io = idx.off, go = g.off, co = count.off, oo = out.off, c = cols;
+  cl_int i64 = idx64, has_count = count.buf != NULL;
+  cl_long ig = ignore;
+  cl_float al = alpha;
+  karg args[] = {KARG(am), KARG(ao), KARG(im), KARG(io), KARG(i64),       KARG(ig),
+                 KARG(gm), KARG(go), KARG(cm), KARG(co), KARG(has_count), KARG(al),
+                 KARG(om), KARG(oo), KARG(c),  {0, NULL}};
+  return launch_rows(dev, "xent_backward_f32", args, 16, rows, cols);
+}
+
 clpar_status ocl_pick(void *dev, int scatter, size_t rows, size_t cols, clpar_bref idx,
                       clpar_bref a, clpar_bref out) {
   cl_mem im = AS_MEM(idx.buf), am = AS_MEM(a.buf), om = AS_MEM(out.buf);

@@ -127,6 +127,39 @@ clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, s
   return s_;
 }
 
+/* A Linear's forward (backend.h's linear_act): where ocl_gemm would run gemm_small_nt, the
+ * bias and activation go into its epilogue (one launch instead of two); elsewhere the GEMM,
+ * then bias_act or the activation's unary. */
+clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
+                            clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out) {
+  clpar_ocl_device *d = dev;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "opencl linear_act: activation %d",
+                           (int)act);
+  if (!clpar_ocl_gemm_takes_tile(d, 0, 1, m, n, k, k, k, n) &&
+      clpar_ocl_gemm_takes_small(d, 0, 1, m, n, k)) {
+    cl_mem xm = AS_MEM(x.buf), wm = AS_MEM(w.buf), om = AS_MEM(out.buf);
+    cl_mem bm = AS_MEM(bias.buf ? bias.buf : w.buf); /* never read without a bias */
+    cl_ulong m_ = m, n_ = n, k_ = k, xo = x.off, wo = w.off, bo = bias.off, oo = out.off;
+    cl_int has_bias = bias.buf != NULL, a = (cl_int)act;
+    size_t global[2], local[2];
+    clpar_ocl_shape_2d(d, n, m, global, local);
+    karg args[] = {KARG(m_), KARG(n_), KARG(k_),       KARG(xm), KARG(xo), KARG(wm), KARG(wo),
+                   KARG(bm), KARG(bo), KARG(has_bias), KARG(a),  KARG(om), KARG(oo)};
+    return clpar_ocl_launch(d, "gemm_small.cl", "gemm_small_nt_bias_act", args, 13, 2, global,
+                            local);
+  }
+  clpar_status s = ocl_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
+  if (s == CLPAR_OK && bias.buf) return ocl_bias_act(dev, act, m, n, out, bias, out);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = ocl_unary(dev,
+                  act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                  : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                             : CLPAR_UNARY_TANH,
+                  m * n, out, out);
+  return s;
+}
+
 clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
                               float alpha, clpar_bref a, size_t lda, size_t stride_a, clpar_bref b,
                               size_t ldb, size_t stride_b, float beta, clpar_bref c, size_t ldc,

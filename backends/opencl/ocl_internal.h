@@ -169,6 +169,9 @@ CLPAR_OCL_ENTRY_DECL_(softmax_backward)
 CLPAR_OCL_ENTRY_DECL_(pick)
 CLPAR_OCL_ENTRY_DECL_(nll)
 CLPAR_OCL_ENTRY_DECL_(nll_backward)
+CLPAR_OCL_ENTRY_DECL_(xent)
+CLPAR_OCL_ENTRY_DECL_(xent_backward)
+CLPAR_OCL_ENTRY_DECL_(linear_act)
 CLPAR_OCL_ENTRY_DECL_(sgd_step)
 CLPAR_OCL_ENTRY_DECL_(adam_step)
 /* ocl_gemm.c */
@@ -206,6 +209,9 @@ CLPAR_OCL_ENTRY_DECL_(gemm_batched)
 #define ocl_pick clpar_ocl_pick
 #define ocl_nll clpar_ocl_nll
 #define ocl_nll_backward clpar_ocl_nll_backward
+#define ocl_xent clpar_ocl_xent
+#define ocl_xent_backward clpar_ocl_xent_backward
+#define ocl_linear_act clpar_ocl_linear_act
 #define ocl_sgd_step clpar_ocl_sgd_step
 #define ocl_adam_step clpar_ocl_adam_step
 #define ocl_gemm clpar_ocl_gemm

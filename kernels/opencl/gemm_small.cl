@@ -46,3 +46,28 @@ __kernel void gemm_small_nt(ulong m, ulong n, ulong k, float alpha, __global con
     *pc = beta == 0.0f ? alpha * sum : alpha * sum + beta * *pc;
   }
 }
+
+/* gemm_small_nt with a Linear's epilogue (backend.h's linear_act): out = f(x w^T + bias),
+ * the product summed as gemm_small_nt sums it and rounded to float before the bias is added
+ * and f applied, as bias_act does (act: 0 none, 1 relu, 2 sigmoid, 3 tanh; has_bias 0 skips
+ * the bias). */
+__kernel void gemm_small_nt_bias_act(ulong m, ulong n, ulong k, __global const float *a,
+                                     ulong a_off, __global const float *b, ulong b_off,
+                                     __global const float *bias, ulong bias_off, int has_bias,
+                                     int act, __global float *c, ulong c_off) {
+  ulong j = get_global_id(0), i = get_global_id(1);
+  ulong ii = min(i, m - 1), jj = min(j, n - 1);
+  __global const float *pa = a + a_off + ii * k, *pb = b + b_off + jj * k;
+  float8 acc = (float8)(0.0f);
+  for (ulong p = 0; p < k; p += 8) acc += vload8(0, pa + p) * vload8(0, pb + p);
+  float4 h = acc.lo + acc.hi;
+  float2 q = h.lo + h.hi;
+  float x = q.x + q.y;
+  if (i < m && j < n) {
+    if (has_bias) x = x + bias[bias_off + j];
+    c[c_off + i * n + j] = act == 1   ? fmax(x, 0.0f)
+                           : act == 2 ? 1.0f / (1.0f + exp(-x))
+                           : act == 3 ? tanh(x)
+                                      : x;
+  }
+}

@@ -85,3 +85,65 @@ __kernel void nll_backward_f32(__global const int *labels, ulong l_off, __global
   if (c < cols && r < rows)
     out[out_off + r * cols + c] = c == (ulong)labels[l_off + r] ? -g[g_off + r] : 0.0f;
 }
+
+/* ---- softmax cross-entropy (backend.h's xent, xent_backward): one work-group per row ----
+ * Targets are int32 (idx64 == 0) or int64 (idx64 == 1, offset in words); logp is the
+ * softmax_f32 kernel's log_softmax, element for element. */
+static long xent_target(__global const int *idx, ulong idx_off, int idx64, ulong r) {
+  return idx64 ? ((__global const long *)idx)[idx_off / 2 + r] : (long)idx[idx_off + r];
+}
+
+/* The row's maximum and log of its sum of exp(x - max), in every work-item. */
+static void xent_row(__global const float *x, ulong cols, __local float *s, float *m,
+                     float *lse) {
+  uint l = get_local_id(0), L = get_local_size(0);
+  float mx = -INFINITY;
+  for (ulong c = l; c < cols; c += L) mx = fmax(mx, x[c]);
+  mx = group_max(mx, s);
+  float sum = 0.0f;
+  for (ulong c = l; c < cols; c += L) sum += exp(x[c] - mx);
+  sum = group_sum(sum, s);
+  *m = mx;
+  *lse = log(sum);
+}
+
+/* loss[r] = t == ignore ? 0 : 0 <= t < cols ? -logp[r, t] : NaN;  weight[r] = t != ignore */
+__kernel void xent_f32(__global const float *a, ulong a_off, __global const int *idx,
+                       ulong idx_off, int idx64, long ignore, __global float *loss, ulong l_off,
+                       __global float *weight, ulong w_off, ulong cols, __local float *s) {
+  ulong r = get_group_id(0);
+  __global const float *x = a + a_off + r * cols;
+  float m, lse;
+  xent_row(x, cols, s, &m, &lse);
+  if (get_local_id(0) != 0) return;
+  long t = xent_target(idx, idx_off, idx64, r);
+  weight[w_off + r] = t == ignore ? 0.0f : 1.0f;
+  loss[l_off + r] = t == ignore                 ? 0.0f
+                    : t >= 0 && (ulong)t < cols ? -((x[t] - m) - lse)
+                                                : NAN;
+}
+
+/* s = has_count ? g / count : alpha g; out[r, c] = d - exp(logp[r, c]) * -s, d = -s at the
+ * target (0 elsewhere), for rows whose target is in range and not ignored; 0 for the others. */
+__kernel void xent_backward_f32(__global const float *a, ulong a_off, __global const int *idx,
+                                ulong idx_off, int idx64, long ignore, __global const float *g,
+                                ulong g_off, __global const float *count, ulong c_off,
+                                int has_count, float alpha, __global float *out, ulong out_off,
+                                ulong cols, __local float *s) {
+  ulong r = get_group_id(0);
+  uint l = get_local_id(0), L = get_local_size(0);
+  __global const float *x = a + a_off + r * cols;
+  __global float *o = out + out_off + r * cols;
+  long t = xent_target(idx, idx_off, idx64, r);
+  if (t == ignore || t < 0 || (ulong)t >= cols) {
+    for (ulong c = l; c < cols; c += L) o[c] = 0.0f;
+    return; /* the whole group returns: no barrier is left waiting */
+  }
+  float m, lse;
+  xent_row(x, cols, s, &m, &lse);
+  float sv = has_count ? g[g_off] / count[c_off] : alpha * g[g_off], dot = -sv;
+  for (ulong c = l; c < cols; c += L) {
+    float d = (long)c == t ? -sv : 0.0f;
+    o[c] = d - exp((x[c] - m) - lse) * dot;
+  }
+}

@@ -1,6 +1,6 @@
 /* functional.c — sum, mean, linear and the losses, composed from differentiable ops so that
- * their backward comes from the parts; only the negative log-likelihood step of cross-entropy
- * has a backward of its own. Intermediates are freed here; the graph keeps what it needs. */
+ * their backward comes from the parts; Linear and cross-entropy have fused nodes of their own.
+ * Intermediates are freed here; the graph keeps what it needs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +35,14 @@ clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
 
 /* ---- Linear: one node for x W^T + b and its activation ----
  *
- * Forward is a GEMM and one fused epilogue (bias_act: the bias and the activation; a plain
- * unary without a bias). Backward is one bias_act_backward (the activation's gradient d, and
- * the bias gradient summed from it), then dW = d^T x and dx = d W as GEMMs. Each gradient goes
+ * Forward is one linear_act entry: the GEMM with the bias and the activation in its epilogue
+ * where the backend can (OpenCL CPU devices' small GEMMs), else a GEMM and one fused epilogue
+ * (bias_act: the bias and the activation; a plain unary without a bias). Backward is one
+ * bias_act_backward (the activation's gradient d, and the bias gradient summed from it), then
+ * dW = d^T x and dx = d W as GEMMs. Each gradient goes
  * straight into the memory where it accumulates when the engine gives a slot (clpar_grad_slot:
  * the parameter's grad, a slice of a flat gradient): the bias' sum is added by the epilogue,
- * dW by the GEMM with beta 1. So a layer costs 2 kernels forward and 3 backward (2 for the
+ * dW by the GEMM with beta 1. So a layer costs 1 or 2 kernels forward and 3 backward (2 for the
  * first, whose input needs no gradient), where a matmul, an add and a relu node cost 3 and 6
  * (the bias sum, the relu gradient, two GEMMs, and an add into each parameter's slice). */
 
@@ -139,18 +141,10 @@ clpar_status clpar_linear_act(const clpar_tensor *x, const clpar_tensor *weight,
   clpar_tensor *y;
   clpar_status s = clpar_tensor_empty(dev, 2, shape, &y);
   if (s != CLPAR_OK) return s;
-  s = clpar_dev_gemm(dev, 0, 1, (size_t)rows, (size_t)cols, (size_t)in, 1.0f, clpar_tensor_bref(x),
-                     (size_t)in, clpar_tensor_bref(weight), (size_t)in, 0.0f, clpar_tensor_bref(y),
-                     (size_t)cols);
-  if (s == CLPAR_OK && bias)
-    s = clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(y),
-                           clpar_tensor_bref(bias), clpar_tensor_bref(y));
-  else if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
-    s = clpar_dev_unary(dev,
-                        act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
-                        : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
-                                                   : CLPAR_UNARY_TANH,
-                        (size_t)(rows * cols), clpar_tensor_bref(y), clpar_tensor_bref(y));
+  clpar_bref none = {NULL, 0};
+  s = clpar_dev_linear_act(dev, act, (size_t)rows, (size_t)cols, (size_t)in, clpar_tensor_bref(x),
+                           clpar_tensor_bref(weight), bias ? clpar_tensor_bref(bias) : none,
+                           clpar_tensor_bref(y));
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(y);
@@ -222,14 +216,17 @@ clpar_status clpar_mse_loss(const clpar_tensor *input, const clpar_tensor *targe
   return s;
 }
 
-/* d(-logp[r, label]) / dlogp: -g[r] at the label, 0 elsewhere. */
-static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
-  clpar_tensor *logp = n->inputs[0], *labels = n->saved[0], *r;
+/* d loss / d logits: alpha g (softmax - onehot(label)) per row, one fused entry (xent_backward;
+ * no label is the ignore value -1, the labels being checked). */
+static clpar_status ce_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *logits = n->inputs[0], *labels = n->saved[0], *r;
   clpar_device *dev = n->dev;
-  clpar_status s = clpar_tensor_empty(dev, logp->ndim, logp->shape, &r);
+  clpar_bref none = {NULL, 0};
+  clpar_status s = clpar_tensor_empty(dev, logits->ndim, logits->shape, &r);
   if (s != CLPAR_OK) return s;
-  s = clpar_dev_nll_backward(dev, (size_t)logp->shape[0], (size_t)logp->shape[1],
-                             clpar_tensor_bref(labels), clpar_tensor_bref(g), clpar_tensor_bref(r));
+  s = clpar_dev_xent_backward(dev, (size_t)logits->shape[0], (size_t)logits->shape[1], 0, -1,
+                              clpar_tensor_bref(logits), clpar_tensor_bref(labels),
+                              clpar_tensor_bref(g), none, n->fparam[0], clpar_tensor_bref(r));
   if (s != CLPAR_OK) {
     clpar_device_fail(dev, s);
     clpar_tensor_free(r);
@@ -240,29 +237,42 @@ static clpar_status nll_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **
 }
 
 /* The labels travel to the device as an int32 tensor, as the user gave them: a float holds a
- * class index exactly only up to 2^24. Only nll and nll_backward read it,
- * and the node keeps it for the backward. */
-
-/* Per-row -logp[r, label[r]]. */
-static clpar_status nll(clpar_tensor *logp, const int32_t *labels, clpar_tensor **out) {
-  clpar_device *dev = logp->storage->dev;
-  int64_t rows = logp->shape[0];
-  clpar_tensor *lab, *per = NULL;
+ * class index exactly only up to 2^24. The node keeps it for the backward.
+ *
+ * The per-row losses come from the fused entry xent (log_softmax and the pick of the label in
+ * one pass), their sum from sum_rows and the mean from a scale by 1 / rows, as clpar_mean
+ * takes it; one node for the whole loss. */
+static clpar_status ce_fused(clpar_tensor *logits, const int32_t *labels, clpar_reduction red,
+                             clpar_tensor **out) {
+  clpar_device *dev = logits->storage->dev;
+  int64_t rows = logits->shape[0], two[2] = {2, rows}, one = 1;
+  float alpha = red == CLPAR_REDUCTION_MEAN ? 1.0f / (float)rows : 1.0f;
+  clpar_tensor *lab, *lw = NULL, *r = NULL;
   clpar_status s = clpar_tensor_empty_dtype(dev, CLPAR_INT32, 1, &rows, &lab);
   if (s != CLPAR_OK) return s;
   s = clpar_upload(dev, lab->storage->buf, 0, labels, clpar_tensor_bytes(lab));
-  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &rows, &per);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 2, two, &lw);
+  if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &one, &r);
+  clpar_bref loss = lw ? clpar_tensor_bref(lw) : (clpar_bref){NULL, 0}, weight = loss;
+  weight.off += (size_t)rows;
   if (s == CLPAR_OK)
-    s = clpar_dev_nll(dev, (size_t)rows, (size_t)logp->shape[1], clpar_tensor_bref(logp),
-                      clpar_tensor_bref(lab), clpar_tensor_bref(per));
-  if (s != CLPAR_OK && per) clpar_device_fail(dev, s);
+    s = clpar_dev_xent(dev, (size_t)rows, (size_t)logits->shape[1], 0, -1,
+                       clpar_tensor_bref(logits), clpar_tensor_bref(lab), loss, weight);
+  if (s == CLPAR_OK) s = clpar_dev_sum_rows(dev, (size_t)rows, 1, loss, clpar_tensor_bref(r));
+  if (s == CLPAR_OK && red == CLPAR_REDUCTION_MEAN)
+    s = clpar_dev_scale(dev, 1, alpha, clpar_tensor_bref(r), clpar_tensor_bref(r));
+  clpar_tensor_free(lw);
   if (s != CLPAR_OK) {
-    clpar_tensor_free(per);
+    if (r) clpar_device_fail(dev, s);
+    clpar_tensor_free(r);
     clpar_tensor_free(lab);
     return s;
   }
-  return clpar_record_op_keep(per, "clpar_cross_entropy", nll_backward, &logp, 1, NULL, &lab, 1,
-                              NULL, out);
+  clpar_node *node;
+  s = clpar_record_op_keep(r, "clpar_cross_entropy", ce_backward, &logits, 1, NULL, &lab, 1, &node,
+                           out);
+  if (s == CLPAR_OK && node) node->fparam[0] = alpha;
+  return s;
 }
 
 clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labels,
@@ -302,12 +312,5 @@ clpar_status clpar_cross_entropy(const clpar_tensor *logits, const int32_t *labe
             (double)f);
       return s;
     }
-  clpar_tensor *logp, *per = NULL;
-  s = clpar_log_softmax(logits, &logp);
-  if (s != CLPAR_OK) return s;
-  s = nll(logp, labels, &per);
-  if (s == CLPAR_OK) s = reduce(per, reduction, out);
-  clpar_tensor_free(logp);
-  clpar_tensor_free(per);
-  return s;
+  return ce_fused((clpar_tensor *)logits, labels, reduction, out);
 }

@@ -1,7 +1,7 @@
-/* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, sgd_step,
- * adam_step, bias_act, bias_act_backward) built from primitive entries, for a device whose
- * backend lacks them or refuses them (supports_op), so that a new backend can start with the
- * primitives only.
+/* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, xent,
+ * xent_backward, sgd_step, adam_step, bias_act, bias_act_backward, linear_act) built from primitive
+ * entries, for a device whose backend lacks them or refuses them (supports_op), so that a new
+ * backend can start with the primitives only.
  *
  * The dispatch (src/runtime/worker.c) calls clpar_compose_<entry> instead of posting the entry when
  * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
@@ -207,6 +207,49 @@ clpar_status clpar_compose_nll_backward(clpar_device *dev, size_t rows, size_t c
   return s;
 }
 
+/* ---- softmax cross-entropy (targets as nll_ignore) ----
+ *   xent:          logp = log_softmax(a); loss, weight = nll_ignore(logp)
+ *   xent_backward: s = g / count or alpha g; d = nll_ignore_backward(s);
+ *                  out = log_softmax's backward of d from logp */
+clpar_status clpar_compose_xent(clpar_device *dev, size_t rows, size_t cols, int idx64,
+                                int64_t ignore, clpar_bref a, clpar_bref idx, clpar_bref loss,
+                                clpar_bref weight) {
+  if (rows > SIZE_MAX / cols)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: xent: %zu x %zu overflows", dev->bd.info.id,
+                           rows, cols);
+  scratch sc; /* logp */
+  clpar_status s = scratch_get(dev, "xent", rows * cols, 1, 0, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref logp = region(&sc, rows * cols, 0);
+  s = clpar_dev_softmax(dev, 1, rows, cols, a, logp);
+  if (s == CLPAR_OK)
+    s = clpar_dev_nll_ignore(dev, rows, cols, idx64, ignore, logp, idx, loss, weight);
+  scratch_put(&sc);
+  return s;
+}
+
+clpar_status clpar_compose_xent_backward(clpar_device *dev, size_t rows, size_t cols, int idx64,
+                                         int64_t ignore, clpar_bref a, clpar_bref idx, clpar_bref g,
+                                         clpar_bref count, float alpha, clpar_bref out) {
+  if (rows > SIZE_MAX / cols)
+    return clpar_set_error(CLPAR_ERROR_TOO_LARGE, "%s: xent_backward: %zu x %zu overflows",
+                           dev->bd.info.id, rows, cols);
+  size_t n = rows * cols;
+  scratch sc; /* logp, d, then s */
+  clpar_status s = scratch_get(dev, "xent_backward", n, 2, 1, &sc);
+  if (s != CLPAR_OK) return s;
+  clpar_bref logp = region(&sc, n, 0), d = region(&sc, n, 1), sv = region(&sc, n, 2);
+  if (count.buf)
+    s = clpar_dev_binary(dev, CLPAR_BINARY_DIV, 1, 1, g, count, 1, sv);
+  else
+    s = clpar_dev_scale(dev, 1, alpha, g, sv);
+  if (s == CLPAR_OK) s = clpar_dev_softmax(dev, 1, rows, cols, a, logp);
+  if (s == CLPAR_OK) s = clpar_dev_nll_ignore_backward(dev, rows, cols, idx64, ignore, idx, sv, d);
+  if (s == CLPAR_OK) s = clpar_dev_softmax_backward(dev, 1, rows, cols, logp, d, out);
+  scratch_put(&sc);
+  return s;
+}
+
 /* ---- the fused Linear epilogues ----
  *   bias_act:          out = f(a + bias)                  (a row add, then the activation)
  *   bias_act_backward: d = g * f'(y); out = d; db (+)= sum_rows(d)
@@ -288,6 +331,22 @@ clpar_status clpar_compose_profile_read(clpar_device *dev, double *seconds, uint
 
 /* A backend without its own convolution entries gets im2col and GEMMs from src/nn/conv.c,
  * which never posts these. */
+/* linear_act: gemm (x w^T), then bias_act, or the activation's unary without a bias. */
+clpar_status clpar_compose_linear_act(clpar_device *dev, clpar_act_kind act, size_t m, size_t n,
+                                      size_t k, clpar_bref x, clpar_bref w, clpar_bref bias,
+                                      clpar_bref out) {
+  clpar_status s = check_act(dev, "linear_act", act);
+  if (s == CLPAR_OK) s = clpar_dev_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
+  if (s == CLPAR_OK && bias.buf) return clpar_dev_bias_act(dev, act, m, n, out, bias, out);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = clpar_dev_unary(dev,
+                        act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                        : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                                   : CLPAR_UNARY_TANH,
+                        m * n, out, out);
+  return s;
+}
+
 clpar_status clpar_compose_conv2d(clpar_device *dev, clpar_conv2d_shape s, clpar_bref x,
                                   clpar_bref weight, clpar_bref bias, clpar_bref y) {
   (void)s, (void)x, (void)weight, (void)bias, (void)y;
@@ -326,13 +385,15 @@ clpar_status clpar_compose_comm_allreduce(clpar_device *dev, void *comm, clpar_b
 _Static_assert(CLPAR_ENTRY_softmax_backward < 64 && CLPAR_ENTRY_nll < 64 &&
                    CLPAR_ENTRY_nll_backward < 64 && CLPAR_ENTRY_sgd_step < 64 &&
                    CLPAR_ENTRY_adam_step < 64 && CLPAR_ENTRY_bias_act < 64 &&
-                   CLPAR_ENTRY_bias_act_backward < 64,
+                   CLPAR_ENTRY_bias_act_backward < 64 && CLPAR_ENTRY_xent < 64 &&
+                   CLPAR_ENTRY_xent_backward < 64 && CLPAR_ENTRY_linear_act < 64,
                "the composable entries are in word 0 of the masks");
 static uint64_t composable_mask(void) {
   return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
          (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
          (uint64_t)1 << CLPAR_ENTRY_adam_step | (uint64_t)1 << CLPAR_ENTRY_bias_act |
-         (uint64_t)1 << CLPAR_ENTRY_bias_act_backward;
+         (uint64_t)1 << CLPAR_ENTRY_bias_act_backward | (uint64_t)1 << CLPAR_ENTRY_xent |
+         (uint64_t)1 << CLPAR_ENTRY_xent_backward | (uint64_t)1 << CLPAR_ENTRY_linear_act;
 }
 
 static int composable(int entry) {
@@ -366,8 +427,9 @@ clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
   if (mask & ~composable_mask())
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_compose_force: mask 0x%llx names entries that cannot be "
-                           "composed (softmax_backward, nll, nll_backward, sgd_step, "
-                           "adam_step, bias_act and bias_act_backward can)",
+                           "composed (softmax_backward, nll, nll_backward, xent, "
+                           "xent_backward, sgd_step, adam_step, bias_act, "
+                           "bias_act_backward and linear_act can)",
                            (unsigned long long)mask);
   __atomic_store_n(&dev->composed[0], dev->natural[0] | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;
