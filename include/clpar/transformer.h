@@ -96,6 +96,19 @@ typedef struct clpar_gpt_config {
 CLPAR_API clpar_status clpar_gpt_create(const clpar_gpt_config *config, clpar_device *dev,
                                         clpar_module **out);
 
+/* The GPT of clpar_gpt_create cut into n_stages modules (1 <= n_stages <= n_layer) on dev, for
+ * clpar_pipeline_create: stage k runs blocks [n_layer k / n_stages, n_layer (k+1) / n_stages);
+ * the first also embeds token ids [B, T] (wte, wpe, drop), the last also runs ln_f and the
+ * head; the others take and give [B, T, n_embd]. Inside a stage the parameters keep GPT-2's
+ * names (transformer.h.<i> with i the block's index in the whole model). The head is tied to
+ * the first stage's wte: the last stage holds no copy of it, and its forward copies wte to its
+ * own device each time (a differentiable copy), so wte's gradient sums both uses as on one
+ * device. Weights and Dropout seeds are those clpar_gpt_create gives from the same parameter
+ * seed stream position (one is made and copied), so a pipeline of the stages trains as the
+ * one-device GPT. stages: room for n_stages modules, owned by the caller (or the pipeline). */
+CLPAR_API clpar_status clpar_gpt_create_stages(const clpar_gpt_config *config, int n_stages,
+                                               clpar_device *dev, clpar_module **stages);
+
 #ifdef __cplusplus
 }
 #endif
