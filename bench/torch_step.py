@@ -7,6 +7,10 @@ timed the same way, printed as one JSON object on stdout.
   resnet50: torchvision's resnet50() (1000 classes) at batch 16 of 3x64x64, MSE against
             one-hot labels, SGD (lr 0.001), as PyTorch's model-parallel tutorial trains it;
             also prints images per second
+  gpt: nanoGPT's CPU shakespeare_char GPT (tests/reference/gpt_model.py: 4 layers, 4 heads,
+       128 wide, block 64, batch 12, vocabulary 65, dropout 0), cross-entropy, gradients
+       clipped to a global norm of 1, AdamW in nanoGPT's decay groups (lr 1e-3, beta2 0.99,
+       weight decay 0.1), as nanoGPT's train.py steps
 
 Each round times `steps` back-to-back steps (zero_grad, forward, loss, backward, step) after
 warm-up; the best round counts, as in the C bench. PyTorch's own default thread count is kept
@@ -16,11 +20,14 @@ warm-up; the best round counts, as in the C bench. PyTorch's own default thread 
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 
 RESNET_BATCH, RESNET_SIZE, RESNET_CLASSES = 16, 64, 1000
+GPT_BATCH, GPT_BLOCK, GPT_VOCAB = 12, 64, 65
 
 
 def make(model):
@@ -34,6 +41,18 @@ def make(model):
         y = torch.arange(256) % 10
         opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
         loss_fn = torch.nn.functional.cross_entropy
+    elif model == "gpt":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "tests", "reference"))
+        from gpt_model import GPT, GPTConfig
+        net = GPT(GPTConfig(block_size=GPT_BLOCK, vocab_size=GPT_VOCAB))
+        i = torch.arange(GPT_BATCH * GPT_BLOCK)  # the ids of bench/train_step.c
+        x = ((i * 37) % GPT_VOCAB).reshape(GPT_BATCH, GPT_BLOCK)
+        y = (((i + 1) * 37) % GPT_VOCAB).reshape(GPT_BATCH, GPT_BLOCK)
+        opt = net.configure_optimizers(0.1, 1e-3, (0.9, 0.99))
+
+        def loss_fn(out, y):
+            return torch.nn.functional.cross_entropy(out[0].view(-1, GPT_VOCAB), y.view(-1))
     elif model == "resnet50":
         import torchvision
         net = torchvision.models.resnet50(num_classes=RESNET_CLASSES)
@@ -56,7 +75,7 @@ def make(model):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "small", "resnet50"], default="mlp")
+    ap.add_argument("--model", choices=["mlp", "small", "resnet50", "gpt"], default="mlp")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
@@ -69,6 +88,8 @@ def main():
         opt.zero_grad()
         loss = loss_fn(net(x), y)
         loss.backward()
+        if args.model == "gpt":
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         return loss
 

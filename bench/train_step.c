@@ -13,6 +13,10 @@
  *     against one-hot labels, SGD (lr 0.001), images and labels uploaded each step (the
  *     model-parallel tutorial's train() at a CPU's size); also images per second. Default
  *     3 steps a round.
+ *   --model gpt: nanoGPT's shakespeare_char CPU configuration (4 layers, 4 heads, 128 wide,
+ *     block 64, batch 12, vocabulary 65, dropout 0): cross-entropy, clipping to a global norm
+ *     of 1, AdamW in nanoGPT's decay groups (lr 1e-3, beta2 0.99, weight decay 0.1), a fixed
+ *     batch of token ids uploaded each step; also the allocator's peak bytes in use.
  *
  * Steps run back to back and the device is waited for once at the end of a round, as a
  * training loop that reads its loss only now and then would. clpar runs `rounds` rounds, then
@@ -21,7 +25,7 @@
  * PyTorch ran, "torch": "missing" when it could not be imported.
  *
  *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps]
- *                        [--model mlp|small|resnet50] [--rounds R] [--no-torch]
+ *                        [--model mlp|small|resnet50|gpt] [--rounds R] [--no-torch]
  *                        [--torch-threads N] (PyTorch's thread count; default its own)
  *   CLPAR_DEVICES=host ./bench_train_step 0 10
  *   CLPAR_BENCH_PYTHON=/usr/bin/python3 picks the interpreter (default: python3, then
@@ -41,9 +45,10 @@
 enum { BATCH = 256, IN = 784, HIDDEN = 1024, OUT = 10 };
 enum { SMALL_BATCH = 30, SMALL_IN = 5, SMALL_OUT = 2 };
 enum { RESNET_BATCH = 16, RESNET_SIZE = 64, RESNET_CLASSES = 1000 };
+enum { GPT_BATCH = 12, GPT_BLOCK = 64, GPT_VOCAB = 65 };
 
-typedef enum { MODEL_MLP, MODEL_SMALL, MODEL_RESNET } model_kind;
-static const char *const model_names[] = {"mlp", "small", "resnet50"};
+typedef enum { MODEL_MLP, MODEL_SMALL, MODEL_RESNET, MODEL_GPT } model_kind;
+static const char *const model_names[] = {"mlp", "small", "resnet50", "gpt"};
 
 typedef struct {
   model_kind kind;
@@ -52,7 +57,45 @@ typedef struct {
   clpar_device *dev;
   float *x, *target; /* target: small model and ResNet only */
   int32_t y[BATCH];
+  int32_t *ids; /* GPT: token ids and next tokens, GPT_BATCH x GPT_BLOCK each */
 } bench_case;
+
+/* The GPT's step: upload ids and targets, zero_grad, forward, cross-entropy, backward, clip,
+ * AdamW. */
+static int gpt_step(bench_case *c) {
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *x, *y, *logits, *loss;
+  int64_t shape[2] = {GPT_BATCH, GPT_BLOCK};
+  int32_t *next = c->ids + GPT_BATCH * GPT_BLOCK;
+  int good =
+      bench_ok(clpar_tensor_from_host_dtype(c->dev, CLPAR_INT32, 2, shape, c->ids, &x), "ids") &&
+      bench_ok(clpar_tensor_from_host_dtype(c->dev, CLPAR_INT32, 2, shape, next, &y), "ids") &&
+      bench_ok(clpar_optimizer_zero_grad(c->opt), "zero_grad") &&
+      bench_ok(clpar_module_forward(c->model, x, &logits), "forward") &&
+      bench_ok(
+          clpar_cross_entropy_targets(logits, y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, &loss),
+          "loss") &&
+      bench_ok(clpar_backward(loss), "backward") &&
+      bench_ok(clpar_clip_grad_norm_module(c->model, 1.0f, NULL), "clip") &&
+      bench_ok(clpar_optimizer_step(c->opt), "step");
+  clpar_scope_end(scope);
+  return good;
+}
+
+/* nanoGPT's CPU GPT on dev, AdamW in decay groups; ids (i * 37) % 65 as torch_step.py's. */
+static int gpt_case(bench_case *c) {
+  c->ids = malloc(sizeof(int32_t) * 2 * GPT_BATCH * GPT_BLOCK);
+  if (!c->ids) return 0;
+  for (int i = 0; i < GPT_BATCH * GPT_BLOCK; i++) {
+    c->ids[i] = (i * 37) % GPT_VOCAB;
+    c->ids[GPT_BATCH * GPT_BLOCK + i] = ((i + 1) * 37) % GPT_VOCAB;
+  }
+  clpar_gpt_config cfg = {GPT_BLOCK, GPT_VOCAB, 4, 4, 128, 0.0f, 1};
+  clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.99f, .weight_decay = 0.1f};
+  clpar_manual_seed(3);
+  return bench_ok(clpar_gpt_create(&cfg, c->dev, &c->model), "GPT") &&
+         bench_ok(clpar_adamw_create_decay_groups(c->model, &adam, &c->opt), "AdamW");
+}
 
 /* The small model's and the ResNet's step: upload input and target, zero_grad, forward, MSE,
  * backward, SGD. */
@@ -79,6 +122,7 @@ static int mse_step(bench_case *c) {
 }
 
 static int one_step(bench_case *c) {
+  if (c->kind == MODEL_GPT) return gpt_step(c);
   return c->kind != MODEL_MLP ? mse_step(c)
                               : bench_train_step(c->model, c->opt, c->dev, c->x, c->y, BATCH, IN);
 }
@@ -204,6 +248,7 @@ int main(int argc, char **argv) {
       const char *m = argv[++i];
       kind = strcmp(m, "small") == 0      ? MODEL_SMALL
              : strcmp(m, "resnet50") == 0 ? MODEL_RESNET
+             : strcmp(m, "gpt") == 0      ? MODEL_GPT
                                           : MODEL_MLP;
     } else if (strcmp(argv[i], "--torch-threads") == 0 && i + 1 < argc)
       torch_threads_want = atoi(argv[++i]);
@@ -226,7 +271,10 @@ int main(int argc, char **argv) {
     clpar_shutdown();
     return 1;
   }
-  int good = kind == MODEL_RESNET ? resnet_case(&c) : small ? small_case(&c) : mlp_case(&c);
+  int good = kind == MODEL_GPT      ? gpt_case(&c)
+             : kind == MODEL_RESNET ? resnet_case(&c)
+             : small                ? small_case(&c)
+                                    : mlp_case(&c);
   /* Warm-up: kernels compile and the allocator's cache fills. */
   good = good && timed(&c, small ? 100 : kind == MODEL_RESNET ? 1 : 2) > 0;
   clpar_memory_stats m0, m1;
@@ -266,6 +314,13 @@ int main(int argc, char **argv) {
           "\"images_per_s\": %.2f, %s%s}\n",
           clpar_device_id(c.dev), RESNET_BATCH, RESNET_SIZE, RESNET_CLASSES, steps, rounds,
           plain * 1e3, RESNET_BATCH / plain, torch_part, torch_ips);
+    } else if (kind == MODEL_GPT) {
+      printf(
+          "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"GPT 4x4x128\", "
+          "\"block\": %d, \"batch\": %d, \"optimizer\": \"AdamW\", \"steps\": %d, "
+          "\"rounds\": %d, \"ms_per_step\": %.2f, \"peak_bytes_in_use\": %llu, %s}\n",
+          clpar_device_id(c.dev), GPT_BLOCK, GPT_BATCH, steps, rounds, plain * 1e3,
+          (unsigned long long)m1.peak_bytes_in_use, torch_part);
     } else if (small) {
       printf(
           "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"Linear 5-2\", "
@@ -293,6 +348,7 @@ int main(int argc, char **argv) {
   clpar_module_free(c.model);
   free(c.x);
   free(c.target);
+  free(c.ids);
   clpar_shutdown();
   return good ? 0 : 1;
 }

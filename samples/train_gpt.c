@@ -12,11 +12,18 @@
  *
  *   ./train_gpt [--iters N] [--layers N] [--heads N] [--width N] [--block N] [--batch N]
  *               [--lr X] [--min-lr X] [--warmup N] [--eval-interval N] [--eval-batches N]
- *               [--log-interval N] [--ckpt FILE] [--resume] [--stop-at N] [--data-parallel]
- *               [--data FILE] [--loss-plot loss.png] [--sample-len N] [--temperature X]
- *               [--top-k N] [--seed N]
+ *               [--log-interval N] [--ckpt FILE] [--resume] [--stop-at N]
+ *               [--data-parallel | --pipeline | --ddp] [--data FILE] [--loss-plot loss.png]
+ *               [--sample-len N] [--temperature X] [--top-k N] [--seed N]
+ *   mpirun -np 2 ./train_gpt --ddp [...]
  *
  * --data-parallel: DataParallel over every selected device (CLPAR_DEVICES, POCL_DEVICES).
+ * --pipeline: the blocks split between 2 stages (clpar_gpt_create_stages) on the first two
+ * selected devices (both on the one when only one is selected), each batch in 4 micro-batches
+ * in the 1F1B schedule.
+ * --ddp (under mpirun): DistributedDataParallel, one rank per device; every rank reads the same
+ * batch and trains its share of the rows, so the run is the one-device run; rank 0 prints
+ * (the losses are the ranks' mean) and writes the checkpoint.
  * --stop-at N: stop after iteration N (its checkpoint written), as an interrupted run does;
  * the schedule is still the one of --iters. */
 #include <clpar/clpar.h>
@@ -37,18 +44,19 @@ typedef struct {
   int64_t iters, layers, heads, width, block, batch, warmup, eval_interval, eval_batches;
   int64_t log_interval, stop_at, sample_len, top_k, seed;
   double lr, min_lr, temperature;
-  int resume, data_parallel;
+  int resume, data_parallel, pipeline, ddp;
   const char *ckpt, *data;
   loss_plot plot;
 } options;
 
 typedef struct {
   clpar_text *text;
-  clpar_module *model; /* the GPT, or DataParallel over it */
+  clpar_module *model; /* the GPT, or DataParallel, a Pipeline or DDP over it */
   clpar_device *dev;
   clpar_optimizer *opt;
   clpar_lr_scheduler *sched;
   clpar_text_loader *train, *val;
+  int64_t batch;
 } run;
 
 static int parse(int argc, char **argv, options *o) {
@@ -99,18 +107,45 @@ static int parse(int argc, char **argv, options *o) {
       o->resume = 1;
     else if (!strcmp(argv[i], "--data-parallel"))
       o->data_parallel = 1;
+    else if (!strcmp(argv[i], "--pipeline"))
+      o->pipeline = 1;
+    else if (!strcmp(argv[i], "--ddp"))
+      o->ddp = 1;
     else
       return 0;
   }
   return o->iters >= 1 && o->layers >= 1 && o->heads >= 1 && o->width >= o->heads &&
          o->width % o->heads == 0 && o->block >= 1 && o->batch >= 1 && o->warmup >= 0 &&
          o->eval_interval >= 1 && o->eval_batches >= 1 && o->log_interval >= 1 && o->stop_at >= 0 &&
-         o->sample_len >= 0 && o->top_k >= 0 && o->lr > 0 && o->min_lr >= 0 && o->temperature >= 0;
+         o->sample_len >= 0 && o->top_k >= 0 && o->lr > 0 && o->min_lr >= 0 &&
+         o->temperature >= 0 && o->data_parallel + o->pipeline + o->ddp <= 1 &&
+         (!o->pipeline || o->layers >= 2);
+}
+
+/* 1 on the process that prints and writes files: rank 0, or the only one. */
+static int leader(void) {
+  return clpar_dist_rank() <= 0;
+}
+
+/* The GPT on one device, or DataParallel, a 2-stage pipeline or DDP over it. */
+static int make_model(const options *o, const clpar_gpt_config *cfg, run *r) {
+  if (o->pipeline) {
+    clpar_module *stages[2];
+    clpar_pipeline_options po = {.chunks = 4, .schedule = CLPAR_PIPELINE_1F1B};
+    return check(clpar_gpt_create_stages(cfg, 2, r->dev, stages), "GPT stages") &&
+           check(clpar_pipeline_create(stages, NULL, 2, &po, &r->model), "pipeline");
+  }
+  if (!check(clpar_gpt_create(cfg, r->dev, &r->model), "GPT")) return 0;
+  if (o->data_parallel)
+    return check(clpar_data_parallel_create(r->model, NULL, &r->model), "DataParallel");
+  if (o->ddp) return check(clpar_ddp_create(r->model, NULL, &r->model), "DDP");
+  return 1;
 }
 
 /* The model, AdamW in nanoGPT's two decay groups, the schedule and the two loaders. */
 static int build(const options *o, run *r) {
-  r->dev = clpar_device_get(0);
+  r->dev = o->ddp ? clpar_dist_device() : clpar_device_get(0);
+  r->batch = o->batch;
   if (!check(clpar_text_load(o->data, 0, &r->text), "reading the corpus")) return 0;
   clpar_gpt_config cfg = {
       o->block, clpar_text_vocab_size(r->text), o->layers, o->heads, o->width, 0.0f, 1};
@@ -121,10 +156,7 @@ static int build(const options *o, run *r) {
   clpar_text_loader_options vl = tl;
   vl.seed = (uint64_t)o->seed + 1;
   clpar_manual_seed((uint64_t)o->seed);
-  if (!check(clpar_gpt_create(&cfg, r->dev, &r->model), "GPT")) return 0;
-  if (o->data_parallel &&
-      !check(clpar_data_parallel_create(r->model, NULL, &r->model), "DataParallel"))
-    return 0;
+  if (!make_model(o, &cfg, r)) return 0;
   return check(clpar_adamw_create_decay_groups(r->model, &adam, &r->opt), "AdamW") &&
          check(clpar_warmup_cosine_lr_create(r->opt, o->warmup, o->iters,
                                              o->min_lr > 0 ? (float)o->min_lr : CLPAR_ZERO,
@@ -136,26 +168,49 @@ static int build(const options *o, run *r) {
                "validation loader");
 }
 
-/* The mean cross-entropy of the model on the next batch of loader (a graph when training). */
-static int batch_loss(run *r, clpar_text_loader *loader, clpar_tensor **loss) {
+static clpar_status loss_fn(clpar_tensor *logits, clpar_tensor *y, int64_t first_row, void *user,
+                            clpar_tensor **loss) {
+  (void)first_row, (void)user;
+  return clpar_cross_entropy_targets(logits, y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, loss);
+}
+
+/* The next batch of loader: under DDP, this rank's share of its rows. */
+static int next_batch(run *r, clpar_text_loader *loader, clpar_tensor **x, clpar_tensor **y) {
+  if (!check(clpar_text_loader_next(loader, x, y, NULL), "loader")) return 0;
+  if (clpar_dist_rank() < 0) return 1;
+  int64_t rows = r->batch / clpar_dist_world_size(), first = rows * clpar_dist_rank();
+  return check(clpar_tensor_rows(*x, first, rows, x), "rows") &&
+         check(clpar_tensor_rows(*y, first, rows, y), "rows");
+}
+
+/* The mean cross-entropy of the model on the next batch of loader (a graph when training;
+ * backward done too when the pipeline trains). */
+static int batch_loss(run *r, clpar_text_loader *loader, int train, clpar_tensor **loss) {
   clpar_tensor *x, *y, *logits;
-  return check(clpar_text_loader_next(loader, &x, &y, NULL), "loader") &&
-         check(clpar_module_forward(r->model, x, &logits), "forward") &&
-         check(
-             clpar_cross_entropy_targets(logits, y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, loss),
-             "loss");
+  if (!next_batch(r, loader, &x, &y)) return 0;
+  if (train && clpar_pipeline_stage_count(r->model) > 0)
+    return check(clpar_pipeline_train_step(r->model, x, y, loss_fn, NULL, loss), "pipeline step");
+  return check(clpar_module_forward(r->model, x, &logits), "forward") &&
+         check(clpar_tensor_to(y, clpar_tensor_device(logits), &y), "targets") && /* pipeline */
+         check(loss_fn(logits, y, 0, NULL, loss), "loss") &&
+         (!train || check(clpar_backward(*loss), "backward"));
+}
+
+/* A loss read back (waits for the device): the ranks' mean under DDP. */
+static int read_loss(clpar_tensor *l, float *v) {
+  return check(clpar_tensor_read(l, v, 1), "read loss") &&
+         (clpar_dist_rank() < 0 || check(clpar_dist_all_reduce_mean(v, 1), "all-reduce loss"));
 }
 
 /* One training iteration; *loss read back only when want_loss (reading waits). */
 static int train_step(run *r, int want_loss, float *loss) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *l;
-  int ok = check(clpar_optimizer_zero_grad(r->opt), "zero_grad") && batch_loss(r, r->train, &l) &&
-           check(clpar_backward(l), "backward") &&
-           check(clpar_clip_grad_norm_module(r->model, 1.0f, NULL), "clip") &&
-           check(clpar_optimizer_step(r->opt), "step") &&
-           check(clpar_lr_scheduler_step(r->sched), "schedule") &&
-           (!want_loss || check(clpar_tensor_read(l, loss, 1), "read loss"));
+  int ok =
+      check(clpar_optimizer_zero_grad(r->opt), "zero_grad") && batch_loss(r, r->train, 1, &l) &&
+      check(clpar_clip_grad_norm_module(r->model, 1.0f, NULL), "clip") &&
+      check(clpar_optimizer_step(r->opt), "step") &&
+      check(clpar_lr_scheduler_step(r->sched), "schedule") && (!want_loss || read_loss(l, loss));
   clpar_scope_end(scope);
   return ok;
 }
@@ -171,7 +226,7 @@ static int evaluate(run *r, int64_t batches, double *mean) {
     clpar_scope *scope = clpar_scope_begin();
     clpar_tensor *l;
     float v = 0;
-    ok = batch_loss(r, r->val, &l) && check(clpar_tensor_read(l, &v, 1), "read loss");
+    ok = batch_loss(r, r->val, 0, &l) && read_loss(l, &v);
     sum += v;
     clpar_scope_end(scope);
   }
@@ -227,9 +282,10 @@ static int generate(run *r, const options *o) {
          check(clpar_tensor_read(out, logits, (size_t)(o->block * vocab)), "logits");
     clpar_scope_end(scope);
     ids[n] = pick(logits + (t - 1) * vocab, vocab, o->temperature, o->top_k);
-    if (ok && check(clpar_text_decode(r->text, ids + n, 1, c), "decode")) fputs(c, stdout);
+    if (ok && check(clpar_text_decode(r->text, ids + n, 1, c), "decode") && leader())
+      fputs(c, stdout);
   }
-  printf("\n");
+  if (leader()) printf("\n");
   clpar_set_grad_enabled(was);
   free(ids);
   free(logits);
@@ -248,7 +304,7 @@ static int train(run *r, options *o, int64_t it) {
     if (!train_step(r, log || o->plot.png, &loss)) return 0;
     it++;
     loss_plot_add(&o->plot, (double)it, loss);
-    if (log) {
+    if (log && leader()) {
       double rate = (double)((it - t0_it) * o->batch * o->block) / (now_seconds() - t0);
       fprintf(stderr, "iter %lld/%lld: loss %.4f, lr %.3e, %.0f tokens/s (%.1f ms/iter)\n",
               (long long)it, (long long)o->iters, loss, lr, rate,
@@ -258,8 +314,9 @@ static int train(run *r, options *o, int64_t it) {
     if (it % o->eval_interval == 0 || it == end) {
       double val;
       ok = evaluate(r, o->eval_batches, &val) &&
-           check(clpar_checkpoint_save(o->ckpt, r->model, r->opt, it, 0), "checkpoint");
-      if (ok) printf("iter %lld val loss %.9g\n", (long long)it, val);
+           (!leader() ||
+            check(clpar_checkpoint_save(o->ckpt, r->model, r->opt, it, 0), "checkpoint"));
+      if (ok && leader()) printf("iter %lld val loss %.9g\n", (long long)it, val);
       fflush(stdout);
     }
   }
@@ -269,14 +326,33 @@ static int train(run *r, options *o, int64_t it) {
 /* Model, optimizer and iteration from the checkpoint; the schedule and the loader follow. */
 static int resume(run *r, const options *o, int64_t *it) {
   if (access(o->ckpt, F_OK) != 0) {
-    fprintf(stderr, "no checkpoint %s: starting afresh\n", o->ckpt);
+    if (leader()) fprintf(stderr, "no checkpoint %s: starting afresh\n", o->ckpt);
     return 1;
   }
   int ok = check(clpar_checkpoint_load(o->ckpt, r->model, r->opt, it, NULL), "resuming") &&
            check(clpar_lr_scheduler_set_epoch(r->sched, *it), "schedule") &&
            check(clpar_text_loader_set_position(r->train, *it), "loader");
-  if (ok) fprintf(stderr, "resumed from %s after iteration %lld\n", o->ckpt, (long long)*it);
+  if (ok && leader())
+    fprintf(stderr, "resumed from %s after iteration %lld\n", o->ckpt, (long long)*it);
   return ok;
+}
+
+/* What runs where, on stderr. */
+static void describe(const run *r, const options *o) {
+  fprintf(stderr,
+          "%lld characters, vocabulary %d; GPT %lld layers, %lld heads, %lld wide, block %lld, "
+          "batch %lld, on",
+          (long long)clpar_text_length(r->text), clpar_text_vocab_size(r->text),
+          (long long)o->layers, (long long)o->heads, (long long)o->width, (long long)o->block,
+          (long long)o->batch);
+  int n = o->data_parallel ? clpar_device_count() : o->pipeline ? 2 : 1;
+  for (int i = 0; i < n; i++)
+    fprintf(stderr, " %s",
+            clpar_device_id(o->pipeline ? clpar_pipeline_device(r->model, i)
+                            : i         ? clpar_device_get(i)
+                                        : r->dev));
+  if (o->ddp) fprintf(stderr, " (rank 0 of %d)", clpar_dist_world_size());
+  fprintf(stderr, "%s\n", o->pipeline ? " (2 pipeline stages)" : "");
 }
 
 int main(int argc, char **argv) {
@@ -286,8 +362,9 @@ int main(int argc, char **argv) {
             "usage: %s [--iters N] [--layers N] [--heads N] [--width N] [--block N] "
             "[--batch N] [--lr X] [--min-lr X] [--warmup N] [--eval-interval N] "
             "[--eval-batches N] [--log-interval N] [--ckpt FILE] [--resume] [--stop-at N] "
-            "[--data-parallel] [--data FILE] [--loss-plot loss.png] [--sample-len N] "
-            "[--temperature X] [--top-k N] [--seed N]\n",
+            "[--data-parallel | --pipeline (2 layers or more) | --ddp (under mpirun)] "
+            "[--data FILE] [--loss-plot loss.png] [--sample-len N] [--temperature X] "
+            "[--top-k N] [--seed N]\n",
             argv[0]);
     return 2;
   }
@@ -296,24 +373,20 @@ int main(int argc, char **argv) {
             (long long)(o.iters - 1));
     o.warmup = o.iters - 1;
   }
-  if (!check(clpar_init(), "clpar_init")) return 1;
+  if (!check(o.ddp ? clpar_dist_init() : clpar_init(), "init")) return 1;
+  if (o.ddp && o.batch % clpar_dist_world_size() != 0) {
+    fprintf(stderr, "--batch %lld does not split between %d ranks\n", (long long)o.batch,
+            clpar_dist_world_size());
+    clpar_dist_finalize();
+    return 2;
+  }
   run r = {0};
   int64_t it = 0;
   int ok = build(&o, &r) && (!o.resume || resume(&r, &o, &it));
-  if (ok) {
-    fprintf(stderr,
-            "%lld characters, vocabulary %d; GPT %lld layers, %lld heads, %lld wide, "
-            "block %lld, batch %lld, on",
-            (long long)clpar_text_length(r.text), clpar_text_vocab_size(r.text),
-            (long long)o.layers, (long long)o.heads, (long long)o.width, (long long)o.block,
-            (long long)o.batch);
-    for (int i = 0; i < (o.data_parallel ? clpar_device_count() : 1); i++)
-      fprintf(stderr, " %s", clpar_device_id(clpar_device_get(i)));
-    fprintf(stderr, "\n");
-  }
+  if (ok && leader()) describe(&r, &o);
   ok = ok && train(&r, &o, it);
   if (ok && o.sample_len > 0) ok = generate(&r, &o);
-  if (ok) ok = loss_plot_write(&o.plot, "iteration", "train_gpt: cross-entropy, AdamW");
+  if (ok && leader()) ok = loss_plot_write(&o.plot, "iteration", "train_gpt: cross-entropy, AdamW");
   loss_plot_free(&o.plot);
   clpar_text_loader_free(r.train);
   clpar_text_loader_free(r.val);
@@ -321,6 +394,9 @@ int main(int argc, char **argv) {
   clpar_optimizer_free(r.opt);
   clpar_module_free(r.model);
   clpar_text_free(r.text);
-  clpar_shutdown();
+  if (o.ddp)
+    clpar_dist_finalize();
+  else
+    clpar_shutdown();
   return ok ? 0 : 1;
 }

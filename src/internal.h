@@ -446,7 +446,7 @@ int clpar_optimizer_size(const clpar_optimizer *o);
 clpar_tensor *clpar_optimizer_param_at(const clpar_optimizer *o, int i);
 clpar_tensor *clpar_optimizer_state_at(const clpar_optimizer *o, int i, int k);
 int64_t clpar_optimizer_steps_at(const clpar_optimizer *o, int i);
-/* options and set_options: those of parameter group 0 (a checkpoint keeps no others). */
+/* options and set_options: those of parameter group 0. */
 void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
                              clpar_adam_options *adam);
 void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,
@@ -460,5 +460,11 @@ clpar_status clpar_checkpoint_save_meta(const char *path, const clpar_module *m,
 /* Checks the options for o's kind and, when apply, sets them. */
 clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_options *sgd,
                                          const clpar_adam_options *adam, int apply);
+/* The same for parameter group g (0 <= g < clpar_optimizer_group_count). */
+void clpar_optimizer_group_options(const clpar_optimizer *o, int g, clpar_sgd_options *sgd,
+                                   clpar_adam_options *adam);
+clpar_status clpar_optimizer_set_group_options(clpar_optimizer *o, int g,
+                                               const clpar_sgd_options *sgd,
+                                               const clpar_adam_options *adam, int apply);
 
 #endif

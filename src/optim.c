@@ -743,8 +743,13 @@ int64_t clpar_optimizer_steps_at(const clpar_optimizer *o, int i) {
 
 void clpar_optimizer_options(const clpar_optimizer *o, clpar_sgd_options *sgd,
                              clpar_adam_options *adam) {
-  *sgd = o->sgd[0];
-  *adam = o->adam[0];
+  clpar_optimizer_group_options(o, 0, sgd, adam);
+}
+
+void clpar_optimizer_group_options(const clpar_optimizer *o, int g, clpar_sgd_options *sgd,
+                                   clpar_adam_options *adam) {
+  *sgd = o->sgd[g];
+  *adam = o->adam[g];
 }
 
 void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_tensor *s1,
@@ -759,12 +764,18 @@ void clpar_optimizer_restore(clpar_optimizer *o, int i, clpar_tensor *s0, clpar_
 
 clpar_status clpar_optimizer_set_options(clpar_optimizer *o, const clpar_sgd_options *sgd,
                                          const clpar_adam_options *adam, int apply) {
+  return clpar_optimizer_set_group_options(o, 0, sgd, adam, apply);
+}
+
+clpar_status clpar_optimizer_set_group_options(clpar_optimizer *o, int g,
+                                               const clpar_sgd_options *sgd,
+                                               const clpar_adam_options *adam, int apply) {
   const char *fn = "the checkpoint's optimizer options";
   clpar_status s = o->kind == OPT_SGD ? check_sgd(fn, sgd) : check_adam(fn, adam);
   if (s != CLPAR_OK || !apply) return s;
   if (o->kind == OPT_SGD)
-    o->sgd[0] = *sgd;
+    o->sgd[g] = *sgd;
   else
-    o->adam[0] = *adam;
+    o->adam[g] = *adam;
   return CLPAR_OK;
 }

@@ -4,7 +4,7 @@
 # first's, the validation loss at 30 below that at 15, a text sample and the --loss-plot data
 # (one line per iteration) come out; then a run stopped after iteration 15 and resumed from its
 # checkpoint prints the same losses, to the last bit (%.9g of a float), as the uninterrupted run;
-# and --data-parallel ends within 1e-4 of the one-device loss.
+# and --data-parallel and --pipeline end within 1e-4 of the one-device loss.
 set -u
 sample=$1
 tmp=$(mktemp -d)
@@ -48,5 +48,12 @@ dplast=$(awk '/^iter 30 train loss/ {print $5}' <<<"$dp")
 echo "--data-parallel: train loss at 30 $dplast"
 awk -v a="$last" -v b="$dplast" 'BEGIN {d = a - b; exit !(b != "" && d * d < 1e-8)}' || {
   echo "FAIL: --data-parallel ends at '$dplast', one device at $last"; fail=1; }
+# Two pipeline stages (1F1B, 4 micro-batches) on the first two selected devices: the same too.
+pp=$("$sample" "${args[@]}" --ckpt "$tmp/pp.safetensors" --sample-len 0 --pipeline \
+  2>"$tmp/pp.err") || { echo "FAIL: --pipeline failed:"; cat "$tmp/pp.err"; exit 1; }
+pplast=$(awk '/^iter 30 train loss/ {print $5}' <<<"$pp")
+echo "--pipeline: train loss at 30 $pplast ($(grep -o 'on .*stages)' "$tmp/pp.err"))"
+awk -v a="$last" -v b="$pplast" 'BEGIN {d = a - b; exit !(b != "" && d * d < 1e-8)}' || {
+  echo "FAIL: --pipeline ends at '$pplast', one device at $last"; fail=1; }
 [ $fail -eq 0 ] && echo "train_gpt: ok"
 exit $fail

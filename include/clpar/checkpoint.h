@@ -58,7 +58,9 @@ CLPAR_API clpar_status clpar_safetensors_load(clpar_module *m, const char *path,
 /* A resumable training checkpoint, itself a safetensors file: the model's parameters and
  * buffers as "model.<name>", the optimizer's state under PyTorch's names
  * ("optimizer.state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq"), and in the metadata
- * the optimizer's kind, options and per-parameter step counts, the parameter generator's
+ * the optimizer's kind, each parameter group's options and size (group 0's as "optimizer.lr",
+ * ..., group g's as "optimizer.group.<g>.lr", ...) and per-parameter step counts, the parameter
+ * generator's
  * state (clpar_manual_seed), the caller's step and epoch, and each tensor's zlib crc32 (as
  * "crc32.<name>": 8 hex digits, and "checksums": "crc32"; strings, so PyTorch's safetensors
  * reads the file as any other). opt may be NULL. The tensors are read from their devices
@@ -67,9 +69,10 @@ CLPAR_API clpar_status clpar_checkpoint_save(const char *path, const clpar_modul
                                              const clpar_optimizer *opt, int64_t step,
                                              int64_t epoch);
 /* Restores a checkpoint into a model and optimizer built as those that were saved (same
- * architecture, same optimizer kind over the same parameters): strict, all or nothing. The
- * optimizer's options (lr, ...) are restored too, as PyTorch's optimizer.load_state_dict
- * does. Every tensor is checked against its checksum before anything is loaded: a mismatch is
+ * architecture, same optimizer kind over the same parameters in the same groups): strict, all
+ * or nothing. Every group's options (lr, ...) are restored too, as PyTorch's
+ * optimizer.load_state_dict does (a file written before groups were saved restores group 0's).
+ * Every tensor is checked against its checksum before anything is loaded: a mismatch is
  * CLPAR_ERROR_CORRUPT naming the tensor. A file without checksums (from a clpar before they
  * were written, or rewritten by PyTorch) loads unchecked. step and epoch may be NULL. */
 CLPAR_API clpar_status clpar_checkpoint_load(const char *path, clpar_module *m,

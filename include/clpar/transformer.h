@@ -88,13 +88,35 @@ typedef struct clpar_gpt_config {
  * mlp.c_proj}.{weight, bias}, transformer.ln_f.{weight, bias}, and lm_head.weight, the same
  * tensor as wte's (listed once, under transformer.wte.weight, as safetensors and
  * parameters() list a tied weight). Linear weights are nn.Linear's [out, in] (HF's GPT-2
- * stores Conv1D weights [in, out]: transpose those four per block when loading such a
- * file). GPT-2's initialization: weights normal(0, 0.02), the c_proj weights normal(0,
- * 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0, from the parameter seed stream.
- * Forward: int32 or int64 token ids [B, T], T <= block_size, on the model's device, to
- * logits [B, T, vocab_size]. */
+ * stores Conv1D weights [in, out]: clpar_gpt_load_hf transposes them). GPT-2's initialization:
+ * weights normal(0, 0.02), the c_proj weights normal(0, 0.02 / sqrt(2 n_layer)), biases 0,
+ * LayerNorms 1 and 0, from the parameter seed stream. Forward: int32 or int64 token ids [B, T], T
+ * <= block_size, on the model's device, to logits [B, T, vocab_size]. */
 CLPAR_API clpar_status clpar_gpt_create(const clpar_gpt_config *config, clpar_device *dev,
                                         clpar_module **out);
+
+/* Loads a GPT-2 checkpoint in Hugging Face's layout (a safetensors file of GPT2LMHeadModel,
+ * "transformer.h.0.attn.c_attn.weight", ..., or of the hub's GPT2Model, "h.0.attn.c_attn.weight")
+ * into gpt, a clpar_gpt_create model of the same configuration. HF's GPT2 stores the weights
+ * of attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj as Conv1D's [in, out]: each is
+ * transposed into nn.Linear's [out, in]; every other tensor is copied as it is. The file's
+ * h.<i>.attn.bias and h.<i>.attn.masked_bias (HF's causal masks) and lm_head.weight (tied to
+ * wte) are skipped. Any tensor of the GPT that the file lacks, any other name in the file, or
+ * a shape that differs is CLPAR_ERROR_SHAPE_MISMATCH naming them, and nothing is changed. */
+CLPAR_API clpar_status clpar_gpt_load_hf(clpar_module *gpt, const char *path);
+
+/* The GPT of clpar_gpt_create cut into n_stages modules (1 <= n_stages <= n_layer) on dev, for
+ * clpar_pipeline_create: stage k runs blocks [n_layer k / n_stages, n_layer (k+1) / n_stages);
+ * the first also embeds token ids [B, T] (wte, wpe, drop), the last also runs ln_f and the
+ * head; the others take and give [B, T, n_embd]. Inside a stage the parameters keep GPT-2's
+ * names (transformer.h.<i> with i the block's index in the whole model). The head is tied to
+ * the first stage's wte: the last stage holds no copy of it, and its forward copies wte to its
+ * own device each time (a differentiable copy), so wte's gradient sums both uses as on one
+ * device. Weights and Dropout seeds are those clpar_gpt_create gives from the same parameter
+ * seed stream position (one is made and copied), so a pipeline of the stages trains as the
+ * one-device GPT. stages: room for n_stages modules, owned by the caller (or the pipeline). */
+CLPAR_API clpar_status clpar_gpt_create_stages(const clpar_gpt_config *config, int n_stages,
+                                               clpar_device *dev, clpar_module **stages);
 
 #ifdef __cplusplus
 }

@@ -383,27 +383,40 @@ static const char *state_name(const char *kind, int k) {
   return k == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
-static clpar_status add_optimizer(write_set *w, const clpar_optimizer *o) {
-  const char *kind = clpar_optimizer_kind(o);
-  int n = clpar_optimizer_size(o);
+/* Group g's options under "optimizer." (group 0, the keys of files without groups) or
+ * "optimizer.group.<g>.", and its parameter count. */
+static clpar_status add_options(write_set *w, const clpar_optimizer *o, int g) {
   clpar_sgd_options sgd;
   clpar_adam_options ad;
-  clpar_optimizer_options(o, &sgd, &ad);
+  clpar_optimizer_group_options(o, g, &sgd, &ad);
+  char p[48], k[96];
+  snprintf(p, sizeof p, g ? "optimizer.group.%d." : "optimizer.", g);
+#define KEY(name) (snprintf(k, sizeof k, "%s%s", p, name), k)
+  clpar_status s = meta_add(w, KEY("lr"), "%.9g",
+                            (double)(strcmp(clpar_optimizer_kind(o), "SGD") ? ad.lr : sgd.lr));
+  if (s == CLPAR_OK && strcmp(clpar_optimizer_kind(o), "SGD") == 0) {
+    s = meta_add(w, KEY("momentum"), "%.9g", (double)sgd.momentum);
+    if (s == CLPAR_OK) s = meta_add(w, KEY("dampening"), "%.9g", (double)sgd.dampening);
+    if (s == CLPAR_OK) s = meta_add(w, KEY("weight_decay"), "%.9g", (double)sgd.weight_decay);
+    if (s == CLPAR_OK) s = meta_add(w, KEY("nesterov"), "%d", sgd.nesterov);
+  } else if (s == CLPAR_OK) {
+    s = meta_add(w, KEY("beta1"), "%.9g", (double)ad.beta1);
+    if (s == CLPAR_OK) s = meta_add(w, KEY("beta2"), "%.9g", (double)ad.beta2);
+    if (s == CLPAR_OK) s = meta_add(w, KEY("eps"), "%.9g", (double)ad.eps);
+    if (s == CLPAR_OK) s = meta_add(w, KEY("weight_decay"), "%.9g", (double)ad.weight_decay);
+  }
+  snprintf(k, sizeof k, "optimizer.group.%d.params", g);
+#undef KEY
+  return s == CLPAR_OK ? meta_add(w, k, "%d", clpar_optimizer_group_size(o, g)) : s;
+}
+
+static clpar_status add_optimizer(write_set *w, const clpar_optimizer *o) {
+  const char *kind = clpar_optimizer_kind(o);
+  int n = clpar_optimizer_size(o), groups = clpar_optimizer_group_count(o);
   clpar_status s = meta_add(w, "optimizer.kind", "%s", kind);
   if (s == CLPAR_OK) s = meta_add(w, "optimizer.params", "%d", n);
-  if (s == CLPAR_OK && strcmp(kind, "SGD") == 0) {
-    s = meta_add(w, "optimizer.lr", "%.9g", (double)sgd.lr);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.momentum", "%.9g", (double)sgd.momentum);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.dampening", "%.9g", (double)sgd.dampening);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.weight_decay", "%.9g", (double)sgd.weight_decay);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.nesterov", "%d", sgd.nesterov);
-  } else if (s == CLPAR_OK) {
-    s = meta_add(w, "optimizer.lr", "%.9g", (double)ad.lr);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.beta1", "%.9g", (double)ad.beta1);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.beta2", "%.9g", (double)ad.beta2);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.eps", "%.9g", (double)ad.eps);
-    if (s == CLPAR_OK) s = meta_add(w, "optimizer.weight_decay", "%.9g", (double)ad.weight_decay);
-  }
+  if (s == CLPAR_OK) s = meta_add(w, "optimizer.groups", "%d", groups);
+  for (int g = 0; s == CLPAR_OK && g < groups; g++) s = add_options(w, o, g);
   for (int i = 0; s == CLPAR_OK && i < n; i++) {
     char key[96];
     snprintf(key, sizeof key, "optimizer.state.%d.step", i);
@@ -616,25 +629,31 @@ static clpar_status meta_float(const clpar_st_file *f, const char *path, const c
   return CLPAR_OK;
 }
 
-static clpar_status read_options(const clpar_st_file *f, const char *path, const char *kind,
+/* Group g's options (add_options' keys). */
+static clpar_status read_options(const clpar_st_file *f, const char *path, const char *kind, int g,
                                  clpar_sgd_options *sgd, clpar_adam_options *ad) {
   memset(sgd, 0, sizeof *sgd);
   memset(ad, 0, sizeof *ad);
+  char p[48], k[96];
+  snprintf(p, sizeof p, g ? "optimizer.group.%d." : "optimizer.", g);
+#define KEY(name) (snprintf(k, sizeof k, "%s%s", p, name), k)
+  clpar_status s;
   if (strcmp(kind, "SGD") == 0) {
     int64_t nesterov = 0;
-    clpar_status s = meta_float(f, path, "optimizer.lr", &sgd->lr);
-    if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.momentum", &sgd->momentum);
-    if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.dampening", &sgd->dampening);
-    if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.weight_decay", &sgd->weight_decay);
-    if (s == CLPAR_OK) s = meta_i64(f, path, "optimizer.nesterov", 0, &nesterov);
+    s = meta_float(f, path, KEY("lr"), &sgd->lr);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("momentum"), &sgd->momentum);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("dampening"), &sgd->dampening);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("weight_decay"), &sgd->weight_decay);
+    if (s == CLPAR_OK) s = meta_i64(f, path, KEY("nesterov"), 0, &nesterov);
     sgd->nesterov = nesterov != 0;
-    return s;
+  } else {
+    s = meta_float(f, path, KEY("lr"), &ad->lr);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("beta1"), &ad->beta1);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("beta2"), &ad->beta2);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("eps"), &ad->eps);
+    if (s == CLPAR_OK) s = meta_float(f, path, KEY("weight_decay"), &ad->weight_decay);
   }
-  clpar_status s = meta_float(f, path, "optimizer.lr", &ad->lr);
-  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.beta1", &ad->beta1);
-  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.beta2", &ad->beta2);
-  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.eps", &ad->eps);
-  if (s == CLPAR_OK) s = meta_float(f, path, "optimizer.weight_decay", &ad->weight_decay);
+#undef KEY
   return s;
 }
 
@@ -644,8 +663,9 @@ typedef struct {
   int n;
   clpar_tensor *(*state)[2];
   int64_t *steps;
-  clpar_sgd_options sgd;
-  clpar_adam_options adam;
+  int groups;             /* the file's groups (1 in a file without them) */
+  clpar_sgd_options *sgd; /* each group's options */
+  clpar_adam_options *adam;
 } opt_plan;
 
 static void opt_plan_free(opt_plan *q) {
@@ -655,6 +675,41 @@ static void opt_plan_free(opt_plan *q) {
   }
   free(q->state);
   free(q->steps);
+  free(q->sgd);
+  free(q->adam);
+}
+
+/* Each group's options into q, checked: a file without groups (older) gives group 0's only;
+ * one with groups must have o's, of the same sizes. */
+static clpar_status read_groups(const clpar_st_file *f, const char *path, const clpar_optimizer *o,
+                                opt_plan *q) {
+  int n = clpar_optimizer_group_count(o);
+  int64_t fg = 1, size = 0;
+  size_t len;
+  int has = clpar_st_meta_len(f, "optimizer.groups", &len) != NULL;
+  clpar_status s = has ? meta_i64(f, path, "optimizer.groups", 1, &fg) : CLPAR_OK;
+  if (s == CLPAR_OK && has && fg != n)
+    s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                        "%s holds an optimizer of %lld parameter groups; this one has %d", path,
+                        (long long)fg, n);
+  q->groups = (int)fg;
+  q->sgd = s == CLPAR_OK ? calloc((size_t)fg, sizeof *q->sgd) : NULL;
+  q->adam = s == CLPAR_OK ? calloc((size_t)fg, sizeof *q->adam) : NULL;
+  if (s == CLPAR_OK && (!q->sgd || !q->adam)) s = NOMEM(path);
+  for (int g = 0; s == CLPAR_OK && g < q->groups; g++) {
+    char key[64];
+    snprintf(key, sizeof key, "optimizer.group.%d.params", g);
+    if (has) s = meta_i64(f, path, key, 0, &size);
+    if (s == CLPAR_OK && has && size != clpar_optimizer_group_size(o, g))
+      s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                          "%s: parameter group %d holds %lld parameters; this optimizer's %d", path,
+                          g, (long long)size, clpar_optimizer_group_size(o, g));
+    if (s == CLPAR_OK)
+      s = read_options(f, path, clpar_optimizer_kind(o), g, &q->sgd[g], &q->adam[g]);
+    if (s == CLPAR_OK)
+      s = clpar_optimizer_set_group_options((clpar_optimizer *)o, g, &q->sgd[g], &q->adam[g], 0);
+  }
+  return s;
 }
 
 static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
@@ -675,8 +730,7 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
     s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                         "%s holds an optimizer of %lld parameters; this one has %d", path,
                         (long long)fn, n);
-  if (s == CLPAR_OK) s = read_options(f, path, kind, &q->sgd, &q->adam);
-  if (s == CLPAR_OK) s = clpar_optimizer_set_options((clpar_optimizer *)o, &q->sgd, &q->adam, 0);
+  if (s == CLPAR_OK) s = read_groups(f, path, o, q);
   if (s != CLPAR_OK) return s;
   q->state = calloc((size_t)n + 1, sizeof *q->state);
   q->steps = calloc((size_t)n + 1, sizeof *q->steps);
@@ -749,7 +803,8 @@ clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpa
   if (s == CLPAR_OK && opt) s = opt_plan_make(f, path, opt, &q);
   if (s == CLPAR_OK) s = plan_apply(f, &p);
   if (s == CLPAR_OK && opt) {
-    s = clpar_optimizer_set_options(opt, &q.sgd, &q.adam, 1);
+    for (int g = 0; s == CLPAR_OK && g < q.groups; g++)
+      s = clpar_optimizer_set_group_options(opt, g, &q.sgd[g], &q.adam[g], 1);
     for (int i = 0; s == CLPAR_OK && i < q.n; i++) {
       clpar_optimizer_restore(opt, i, q.state[i][0], q.state[i][1], q.steps[i]);
       q.state[i][0] = q.state[i][1] = NULL;
