@@ -147,8 +147,8 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 
 /* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL, and the comm_
  * entries without NCCL). */
-/* Whole convolutions through cuDNN (cuda_cudnn.c) when built with it; else, or with
- * CLPAR_CUDA_CUDNN=0 or no cuDNN at run time, im2col and GEMMs in the core. */
+/* Whole convolutions through cuDNN (cuda_cudnn.c) when built with it and CLPAR_CUDA_CUDNN=1
+ * (opt-in) finds cuDNN at run time; else im2col and GEMMs in the core. */
 #ifdef CLPAR_HAVE_CUDNN
 #define cuda_conv2d clpar_cuda_entry_conv2d
 #define cuda_conv2d_backward clpar_cuda_entry_conv2d_backward

@@ -13,8 +13,8 @@
  * raw bytes (clpar_tensor_read_raw / write_raw), little endian as the format's. Module
  * buffers become more named entries, added by add_module and matched by plan_make next to
  * the parameters. A training checkpoint carries a crc32 per tensor in its metadata, checked
- * before a load changes anything. Names and values from a file are escaped (clpar_escape)
- * before they go into a message. */
+ * before a load changes anything (checkpoint_meta.c). Names and values from a file are escaped
+ * (clpar_escape) before they go into a message. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -431,103 +431,6 @@ static clpar_status add_optimizer(write_set *w, const clpar_optimizer *o) {
   return s;
 }
 
-/* ---- metadata values ---- */
-
-/* Metadata value key as text: NULL when absent, "" when it holds a NUL byte (so that no
- * number or name is read from its first part). shown: the whole value escaped for a message,
- * in quotes, or "missing". */
-static const char *meta_text(const clpar_st_file *f, const char *key, char *shown, size_t size) {
-  size_t len = 0;
-  const char *v = clpar_st_meta_len(f, key, &len);
-  if (!v) {
-    snprintf(shown, size, "missing");
-    return NULL;
-  }
-  shown[0] = '"';
-  clpar_escape(v, len, shown + 1, size - 2);
-  strcat(shown, "\"");
-  return strlen(v) == len ? v : "";
-}
-
-/* ---- checksums ---- */
-
-/* Each tensor of a training checkpoint has its zlib crc32 in the metadata, as 8 hex digits
- * under "crc32.<name>", and "checksums" is "crc32"; strings, so PyTorch's safetensors reads
- * the file as any other. A file without "checksums" (written by PyTorch, or by a clpar from
- * before checksums) loads unchecked. The values are read from their devices once for the
- * checksums and once more as the file is written, so that no host copy of the whole model
- * is needed. */
-#define CHECKSUM_KIND "crc32"
-
-static clpar_status add_checksums(write_set *w) {
-  size_t most = 1;
-  for (int i = 0; i < w->n; i++) {
-    size_t bytes = (size_t)clpar_tensor_numel(w->e[i].src) * clpar_st_dtype_size(w->e[i].dtype);
-    if (bytes > most) most = bytes;
-  }
-  uint8_t *buf = malloc(most);
-  clpar_status s = buf ? meta_add(w, "checksums", "%s", CHECKSUM_KIND) : NOMEM("checkpoint");
-  for (int i = 0, n = w->n; s == CLPAR_OK && i < n; i++) {
-    size_t bytes = (size_t)clpar_tensor_numel(w->e[i].src) * clpar_st_dtype_size(w->e[i].dtype);
-    s = w->e[i].fill(w->e[i].src, buf, bytes);
-    char key[600];
-    snprintf(key, sizeof key, "crc32.%s", w->e[i].name);
-    unsigned long crc = crc32_z(crc32_z(0, Z_NULL, 0), buf, bytes);
-    if (s == CLPAR_OK) s = meta_add(w, key, "%08lx", crc);
-  }
-  free(buf);
-  return s;
-}
-
-/* Tensor i's crc32, read from the file in chunks. */
-static clpar_status file_crc(const clpar_st_file *f, int i, uint8_t *buf, size_t size,
-                             unsigned long *crc) {
-  const clpar_st_tensor *t = &f->tensors[i];
-  uint64_t total = t->end - t->begin;
-  *crc = crc32_z(0, Z_NULL, 0);
-  for (uint64_t at = 0; at < total;) {
-    size_t n = total - at < size ? (size_t)(total - at) : size;
-    clpar_status s = clpar_st_tensor_read_part(f, i, at, buf, n);
-    if (s != CLPAR_OK) return s;
-    *crc = crc32_z(*crc, buf, n);
-    at += n;
-  }
-  return CLPAR_OK;
-}
-
-/* Every tensor's data against its checksum, before anything is loaded. */
-static clpar_status verify_checksums(const clpar_st_file *f, const char *path) {
-  char shown[CLPAR_ESC_SIZE + 2], esc[CLPAR_ESC_SIZE];
-  const char *kind = meta_text(f, "checksums", shown, sizeof shown);
-  if (!kind) return CLPAR_OK;
-  if (strcmp(kind, CHECKSUM_KIND) != 0)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"checksums\" is %s, not \"%s\"",
-                           path, shown, CHECKSUM_KIND);
-  enum { CHUNK = 1 << 20 };
-  uint8_t *buf = malloc(CHUNK);
-  clpar_status s = buf ? CLPAR_OK : NOMEM(path);
-  for (int i = 0; s == CLPAR_OK && i < f->n; i++) {
-    char key[600];
-    snprintf(key, sizeof key, "crc32.%s", f->tensors[i].name);
-    const char *v = meta_text(f, key, shown, sizeof shown);
-    char *end = NULL;
-    unsigned long want = v && strlen(v) == 8 ? strtoul(v, &end, 16) : 0, got = 0;
-    if (!v || strlen(v) != 8 || *end)
-      s = clpar_set_error(CLPAR_ERROR_CORRUPT,
-                          "%s: tensor \"%s\" has no checksum (metadata \"crc32.<name>\" is "
-                          "%s, not 8 hex digits)",
-                          path, CLPAR_ESC(f->tensors[i].name, esc), shown);
-    if (s == CLPAR_OK) s = file_crc(f, i, buf, CHUNK, &got);
-    if (s == CLPAR_OK && got != want)
-      s = clpar_set_error(CLPAR_ERROR_CORRUPT,
-                          "%s: tensor \"%s\" does not match its checksum (crc32 %08lx of its "
-                          "data, %08lx in the metadata): the file is damaged; nothing was loaded",
-                          path, CLPAR_ESC(f->tensors[i].name, esc), got, want);
-  }
-  free(buf);
-  return s;
-}
-
 clpar_status clpar_ckpt_collect(write_set *w, const clpar_module *m, const clpar_optimizer *opt,
                                 int64_t step, int64_t epoch) {
   uint64_t seed, counter;
@@ -548,14 +451,6 @@ void clpar_ckpt_set_free(write_set *w) {
 
 clpar_status clpar_ckpt_meta_add(write_set *w, const char *key, const char *value) {
   return meta_add(w, key, "%s", value);
-}
-
-clpar_status clpar_ckpt_add_checksums(write_set *w) {
-  return add_checksums(w);
-}
-
-clpar_status clpar_ckpt_verify(const clpar_st_file *f, const char *path) {
-  return verify_checksums(f, path);
 }
 
 clpar_status clpar_ckpt_write(write_set *w, const char *path) {
@@ -581,52 +476,10 @@ clpar_status clpar_checkpoint_save_meta(const char *path, const clpar_module *m,
   write_set w = {0};
   clpar_status s = clpar_ckpt_collect(&w, m, opt, step, epoch);
   for (int i = 0; s == CLPAR_OK && i < n_extra; i++) s = meta_add(&w, keys[i], "%s", values[i]);
-  if (s == CLPAR_OK) s = add_checksums(&w);
+  if (s == CLPAR_OK) s = clpar_ckpt_add_checksums(&w);
   if (s == CLPAR_OK) s = set_write(&w, path);
   set_free(&w);
   return s;
-}
-
-/* Metadata value key as a number; CLPAR_ERROR_CORRUPT when absent or malformed. */
-static clpar_status meta_i64(const clpar_st_file *f, const char *path, const char *key, int64_t lo,
-                             int64_t *out) {
-  char shown[CLPAR_ESC_SIZE + 2];
-  const char *v = meta_text(f, key, shown, sizeof shown);
-  char *end = NULL;
-  errno = 0;
-  long long x = v ? strtoll(v, &end, 10) : 0;
-  if (!v || !*v || *end || errno || x < lo)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is %s, not an integer >= %lld",
-                           path, key, shown, (long long)lo);
-  *out = x;
-  return CLPAR_OK;
-}
-
-static clpar_status meta_u64(const clpar_st_file *f, const char *path, const char *key,
-                             uint64_t *out) {
-  char shown[CLPAR_ESC_SIZE + 2];
-  const char *v = meta_text(f, key, shown, sizeof shown);
-  char *end = NULL;
-  errno = 0;
-  unsigned long long x = v && *v != '-' ? strtoull(v, &end, 10) : 0;
-  if (!v || !*v || *v == '-' || *end || errno)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT,
-                           "%s: metadata \"%s\" is %s, not an unsigned integer", path, key, shown);
-  *out = x;
-  return CLPAR_OK;
-}
-
-static clpar_status meta_float(const clpar_st_file *f, const char *path, const char *key,
-                               float *out) {
-  char shown[CLPAR_ESC_SIZE + 2];
-  const char *v = meta_text(f, key, shown, sizeof shown);
-  char *end = NULL;
-  float x = v ? strtof(v, &end) : 0.0f;
-  if (!v || !*v || *end)
-    return clpar_set_error(CLPAR_ERROR_CORRUPT, "%s: metadata \"%s\" is %s, not a number", path,
-                           key, shown);
-  *out = x;
-  return CLPAR_OK;
 }
 
 /* Group g's options (add_options' keys). */
@@ -640,18 +493,18 @@ static clpar_status read_options(const clpar_st_file *f, const char *path, const
   clpar_status s;
   if (strcmp(kind, "SGD") == 0) {
     int64_t nesterov = 0;
-    s = meta_float(f, path, KEY("lr"), &sgd->lr);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("momentum"), &sgd->momentum);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("dampening"), &sgd->dampening);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("weight_decay"), &sgd->weight_decay);
-    if (s == CLPAR_OK) s = meta_i64(f, path, KEY("nesterov"), 0, &nesterov);
+    s = clpar_ckpt_meta_float(f, path, KEY("lr"), &sgd->lr);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("momentum"), &sgd->momentum);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("dampening"), &sgd->dampening);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("weight_decay"), &sgd->weight_decay);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_i64(f, path, KEY("nesterov"), 0, &nesterov);
     sgd->nesterov = nesterov != 0;
   } else {
-    s = meta_float(f, path, KEY("lr"), &ad->lr);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("beta1"), &ad->beta1);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("beta2"), &ad->beta2);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("eps"), &ad->eps);
-    if (s == CLPAR_OK) s = meta_float(f, path, KEY("weight_decay"), &ad->weight_decay);
+    s = clpar_ckpt_meta_float(f, path, KEY("lr"), &ad->lr);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("beta1"), &ad->beta1);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("beta2"), &ad->beta2);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("eps"), &ad->eps);
+    if (s == CLPAR_OK) s = clpar_ckpt_meta_float(f, path, KEY("weight_decay"), &ad->weight_decay);
   }
 #undef KEY
   return s;
@@ -687,7 +540,7 @@ static clpar_status read_groups(const clpar_st_file *f, const char *path, const 
   int64_t fg = 1, size = 0;
   size_t len;
   int has = clpar_st_meta_len(f, "optimizer.groups", &len) != NULL;
-  clpar_status s = has ? meta_i64(f, path, "optimizer.groups", 1, &fg) : CLPAR_OK;
+  clpar_status s = has ? clpar_ckpt_meta_i64(f, path, "optimizer.groups", 1, &fg) : CLPAR_OK;
   if (s == CLPAR_OK && has && fg != n)
     s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                         "%s holds an optimizer of %lld parameter groups; this one has %d", path,
@@ -699,7 +552,7 @@ static clpar_status read_groups(const clpar_st_file *f, const char *path, const 
   for (int g = 0; s == CLPAR_OK && g < q->groups; g++) {
     char key[64];
     snprintf(key, sizeof key, "optimizer.group.%d.params", g);
-    if (has) s = meta_i64(f, path, key, 0, &size);
+    if (has) s = clpar_ckpt_meta_i64(f, path, key, 0, &size);
     if (s == CLPAR_OK && has && size != clpar_optimizer_group_size(o, g))
       s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                           "%s: parameter group %d holds %lld parameters; this optimizer's %d", path,
@@ -717,7 +570,7 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
   memset(q, 0, sizeof *q);
   char shown[CLPAR_ESC_SIZE + 2];
   const char *kind = clpar_optimizer_kind(o),
-             *fkind = meta_text(f, "optimizer.kind", shown, sizeof shown);
+             *fkind = clpar_ckpt_meta_text(f, "optimizer.kind", shown, sizeof shown);
   int n = clpar_optimizer_size(o);
   int64_t fn = 0;
   if (!fkind)
@@ -725,7 +578,7 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
   if (strcmp(fkind, kind) != 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s holds the state of %s, not of %s",
                            path, shown, kind);
-  clpar_status s = meta_i64(f, path, "optimizer.params", 0, &fn);
+  clpar_status s = clpar_ckpt_meta_i64(f, path, "optimizer.params", 0, &fn);
   if (s == CLPAR_OK && fn != n)
     s = clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
                         "%s holds an optimizer of %lld parameters; this one has %d", path,
@@ -741,7 +594,7 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
   for (int i = 0; s == CLPAR_OK && i < n; i++) {
     char key[96];
     snprintf(key, sizeof key, "optimizer.state.%d.step", i);
-    s = meta_i64(f, path, key, 0, &q->steps[i]);
+    s = clpar_ckpt_meta_i64(f, path, key, 0, &q->steps[i]);
     clpar_tensor *p = clpar_optimizer_param_at(o, i);
     for (int k = 0; s == CLPAR_OK && k < 2 && state_name(kind, k); k++) {
       snprintf(key, sizeof key, "optimizer.state.%d.%s", i, state_name(kind, k));
@@ -776,16 +629,16 @@ static clpar_status opt_plan_make(const clpar_st_file *f, const char *path,
 static clpar_status read_counters(const clpar_st_file *f, const char *path, int64_t *step,
                                   int64_t *epoch, uint64_t *seed, uint64_t *counter) {
   char shown[CLPAR_ESC_SIZE + 2];
-  const char *format = meta_text(f, "format", shown, sizeof shown);
+  const char *format = clpar_ckpt_meta_text(f, "format", shown, sizeof shown);
   if (!format || strcmp(format, TRAIN_FORMAT) != 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "%s is not a clpar training checkpoint (metadata format %s, "
                            "expected \"%s\")",
                            path, shown, TRAIN_FORMAT);
-  clpar_status s = meta_i64(f, path, "step", INT64_MIN, step);
-  if (s == CLPAR_OK) s = meta_i64(f, path, "epoch", INT64_MIN, epoch);
-  if (s == CLPAR_OK) s = meta_u64(f, path, "rng.seed", seed);
-  if (s == CLPAR_OK) s = meta_u64(f, path, "rng.counter", counter);
+  clpar_status s = clpar_ckpt_meta_i64(f, path, "step", INT64_MIN, step);
+  if (s == CLPAR_OK) s = clpar_ckpt_meta_i64(f, path, "epoch", INT64_MIN, epoch);
+  if (s == CLPAR_OK) s = clpar_ckpt_meta_u64(f, path, "rng.seed", seed);
+  if (s == CLPAR_OK) s = clpar_ckpt_meta_u64(f, path, "rng.counter", counter);
   return s;
 }
 
@@ -797,7 +650,7 @@ clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpa
   opt_plan q = {0};
   memset(&p, 0, sizeof p);
   clpar_status s = read_counters(f, path, &st, &ep, &seed, &counter);
-  if (s == CLPAR_OK) s = verify_checksums(f, path);
+  if (s == CLPAR_OK) s = clpar_ckpt_verify(f, path);
   if (s == CLPAR_OK) s = plan_make(m, f, "model.", &p);
   if (s == CLPAR_OK && !plan_clean(&p)) s = plan_error(path, &p);
   if (s == CLPAR_OK && opt) s = opt_plan_make(f, path, opt, &q);
@@ -822,12 +675,7 @@ clpar_status clpar_ckpt_load_file(const clpar_st_file *f, const char *path, clpa
 
 clpar_status clpar_ckpt_read_options(const clpar_st_file *f, const char *path, const char *kind,
                                      clpar_sgd_options *sgd, clpar_adam_options *adam) {
-  return read_options(f, path, kind, sgd, adam);
-}
-
-clpar_status clpar_ckpt_meta_i64(const clpar_st_file *f, const char *path, const char *key,
-                                 int64_t lo, int64_t *out) {
-  return meta_i64(f, path, key, lo, out);
+  return read_options(f, path, kind, 0, sgd, adam); /* group 0: a ZeRO optimizer has one */
 }
 
 clpar_status clpar_checkpoint_load(const char *path, clpar_module *m, clpar_optimizer *opt,

@@ -51,6 +51,13 @@ clpar_status clpar_ckpt_read_options(const clpar_st_file *f, const char *path, c
                                      clpar_sgd_options *sgd, clpar_adam_options *adam);
 clpar_status clpar_ckpt_meta_i64(const clpar_st_file *f, const char *path, const char *key,
                                  int64_t lo, int64_t *out);
+clpar_status clpar_ckpt_meta_u64(const clpar_st_file *f, const char *path, const char *key,
+                                 uint64_t *out);
+clpar_status clpar_ckpt_meta_float(const clpar_st_file *f, const char *path, const char *key,
+                                   float *out);
+/* Metadata value key as text: NULL when absent, "" when it holds a NUL byte; shown gets the
+ * value escaped for a message, in quotes, or "missing". */
+const char *clpar_ckpt_meta_text(const clpar_st_file *f, const char *key, char *shown, size_t size);
 /* Every tensor of f against the crc32 its metadata gives (when it has "checksums"). */
 clpar_status clpar_ckpt_verify(const clpar_st_file *f, const char *path);
 /* The sharded checkpoint in dir, checked whole (src/io/shard_index.c), as one file: *view
