@@ -288,10 +288,13 @@ static clpar_status add_optimizer(zsave *c, clpar_ckpt_set *w, int **owner) {
   clpar_status s = clpar_ckpt_meta_add(w, "optimizer.kind", c->d.kind);
   snprintf(v, sizeof v, "%d", c->L.n);
   if (s == CLPAR_OK) s = clpar_ckpt_meta_add(w, "optimizer.params", v);
+  if (s == CLPAR_OK) s = clpar_ckpt_meta_add(w, "optimizer.groups", "1"); /* one group */
   for (int k = 0; s == CLPAR_OK && k < 5; k++) {
     snprintf(v, sizeof v, sgd && k == 4 ? "%.0f" : "%.9g", vals[k]);
     s = clpar_ckpt_meta_add(w, keys[k], v);
   }
+  snprintf(v, sizeof v, "%d", c->L.n);
+  if (s == CLPAR_OK) s = clpar_ckpt_meta_add(w, "optimizer.group.0.params", v);
   int first = w->n;
   int *own = calloc((size_t)w->n + 2 * (size_t)c->L.n + 1, sizeof *own);
   if (s == CLPAR_OK && !own) s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, SAVE ": out of memory");
