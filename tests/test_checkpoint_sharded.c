@@ -415,22 +415,6 @@ static void test_random_damage(void **state) {
   clpar_module_free(m);
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: test_checkpoint_sharded save|load|hostile DIR\n");
@@ -448,9 +432,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_random_damage),
   };
   if (strcmp(argv[1], "save") == 0)
-    return cmocka_run_group_tests_name("checkpoint_sharded_save", save, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_sharded_save", save, tu_dist_setup,
+                                       tu_dist_teardown);
   if (strcmp(argv[1], "load") == 0)
-    return cmocka_run_group_tests_name("checkpoint_sharded_load", load, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_sharded_load", load, tu_dist_setup,
+                                       tu_dist_teardown);
   /* outside MPI: the save makes a job of one, and leak checkers see no MPI library */
   return cmocka_run_group_tests_name("checkpoint_sharded_hostile", hostile, tu_setup, tu_teardown);
 }

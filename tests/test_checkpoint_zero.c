@@ -373,22 +373,6 @@ static void test_consolidate(void **state) {
   expect_consolidated(in_dir("sgd%d", stage), in_dir("full_sgd.ckpt", 0));
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   if (argc != 4 || (atoi(argv[3]) != 1 && atoi(argv[3]) != 2)) {
     fprintf(stderr, "usage: test_checkpoint_zero save|load|hostile DIR 1|2\n");
@@ -400,8 +384,10 @@ int main(int argc, char **argv) {
   const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_load_file)};
   const struct CMUnitTest hostile[] = {cmocka_unit_test(test_consolidate)};
   if (strcmp(argv[1], "save") == 0)
-    return cmocka_run_group_tests_name("checkpoint_zero_save", save, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_zero_save", save, tu_dist_setup,
+                                       tu_dist_teardown);
   if (strcmp(argv[1], "load") == 0)
-    return cmocka_run_group_tests_name("checkpoint_zero_load", load, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_zero_load", load, tu_dist_setup,
+                                       tu_dist_teardown);
   return cmocka_run_group_tests_name("checkpoint_zero_hostile", hostile, tu_setup, tu_teardown);
 }

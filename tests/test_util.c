@@ -208,3 +208,19 @@ void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd
   clpar_optimizer_free(opt);
   clpar_module_free(m);
 }
+
+int tu_dist_setup(void **state) {
+  (void)state;
+  clpar_status s = clpar_dist_init();
+  if (s != CLPAR_OK) {
+    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+int tu_dist_teardown(void **state) {
+  (void)state;
+  clpar_dist_finalize();
+  return 0;
+}

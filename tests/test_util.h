@@ -76,4 +76,9 @@ clpar_module *tu_toy_create(tu_toy_devices *d, uint64_t seed);
 void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd, int steps,
                   float *losses, float *weights);
 
+/* Group setup and teardown of the tests run under mpirun: clpar_dist_init (its failure
+ * printed, the group not run) and clpar_dist_finalize. */
+int tu_dist_setup(void **state);
+int tu_dist_teardown(void **state);
+
 #endif
