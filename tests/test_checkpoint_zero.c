@@ -341,26 +341,12 @@ static void test_load_file(void **state) {
   clpar_module_free(ref);
 }
 
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  assert_non_null(buf);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return buf;
-}
-
 /* The ZeRO checkpoint consolidated is the plain DDP run's file, byte for byte. */
 static void expect_consolidated(const char *sharded, const char *full) {
   const char *out = in_dir("consolidated%d.safetensors", stage);
   tu_ok(clpar_checkpoint_consolidate(sharded, out));
   size_t a_len, b_len;
-  char *a = slurp(out, &a_len), *b = slurp(full, &b_len);
+  char *a = tu_slurp(out, &a_len), *b = tu_slurp(full, &b_len);
   assert_int_equal(a_len, b_len);
   assert_memory_equal(a, b, a_len);
   free(a);
