@@ -87,26 +87,11 @@ static void test_ddp_find_unused_bit_identical(void **state) {
   check(1);
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ddp_bit_identical),
       cmocka_unit_test(test_ddp_find_unused_bit_identical),
   };
-  return cmocka_run_group_tests_name("activation_checkpoint_ddp", tests, setup, teardown);
+  return cmocka_run_group_tests_name("activation_checkpoint_ddp", tests, tu_dist_setup,
+                                     tu_dist_teardown);
 }

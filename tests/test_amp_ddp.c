@@ -202,27 +202,11 @@ static void test_autocast_tracks_one_device(void **state) {
   }
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_reduce_max),
       cmocka_unit_test(test_one_rank_nan_skips_every_rank),
       cmocka_unit_test(test_autocast_tracks_one_device),
   };
-  return cmocka_run_group_tests_name("amp_ddp", tests, setup, teardown);
+  return cmocka_run_group_tests_name("amp_ddp", tests, tu_dist_setup, tu_dist_teardown);
 }

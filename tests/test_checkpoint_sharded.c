@@ -208,21 +208,6 @@ static void test_load(void **state) {
 
 /* ---- damaged copies ---- */
 
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  assert_non_null(buf);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  buf[n] = 0;
-  *len = (size_t)n;
-  return buf;
-}
-
 static void spill(const char *path, const char *buf, size_t len) {
   FILE *f = fopen(path, "wb");
   assert_non_null(f);
@@ -245,7 +230,7 @@ static const char *copy_of_sharded(const char *name) {
     snprintf(from, sizeof from, "%s/sharded/%s", dir, files[i]);
     snprintf(to, sizeof to, "%s/%s", dst, files[i]);
     size_t len;
-    char *buf = slurp(from, &len);
+    char *buf = tu_slurp(from, &len);
     spill(to, buf, len);
     free(buf);
   }
@@ -257,7 +242,7 @@ static void edit(const char *d, const char *name, const char *old, const char *n
   char path[1200];
   snprintf(path, sizeof path, "%s/%s", d, name);
   size_t len;
-  char *buf = slurp(path, &len), *at = strstr(buf, old);
+  char *buf = tu_slurp(path, &len), *at = strstr(buf, old);
   assert_non_null(at);
   size_t head = (size_t)(at - buf), tail = len - head - strlen(old);
   char *out = malloc(len + strlen(new) + 1);
@@ -288,8 +273,8 @@ static void test_consolidate_equals_unsharded_save(void **state) {
   (void)state;
   tu_ok(clpar_checkpoint_consolidate(in_dir("sharded"), in_dir("consolidated.safetensors")));
   size_t a_len, b_len;
-  char *a = slurp(in_dir("consolidated.safetensors"), &a_len),
-       *b = slurp(in_dir("full.ckpt"), &b_len);
+  char *a = tu_slurp(in_dir("consolidated.safetensors"), &a_len),
+       *b = tu_slurp(in_dir("full.ckpt"), &b_len);
   assert_int_equal(a_len, b_len);
   assert_memory_equal(a, b, a_len);
   free(a);
@@ -319,7 +304,7 @@ static void test_hostile_files(void **state) {
   }
   d = copy_of_sharded("h_truncated");
   size_t len;
-  char *buf = slurp(in_dir("h_truncated/model-00001-of-00002.safetensors"), &len);
+  char *buf = tu_slurp(in_dir("h_truncated/model-00001-of-00002.safetensors"), &len);
   spill(in_dir("h_truncated/model-00001-of-00002.safetensors"), buf, len - 4);
   free(buf);
   expect_refused(d, CLPAR_ERROR_CORRUPT, "model-00001-of-00002.safetensors");
@@ -400,7 +385,7 @@ static void test_random_damage(void **state) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", d, files[which]);
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = tu_slurp(path, &len);
     for (int k = 0; k < 1 + trial % 4; k++) {
       r = r * 6364136223846793005ull + 1442695040888963407ull;
       size_t at = (size_t)(r >> 33) % (which ? (len < 600 ? len : 600) : len);
@@ -413,22 +398,6 @@ static void test_random_damage(void **state) {
   assert_true(refused > 100); /* most damage is caught; the rest changed nothing checked */
   clpar_optimizer_free(opt);
   clpar_module_free(m);
-}
-
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -448,9 +417,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_random_damage),
   };
   if (strcmp(argv[1], "save") == 0)
-    return cmocka_run_group_tests_name("checkpoint_sharded_save", save, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_sharded_save", save, tu_dist_setup,
+                                       tu_dist_teardown);
   if (strcmp(argv[1], "load") == 0)
-    return cmocka_run_group_tests_name("checkpoint_sharded_load", load, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_sharded_load", load, tu_dist_setup,
+                                       tu_dist_teardown);
   /* outside MPI: the save makes a job of one, and leak checkers see no MPI library */
   return cmocka_run_group_tests_name("checkpoint_sharded_hostile", hostile, tu_setup, tu_teardown);
 }

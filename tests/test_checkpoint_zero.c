@@ -341,26 +341,12 @@ static void test_load_file(void **state) {
   clpar_module_free(ref);
 }
 
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  assert_non_null(buf);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return buf;
-}
-
 /* The ZeRO checkpoint consolidated is the plain DDP run's file, byte for byte. */
 static void expect_consolidated(const char *sharded, const char *full) {
   const char *out = in_dir("consolidated%d.safetensors", stage);
   tu_ok(clpar_checkpoint_consolidate(sharded, out));
   size_t a_len, b_len;
-  char *a = slurp(out, &a_len), *b = slurp(full, &b_len);
+  char *a = tu_slurp(out, &a_len), *b = tu_slurp(full, &b_len);
   assert_int_equal(a_len, b_len);
   assert_memory_equal(a, b, a_len);
   free(a);
@@ -371,22 +357,6 @@ static void test_consolidate(void **state) {
   (void)state;
   expect_consolidated(in_dir("zero%d", stage), in_dir("full.ckpt", 0));
   expect_consolidated(in_dir("sgd%d", stage), in_dir("full_sgd.ckpt", 0));
-}
-
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -400,8 +370,10 @@ int main(int argc, char **argv) {
   const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_load_file)};
   const struct CMUnitTest hostile[] = {cmocka_unit_test(test_consolidate)};
   if (strcmp(argv[1], "save") == 0)
-    return cmocka_run_group_tests_name("checkpoint_zero_save", save, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_zero_save", save, tu_dist_setup,
+                                       tu_dist_teardown);
   if (strcmp(argv[1], "load") == 0)
-    return cmocka_run_group_tests_name("checkpoint_zero_load", load, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint_zero_load", load, tu_dist_setup,
+                                       tu_dist_teardown);
   return cmocka_run_group_tests_name("checkpoint_zero_hostile", hostile, tu_setup, tu_teardown);
 }

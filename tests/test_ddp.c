@@ -569,12 +569,7 @@ static void test_buffer_mismatch_fails_on_every_rank(void **state) {
 }
 
 static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
+  if (tu_dist_setup(state) != 0) return -1;
   fprintf(stderr, "rank %d of %d (local %d of %d) on %s\n", clpar_dist_rank(),
           clpar_dist_world_size(), clpar_dist_local_rank(), clpar_dist_local_size(),
           clpar_device_id(clpar_dist_device()));

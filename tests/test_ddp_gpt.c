@@ -126,26 +126,10 @@ static void test_dropout_masks_per_rank(void **state) {
   tg_free(&ddp);
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matches_one_device),
       cmocka_unit_test(test_dropout_masks_per_rank),
   };
-  return cmocka_run_group_tests_name("ddp_gpt", tests, setup, teardown);
+  return cmocka_run_group_tests_name("ddp_gpt", tests, tu_dist_setup, tu_dist_teardown);
 }

@@ -347,12 +347,7 @@ static void test_shared_gpu_falls_back_to_mpi(void **state) {
 }
 
 static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
+  if (tu_dist_setup(state) != 0) return -1;
   for (int i = 0; i < clpar_device_count() && cuda_count < MAX_CUDA; i++)
     if (is_cuda(clpar_device_get(i))) cuda_devs[cuda_count++] = clpar_device_get(i);
   fprintf(stderr, "rank %d of %d (local %d of %d) on %s; %d CUDA device%s\n", clpar_dist_rank(),

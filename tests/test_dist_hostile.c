@@ -182,12 +182,7 @@ static void test_init_after_finalize_refused(void **state) {
 }
 
 static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
+  if (tu_dist_setup(state) != 0) return -1;
   if (clpar_dist_world_size() != 2) {
     fprintf(stderr, "test_dist_hostile runs on 2 ranks (mpirun -np 2)\n");
     return -1;

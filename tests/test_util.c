@@ -208,3 +208,35 @@ void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd
   clpar_optimizer_free(opt);
   clpar_module_free(m);
 }
+
+int tu_dist_setup(void **state) {
+  (void)state;
+  clpar_status s = clpar_dist_init();
+  if (s != CLPAR_OK) {
+    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+int tu_dist_teardown(void **state) {
+  (void)state;
+  clpar_dist_finalize();
+  return 0;
+}
+
+char *tu_slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  assert_true(n >= 0);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  assert_non_null(buf);
+  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  buf[n] = 0;
+  *len = (size_t)n;
+  return buf;
+}

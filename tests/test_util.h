@@ -76,4 +76,12 @@ clpar_module *tu_toy_create(tu_toy_devices *d, uint64_t seed);
 void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd, int steps,
                   float *losses, float *weights);
 
+/* The whole file at path (malloc'd, NUL-terminated, *len its size; the test fails if it cannot
+ * be read). */
+char *tu_slurp(const char *path, size_t *len);
+/* Group setup and teardown of the tests run under mpirun: clpar_dist_init (its failure
+ * printed, the group not run) and clpar_dist_finalize. */
+int tu_dist_setup(void **state);
+int tu_dist_teardown(void **state);
+
 #endif

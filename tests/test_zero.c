@@ -334,22 +334,6 @@ static void test_refused_options(void **state) {
   clpar_module_free(ddp);
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stage1_matches_ddp),
@@ -361,5 +345,5 @@ int main(void) {
       cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
       cmocka_unit_test(test_refused_options),
   };
-  return cmocka_run_group_tests_name("zero", tests, setup, teardown);
+  return cmocka_run_group_tests_name("zero", tests, tu_dist_setup, tu_dist_teardown);
 }

@@ -398,22 +398,6 @@ static void test_refused(void **state) {
   clpar_module_free(ddp);
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adam_matches_ddp),
@@ -424,5 +408,5 @@ int main(void) {
       cmocka_unit_test(test_memory_is_sharded),
       cmocka_unit_test(test_refused),
   };
-  return cmocka_run_group_tests_name("zero3", tests, setup, teardown);
+  return cmocka_run_group_tests_name("zero3", tests, tu_dist_setup, tu_dist_teardown);
 }
