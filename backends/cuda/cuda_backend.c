@@ -159,8 +159,19 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 /* Softmax cross-entropy is composed in the core from softmax and nll_ignore. */
 #define cuda_xent NULL
 #define cuda_xent_backward NULL
-/* A Linear's forward (linear_act) is the core's composition: the GEMM, then bias_act. */
-#define cuda_linear_act NULL
+/* A Linear's forward: the cuBLAS GEMM, then bias_act (or the activation's unary). */
+static clpar_status cuda_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
+                                    clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out) {
+  clpar_status s = cuda_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
+  if (s == CLPAR_OK && bias.buf) return cuda_bias_act(dev, act, m, n, out, bias, out);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = cuda_unary(dev,
+                   act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                   : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                              : CLPAR_UNARY_TANH,
+                   m * n, out, out);
+  return s;
+}
 
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");

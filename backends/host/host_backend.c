@@ -595,8 +595,19 @@ static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_
   return CLPAR_OK;
 }
 
-/* A Linear's forward (linear_act) is the core's composition: the GEMM, then bias_act. */
-#define host_linear_act NULL
+/* A Linear's forward: OpenBLAS's GEMM, then one pass for the bias and the activation. */
+static clpar_status host_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
+                                    clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out) {
+  clpar_status s = host_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
+  if (s == CLPAR_OK && bias.buf) return host_bias_act(dev, act, m, n, out, bias, out);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
+    s = host_unary(dev,
+                   act == CLPAR_ACT_RELU      ? CLPAR_UNARY_RELU
+                   : act == CLPAR_ACT_SIGMOID ? CLPAR_UNARY_SIGMOID
+                                              : CLPAR_UNARY_TANH,
+                   m * n, out, out);
+  return s;
+}
 
 #define CLPAR_BE_PREFIX_ host
 static const clpar_backend_iface host_iface = CLPAR_BACKEND_TABLE("host");
