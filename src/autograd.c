@@ -340,8 +340,7 @@ static int adoptable(const clpar_tensor *t, const clpar_tensor *g) {
 
 /* Adds g (a reference the caller gives up) into what t accumulates: its node's gradient, or,
  * for a leaf, its grad (its own memory, kept across steps: g itself when adoptable, else a
- * copy). offset >= 0: g is the gradient of
- * the slice of t starting at that element. */
+ * copy). offset >= 0: g is the gradient of the slice of t starting at that element. */
 static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   clpar_node *n = t->node;
   clpar_tensor **acc = n ? &n->grad : &t->grad;
