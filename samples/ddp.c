@@ -3,7 +3,8 @@
  * trains on its share of it (rows rank, rank + world, ... as PyTorch's DistributedSampler
  * takes them), and DDP averages the gradients, so all ranks hold the same weights after
  * every step. Rank 0 prints the loss averaged over the ranks, samples per second over the
- * whole job, and the held-out accuracy.
+ * whole job, and the held-out accuracy; each rank ends with its device's peak memory per
+ * category on stderr.
  *
  *   mpirun -np 2 ./ddp [steps]                            (default 200)
  *   mpirun -np 4 --host a:2,b:2 ./ddp                     (two machines, README) */
@@ -89,6 +90,7 @@ int main(int argc, char **argv) {
   double acc = ok ? accuracy(ddp, dev, xte, yte, TEST, FEATURES, CLASSES) : 0;
   if (ok && rank == 0)
     printf("loss %.4f -> %.4f; held-out accuracy %.1f%%\n", first_loss, last_loss, 100 * acc);
+  if (ok) print_memory_peaks(dev); /* each rank its device's, on stderr */
   clpar_optimizer_free(opt);
   clpar_module_free(ddp);
   free(xtr);

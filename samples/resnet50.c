@@ -12,7 +12,9 @@
  * batch's clock starts) and the one-hot indices are drawn once. A batch's time covers the
  * upload of images and labels, zero_grad, forward, loss, backward and the SGD step, and the
  * loss read back at its end (which waits for the device). The first batch also compiles the
- * device's kernels; the mean leaves it out when there is more than one batch. */
+ * device's kernels; the mean leaves it out when there is more than one batch. At the end, the
+ * device's peak memory per category (parameters, gradients, optimizer state, activations,
+ * communication buffers, total) goes to stderr. */
 #include <clpar/clpar.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +124,7 @@ int main(int argc, char **argv) {
     int counted = o.batches > 1 ? o.batches - 1 : 1;
     printf("mean over %d batch%s: %.3f s per batch, %.1f images/s\n", counted,
            counted > 1 ? "es" : "", total / counted, (double)o.batch * counted / total);
+    print_memory_peaks(dev);
   }
   clpar_optimizer_free(opt);
   clpar_module_free(model);

@@ -1,6 +1,7 @@
 /* sample_util.h — what the samples share: a wall clock, a small random generator for their
  * synthetic data (xorshift64*: the samples' data needs no quality beyond that), a status check
- * that prints clpar's message, and the MLP classifier of train_mlp.c and ddp.c. */
+ * that prints clpar's message, the peak device memory per category, and the MLP classifier of
+ * train_mlp.c and ddp.c. */
 #ifndef CLPAR_SAMPLE_UTIL_H
 #define CLPAR_SAMPLE_UTIL_H
 
@@ -59,6 +60,21 @@ static inline int check(clpar_status s, const char *what) {
   else
     fprintf(stderr, "%s: %s: %s\n", what, clpar_status_name(s), clpar_last_error());
   return 0;
+}
+
+/* One line on stderr: the most device memory each category (include/clpar/memory.h) held at
+ * once on dev since clpar_init (or the last clpar_memory_mark), in MiB, and all of them at
+ * once (total), prefixed by the rank in a distributed job. */
+static inline void print_memory_peaks(clpar_device *dev) {
+  static const clpar_mem_category order[] = {CLPAR_MEM_PARAMETERS,    CLPAR_MEM_GRADIENTS,
+                                             CLPAR_MEM_OPTIMIZER,     CLPAR_MEM_ACTIVATIONS,
+                                             CLPAR_MEM_COMMUNICATION, CLPAR_MEM_TOTAL};
+  if (clpar_dist_rank() >= 0) fprintf(stderr, "rank %d: ", clpar_dist_rank());
+  fprintf(stderr, "peak memory on %s:", clpar_device_id(dev));
+  for (size_t i = 0; i < sizeof order / sizeof *order; i++)
+    fprintf(stderr, "%s %s %.2f MiB", i ? "," : "", clpar_memory_category_name(order[i]),
+            (double)clpar_memory_peak(dev, order[i]) / 1048576.0);
+  fprintf(stderr, "\n");
 }
 
 /* ---- the MLP classifier of train_mlp.c and ddp.c ---- */

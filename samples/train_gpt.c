@@ -25,7 +25,9 @@
  * batch and trains its share of the rows, so the run is the one-device run; rank 0 prints
  * (the losses are the ranks' mean) and writes the checkpoint.
  * --stop-at N: stop after iteration N (its checkpoint written), as an interrupted run does;
- * the schedule is still the one of --iters. */
+ * the schedule is still the one of --iters. At the end, each device used (each rank's under
+ * --ddp) prints on stderr the most memory each category held at once over the run
+ * (parameters, gradients, optimizer state, activations, communication buffers, total). */
 #include <clpar/clpar.h>
 #include <math.h>
 #include <stdio.h>
@@ -337,6 +339,14 @@ static int resume(run *r, const options *o, int64_t *it) {
   return ok;
 }
 
+/* How many devices the run uses, and the i-th of them. */
+static int device_count(const options *o) {
+  return o->data_parallel ? clpar_device_count() : o->pipeline ? 2 : 1;
+}
+static clpar_device *device_at(const run *r, const options *o, int i) {
+  return o->pipeline ? clpar_pipeline_device(r->model, i) : i ? clpar_device_get(i) : r->dev;
+}
+
 /* What runs where, on stderr. */
 static void describe(const run *r, const options *o) {
   fprintf(stderr,
@@ -345,12 +355,8 @@ static void describe(const run *r, const options *o) {
           (long long)clpar_text_length(r->text), clpar_text_vocab_size(r->text),
           (long long)o->layers, (long long)o->heads, (long long)o->width, (long long)o->block,
           (long long)o->batch);
-  int n = o->data_parallel ? clpar_device_count() : o->pipeline ? 2 : 1;
-  for (int i = 0; i < n; i++)
-    fprintf(stderr, " %s",
-            clpar_device_id(o->pipeline ? clpar_pipeline_device(r->model, i)
-                            : i         ? clpar_device_get(i)
-                                        : r->dev));
+  for (int i = 0; i < device_count(o); i++)
+    fprintf(stderr, " %s", clpar_device_id(device_at(r, o, i)));
   if (o->ddp) fprintf(stderr, " (rank 0 of %d)", clpar_dist_world_size());
   fprintf(stderr, "%s\n", o->pipeline ? " (2 pipeline stages)" : "");
 }
@@ -387,6 +393,7 @@ int main(int argc, char **argv) {
   ok = ok && train(&r, &o, it);
   if (ok && o.sample_len > 0) ok = generate(&r, &o);
   if (ok && leader()) ok = loss_plot_write(&o.plot, "iteration", "train_gpt: cross-entropy, AdamW");
+  for (int i = 0; ok && i < device_count(&o); i++) print_memory_peaks(device_at(&r, &o, i));
   loss_plot_free(&o.plot);
   clpar_text_loader_free(r.train);
   clpar_text_loader_free(r.val);

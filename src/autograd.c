@@ -319,9 +319,28 @@ static clpar_status zeros_like(const clpar_tensor *t, clpar_tensor **out) {
   return s;
 }
 
+/* 1 when leaf t may keep g as its gradient instead of a copy (PyTorch's AccumulateGrad steals
+ * a gradient nobody else holds): g is the only tensor of its storage, held only by the caller
+ * (a scope's creation reference is the caller's too: clpar_tensor_free forgets it), of t's dtype,
+ * shape and device, and its storage is about the size a new gradient would take. A gradient that
+ * shares memory with anything else (the same tensor handed to two inputs, a view of a buffer) is
+ * copied. */
+static int adoptable(const clpar_tensor *t, const clpar_tensor *g) {
+  size_t bytes = (size_t)g->numel * clpar_dtype_size(g->dtype);
+  if (g->dtype != t->dtype || g->ndim != t->ndim || g->offset != 0 || g->node || g->requires_grad ||
+      g->grad || g->flat || g->hooks || g->storage->dev != t->storage->dev ||
+      g->storage->capacity > bytes + bytes / 4 + ((size_t)64 << 10))
+    return 0;
+  for (int d = 0; d < t->ndim; d++)
+    if (g->shape[d] != t->shape[d]) return 0;
+  return __atomic_load_n(&g->refcount, __ATOMIC_ACQUIRE) == 1 &&
+         __atomic_load_n(&g->flat_members, __ATOMIC_ACQUIRE) == 0 &&
+         __atomic_load_n(&g->storage->refcount, __ATOMIC_ACQUIRE) == 1;
+}
+
 /* Adds g (a reference the caller gives up) into what t accumulates: its node's gradient, or,
- * for a leaf, its grad (its own memory, kept across steps). offset >= 0: g is the gradient of
- * the slice of t starting at that element. */
+ * for a leaf, its grad (its own memory, kept across steps: g itself when adoptable, else a
+ * copy). offset >= 0: g is the gradient of the slice of t starting at that element. */
 static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   clpar_node *n = t->node;
   clpar_tensor **acc = n ? &n->grad : &t->grad;
@@ -348,6 +367,11 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
       clpar_tensor_free(n->grad);
       n->grad = sum;
     }
+  } else if (!t->grad && adoptable(t, g)) {
+    clpar_tensor_unscope(g);
+    clpar_storage_tag(g->storage, CLPAR_MEM_GRADIENTS);
+    t->grad = g;
+    g = NULL;
   } else if (!t->grad) {
     clpar_tensor *own;
     int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
@@ -381,7 +405,7 @@ clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot) {
   size_t offset = 0;
   clpar_status s = CLPAR_OK;
   if (!t->node) {
-    acc = t->grad; /* a leaf's first gradient is a copy (deliver): no slot yet */
+    acc = t->grad; /* a leaf's first gradient comes through deliver: no slot yet */
   } else if (t->node->partial_offset >= 0 && t->node->n_inputs == 1 && t->node->inputs[0]) {
     clpar_tensor *base = t->node->inputs[0];
     clpar_tensor **bacc = base->node ? &base->node->grad : base->requires_grad ? &base->grad : NULL;

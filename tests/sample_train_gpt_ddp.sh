@@ -2,7 +2,8 @@
 # sample_train_gpt_ddp.sh SAMPLE MPIEXEC [MPIEXEC FLAGS...] — samples/train_gpt in the tiny
 # configuration of sample_train_gpt.sh, on one process and with --ddp on 2 ranks (each its share
 # of every batch): the ranks' mean training loss at 30 within 1e-4 of the one-process loss, and
-# only rank 0 prints (one validation line per evaluation, one text sample).
+# only rank 0 prints (one validation line per evaluation, one text sample); each rank prints its
+# device's peak memory per category on stderr.
 set -u
 sample=$1
 shift
@@ -22,6 +23,10 @@ awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(a != "" && b != "" && d * d < 
   echo "FAIL: --ddp ends at '$b', one process at '$a'"; fail=1; }
 [ "$(grep -c '^iter 30 val loss' <<<"$ddp")" -eq 1 ] || {
   echo "FAIL: not one validation line at 30:"; echo "$ddp"; fail=1; }
+for rank in 0 1; do
+  grep -qE "^rank $rank: peak memory on .*: parameters [0-9.]+ MiB, gradients [0-9.]+ MiB, .*, total [0-9.]+ MiB$" "$tmp/ddp.err" || {
+    echo "FAIL: no peak memory line from rank $rank:"; cat "$tmp/ddp.err"; fail=1; }
+done
 [ -s "$tmp/ddp.safetensors" ] || { echo "FAIL: no checkpoint from rank 0"; fail=1; }
 [ $fail -eq 0 ] && echo "train_gpt --ddp: ok"
 exit $fail

@@ -4,7 +4,7 @@
  * 5 Adam steps (and AdamW, SGD with momentum, and two backwards a step); the parameters must
  * agree. The model has 1391 parameters, which divides by neither 2 nor 4, so the last shard is
  * padded. Also: each rank's optimizer state covers its shard only, stage 2 never holds the
- * whole gradient on the device, and the options ZeRO refuses. */
+ * whole gradient on the device nor one parameter's twice, and the options ZeRO refuses. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,6 +314,43 @@ static void test_stage2_never_holds_the_whole_gradient(void **state) {
   clpar_module_free(ddp);
 }
 
+/* Stage 2 holds each parameter's gradient once while backward runs: the parameter keeps the
+ * tensor backward made for it, and the hook takes it to the host. On Linear(WIDE, WIDE), whose
+ * 1 MiB weight gradient dwarfs the rest of backward, the device's total peak above what the
+ * forward left is one weight gradient, not two. */
+static void test_stage2_holds_each_gradient_once(void **state) {
+  (void)state;
+  enum { WIDE = 512, ROWS = 2 };
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *lin, *ddp;
+  clpar_manual_seed(7);
+  tu_ok(clpar_linear_create(WIDE, WIDE, 1, dev, &lin));
+  clpar_ddp_options o = {.zero_stage = 2};
+  tu_ok(clpar_ddp_create(lin, &o, &ddp));
+  clpar_zero_optimizer *opt;
+  tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  for (int step = 0; step < 2; step++) {
+    float *x = tu_rand(ROWS * WIDE, 3 + (uint64_t)step);
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *xt, *out, *loss;
+    tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){ROWS, WIDE}, x, &xt));
+    tu_ok(clpar_module_forward(ddp, xt, &out));
+    tu_ok(clpar_mean(out, &loss));
+    tu_ok(clpar_device_synchronize(dev));
+    uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_TOTAL);
+    tu_ok(clpar_memory_mark(dev));
+    tu_ok(clpar_backward(loss));
+    tu_ok(clpar_device_synchronize(dev));
+    uint64_t peak = clpar_memory_peak(dev, CLPAR_MEM_TOTAL) - before;
+    clpar_scope_end(scope);
+    free(x);
+    assert_true(peak < rounded(WIDE * WIDE) * 3 / 2);
+    tu_ok(clpar_zero_optimizer_step(opt));
+  }
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
+}
+
 static void test_refused_options(void **state) {
   (void)state;
   clpar_ddp_options o = {.zero_stage = 4};
@@ -343,6 +380,7 @@ int main(void) {
       cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
       cmocka_unit_test(test_tiny_model_with_empty_shards),
       cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
+      cmocka_unit_test(test_stage2_holds_each_gradient_once),
       cmocka_unit_test(test_refused_options),
   };
   return cmocka_run_group_tests_name("zero", tests, tu_dist_setup, tu_dist_teardown);
