@@ -482,6 +482,8 @@ static clpar_status host_bias_act_backward(void *dev, clpar_act_kind act, size_t
   return CLPAR_OK;
 }
 
+#define SOFTMAX_KEEP 1024 /* rows up to this long compute each exp once */
+
 static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t cols, clpar_bref a,
                                  clpar_bref out) {
   (void)dev;
@@ -493,11 +495,20 @@ static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t co
     float *y = po + r * cols;
     float max = x[0];
     for (size_t c = 1; c < cols; c++) max = x[c] > max ? x[c] : max;
-    double sum = 0.0;
-    for (size_t c = 0; c < cols; c++) sum += exp((double)x[c] - max);
+    double sum = 0.0, e[SOFTMAX_KEEP]; /* a short row's exps, kept for the second pass */
+    int keep = !take_log && cols <= SOFTMAX_KEEP;
+    for (size_t c = 0; c < cols; c++) {
+      double v = exp((double)x[c] - max);
+      if (keep) e[c] = v;
+      sum += v;
+    }
     double lse = log(sum);
-    for (size_t c = 0; c < cols; c++)
-      y[c] = take_log ? (float)((double)x[c] - max - lse) : (float)(exp((double)x[c] - max) / sum);
+    if (keep)
+      for (size_t c = 0; c < cols; c++) y[c] = (float)(e[c] / sum);
+    else
+      for (size_t c = 0; c < cols; c++)
+        y[c] =
+            take_log ? (float)((double)x[c] - max - lse) : (float)(exp((double)x[c] - max) / sum);
   }
   return CLPAR_OK;
 }

@@ -13,23 +13,35 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* One row of the innermost dimension: a plain copy when both sides are contiguous. */
+static void copy_row(const uint32_t *pi, uint32_t *po, int64_t n, int64_t is, int64_t os) {
+  if (is == 1 && os == 1) {
+    for (int64_t j = 0; j < n; j++) po[j] = pi[j];
+  } else {
+    for (int64_t j = 0; j < n; j++) po[j * os] = pi[j * is];
+  }
+}
+
+/* Rows of the innermost dimension, each row's offsets from its index in the outer ones (a
+ * division per outer dimension and row, not per element). */
 clpar_status clpar_host_strided_copy(void *dev, clpar_strided_geom g, clpar_bref in,
                                      clpar_bref out) {
   (void)dev;
   const uint32_t *pi = (const uint32_t *)in.buf + in.off;
   uint32_t *po = (uint32_t *)out.buf + out.off;
-  int64_t total = 1;
-  for (int d = 0; d < g.ndim; d++) total *= g.shape[d];
-#pragma omp parallel for if (total > HOST_PAR) schedule(static)
-  for (int64_t e = 0; e < total; e++) {
-    int64_t rest = e, io = 0, oo = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
+  int last = g.ndim - 1;
+  int64_t rows = 1, n = g.shape[last];
+  for (int d = 0; d < last; d++) rows *= g.shape[d];
+#pragma omp parallel for if (rows * n > HOST_PAR) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t rest = r, io = 0, oo = 0;
+    for (int d = last - 1; d >= 0; d--) {
       int64_t i = rest % g.shape[d];
       rest /= g.shape[d];
       io += i * g.in_stride[d];
       oo += i * g.out_stride[d];
     }
-    po[oo] = pi[io];
+    copy_row(pi + io, po + oo, n, g.in_stride[last], g.out_stride[last]);
   }
   return CLPAR_OK;
 }
