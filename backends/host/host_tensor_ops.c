@@ -79,11 +79,31 @@ static float pw_derivative(clpar_pointwise_kind kind, float x, float p) {
   }
 }
 
+/* GELU's erf form in chunks: each through the vector functions where they run, its tail (or
+ * all of it, where they do not) through the scalar expressions. */
+static void gelu_erf(const float *px, const float *pg, float *po, size_t n) {
+  enum { CHUNK = 4096 };
+#pragma omp parallel for if (n > HOST_PAR / 8) schedule(static)
+  for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+    size_t w = n - c0 < CHUNK ? n - c0 : CHUNK;
+    const float *x = px + c0, *g = pg ? pg + c0 : NULL;
+    float *o = po + c0;
+    size_t i = clpar_host_gelu_erf_vec(x, g, o, w);
+    for (; i < w; i++)
+      o[i] = g ? g[i] * pw_derivative(CLPAR_PW_GELU_ERF, x[i], 0.0f)
+               : pw_forward(CLPAR_PW_GELU_ERF, x[i], 0.0f);
+  }
+}
+
 clpar_status clpar_host_pointwise(void *dev, clpar_pointwise_kind kind, size_t n, float p,
                                   clpar_bref x, clpar_bref g, clpar_bref out) {
   (void)dev;
   const float *px = at(x), *pg = g.buf ? at(g) : NULL;
   float *po = at(out);
+  if (kind == CLPAR_PW_GELU_ERF) {
+    gelu_erf(px, pg, po, n);
+    return CLPAR_OK;
+  }
   if (pg) {
 #pragma omp parallel for if (n > HOST_PAR / 8) schedule(static)
     for (size_t i = 0; i < n; i++) po[i] = pg[i] * pw_derivative(kind, px[i], p);
