@@ -439,13 +439,38 @@ static clpar_status host_bias_act(void *dev, clpar_act_kind act, size_t rows, si
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host bias_act: activation %d", (int)act);
   const float *pa = at(a), *pb = at(bias);
   float *po = at(out);
+  /* the activation chosen outside the loops, so that the plain and ReLU rows vectorize */
 #pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR / 8) schedule(static)
-  for (size_t r = 0; r < rows; r++)
-    for (size_t c = 0; c < cols; c++) {
-      float x = pa[r * cols + c] + pb[c]; /* rounded to float, then f */
-      po[r * cols + c] = act_of(act, x);
+  for (size_t r = 0; r < rows; r++) {
+    const float *ar = pa + r * cols;
+    float *orow = po + r * cols;
+    if (act == CLPAR_ACT_NONE) {
+      for (size_t c = 0; c < cols; c++) orow[c] = ar[c] + pb[c];
+    } else if (act == CLPAR_ACT_RELU) {
+      for (size_t c = 0; c < cols; c++) {
+        float x = ar[c] + pb[c];
+        orow[c] = x > 0.0f ? x : 0.0f;
+      }
+    } else {
+      for (size_t c = 0; c < cols; c++)
+        orow[c] = act_of(act, ar[c] + pb[c]); /* rounded to float, then f */
     }
+  }
   return CLPAR_OK;
+}
+
+/* A block of w columns of the gradient without an activation: d = g, copied to out when
+ * given, summed down the rows into acc in double, row by row as the general loop does. */
+static void bias_grad_plain(const float *pg, float *po, size_t rows, size_t cols, size_t c0,
+                            size_t w, double *acc) {
+  for (size_t r = 0; r < rows; r++) {
+    const float *g = pg + r * cols + c0;
+    if (po) {
+      float *o = po + r * cols + c0;
+      for (size_t c = 0; c < w; c++) o[c] = g[c];
+    }
+    for (size_t c = 0; c < w; c++) acc[c] += g[c];
+  }
 }
 
 /* d = g f'(y) written to out (when given), and its column sums in double as host_sum_rows,
@@ -465,7 +490,8 @@ static clpar_status host_bias_act_backward(void *dev, clpar_act_kind act, size_t
   for (size_t blk = 0; blk < blocks; blk++) {
     double acc[BLOCK] = {0};
     size_t c0 = blk * BLOCK, w = cols - c0 < BLOCK ? cols - c0 : BLOCK;
-    for (size_t r = 0; r < rows; r++) {
+    if (!py) bias_grad_plain(pg, po, rows, cols, c0, w, acc);
+    for (size_t r = 0; py && r < rows; r++) {
       size_t i0 = r * cols + c0;
       for (size_t c = 0; c < w; c++) {
         float g = pg[i0 + c], d = !py                     ? g
