@@ -2,7 +2,7 @@
  * (permutes whose innermost dimension is strided on either side, narrows), softmax over rows
  * short enough to keep their exps and rows too long to (the same bits either way), and GELU's
  * erf form over lengths that are not a multiple of the vector width, against double
- * precision. */
+ * precision; LayerNorm's weight and bias gradients against columns summed alone. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -128,11 +128,52 @@ static void test_gelu_erf(void **state) {
   check_gelu(4096 * 3 + 5); /* several chunks and a tail */
 }
 
+/* LayerNorm's weight and bias gradients against each column summed down the rows in float,
+ * with the mean and 1/std as the host's forward computes them: equal bits. */
+static void test_layernorm_param_grads(void **state) {
+  (void)state;
+  enum { R = 70, C = 300 }; /* two column blocks, the second partial */
+  clpar_scope *scope = clpar_scope_begin();
+  float *h = tu_rand(R * C, 11), *gh = tu_rand(R * C, 12);
+  clpar_module *ln;
+  clpar_tensor *x, *g, *y, *yg, *s;
+  tu_ok(clpar_layernorm_create(C, 1e-5f, 1, tu_host(), &ln));
+  tu_ok(clpar_tensor_from_host(tu_host(), 2, (int64_t[]){R, C}, h, &x));
+  tu_ok(clpar_tensor_from_host(tu_host(), 2, (int64_t[]){R, C}, gh, &g));
+  tu_ok(clpar_module_forward(ln, x, &y));
+  tu_ok(clpar_mul(y, g, &yg)); /* d(sum(y g))/dy = g */
+  tu_ok(clpar_sum(yg, &s));
+  tu_ok(clpar_backward(s));
+  float *dw = tu_read(clpar_tensor_grad(clpar_module_parameter(ln, "weight")));
+  float *db = tu_read(clpar_tensor_grad(clpar_module_parameter(ln, "bias")));
+  float m[R], rs[R];
+  for (int r = 0; r < R; r++) {
+    float sum = 0.0f, v = 0.0f;
+    for (int c = 0; c < C; c++) sum += h[r * C + c];
+    m[r] = sum / (float)C;
+    for (int c = 0; c < C; c++) v += (h[r * C + c] - m[r]) * (h[r * C + c] - m[r]);
+    rs[r] = 1.0f / sqrtf(v / (float)C + 1e-5f);
+  }
+  for (int c = 0; c < C; c++) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int r = 0; r < R; r++) {
+      sw += gh[r * C + c] * ((h[r * C + c] - m[r]) * rs[r]);
+      sb += gh[r * C + c];
+    }
+    if (dw[c] != sw || db[c] != sb)
+      fail_msg("layernorm column %d: dw %.9g db %.9g, want %.9g and %.9g", c, dw[c], db[c], sw, sb);
+  }
+  free(h), free(gh), free(dw), free(db);
+  clpar_module_free(ln);
+  clpar_scope_end(scope);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_strided_copies, grad_on),
       cmocka_unit_test_setup(test_softmax_rows, grad_on),
       cmocka_unit_test_setup(test_gelu_erf, grad_on),
+      cmocka_unit_test_setup(test_layernorm_param_grads, grad_on),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
