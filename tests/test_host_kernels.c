@@ -2,10 +2,13 @@
  * (permutes whose innermost dimension is strided on either side, narrows), softmax over rows
  * short enough to keep their exps and rows too long to (the same bits either way), and GELU's
  * erf form over lengths that are not a multiple of the vector width, against double
- * precision; LayerNorm's weight and bias gradients against columns summed alone. */
+ * precision; LayerNorm's weight and bias gradients against columns summed alone; the Adam
+ * entry against its update written out. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "internal.h"
 #include "test_util.h"
 
 static int grad_on(void **state) {
@@ -168,12 +171,67 @@ static void test_layernorm_param_grads(void **state) {
   clpar_scope_end(scope);
 }
 
+/* The host's Adam entry, both kinds of weight decay, two steps over a length with a vector
+ * tail, against the update written out with fmaf here: equal bits. */
+static void check_adam(int decoupled) {
+  enum { N = 1003 };
+  clpar_scope *scope = clpar_scope_begin();
+  float *p0 = tu_rand(N, 21), *g = tu_rand(N, 22), *p = malloc(N * sizeof *p);
+  float m[N] = {0}, v[N] = {0};
+  assert_non_null(p);
+  clpar_tensor *tp, *tg, *tm, *tv;
+  tu_ok(clpar_tensor_from_host(tu_host(), 1, (int64_t[]){N}, p0, &tp));
+  tu_ok(clpar_tensor_from_host(tu_host(), 1, (int64_t[]){N}, g, &tg));
+  tu_ok(clpar_tensor_zeros(tu_host(), 1, (int64_t[]){N}, &tm));
+  tu_ok(clpar_tensor_zeros(tu_host(), 1, (int64_t[]){N}, &tv));
+  memcpy(p, p0, N * sizeof *p);
+  for (int t = 1; t <= 2; t++) {
+    clpar_adam_args a = {1e-3f,
+                         0.9f,
+                         0.99f,
+                         1e-8f,
+                         0.1f,
+                         0.1f,
+                         0.01f,
+                         1e-3f / (1.0f - powf(0.9f, (float)t)),
+                         sqrtf(1.0f - powf(0.99f, (float)t)),
+                         1.0f - 1e-4f,
+                         decoupled};
+    tu_ok(clpar_dev_adam_step(tu_host(), N, clpar_tensor_bref(tp), clpar_tensor_bref(tg),
+                              clpar_tensor_bref(tm), clpar_tensor_bref(tv), a));
+    for (int i = 0; i < N; i++) {
+      float gi = g[i];
+      if (decoupled)
+        p[i] *= a.keep;
+      else
+        gi = fmaf(a.weight_decay, p[i], gi);
+      m[i] = fmaf(a.one_minus_beta1, gi, a.beta1 * m[i]);
+      v[i] = fmaf(a.one_minus_beta2 * gi, gi, a.beta2 * v[i]);
+      p[i] -= a.step * m[i] / (sqrtf(v[i]) / a.root2 + a.eps);
+    }
+  }
+  float *got = tu_read(tp), *gm = tu_read(tm), *gv = tu_read(tv);
+  for (int i = 0; i < N; i++)
+    if (got[i] != p[i] || gm[i] != m[i] || gv[i] != v[i])
+      fail_msg("adam (decoupled %d) at %d: %.9g %.9g %.9g, want %.9g %.9g %.9g", decoupled, i,
+               got[i], gm[i], gv[i], p[i], m[i], v[i]);
+  free(p0), free(g), free(p), free(got), free(gm), free(gv);
+  clpar_scope_end(scope);
+}
+
+static void test_adam_step(void **state) {
+  (void)state;
+  check_adam(1);
+  check_adam(0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_strided_copies, grad_on),
       cmocka_unit_test_setup(test_softmax_rows, grad_on),
       cmocka_unit_test_setup(test_gelu_erf, grad_on),
       cmocka_unit_test_setup(test_layernorm_param_grads, grad_on),
+      cmocka_unit_test_setup(test_adam_step, grad_on),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
