@@ -439,13 +439,38 @@ static clpar_status host_bias_act(void *dev, clpar_act_kind act, size_t rows, si
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host bias_act: activation %d", (int)act);
   const float *pa = at(a), *pb = at(bias);
   float *po = at(out);
+  /* the activation chosen outside the loops, so that the plain and ReLU rows vectorize */
 #pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR / 8) schedule(static)
-  for (size_t r = 0; r < rows; r++)
-    for (size_t c = 0; c < cols; c++) {
-      float x = pa[r * cols + c] + pb[c]; /* rounded to float, then f */
-      po[r * cols + c] = act_of(act, x);
+  for (size_t r = 0; r < rows; r++) {
+    const float *ar = pa + r * cols;
+    float *orow = po + r * cols;
+    if (act == CLPAR_ACT_NONE) {
+      for (size_t c = 0; c < cols; c++) orow[c] = ar[c] + pb[c];
+    } else if (act == CLPAR_ACT_RELU) {
+      for (size_t c = 0; c < cols; c++) {
+        float x = ar[c] + pb[c];
+        orow[c] = x > 0.0f ? x : 0.0f;
+      }
+    } else {
+      for (size_t c = 0; c < cols; c++)
+        orow[c] = act_of(act, ar[c] + pb[c]); /* rounded to float, then f */
     }
+  }
   return CLPAR_OK;
+}
+
+/* A block of w columns of the gradient without an activation: d = g, copied to out when
+ * given, summed down the rows into acc in double, row by row as the general loop does. */
+static void bias_grad_plain(const float *pg, float *po, size_t rows, size_t cols, size_t c0,
+                            size_t w, double *acc) {
+  for (size_t r = 0; r < rows; r++) {
+    const float *g = pg + r * cols + c0;
+    if (po) {
+      float *o = po + r * cols + c0;
+      for (size_t c = 0; c < w; c++) o[c] = g[c];
+    }
+    for (size_t c = 0; c < w; c++) acc[c] += g[c];
+  }
 }
 
 /* d = g f'(y) written to out (when given), and its column sums in double as host_sum_rows,
@@ -465,7 +490,8 @@ static clpar_status host_bias_act_backward(void *dev, clpar_act_kind act, size_t
   for (size_t blk = 0; blk < blocks; blk++) {
     double acc[BLOCK] = {0};
     size_t c0 = blk * BLOCK, w = cols - c0 < BLOCK ? cols - c0 : BLOCK;
-    for (size_t r = 0; r < rows; r++) {
+    if (!py) bias_grad_plain(pg, po, rows, cols, c0, w, acc);
+    for (size_t r = 0; py && r < rows; r++) {
       size_t i0 = r * cols + c0;
       for (size_t c = 0; c < w; c++) {
         float g = pg[i0 + c], d = !py                     ? g
@@ -482,6 +508,8 @@ static clpar_status host_bias_act_backward(void *dev, clpar_act_kind act, size_t
   return CLPAR_OK;
 }
 
+#define SOFTMAX_KEEP 1024 /* rows up to this long compute each exp once */
+
 static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t cols, clpar_bref a,
                                  clpar_bref out) {
   (void)dev;
@@ -493,11 +521,20 @@ static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t co
     float *y = po + r * cols;
     float max = x[0];
     for (size_t c = 1; c < cols; c++) max = x[c] > max ? x[c] : max;
-    double sum = 0.0;
-    for (size_t c = 0; c < cols; c++) sum += exp((double)x[c] - max);
+    double sum = 0.0, e[SOFTMAX_KEEP]; /* a short row's exps, kept for the second pass */
+    int keep = !take_log && cols <= SOFTMAX_KEEP;
+    for (size_t c = 0; c < cols; c++) {
+      double v = exp((double)x[c] - max);
+      if (keep) e[c] = v;
+      sum += v;
+    }
     double lse = log(sum);
-    for (size_t c = 0; c < cols; c++)
-      y[c] = take_log ? (float)((double)x[c] - max - lse) : (float)(exp((double)x[c] - max) / sum);
+    if (keep)
+      for (size_t c = 0; c < cols; c++) y[c] = (float)(e[c] / sum);
+    else
+      for (size_t c = 0; c < cols; c++)
+        y[c] =
+            take_log ? (float)((double)x[c] - max - lse) : (float)(exp((double)x[c] - max) / sum);
   }
   return CLPAR_OK;
 }
@@ -574,23 +611,63 @@ static clpar_status host_sgd_step(void *dev, size_t n, clpar_bref param, clpar_b
   return CLPAR_OK;
 }
 
+/* Adam over [0, n): fmaf where PyTorch rounds once (clpar_adam_args); a loop for each kind of
+ * weight decay, so that each vectorizes. */
+static inline __attribute__((always_inline)) void adam_body(size_t n, float *p, float *pm,
+                                                            float *pv, const float *gr,
+                                                            const clpar_adam_args *o) {
+  const float keep = o->keep, wd = o->weight_decay, b1 = o->beta1, b2 = o->beta2;
+  const float omb1 = o->one_minus_beta1, omb2 = o->one_minus_beta2, step = o->step;
+  const float root2 = o->root2, eps = o->eps;
+  if (o->decoupled) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+      float g = gr[i], pi = p[i] * keep;
+      float mi = fmaf(omb1, g, b1 * pm[i]), vi = fmaf(omb2 * g, g, b2 * pv[i]);
+      pm[i] = mi, pv[i] = vi;
+      p[i] = pi - step * mi / (sqrtf(vi) / root2 + eps);
+    }
+  } else {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+      float pi = p[i], g = fmaf(wd, pi, gr[i]);
+      float mi = fmaf(omb1, g, b1 * pm[i]), vi = fmaf(omb2 * g, g, b2 * pv[i]);
+      pm[i] = mi, pv[i] = vi;
+      p[i] = pi - step * mi / (sqrtf(vi) / root2 + eps);
+    }
+  }
+}
+
+static void adam_plain(size_t n, float *p, float *pm, float *pv, const float *gr,
+                       const clpar_adam_args *o) {
+  adam_body(n, p, pm, pv, gr, o);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same operations with FMA and AVX2 instructions: fmaf, sqrtf and division are exactly
+ * rounded, so the bits are adam_plain's. */
+__attribute__((target("avx2,fma"))) static void adam_fma(size_t n, float *p, float *pm, float *pv,
+                                                         const float *gr,
+                                                         const clpar_adam_args *o) {
+  adam_body(n, p, pm, pv, gr, o);
+}
+#define ADAM_FMA_OK (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#else
+#define adam_fma adam_plain
+#define ADAM_FMA_OK 0
+#endif
+
 static clpar_status host_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
                                    clpar_bref m, clpar_bref v, clpar_adam_args args) {
-  const clpar_adam_args *o = &args;
   (void)dev;
   float *p = at(param), *pm = at(m), *pv = at(v);
   const float *gr = at(grad);
-  /* fmaf where PyTorch rounds once (clpar_adam_args) */
-#pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    float g = gr[i];
-    if (o->decoupled)
-      p[i] *= o->keep;
-    else
-      g = fmaf(o->weight_decay, p[i], g);
-    pm[i] = fmaf(o->one_minus_beta1, g, o->beta1 * pm[i]);
-    pv[i] = fmaf(o->one_minus_beta2 * g, g, o->beta2 * pv[i]);
-    p[i] -= o->step * pm[i] / (sqrtf(pv[i]) / o->root2 + o->eps);
+  int fma = ADAM_FMA_OK;
+  enum { CHUNK = 16384 };
+#pragma omp parallel for if (n > CLPAR_HOST_PAR) schedule(static)
+  for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+    size_t w = n - c0 < CHUNK ? n - c0 : CHUNK;
+    (fma ? adam_fma : adam_plain)(w, p + c0, pm + c0, pv + c0, gr + c0, &args);
   }
   return CLPAR_OK;
 }

@@ -13,23 +13,35 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* One row of the innermost dimension: a plain copy when both sides are contiguous. */
+static void copy_row(const uint32_t *pi, uint32_t *po, int64_t n, int64_t is, int64_t os) {
+  if (is == 1 && os == 1) {
+    for (int64_t j = 0; j < n; j++) po[j] = pi[j];
+  } else {
+    for (int64_t j = 0; j < n; j++) po[j * os] = pi[j * is];
+  }
+}
+
+/* Rows of the innermost dimension, each row's offsets from its index in the outer ones (a
+ * division per outer dimension and row, not per element). */
 clpar_status clpar_host_strided_copy(void *dev, clpar_strided_geom g, clpar_bref in,
                                      clpar_bref out) {
   (void)dev;
   const uint32_t *pi = (const uint32_t *)in.buf + in.off;
   uint32_t *po = (uint32_t *)out.buf + out.off;
-  int64_t total = 1;
-  for (int d = 0; d < g.ndim; d++) total *= g.shape[d];
-#pragma omp parallel for if (total > HOST_PAR) schedule(static)
-  for (int64_t e = 0; e < total; e++) {
-    int64_t rest = e, io = 0, oo = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
+  int last = g.ndim - 1;
+  int64_t rows = 1, n = g.shape[last];
+  for (int d = 0; d < last; d++) rows *= g.shape[d];
+#pragma omp parallel for if (rows * n > HOST_PAR) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t rest = r, io = 0, oo = 0;
+    for (int d = last - 1; d >= 0; d--) {
       int64_t i = rest % g.shape[d];
       rest /= g.shape[d];
       io += i * g.in_stride[d];
       oo += i * g.out_stride[d];
     }
-    po[oo] = pi[io];
+    copy_row(pi + io, po + oo, n, g.in_stride[last], g.out_stride[last]);
   }
   return CLPAR_OK;
 }
@@ -67,11 +79,31 @@ static float pw_derivative(clpar_pointwise_kind kind, float x, float p) {
   }
 }
 
+/* GELU's erf form in chunks: each through the vector functions where they run, its tail (or
+ * all of it, where they do not) through the scalar expressions. */
+static void gelu_erf(const float *px, const float *pg, float *po, size_t n) {
+  enum { CHUNK = 4096 };
+#pragma omp parallel for if (n > HOST_PAR / 8) schedule(static)
+  for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+    size_t w = n - c0 < CHUNK ? n - c0 : CHUNK;
+    const float *x = px + c0, *g = pg ? pg + c0 : NULL;
+    float *o = po + c0;
+    size_t i = clpar_host_gelu_erf_vec(x, g, o, w);
+    for (; i < w; i++)
+      o[i] = g ? g[i] * pw_derivative(CLPAR_PW_GELU_ERF, x[i], 0.0f)
+               : pw_forward(CLPAR_PW_GELU_ERF, x[i], 0.0f);
+  }
+}
+
 clpar_status clpar_host_pointwise(void *dev, clpar_pointwise_kind kind, size_t n, float p,
                                   clpar_bref x, clpar_bref g, clpar_bref out) {
   (void)dev;
   const float *px = at(x), *pg = g.buf ? at(g) : NULL;
   float *po = at(out);
+  if (kind == CLPAR_PW_GELU_ERF) {
+    gelu_erf(px, pg, po, n);
+    return CLPAR_OK;
+  }
   if (pg) {
 #pragma omp parallel for if (n > HOST_PAR / 8) schedule(static)
     for (size_t i = 0; i < n; i++) po[i] = pg[i] * pw_derivative(kind, px[i], p);

@@ -25,6 +25,11 @@ CLPAR_HOST_TOPS_DECL_(dropout_mask)
 CLPAR_HOST_TOPS_DECL_(half_convert)
 #undef CLPAR_HOST_TOPS_DECL_
 
+/* host_vmath.c: GELU (erf form) of x, or g times its derivative when g is not NULL, over the
+ * first elements of [0, n) in whole vector groups; returns how many it did (0 where the CPU
+ * or the build has no vector math). */
+size_t clpar_host_gelu_erf_vec(const float *x, const float *g, float *out, size_t n);
+
 #define host_strided_copy clpar_host_strided_copy
 #define host_pointwise clpar_host_pointwise
 #define host_mask_upper clpar_host_mask_upper
