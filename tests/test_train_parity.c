@@ -184,8 +184,9 @@ static void test_training_step_does_not_wait(void **state) {
     }
     assert_int_equal(clpar_device_host_waits(dev), before);
     float v;
-    tu_ok(clpar_tensor_read(loss, &v, 1)); /* the one wait */
-    assert_int_equal(clpar_device_host_waits(dev), before + 1);
+    tu_ok(clpar_tensor_read(loss, &v, 1)); /* the one wait, unless the device already finished */
+    uint64_t waits = clpar_device_host_waits(dev);
+    assert_true(waits == before || waits == before + 1);
     clpar_tensor_free(loss);
     clpar_tensor_free(x);
     clpar_optimizer_free(sgd);
