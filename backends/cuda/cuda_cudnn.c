@@ -45,27 +45,40 @@
 
 /* ---- the library, opened at run time ---- */
 
-#define CUDNN_FUNCS(X)                                                                             \
-  X(cudnnGetVersion)                                                                               \
-  X(cudnnGetCudartVersion)                                                                         \
-  X(cudnnGetErrorString)                                                                           \
-  X(cudnnGetLastErrorString) X(cudnnCreate) X(cudnnDestroy) X(cudnnSetStream)                      \
-      X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) \
-          X(cudnnCreateFilterDescriptor) X(cudnnSetFilter4dDescriptor)                             \
-              X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)                  \
-                  X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionGroupCount)              \
-                      X(cudnnSetConvolutionMathType) X(cudnnGetConvolution2dForwardOutputDim)      \
-                          X(cudnnDestroyConvolutionDescriptor)                                     \
-                              X(cudnnGetConvolutionForwardAlgorithm_v7)                            \
-                                  X(cudnnFindConvolutionForwardAlgorithmEx)                        \
-                                      X(cudnnGetConvolutionBackwardDataAlgorithm_v7)               \
-                                          X(cudnnFindConvolutionBackwardDataAlgorithmEx)           \
-                                              X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)     \
-                                                  X(cudnnFindConvolutionBackwardFilterAlgorithmEx) \
-                                                      X(cudnnConvolutionForward) X(cudnnAddTensor) \
-                                                          X(cudnnConvolutionBackwardData)          \
-                                                              X(cudnnConvolutionBackwardFilter)    \
-                                                                  X(cudnnConvolutionBackwardBias)
+/* One X per entry point; clang-format would chain them into a staircase. */
+// clang-format off
+#define CUDNN_FUNCS(X) \
+  X(cudnnGetVersion) \
+  X(cudnnGetCudartVersion) \
+  X(cudnnGetErrorString) \
+  X(cudnnGetLastErrorString) \
+  X(cudnnCreate) \
+  X(cudnnDestroy) \
+  X(cudnnSetStream) \
+  X(cudnnCreateTensorDescriptor) \
+  X(cudnnSetTensor4dDescriptor) \
+  X(cudnnDestroyTensorDescriptor) \
+  X(cudnnCreateFilterDescriptor) \
+  X(cudnnSetFilter4dDescriptor) \
+  X(cudnnDestroyFilterDescriptor) \
+  X(cudnnCreateConvolutionDescriptor) \
+  X(cudnnSetConvolution2dDescriptor) \
+  X(cudnnSetConvolutionGroupCount) \
+  X(cudnnSetConvolutionMathType) \
+  X(cudnnGetConvolution2dForwardOutputDim) \
+  X(cudnnDestroyConvolutionDescriptor) \
+  X(cudnnGetConvolutionForwardAlgorithm_v7) \
+  X(cudnnFindConvolutionForwardAlgorithmEx) \
+  X(cudnnGetConvolutionBackwardDataAlgorithm_v7) \
+  X(cudnnFindConvolutionBackwardDataAlgorithmEx) \
+  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7) \
+  X(cudnnFindConvolutionBackwardFilterAlgorithmEx) \
+  X(cudnnConvolutionForward) \
+  X(cudnnAddTensor) \
+  X(cudnnConvolutionBackwardData) \
+  X(cudnnConvolutionBackwardFilter) \
+  X(cudnnConvolutionBackwardBias)
+// clang-format on
 
 static struct {
 #define MEMBER_(f) __typeof__(f) *f;
