@@ -65,8 +65,13 @@ clpar_status clpar_autocast_round(clpar_status s, clpar_tensor *x32, clpar_tenso
                                   clpar_dtype dtype, clpar_tensor **out);
 /* clpar_conv2d inside an autocast region (src/autocast.c). */
 clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
-                                   const clpar_tensor *bias, const void *options,
+                                   const clpar_tensor *bias, const clpar_conv2d_options *options,
                                    clpar_tensor **out);
+/* The float32 gradients of clpar_conv2d(x, weight, bias, options) for gy that want[] asks
+ * for (dx, dw, db) into gin[0..2], NULL where not asked; no node (src/nn/conv.c). */
+clpar_status clpar_conv2d_grads(const clpar_tensor *x, const clpar_tensor *weight,
+                                const clpar_conv2d_options *options, const clpar_tensor *gy,
+                                const int want[3], clpar_tensor **gin);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,
