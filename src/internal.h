@@ -30,6 +30,9 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
 /* x converted to dtype on x's device (float32 and the 16-bit types, either way), with no
  * node: the conversion clpar_to_dtype records. */
 clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar_tensor **y);
+/* clpar_copy of the elements in order, whatever the two shapes: same numel and dtype (both
+ * tensors alive). For memory seen flat: gradients the engine accumulates, conversions. */
+clpar_status clpar_copy_elements(clpar_tensor *dst, const clpar_tensor *src);
 /* x converted into out (same numel, any float dtypes; a copy when they match), no node. */
 clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out);
 /* acc += g for 16-bit acc and g of one shape (through float32; src/half.c). */

@@ -402,12 +402,19 @@ clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
                            clpar_tensor_shape_str(dst, a, sizeof a),
                            clpar_tensor_shape_str(src, b, sizeof b), a);
   }
-  if (dst->dtype != src->dtype) {
-    char a[128], b[128];
+  return clpar_copy_elements(dst, src);
+}
+
+clpar_status clpar_copy_elements(clpar_tensor *dst, const clpar_tensor *src) {
+  char a[128], b[128];
+  if (dst->numel != src->numel)
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_copy: dst is %s, src is %s",
+                           clpar_tensor_shape_str(dst, a, sizeof a),
+                           clpar_tensor_shape_str(src, b, sizeof b));
+  if (dst->dtype != src->dtype)
     return clpar_set_error(CLPAR_ERROR_DTYPE, "clpar_copy: dst is %s %s, src is %s %s",
                            clpar_dtype_name(dst->dtype), clpar_tensor_shape_str(dst, a, sizeof a),
                            clpar_dtype_name(src->dtype), clpar_tensor_shape_str(src, b, sizeof b));
-  }
   clpar_tensor_touch(dst);
   return clpar_transfer(dst->storage->dev, dst->storage, dst->offset * CLPAR_WORD_BYTES,
                         src->storage->dev, src->storage, src->offset * CLPAR_WORD_BYTES,
