@@ -8,41 +8,28 @@
 # cuDNN and runs, with the plain convolutions, where it is missing.
 #
 # Sets CLPAR_HAVE_CUDNN ON (seen by tests/) and the PUBLIC definition CLPAR_HAVE_CUDNN.
+include(${CMAKE_CURRENT_LIST_DIR}/ClparDeps.cmake)
 set(CLPAR_HAVE_CUDNN OFF)
-string(TOUPPER "${CLPAR_CUDNN}" _clpar_cudnn_mode)
-if(_clpar_cudnn_mode MATCHES "^(ON|TRUE|YES|Y|1)$")
-  set(_clpar_cudnn_mode ON)
-elseif(_clpar_cudnn_mode MATCHES "^(OFF|FALSE|NO|N|0)$")
-  message(STATUS "clpar: cuDNN off (CLPAR_CUDNN=OFF)")
+clpar_dep_mode(CLPAR_CUDNN cuDNN _clpar_cudnn_mode)
+if(_clpar_cudnn_mode STREQUAL "OFF")
   return()
-elseif(NOT _clpar_cudnn_mode STREQUAL "AUTO")
-  message(FATAL_ERROR "clpar: CLPAR_CUDNN is \"${CLPAR_CUDNN}\"; it must be AUTO, ON or OFF")
 endif()
 
 set(_clpar_cudnn_why "")
-find_path(CLPAR_CUDNN_INCLUDE_DIR cudnn_version.h
-  HINTS ${CUDNN_ROOT} ENV CUDNN_ROOT ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}
-  PATH_SUFFIXES include)
+clpar_find_cuda_header(CLPAR_CUDNN_INCLUDE_DIR cudnn_version.h CUDNN_ROOT)
 if(NOT CLPAR_CUDNN_INCLUDE_DIR OR NOT EXISTS "${CLPAR_CUDNN_INCLUDE_DIR}/cudnn.h")
   set(_clpar_cudnn_why "cudnn.h not found next to the CUDA toolkit (set CUDNN_ROOT)")
 else()
-  file(STRINGS "${CLPAR_CUDNN_INCLUDE_DIR}/cudnn_version.h" _clpar_cudnn_defs
-    REGEX "^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) +[0-9]+")
-  foreach(_part MAJOR MINOR PATCHLEVEL)
-    string(REGEX REPLACE ".*#define CUDNN_${_part} +([0-9]+).*" "\\1" _clpar_cudnn_${_part}
-      "${_clpar_cudnn_defs}")
-  endforeach()
-  set(CLPAR_CUDNN_VERSION "${_clpar_cudnn_MAJOR}.${_clpar_cudnn_MINOR}.${_clpar_cudnn_PATCHLEVEL}")
+  clpar_header_version("${CLPAR_CUDNN_INCLUDE_DIR}/cudnn_version.h" CUDNN CLPAR_CUDNN_VERSION
+    MAJOR MINOR PATCHLEVEL)
+  set(_clpar_cudnn_MAJOR "${CLPAR_CUDNN_VERSION_MAJOR}")
   if(NOT _clpar_cudnn_MAJOR MATCHES "^[0-9]+$" OR _clpar_cudnn_MAJOR LESS 9)
     set(_clpar_cudnn_why "cuDNN ${CLPAR_CUDNN_VERSION} (${CLPAR_CUDNN_INCLUDE_DIR}) is older than 9")
   endif()
 endif()
 
 if(_clpar_cudnn_why)
-  if(_clpar_cudnn_mode STREQUAL "ON")
-    message(FATAL_ERROR "clpar: CLPAR_CUDNN=ON but ${_clpar_cudnn_why}")
-  endif()
-  message(STATUS "clpar: cuDNN not built: ${_clpar_cudnn_why}")
+  clpar_dep_unmet(${_clpar_cudnn_mode} CLPAR_CUDNN cuDNN "${_clpar_cudnn_why}")
   return()
 endif()
 

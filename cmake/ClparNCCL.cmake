@@ -8,15 +8,11 @@
 # CMake target nor clpar.pc names it (libclpar is a shared library; its users never call NCCL).
 #
 # Sets CLPAR_HAVE_NCCL ON (seen by tests/) and the PUBLIC definition CLPAR_HAVE_NCCL.
+include(${CMAKE_CURRENT_LIST_DIR}/ClparDeps.cmake)
 set(CLPAR_HAVE_NCCL OFF)
-string(TOUPPER "${CLPAR_NCCL}" _clpar_nccl_mode)
-if(_clpar_nccl_mode MATCHES "^(ON|TRUE|YES|Y|1)$")
-  set(_clpar_nccl_mode ON)
-elseif(_clpar_nccl_mode MATCHES "^(OFF|FALSE|NO|N|0)$")
-  message(STATUS "clpar: NCCL off (CLPAR_NCCL=OFF)")
+clpar_dep_mode(CLPAR_NCCL NCCL _clpar_nccl_mode)
+if(_clpar_nccl_mode STREQUAL "OFF")
   return()
-elseif(NOT _clpar_nccl_mode STREQUAL "AUTO")
-  message(FATAL_ERROR "clpar: CLPAR_NCCL is \"${CLPAR_NCCL}\"; it must be AUTO, ON or OFF")
 endif()
 
 set(_clpar_nccl_why "")
@@ -25,9 +21,7 @@ if(NOT CLPAR_HAVE_CUDA)
 elseif(NOT CLPAR_HAVE_MPI)
   set(_clpar_nccl_why "MPI is not built (CLPAR_MPI): DistributedDataParallel sends NCCL's id over MPI")
 else()
-  find_path(CLPAR_NCCL_INCLUDE_DIR nccl.h
-    HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}
-    PATH_SUFFIXES include)
+  clpar_find_cuda_header(CLPAR_NCCL_INCLUDE_DIR nccl.h NCCL_ROOT)
   find_library(CLPAR_NCCL_LIBRARY nccl
     HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
     PATH_SUFFIXES lib lib64)
@@ -35,13 +29,8 @@ else()
     set(_clpar_nccl_why
       "nccl.h or libnccl not found next to the CUDA toolkit ${CUDAToolkit_VERSION} (set NCCL_ROOT)")
   else()
-    file(STRINGS "${CLPAR_NCCL_INCLUDE_DIR}/nccl.h" _clpar_nccl_defs
-      REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) +[0-9]+")
-    foreach(_part MAJOR MINOR PATCH)
-      string(REGEX REPLACE ".*#define NCCL_${_part} +([0-9]+).*" "\\1" _clpar_nccl_${_part}
-        "${_clpar_nccl_defs}")
-    endforeach()
-    set(CLPAR_NCCL_VERSION "${_clpar_nccl_MAJOR}.${_clpar_nccl_MINOR}.${_clpar_nccl_PATCH}")
+    clpar_header_version("${CLPAR_NCCL_INCLUDE_DIR}/nccl.h" NCCL CLPAR_NCCL_VERSION
+      MAJOR MINOR PATCH)
     if(CLPAR_NCCL_VERSION VERSION_LESS 2.14)
       set(_clpar_nccl_why
         "NCCL ${CLPAR_NCCL_VERSION} (${CLPAR_NCCL_INCLUDE_DIR}) is older than 2.14 (non-blocking communicators)")
@@ -50,10 +39,7 @@ else()
 endif()
 
 if(_clpar_nccl_why)
-  if(_clpar_nccl_mode STREQUAL "ON")
-    message(FATAL_ERROR "clpar: CLPAR_NCCL=ON but ${_clpar_nccl_why}")
-  endif()
-  message(STATUS "clpar: NCCL not built: ${_clpar_nccl_why}")
+  clpar_dep_unmet(${_clpar_nccl_mode} CLPAR_NCCL NCCL "${_clpar_nccl_why}")
   return()
 endif()
 

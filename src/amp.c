@@ -33,9 +33,14 @@ struct clpar_grad_scaler {
   int64_t growth_interval, growth_tracker;
   opt_record *records;
   int n_records, cap_records;
+  /* an unscale's work arrays, one entry per parameter, grown to the largest optimizer */
+  clpar_tensor **ts, **leaves, **grads;
+  int *group_of, *counts;
+  struct dev_work *work;
+  size_t cap_work;
 };
 
-typedef struct {
+typedef struct dev_work {
   clpar_device *dev;
   int64_t chunks, largest;
   clpar_tensor *partial, *scratch, *total;
@@ -88,6 +93,8 @@ clpar_status clpar_grad_scaler_create(const clpar_grad_scaler_options *options,
 void clpar_grad_scaler_free(clpar_grad_scaler *s) {
   if (!s) return;
   free(s->records);
+  free(s->ts), free(s->leaves), free(s->grads), free(s->group_of), free(s->counts);
+  free(s->work);
   free(s);
 }
 
@@ -218,46 +225,45 @@ static clpar_status agree(int *found) {
   return s;
 }
 
-/* The optimizer's gradients, checked for a float dtype, as pieces (collect) into *grads
- * (malloc'ed, one entry per parameter). */
-static clpar_status gather(const char *fn, const clpar_optimizer *opt, clpar_tensor ***grads,
+/* The work arrays hold m entries at least (grown by realloc; kept on failure). */
+static clpar_status reserve(const char *fn, clpar_grad_scaler *s, size_t m) {
+  if (m <= s->cap_work) return CLPAR_OK;
+  void **slots[] = {(void **)&s->ts,       (void **)&s->leaves, (void **)&s->grads,
+                    (void **)&s->group_of, (void **)&s->counts, (void **)&s->work};
+  size_t sizes[] = {sizeof *s->ts,       sizeof *s->leaves, sizeof *s->grads,
+                    sizeof *s->group_of, sizeof *s->counts, sizeof *s->work};
+  for (int k = 0; k < 6; k++) {
+    void *p = realloc(*slots[k], m * sizes[k]);
+    if (!p) return no_memory(fn);
+    *slots[k] = p;
+  }
+  s->cap_work = m;
+  return CLPAR_OK;
+}
+
+/* The optimizer's gradients, checked for a float dtype, as pieces (collect) into s->grads. */
+static clpar_status gather(const char *fn, clpar_grad_scaler *s, const clpar_optimizer *opt,
                            int *np) {
   int n = clpar_optimizer_size(opt);
-  size_t m = n > 0 ? (size_t)n : 1;
-  clpar_tensor **ts = malloc(m * sizeof *ts), **leaves = malloc(m * sizeof *leaves);
-  int *group_of = malloc(m * sizeof *group_of), *counts = malloc(m * sizeof *counts);
-  *grads = malloc(m * sizeof **grads);
-  clpar_status s = ts && leaves && group_of && counts && *grads ? CLPAR_OK : no_memory(fn);
-  for (int i = 0; s == CLPAR_OK && i < n; i++) {
-    ts[i] = clpar_optimizer_param_at(opt, i);
-    if (clpar_tensor_has_grad(ts[i])) s = clpar_check_float(fn, "a gradient", ts[i]->grad);
+  clpar_status st = reserve(fn, s, n > 0 ? (size_t)n : 1);
+  for (int i = 0; st == CLPAR_OK && i < n; i++) {
+    s->ts[i] = clpar_optimizer_param_at(opt, i);
+    if (clpar_tensor_has_grad(s->ts[i])) st = clpar_check_float(fn, "a gradient", s->ts[i]->grad);
   }
-  if (s == CLPAR_OK) *np = collect(ts, n, group_of, leaves, counts, *grads);
-  free(ts);
-  free(leaves);
-  free(group_of);
-  free(counts);
-  return s;
+  if (st == CLPAR_OK) *np = collect(s->ts, n, s->group_of, s->leaves, s->counts, s->grads);
+  return st;
 }
 
 /* Unscales and checks; the record's found and stage are set only when all went well. */
 static clpar_status unscale(const char *fn, clpar_grad_scaler *s, clpar_optimizer *opt,
                             opt_record *r) {
-  clpar_tensor **grads = NULL;
   int np = 0, found = 0;
-  clpar_status st = gather(fn, opt, &grads, &np);
-  size_t m = (size_t)(clpar_optimizer_size(opt) > 0 ? clpar_optimizer_size(opt) : 1);
-  dev_work *w = NULL;
-  if (st == CLPAR_OK) {
-    w = calloc(m, sizeof *w);
-    if (!w) st = no_memory(fn);
-  }
+  clpar_status st = gather(fn, s, opt, &np);
+  if (st == CLPAR_OK) memset(s->work, 0, s->cap_work * sizeof *s->work);
   /* PyTorch takes the reciprocal in double: float division may be inexact on some builds */
   float inv = (float)(1.0 / (double)s->scale);
-  if (st == CLPAR_OK && np > 0) st = check_and_unscale(grads, np, w, inv, &found);
+  if (st == CLPAR_OK && np > 0) st = check_and_unscale(s->grads, np, s->work, inv, &found);
   if (st == CLPAR_OK) st = agree(&found);
-  free(w);
-  free(grads);
   if (st != CLPAR_OK) return st;
   r->found = found;
   r->stage = STAGE_UNSCALED;

@@ -1,5 +1,7 @@
 /* autocast.c — the autocast regions (clpar/half.h): a per-thread stack of dtypes, which
- * clpar_linear and clpar_matmul consult. */
+ * clpar_linear, clpar_matmul and clpar_conv2d consult. */
+#include <stdlib.h>
+
 #include "internal.h"
 
 enum { MAX_DEPTH = 16 };
@@ -326,27 +328,66 @@ clpar_status clpar_autocast_round(clpar_status s, clpar_tensor *x32, clpar_tenso
   return s;
 }
 
-/* The input, weight and bias rounded to the region's dtype (each through clpar_to_dtype, so
- * gradients go back through it), widened again and convolved in float32 (the devices'
- * convolutions are float32), the output rounded to the dtype: autocast's numbers. The
- * convolution's node keeps the float32 copies: no memory is saved here, unlike Linear. */
+/* ---- conv2d under autocast: Linear's scheme. One node over the 16-bit copies of the input,
+ * the weight and the bias (each made by clpar_to_dtype): forward widens them to float32
+ * temporaries and convolves in float32 (the devices' convolutions are float32), the output
+ * rounded to the dtype; the node keeps only the 16-bit copies, and backward widens them
+ * again, computes every gradient in float32 and gives each in its input's dtype. The numbers
+ * are those of the casts written out (round, widen, convolve, round). ---- */
+
+static clpar_status ac_conv_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
+  clpar_tensor *g32 = NULL, *x32 = NULL, *w32 = NULL, *r[3] = {0};
+  int want[3] = {0};
+  for (int i = 0; i < n->n_inputs; i++) want[i] = n->inputs[i]->requires_grad;
+  clpar_status s = widen(g, &g32);
+  if (s == CLPAR_OK) s = widen(n->inputs[0], &x32);
+  if (s == CLPAR_OK) s = widen(n->inputs[1], &w32);
+  if (s == CLPAR_OK) s = clpar_conv2d_grads(x32, w32, n->ctx, g32, want, r);
+  clpar_tensor_release(g32), clpar_tensor_release(x32), clpar_tensor_release(w32);
+  for (int i = 0; i < 3; i++) {
+    if (s == CLPAR_OK && r[i]) s = narrow_grad(r[i], n->inputs[i], &gin[i]);
+    clpar_tensor_free(r[i]);
+  }
+  return s;
+}
+
+/* y32 = conv2d(h[0], h[1], h[2]) in float32 on widened copies, with no node. */
+static clpar_status ac_conv_compute(clpar_tensor *const h[3], const clpar_conv2d_options *options,
+                                    clpar_tensor **y32) {
+  clpar_tensor *f[3] = {0};
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; i < 3 && s == CLPAR_OK; i++)
+    if (h[i]) s = widen(h[i], &f[i]);
+  int was = clpar_set_grad_enabled(0), d = suspend();
+  if (s == CLPAR_OK) s = clpar_conv2d(f[0], f[1], f[2], options, y32);
+  depth = d;
+  clpar_set_grad_enabled(was);
+  if (s == CLPAR_OK) clpar_tensor_unscope(*y32);
+  for (int i = 0; i < 3; i++) clpar_tensor_release(f[i]);
+  return s;
+}
+
 clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
-                                   const clpar_tensor *bias, const void *options,
+                                   const clpar_tensor *bias, const clpar_conv2d_options *options,
                                    clpar_tensor **out) {
   clpar_dtype dt = clpar_autocast_dtype();
   const clpar_tensor *in[3] = {x, weight, bias};
-  clpar_tensor *h[3] = {0}, *f[3] = {0}, *y = NULL;
+  clpar_tensor *h[3] = {0}, *y32 = NULL, *yh = NULL;
+  clpar_conv2d_options *ctx = NULL;
   clpar_status s = CLPAR_OK;
   for (int i = 0; i < 3 && s == CLPAR_OK; i++)
-    if (in[i]) {
-      s = clpar_to_dtype(in[i], dt, &h[i]);
-      if (s == CLPAR_OK) s = clpar_to_dtype(h[i], CLPAR_FLOAT32, &f[i]);
-    }
-  int d = suspend();
-  if (s == CLPAR_OK) s = clpar_conv2d(f[0], f[1], f[2], options, &y);
-  depth = d;
-  if (s == CLPAR_OK) s = clpar_to_dtype(y, dt, out);
-  clpar_tensor_free(y);
-  for (int i = 0; i < 3; i++) clpar_tensor_free(h[i]), clpar_tensor_free(f[i]);
+    if (in[i]) s = clpar_to_dtype(in[i], dt, &h[i]);
+  if (s == CLPAR_OK) s = ac_conv_compute(h, options, &y32);
+  if (s == CLPAR_OK) s = clpar_convert_dtype(y32, dt, &yh);
+  clpar_tensor_release(y32);
+  if (s == CLPAR_OK && clpar_needs_grad(h, 3) && !(ctx = malloc(sizeof *ctx))) {
+    clpar_tensor_free(yh);
+    s = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_conv2d: out of host memory");
+  }
+  if (ctx) *ctx = options ? *options : (clpar_conv2d_options){{0, 0}, {0, 0}, {0, 0}, 0};
+  if (s == CLPAR_OK)
+    s = clpar_record_op_keep(yh, "clpar_conv2d (autocast)", ac_conv_backward, h, bias ? 3 : 2, ctx,
+                             NULL, 0, NULL, out);
+  for (int i = 0; i < 3; i++) clpar_tensor_free(h[i]); /* the node holds them */
   return s;
 }

@@ -379,7 +379,7 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
     clpar_memory_category_set(was);
     if (s == CLPAR_OK) {
       clpar_tensor_unscope(own);
-      s = clpar_copy(own, g);
+      s = clpar_copy_elements(own, g); /* accumulated flat, as add_into does */
       if (s == CLPAR_OK)
         t->grad = own;
       else

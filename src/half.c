@@ -205,7 +205,7 @@ static clpar_status convert_into(const clpar_tensor *x, clpar_tensor *out) {
   clpar_device *dev = x->storage->dev;
   clpar_status s;
   if (x->dtype == out->dtype) {
-    s = clpar_copy(out, x);
+    s = clpar_copy_elements(out, x);
   } else {
     int to = clpar_dtype_is_half(out->dtype);
     clpar_dtype half = to ? out->dtype : x->dtype;

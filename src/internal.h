@@ -30,6 +30,9 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
 /* x converted to dtype on x's device (float32 and the 16-bit types, either way), with no
  * node: the conversion clpar_to_dtype records. */
 clpar_status clpar_convert_dtype(const clpar_tensor *x, clpar_dtype dtype, clpar_tensor **y);
+/* clpar_copy of the elements in order, whatever the two shapes: same numel and dtype (both
+ * tensors alive). For memory seen flat: gradients the engine accumulates, conversions. */
+clpar_status clpar_copy_elements(clpar_tensor *dst, const clpar_tensor *src);
 /* x converted into out (same numel, any float dtypes; a copy when they match), no node. */
 clpar_status clpar_convert_into(const clpar_tensor *x, clpar_tensor *out);
 /* acc += g for 16-bit acc and g of one shape (through float32; src/half.c). */
@@ -65,8 +68,13 @@ clpar_status clpar_autocast_round(clpar_status s, clpar_tensor *x32, clpar_tenso
                                   clpar_dtype dtype, clpar_tensor **out);
 /* clpar_conv2d inside an autocast region (src/autocast.c). */
 clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
-                                   const clpar_tensor *bias, const void *options,
+                                   const clpar_tensor *bias, const clpar_conv2d_options *options,
                                    clpar_tensor **out);
+/* The float32 gradients of clpar_conv2d(x, weight, bias, options) for gy that want[] asks
+ * for (dx, dw, db) into gin[0..2], NULL where not asked; no node (src/nn/conv.c). */
+clpar_status clpar_conv2d_grads(const clpar_tensor *x, const clpar_tensor *weight,
+                                const clpar_conv2d_options *options, const clpar_tensor *gy,
+                                const int want[3], clpar_tensor **gin);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,

@@ -379,23 +379,42 @@ clpar_status clpar_tensor_write_fill(clpar_tensor *t, clpar_fill_fn fill, void *
                            clpar_tensor_bytes(t), fill, user);
 }
 
+/* src broadcasts to dst without repeating an element: the shapes match aligned at their last
+ * dimensions, and dst's extra leading dimensions (if any) are 1. */
+static int copy_shapes_match(const clpar_tensor *dst, const clpar_tensor *src) {
+  if (src->ndim > dst->ndim) return 0;
+  int lead = dst->ndim - src->ndim;
+  for (int i = 0; i < dst->ndim; i++)
+    if (dst->shape[i] != (i < lead ? 1 : src->shape[i - lead])) return 0;
+  return 1;
+}
+
 clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src) {
   if (!dst || !src) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_copy: NULL tensor");
   clpar_status alive = clpar_check_alive("clpar_copy", dst);
   if (alive == CLPAR_OK) alive = clpar_check_alive("clpar_copy", src);
   if (alive != CLPAR_OK) return alive;
-  if (dst->numel != src->numel) {
+  if (!copy_shapes_match(dst, src)) {
     char a[128], b[128];
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "clpar_copy: dst is %s, src is %s; src must have dst's shape "
+                           "(clpar_tensor_reshape src to %s first to copy its elements in order)",
+                           clpar_tensor_shape_str(dst, a, sizeof a),
+                           clpar_tensor_shape_str(src, b, sizeof b), a);
+  }
+  return clpar_copy_elements(dst, src);
+}
+
+clpar_status clpar_copy_elements(clpar_tensor *dst, const clpar_tensor *src) {
+  char a[128], b[128];
+  if (dst->numel != src->numel)
     return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH, "clpar_copy: dst is %s, src is %s",
                            clpar_tensor_shape_str(dst, a, sizeof a),
                            clpar_tensor_shape_str(src, b, sizeof b));
-  }
-  if (dst->dtype != src->dtype) {
-    char a[128], b[128];
+  if (dst->dtype != src->dtype)
     return clpar_set_error(CLPAR_ERROR_DTYPE, "clpar_copy: dst is %s %s, src is %s %s",
                            clpar_dtype_name(dst->dtype), clpar_tensor_shape_str(dst, a, sizeof a),
                            clpar_dtype_name(src->dtype), clpar_tensor_shape_str(src, b, sizeof b));
-  }
   clpar_tensor_touch(dst);
   return clpar_transfer(dst->storage->dev, dst->storage, dst->offset * CLPAR_WORD_BYTES,
                         src->storage->dev, src->storage, src->offset * CLPAR_WORD_BYTES,

@@ -384,6 +384,44 @@ static void test_two_optimizers(void **state) {
   }
 }
 
+/* One scaler over optimizers of 1, 3 and again 1 parameters (its work arrays grow, then are
+ * reused): an inf in the 3-parameter one's last gradient skips that step only. */
+static void test_optimizers_of_other_sizes(void **state) {
+  (void)state;
+  int64_t two = 2;
+  clpar_tensor *w[3];
+  for (int k = 0; k < 3; k++) {
+    tu_ok(clpar_tensor_zeros(device_at(0), 1, &two, &w[k]));
+    tu_ok(clpar_tensor_set_requires_grad(w[k], 1));
+  }
+  clpar_grad_scaler *s;
+  tu_ok(clpar_grad_scaler_create(NULL, &s));
+  for (int t = 0; t < 3; t++) {
+    int n = t == 1 ? 3 : 1, skipped = -1;
+    clpar_optimizer *o;
+    tu_ok(clpar_sgd_create(w, n, &(clpar_sgd_options){.lr = 1.0f}, &o));
+    clpar_scope *sc = clpar_scope_begin();
+    tu_ok(clpar_optimizer_zero_grad(o));
+    for (int k = 0; k < n; k++) {
+      clpar_tensor *loss;
+      tu_ok(clpar_sum_rows(w[k], &loss));
+      tu_ok(clpar_grad_scaler_scale(s, loss, &loss));
+      tu_ok(clpar_backward(loss));
+    }
+    if (t == 1) poke_grad(w[2], 1, NAN);
+    tu_ok(clpar_grad_scaler_step(s, o, &skipped));
+    assert_int_equal(skipped, t == 1);
+    tu_ok(clpar_grad_scaler_update(s));
+    clpar_scope_end(sc);
+    clpar_optimizer_free(o);
+  }
+  float v[3][2];
+  for (int k = 0; k < 3; k++) tu_ok(clpar_tensor_read(w[k], v[k], 2));
+  assert_true(v[0][0] == -2.0f && v[1][0] == 0.0f && v[2][0] == 0.0f);
+  clpar_grad_scaler_free(s);
+  for (int k = 0; k < 3; k++) clpar_tensor_free(w[k]);
+}
+
 /* One gradient of more than one chunk (2^20 elements are checked at a time): an inf or a NaN
  * in the first chunk, in the last element, or none; finite values near FLT_MAX, whose sum
  * would overflow, are not an inf. */
@@ -620,6 +658,7 @@ int main(void) {
       cmocka_unit_test(test_scaled_training_matches_unscaled),
       cmocka_unit_test(test_unscale_then_clip),
       cmocka_unit_test(test_two_optimizers),
+      cmocka_unit_test(test_optimizers_of_other_sizes),
       cmocka_unit_test(test_check_spans_chunks),
       cmocka_unit_test(test_disabled_is_plain),
       cmocka_unit_test(test_data_parallel),

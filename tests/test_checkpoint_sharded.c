@@ -40,16 +40,7 @@ static clpar_device *device(void) {
 }
 
 static clpar_module *make_mlp(uint64_t seed, int hidden) {
-  clpar_device *dev = device();
-  clpar_module *layers[5], *mlp;
-  clpar_manual_seed(seed);
-  tu_ok(clpar_linear_create(IN, hidden, 1, dev, &layers[0]));
-  tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(hidden, hidden, 1, dev, &layers[2]));
-  tu_ok(clpar_relu_create(&layers[3]));
-  tu_ok(clpar_linear_create(hidden, OUT, 1, dev, &layers[4]));
-  tu_ok(clpar_sequential_create(layers, 5, &mlp));
-  return mlp;
+  return tu_mlp(device(), seed, 4, (int64_t[]){IN, hidden, hidden, OUT});
 }
 
 static clpar_optimizer *make_adam(clpar_module *m) {
@@ -59,33 +50,16 @@ static clpar_optimizer *make_adam(clpar_module *m) {
   return opt;
 }
 
-/* The batch of step k: the same on every rank and at every world size. */
-static void batch(int k, float *x, float *y) {
-  for (int i = 0; i < BATCH * IN; i++) x[i] = sinf(0.37f * (float)(i + 101 * k));
-  for (int i = 0; i < BATCH * OUT; i++) y[i] = cosf(0.23f * (float)(i + 53 * k));
-}
-
 /* One Adam step on this rank's rows of batch k; the loss of the whole batch (the mean over
  * the ranks of each one's mean). */
 static float train_step(clpar_module *m, clpar_optimizer *opt, int k) {
-  int rank = clpar_dist_rank(), world = clpar_dist_world_size(), rows = BATCH / world;
-  float x[BATCH * IN], y[BATCH * OUT];
-  batch(k, x, y);
+  float x[BATCH * IN], y[BATCH * OUT], loss;
+  tu_wave_batch(k, x, BATCH * IN, y, BATCH * OUT);
   tu_ok(clpar_optimizer_zero_grad(opt));
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *xt, *yt, *out, *loss;
-  clpar_device *dev = clpar_dist_device();
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + rank * rows * IN, &xt));
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + rank * rows * OUT, &yt));
-  tu_ok(clpar_module_forward(m, xt, &out));
-  tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
-  tu_ok(clpar_backward(loss));
-  float value;
-  tu_ok(clpar_tensor_read_raw(loss, &value, sizeof value));
-  clpar_scope_end(scope);
+  tu_rank_mse_backward(m, clpar_dist_device(), x, y, BATCH, IN, OUT, &loss);
   tu_ok(clpar_optimizer_step(opt));
-  if (world > 1) tu_ok(clpar_dist_all_reduce_mean(&value, 1));
-  return value;
+  if (clpar_dist_world_size() > 1) tu_ok(clpar_dist_all_reduce_mean(&loss, 1));
+  return loss;
 }
 
 static clpar_module *wrap(clpar_module *m) {

@@ -43,16 +43,7 @@ static clpar_device *device(void) {
 }
 
 static clpar_module *make_mlp(uint64_t seed) {
-  clpar_device *dev = device();
-  clpar_module *layers[5], *mlp;
-  clpar_manual_seed(seed);
-  tu_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]));
-  tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]));
-  tu_ok(clpar_relu_create(&layers[3]));
-  tu_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[4]));
-  tu_ok(clpar_sequential_create(layers, 5, &mlp));
-  return mlp;
+  return tu_mlp(device(), seed, 4, (int64_t[]){IN, HIDDEN, HIDDEN, OUT});
 }
 
 static const clpar_adam_options adam = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
@@ -66,23 +57,11 @@ static clpar_module *make_ddp(uint64_t seed, int zero_stage) {
 
 /* Forward and backward of this rank's rows of batch k; the loss of the whole batch. */
 static float forward_backward(clpar_module *m, int k) {
-  int rank = clpar_dist_rank(), world = clpar_dist_world_size(), rows = BATCH / world;
-  if (rank < 0) rank = 0, world = 1, rows = BATCH;
-  float x[BATCH * IN], y[BATCH * OUT];
-  for (int i = 0; i < BATCH * IN; i++) x[i] = sinf(0.37f * (float)(i + 101 * k));
-  for (int i = 0; i < BATCH * OUT; i++) y[i] = cosf(0.23f * (float)(i + 53 * k));
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *xt, *yt, *out, *loss;
-  tu_ok(clpar_tensor_from_host(device(), 2, (int64_t[]){rows, IN}, x + rank * rows * IN, &xt));
-  tu_ok(clpar_tensor_from_host(device(), 2, (int64_t[]){rows, OUT}, y + rank * rows * OUT, &yt));
-  tu_ok(clpar_module_forward(m, xt, &out));
-  tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
-  tu_ok(clpar_backward(loss));
-  float value;
-  tu_ok(clpar_tensor_read_raw(loss, &value, sizeof value));
-  clpar_scope_end(scope);
-  if (world > 1) tu_ok(clpar_dist_all_reduce_mean(&value, 1));
-  return value;
+  float x[BATCH * IN], y[BATCH * OUT], loss;
+  tu_wave_batch(k, x, BATCH * IN, y, BATCH * OUT);
+  tu_rank_mse_backward(m, device(), x, y, BATCH, IN, OUT, &loss);
+  if (clpar_dist_world_size() > 1) tu_ok(clpar_dist_all_reduce_mean(&loss, 1));
+  return loss;
 }
 
 static float plain_step(clpar_module *m, clpar_optimizer *opt, int k) {

@@ -17,17 +17,9 @@
 /* backends/cuda/cuda_cudnn.h: opens cuDNN (once per process); 1 when it can be used. */
 int clpar_cudnn_load(const char **why);
 
-typedef struct {
-  const char *name;
-  int64_t n, c, h, w, o, kh, kw;
-  clpar_conv2d_options opt;
-  int bias;
-} conv_case;
+#define OPT TU_CONV_OPT
 
-#define OPT(s0, s1, p0, p1, d0, d1, g) \
-  { {s0, s1}, {p0, p1}, {d0, d1}, g }
-
-static const conv_case cases[] = {
+static const tu_conv_case cases[] = {
     {"3x3 pad 1", 2, 3, 7, 6, 4, 3, 3, OPT(1, 1, 1, 1, 1, 1, 1), 1},
     {"stride (2,1) pad (1,0) dilation (2,1) groups 2", 3, 4, 9, 8, 6, 3, 2,
      OPT(2, 1, 1, 0, 2, 1, 2), 1},
@@ -84,79 +76,24 @@ static void find_devices(void) {
     snprintf(skip_reason, sizeof skip_reason, "the CUDA devices run the plain path");
 }
 
-/* y, dx, dw, db (db NULL without bias) of one case: loss sum(y * r). */
-typedef struct {
-  float *v[4];
-  size_t n[4];
-} result;
-
-static float *read_all(clpar_tensor *t, size_t *n) {
-  *n = (size_t)clpar_tensor_numel(t);
-  return tu_read(t);
-}
-
-/* grads: bit 0 x, bit 1 weight, bit 2 bias: the inputs that require a gradient. */
-static void run_case(clpar_device *dev, const conv_case *c, int grads, result *out) {
-  clpar_scope *sc = clpar_scope_begin();
-  int64_t xs[4] = {c->n, c->c, c->h, c->w}, ws[4] = {c->o, c->c / c->opt.groups, c->kh, c->kw};
-  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12);
-  clpar_tensor *b = c->bias ? tu_make(dev, 1, &c->o, 13) : NULL, *y, *r, *prod, *loss;
-  tu_ok(clpar_tensor_set_requires_grad(x, grads & 1));
-  tu_ok(clpar_tensor_set_requires_grad(w, (grads >> 1) & 1));
-  if (b) tu_ok(clpar_tensor_set_requires_grad(b, (grads >> 2) & 1));
-  tu_ok(clpar_conv2d(x, w, b, &c->opt, &y));
-  r = tu_make(dev, y->ndim, y->shape, 14);
-  tu_ok(clpar_mul(y, r, &prod));
-  tu_ok(clpar_sum(prod, &loss));
-  tu_ok(clpar_backward(loss));
-  memset(out, 0, sizeof *out);
-  out->v[0] = read_all(y, &out->n[0]);
-  clpar_tensor *g[3] = {clpar_tensor_grad(x), clpar_tensor_grad(w),
-                        b ? clpar_tensor_grad(b) : NULL};
-  for (int i = 0; i < 3; i++) {
-    if ((grads >> i) & 1 && (i < 2 || b)) assert_non_null(g[i]);
-    if (g[i]) out->v[i + 1] = read_all(g[i], &out->n[i + 1]);
-  }
-  clpar_scope_end(sc);
-}
-
-static void result_free(result *r) {
-  for (int i = 0; i < 4; i++) free(r->v[i]);
-}
-
-/* Runs the case with the device's conv2d entries removed: the plain path. */
-static void on_plain(clpar_device *dev, const conv_case *c, int grads, result *out) {
-  tu_ok(clpar_device_synchronize(dev));
-  const clpar_backend_iface *keep = dev->bd.iface;
-  clpar_backend_iface plain = *keep;
-  plain.conv2d = NULL;
-  plain.conv2d_backward = NULL;
-  dev->bd.iface = &plain;
-  run_case(dev, c, grads, out);
-  tu_ok(clpar_device_synchronize(dev));
-  dev->bd.iface = keep;
-}
-
-static const char *const part[4] = {"y", "dx", "dw", "db"};
-
 /* One case on both paths; the tolerance scales with the largest value (the sums run over up
  * to 2048 terms, in a different order on each path, and cuDNN may pick Winograd or FFT). */
-static void compare(clpar_device *dev, const conv_case *c, int grads) {
-  result got, want;
-  run_case(dev, c, grads, &got);
-  on_plain(dev, c, grads, &want);
+static void compare(clpar_device *dev, const tu_conv_case *c, int grads) {
+  tu_conv_result got, want;
+  tu_conv_run(dev, c, grads, &got);
+  tu_conv_run_plain(dev, c, grads, &want);
   for (int k = 0; k < 4; k++) {
     assert_true(!got.v[k] == !want.v[k]);
     if (!want.v[k]) continue;
     char what[200];
     snprintf(what, sizeof what, "%s on %s (gradients 0x%x): %s", c->name, dev->bd.info.id, grads,
-             part[k]);
+             tu_conv_part[k]);
     assert_int_equal(got.n[k], want.n[k]);
     float big = 1.0f;
     for (size_t i = 0; i < want.n[k]; i++) big = fmaxf(big, fabsf(want.v[k][i]));
     tu_assert_close(got.v[k], want.v[k], want.n[k], 1e-3f, 2e-4f * big, what);
   }
-  result_free(&got), result_free(&want);
+  tu_conv_result_free(&got), tu_conv_result_free(&want);
 }
 
 #define NEED_CUDNN()                                         \

@@ -59,28 +59,13 @@ static clpar_device *rank_cuda_device(const char *test) {
 }
 
 static clpar_module *make_mlp(clpar_device *dev, uint64_t seed) {
-  clpar_module *layers[5], *mlp;
-  clpar_manual_seed(seed);
-  tu_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]));
-  tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(HIDDEN, HIDDEN, 1, dev, &layers[2]));
-  tu_ok(clpar_relu_create(&layers[3]));
-  tu_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[4]));
-  tu_ok(clpar_sequential_create(layers, 5, &mlp));
-  return mlp;
+  return tu_mlp(dev, seed, 4, (int64_t[]){IN, HIDDEN, HIDDEN, OUT});
 }
 
 /* Forward and backward of MSE on rows [row0, row0+rows) of the batch. */
 static void forward_backward(clpar_module *m, clpar_device *dev, const float *x, const float *y,
                              int row0, int rows) {
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *xt, *yt, *out, *loss;
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + (size_t)row0 * IN, &xt));
-  tu_ok(clpar_module_forward(m, xt, &out));
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + (size_t)row0 * OUT, &yt));
-  tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
-  tu_ok(clpar_backward(loss));
-  clpar_scope_end(scope);
+  tu_mse_backward(m, dev, x, y, row0, rows, IN, OUT, NULL);
 }
 
 static clpar_optimizer *make_sgd(clpar_module *m) {

@@ -167,6 +167,20 @@ static void test_stages(void **state) {
   for (int i = 0; i < 4; i++) clpar_tensor_free(all[i]);
   clpar_module_free(g);
   clpar_module_free(one[0]);
+  /* the seed stream goes on as after clpar_gpt_create: a module made next is the same */
+  clpar_module *after[2];
+  for (int k = 0; k < 2; k++) {
+    clpar_manual_seed(3);
+    tu_ok(k ? clpar_gpt_create_stages(&c, 2, devs[0], s) : clpar_gpt_create(&c, devs[0], &g));
+    tu_ok(clpar_linear_create(4, 4, 1, devs[0], &after[k]));
+    if (k)
+      clpar_module_free(s[0]), clpar_module_free(s[1]);
+    else
+      clpar_module_free(g);
+  }
+  tu_expect_equal(clpar_module_parameter(after[1], "weight"),
+                  clpar_module_parameter(after[0], "weight"), 0, 0, "a Linear made next");
+  clpar_module_free(after[0]), clpar_module_free(after[1]);
   assert_int_equal(clpar_gpt_create_stages(&c, 3, devs[0], s), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_gpt_create_stages(&c, 0, devs[0], s), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_gpt_create_stages(NULL, 2, devs[0], s), CLPAR_ERROR_INVALID_ARGUMENT);

@@ -287,6 +287,8 @@ static void test_bad_input_changes_nothing(void **state) {
     assert_ptr_equal(outs[1], sentinel);
     assert_int_equal(clpar_add(NULL, b, &out), CLPAR_ERROR_INVALID_ARGUMENT);
     assert_int_equal(clpar_copy(a, c), CLPAR_ERROR_SHAPE_MISMATCH);
+    assert_int_equal(clpar_copy(a, b), CLPAR_ERROR_SHAPE_MISMATCH); /* same numel, other shape */
+    assert_non_null(strstr(clpar_last_error(), "dst is [4, 3], src is [3, 4]"));
     assert_ptr_equal(out, sentinel);
     tu_ok(clpar_device_memory_stats(dev, &after));
     assert_int_equal(after.bytes_in_use, before.bytes_in_use);
@@ -300,6 +302,25 @@ static void test_bad_input_changes_nothing(void **state) {
     clpar_tensor_free(b);
     clpar_tensor_free(c);
   }
+}
+
+/* clpar_copy takes src of dst's shape, or of dst's less leading 1s (torch's copy_ broadcasts
+ * src to dst); another shape of the same numel is refused, naming both shapes. */
+static void test_copy_shapes(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_tensor *a = tu_make(dev, 2, (int64_t[]){32, 96}, 53), *t;
+  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){96, 32}, &t));
+  assert_int_equal(clpar_copy(t, a), CLPAR_ERROR_SHAPE_MISMATCH);
+  assert_non_null(strstr(clpar_last_error(), "dst is [96, 32], src is [32, 96]"));
+  clpar_tensor *row = tu_make(dev, 1, (int64_t[]){96}, 54), *r;
+  tu_ok(clpar_tensor_zeros(dev, 3, (int64_t[]){1, 1, 96}, &r));
+  tu_ok(clpar_copy(r, row));
+  assert_int_equal(clpar_copy(row, r), CLPAR_ERROR_SHAPE_MISMATCH); /* [1, 1, 96] into [96] */
+  float *got = tu_read(r), *want = tu_rand(96, 54);
+  tu_assert_close(got, want, 96, 0, 0, "[96] into [1, 1, 96]");
+  free(got), free(want);
+  clpar_tensor_free(a), clpar_tensor_free(t), clpar_tensor_free(row), clpar_tensor_free(r);
 }
 
 static void test_device_mismatch(void **state) {
@@ -361,6 +382,7 @@ int main(void) {
       cmocka_unit_test(test_chunk_sizes_match_tutorials),
       cmocka_unit_test(test_huge_sizes),
       cmocka_unit_test(test_bad_input_changes_nothing),
+      cmocka_unit_test(test_copy_shapes),
       cmocka_unit_test(test_device_mismatch),
       cmocka_unit_test(test_profiling),
   };

@@ -240,3 +240,149 @@ char *tu_slurp(const char *path, size_t *len) {
   *len = (size_t)n;
   return buf;
 }
+
+/* ---- models and steps the data-parallel and checkpoint tests share ---- */
+
+clpar_module *tu_mlp(clpar_device *dev, uint64_t seed, int n, const int64_t *widths) {
+  clpar_module *layers[2 * TU_MLP_MAX_LAYERS], *mlp;
+  int k = 0;
+  assert_true(n >= 2 && n <= TU_MLP_MAX_LAYERS + 1);
+  clpar_manual_seed(seed);
+  for (int i = 0; i + 1 < n; i++) {
+    if (i) tu_ok(clpar_relu_create(&layers[k++]));
+    tu_ok(clpar_linear_create(widths[i], widths[i + 1], 1, dev, &layers[k++]));
+  }
+  tu_ok(clpar_sequential_create(layers, k, &mlp));
+  return mlp;
+}
+
+void tu_wave_batch(int k, float *x, int nx, float *y, int ny) {
+  for (int i = 0; i < nx; i++) x[i] = sinf(0.37f * (float)(i + 101 * k));
+  for (int i = 0; i < ny; i++) y[i] = cosf(0.23f * (float)(i + 53 * k));
+}
+
+void tu_mse_backward(clpar_module *m, clpar_device *dev, const float *x, const float *y, int row0,
+                     int rows, int in, int out, float *loss) {
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *xt, *yt, *pred, *l;
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, in}, x + (size_t)row0 * in, &xt));
+  tu_ok(clpar_module_forward(m, xt, &pred));
+  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, out}, y + (size_t)row0 * out, &yt));
+  tu_ok(clpar_mse_loss(pred, yt, CLPAR_REDUCTION_MEAN, &l));
+  tu_ok(clpar_backward(l));
+  if (loss) tu_ok(clpar_tensor_read_raw(l, loss, sizeof *loss));
+  clpar_scope_end(scope);
+}
+
+void tu_rank_mse_backward(clpar_module *m, clpar_device *dev, const float *x, const float *y,
+                          int batch, int in, int out, float *loss) {
+  int rank = clpar_dist_rank(), world = clpar_dist_world_size();
+  if (rank < 0 || world < 1) rank = 0, world = 1;
+  int rows = batch / world;
+  tu_mse_backward(m, dev, x, y, rank * rows, rows, in, out, loss);
+}
+
+void tu_rank_mse_backward_rand(clpar_module *m, int k, int batch, int in, int out) {
+  float *x = tu_rand((size_t)(batch * in), 11 + (uint64_t)k);
+  float *y = tu_rand((size_t)(batch * out), 41 + (uint64_t)k);
+  tu_rank_mse_backward(m, clpar_dist_device(), x, y, batch, in, out, NULL);
+  free(x), free(y);
+}
+
+float *tu_read_params(clpar_module *m, size_t n) {
+  float *all = malloc(n * sizeof(float));
+  assert_non_null(all);
+  size_t at = 0;
+  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
+    clpar_tensor *t;
+    tu_ok(clpar_module_parameter_at(m, i, NULL, &t));
+    size_t k = (size_t)clpar_tensor_numel(t);
+    assert_true(at + k <= n);
+    tu_ok(clpar_tensor_read(t, all + at, k));
+    at += k;
+  }
+  assert_int_equal(at, n);
+  return all;
+}
+
+int tu_zero_train_tiny(int stage, const clpar_adam_options *adam, int steps, float p[3]) {
+  clpar_ddp_options o = {.zero_stage = stage};
+  clpar_module *lin, *ddp;
+  clpar_device *dev = clpar_dist_device();
+  clpar_manual_seed(5);
+  tu_ok(clpar_linear_create(2, 1, 1, dev, &lin));
+  tu_ok(clpar_ddp_create(lin, &o, &ddp));
+  clpar_optimizer *opt = NULL;
+  clpar_zero_optimizer *zopt = NULL;
+  tu_ok(stage ? clpar_zero_adam_create(ddp, adam, &zopt) : clpar_adam_create_for(ddp, adam, &opt));
+  for (int k = 0; k < steps; k++) {
+    float x[2] = {(float)clpar_dist_rank() + 1.0f, (float)k - 2.0f};
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *xt, *y, *loss;
+    tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){1, 2}, x, &xt));
+    tu_ok(clpar_module_forward(ddp, xt, &y));
+    tu_ok(clpar_mean(y, &loss));
+    tu_ok(clpar_backward(loss));
+    clpar_scope_end(scope);
+    tu_ok(stage ? clpar_zero_optimizer_step(zopt) : clpar_optimizer_step(opt));
+    tu_ok(stage ? clpar_zero_optimizer_zero_grad(zopt) : clpar_optimizer_zero_grad(opt));
+  }
+  if (stage == 3) tu_ok(clpar_zero_gather_parameters(ddp));
+  float *all = tu_read_params(ddp, 3);
+  memcpy(p, all, 3 * sizeof(float));
+  free(all);
+  int empty = zopt && !clpar_zero_optimizer_inner(zopt);
+  clpar_zero_optimizer_free(zopt);
+  clpar_optimizer_free(opt);
+  clpar_module_free(ddp);
+  return empty;
+}
+
+/* ---- a convolution case on a backend's path against the plain one ---- */
+
+const char *const tu_conv_part[4] = {"y", "dx", "dw", "db"};
+
+static float *read_counted(clpar_tensor *t, size_t *n) {
+  *n = (size_t)clpar_tensor_numel(t);
+  return tu_read(t);
+}
+
+void tu_conv_run(clpar_device *dev, const tu_conv_case *c, int grads, tu_conv_result *out) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t xs[4] = {c->n, c->c, c->h, c->w}, ws[4] = {c->o, c->c / c->opt.groups, c->kh, c->kw};
+  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12);
+  clpar_tensor *b = c->bias ? tu_make(dev, 1, &c->o, 13) : NULL, *y, *r, *prod, *loss;
+  tu_ok(clpar_tensor_set_requires_grad(x, grads & 1));
+  tu_ok(clpar_tensor_set_requires_grad(w, (grads >> 1) & 1));
+  if (b) tu_ok(clpar_tensor_set_requires_grad(b, (grads >> 2) & 1));
+  tu_ok(clpar_conv2d(x, w, b, &c->opt, &y));
+  r = tu_make(dev, y->ndim, y->shape, 14);
+  tu_ok(clpar_mul(y, r, &prod));
+  tu_ok(clpar_sum(prod, &loss));
+  tu_ok(clpar_backward(loss));
+  memset(out, 0, sizeof *out);
+  out->v[0] = read_counted(y, &out->n[0]);
+  clpar_tensor *g[3] = {clpar_tensor_grad(x), clpar_tensor_grad(w),
+                        b ? clpar_tensor_grad(b) : NULL};
+  for (int i = 0; i < 3; i++) {
+    if ((grads >> i) & 1 && (i < 2 || b)) assert_non_null(g[i]);
+    if (g[i]) out->v[i + 1] = read_counted(g[i], &out->n[i + 1]);
+  }
+  clpar_scope_end(sc);
+}
+
+void tu_conv_result_free(tu_conv_result *r) {
+  for (int i = 0; i < 4; i++) free(r->v[i]);
+}
+
+void tu_conv_run_plain(clpar_device *dev, const tu_conv_case *c, int grads, tu_conv_result *out) {
+  tu_ok(clpar_device_synchronize(dev));
+  const clpar_backend_iface *keep = dev->bd.iface;
+  clpar_backend_iface plain = *keep;
+  plain.conv2d = NULL;
+  plain.conv2d_backward = NULL;
+  dev->bd.iface = &plain;
+  tu_conv_run(dev, c, grads, out);
+  tu_ok(clpar_device_synchronize(dev));
+  dev->bd.iface = keep;
+}

@@ -84,4 +84,55 @@ char *tu_slurp(const char *path, size_t *len);
 int tu_dist_setup(void **state);
 int tu_dist_teardown(void **state);
 
+/* ---- models and steps the data-parallel and checkpoint tests share ---- */
+
+enum { TU_MLP_MAX_LAYERS = 8 };
+/* Linear(widths[0], widths[1]), ReLU, ..., Linear(widths[n-2], widths[n-1]) (2 <= n <= 9, with
+ * bias) on dev, made after clpar_manual_seed(seed). */
+clpar_module *tu_mlp(clpar_device *dev, uint64_t seed, int n, const int64_t *widths);
+/* Batch k of the checkpoint tests: x[i] = sin(0.37 (i + 101 k)), y[i] = cos(0.23 (i + 53 k)),
+ * the same on every rank and at every world size. */
+void tu_wave_batch(int k, float *x, int nx, float *y, int ny);
+/* Forward and backward of MSE (mean) of m on rows [row0, row0 + rows) of the host arrays x
+ * [.., in] and y [.., out], on dev; the loss into *loss (read back) unless loss is NULL. */
+void tu_mse_backward(clpar_module *m, clpar_device *dev, const float *x, const float *y, int row0,
+                     int rows, int in, int out, float *loss);
+/* tu_mse_backward on this rank's share of the batch (batch / world rows; all of them outside
+ * an MPI job); this rank's loss into *loss unless loss is NULL. */
+void tu_rank_mse_backward(clpar_module *m, clpar_device *dev, const float *x, const float *y,
+                          int batch, int in, int out, float *loss);
+/* tu_rank_mse_backward on this rank's device of step k's batch: x = tu_rand(batch * in,
+ * 11 + k), y = tu_rand(batch * out, 41 + k). */
+void tu_rank_mse_backward_rand(clpar_module *m, int k, int batch, int in, int out);
+/* Every parameter of m, in order, into a new host array of n floats (exactly n). */
+float *tu_read_params(clpar_module *m, size_t n);
+/* Linear(2, 1) (seed 5) under DistributedDataParallel with ZeRO at stage (0: plain DDP),
+ * steps Adam steps of mean(y) on a row that differs by rank and step; its 3 parameters (stage
+ * 3 gathers them) into p. 1 when the rank's ZeRO optimizer stepped nothing (its shard all
+ * padding: no inner optimizer). */
+int tu_zero_train_tiny(int stage, const clpar_adam_options *adam, int steps, float p[3]);
+
+/* ---- one convolution case (test_host_dnnl, test_cuda_cudnn) ---- */
+
+typedef struct {
+  const char *name;
+  int64_t n, c, h, w, o, kh, kw;
+  clpar_conv2d_options opt;
+  int bias;
+} tu_conv_case;
+#define TU_CONV_OPT(s0, s1, p0, p1, d0, d1, g) \
+  { {s0, s1}, {p0, p1}, {d0, d1}, g }
+/* y, dx, dw, db of a case (NULL where not asked, db without bias) and their counts. */
+typedef struct {
+  float *v[4];
+  size_t n[4];
+} tu_conv_result;
+extern const char *const tu_conv_part[4]; /* "y", "dx", "dw", "db" */
+/* The case on dev, loss sum(y * r) of fixed random x, w, b, r; grads: bit 0 x, bit 1 weight,
+ * bit 2 bias, the inputs that require a gradient. */
+void tu_conv_run(clpar_device *dev, const tu_conv_case *c, int grads, tu_conv_result *out);
+/* The same with dev's whole-convolution entries removed for the call: the plain path. */
+void tu_conv_run_plain(clpar_device *dev, const tu_conv_case *c, int grads, tu_conv_result *out);
+void tu_conv_result_free(tu_conv_result *r);
+
 #endif

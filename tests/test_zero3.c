@@ -18,16 +18,7 @@ enum { NUMEL = IN * HIDDEN + HIDDEN + HIDDEN * MID + MID + MID * OUT + OUT };
 
 /* Linear(IN, HIDDEN) ReLU Linear(HIDDEN, MID) ReLU Linear(MID, OUT). */
 static clpar_module *make_mlp(uint64_t seed) {
-  clpar_module *layers[5], *mlp;
-  clpar_device *dev = clpar_dist_device();
-  clpar_manual_seed(seed);
-  tu_ok(clpar_linear_create(IN, HIDDEN, 1, dev, &layers[0]));
-  tu_ok(clpar_relu_create(&layers[1]));
-  tu_ok(clpar_linear_create(HIDDEN, MID, 1, dev, &layers[2]));
-  tu_ok(clpar_relu_create(&layers[3]));
-  tu_ok(clpar_linear_create(MID, OUT, 1, dev, &layers[4]));
-  tu_ok(clpar_sequential_create(layers, 5, &mlp));
-  return mlp;
+  return tu_mlp(clpar_dist_device(), seed, 4, (int64_t[]){IN, HIDDEN, MID, OUT});
 }
 
 static clpar_module *make_ddp(int stage) {
@@ -40,38 +31,12 @@ static clpar_module *make_ddp(int stage) {
 
 /* Forward and backward of MSE on this rank's rows of the batch for step k. */
 static void forward_backward(clpar_module *m, int k) {
-  int world = clpar_dist_world_size(), rows = BATCH / world;
-  int row0 = clpar_dist_rank() * rows;
-  float *x = tu_rand(BATCH * IN, 11 + (uint64_t)k), *y = tu_rand(BATCH * OUT, 41 + (uint64_t)k);
-  clpar_device *dev = clpar_dist_device();
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *xt, *yt, *out, *loss;
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, IN}, x + (size_t)row0 * IN, &xt));
-  tu_ok(clpar_module_forward(m, xt, &out));
-  tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){rows, OUT}, y + (size_t)row0 * OUT, &yt));
-  tu_ok(clpar_mse_loss(out, yt, CLPAR_REDUCTION_MEAN, &loss));
-  tu_ok(clpar_backward(loss));
-  clpar_scope_end(scope);
-  free(x);
-  free(y);
+  tu_rank_mse_backward_rand(m, k, BATCH, IN, OUT);
 }
 
 /* Every parameter of m, in order, into a new host array of n floats. */
 static float *read_params(clpar_module *m, size_t n) {
-  float *all = malloc(n * sizeof(float));
-  assert_non_null(all);
-  size_t at = 0;
-  for (int i = 0; i < clpar_module_parameter_count(m); i++) {
-    const char *name;
-    clpar_tensor *t;
-    tu_ok(clpar_module_parameter_at(m, i, &name, &t));
-    size_t k = (size_t)clpar_tensor_numel(t);
-    assert_true(at + k <= n);
-    tu_ok(clpar_tensor_read(t, all + at, k));
-    at += k;
-  }
-  assert_int_equal(at, n);
-  return all;
+  return tu_read_params(m, n);
 }
 
 static const clpar_adam_options adam = {.lr = 0.01f, .weight_decay = 0.01f};
@@ -258,35 +223,7 @@ static void test_gpt_blocks_as_units_match_ddp(void **state) {
 /* Linear(2, 1) is its own unit (the module holds parameters itself): 3 floats in shards of 2
  * (2 ranks) or 1 (4 ranks: rank 3's shard is all padding). */
 static void train_tiny(int stage, float p[3]) {
-  clpar_ddp_options o = {.zero_stage = stage};
-  clpar_module *lin, *ddp;
-  clpar_device *dev = clpar_dist_device();
-  clpar_manual_seed(5);
-  tu_ok(clpar_linear_create(2, 1, 1, dev, &lin));
-  tu_ok(clpar_ddp_create(lin, &o, &ddp));
-  clpar_optimizer *opt = NULL;
-  clpar_zero_optimizer *zopt = NULL;
-  tu_ok(stage ? clpar_zero_adam_create(ddp, &adam, &zopt)
-              : clpar_adam_create_for(ddp, &adam, &opt));
-  for (int k = 0; k < STEPS; k++) {
-    float x[2] = {(float)clpar_dist_rank() + 1.0f, (float)k - 2.0f};
-    clpar_scope *scope = clpar_scope_begin();
-    clpar_tensor *xt, *y, *loss;
-    tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){1, 2}, x, &xt));
-    tu_ok(clpar_module_forward(ddp, xt, &y));
-    tu_ok(clpar_mean(y, &loss));
-    tu_ok(clpar_backward(loss));
-    clpar_scope_end(scope);
-    tu_ok(stage ? clpar_zero_optimizer_step(zopt) : clpar_optimizer_step(opt));
-    tu_ok(stage ? clpar_zero_optimizer_zero_grad(zopt) : clpar_optimizer_zero_grad(opt));
-  }
-  if (stage) tu_ok(clpar_zero_gather_parameters(ddp));
-  float *all = read_params(ddp, 3);
-  memcpy(p, all, 3 * sizeof(float));
-  free(all);
-  clpar_zero_optimizer_free(zopt);
-  clpar_optimizer_free(opt);
-  clpar_module_free(ddp);
+  tu_zero_train_tiny(stage, &adam, STEPS, p);
 }
 
 static void test_whole_module_unit_with_empty_shards(void **state) {

@@ -18,7 +18,9 @@ extern "C" {
 
 /* In place: every element of t becomes value (an int tensor: 0 only). */
 CLPAR_API clpar_status clpar_fill(clpar_tensor *t, float value);
-/* In place: dst takes src's values; same numel and dtype, any two devices. */
+/* In place: dst takes src's values; src has dst's shape (or dst's less leading 1s: a
+ * broadcast that repeats no element) and dtype, any two devices. Another shape of the same
+ * numel is refused (CLPAR_ERROR_SHAPE_MISMATCH), as torch.Tensor.copy_ does. */
 CLPAR_API clpar_status clpar_copy(clpar_tensor *dst, const clpar_tensor *src);
 
 /* out = a (op) b. b has a's shape, or is one row (shape [cols] or [1, cols]) that is

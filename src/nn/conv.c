@@ -335,21 +335,20 @@ static clpar_status backward_library(clpar_device *dev, const conv_plan *p, cons
   return s;
 }
 
-static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tensor **gin) {
-  const conv_plan *p = node->ctx;
-  clpar_tensor *x = node->inputs[0], *wt = node->inputs[1];
-  clpar_tensor *bias = node->n_inputs > 2 ? node->inputs[2] : NULL;
-  clpar_device *dev = node->dev;
+/* The gradients want[] asks for (dx, dw, db) into gin[0..2], float32 throughout. */
+static clpar_status run_backward(clpar_device *dev, const conv_plan *p, const clpar_tensor *x,
+                                 const clpar_tensor *wt, const clpar_tensor *gy, const int want[3],
+                                 clpar_tensor **gin) {
   conv_grads d = {NULL, NULL, NULL};
   clpar_status s = CLPAR_OK;
   int library = has_library(dev);
-  if (x->requires_grad) {
+  if (want[0]) {
     s = clpar_tensor_empty(dev, 4, x->shape, &d.dx);
     if (s == CLPAR_OK && !p->direct && !library)
       s = clpar_dev_fill(dev, clpar_tensor_bref(d.dx), (size_t)d.dx->numel, 0.0f);
   }
-  if (s == CLPAR_OK && wt->requires_grad) s = clpar_tensor_empty(dev, 4, wt->shape, &d.dw);
-  if (s == CLPAR_OK && bias && bias->requires_grad) s = clpar_tensor_empty(dev, 1, &p->o, &d.db);
+  if (s == CLPAR_OK && want[1]) s = clpar_tensor_empty(dev, 4, wt->shape, &d.dw);
+  if (s == CLPAR_OK && want[2]) s = clpar_tensor_empty(dev, 1, &p->o, &d.db);
   if (s == CLPAR_OK && library)
     s = backward_library(dev, p, x, wt, gy, &d);
   else if (s == CLPAR_OK)
@@ -363,8 +362,27 @@ static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tens
   }
   gin[0] = d.dx;
   gin[1] = d.dw;
-  if (bias) gin[2] = d.db;
+  gin[2] = d.db;
   return CLPAR_OK;
+}
+
+static clpar_status conv_backward(clpar_node *node, clpar_tensor *gy, clpar_tensor **gin) {
+  clpar_tensor *x = node->inputs[0], *wt = node->inputs[1], *g[3];
+  clpar_tensor *bias = node->n_inputs > 2 ? node->inputs[2] : NULL;
+  int want[3] = {x->requires_grad, wt->requires_grad, bias && bias->requires_grad};
+  clpar_status s = run_backward(node->dev, node->ctx, x, wt, gy, want, g);
+  if (s != CLPAR_OK) return s;
+  gin[0] = g[0], gin[1] = g[1];
+  if (bias) gin[2] = g[2];
+  return CLPAR_OK;
+}
+
+clpar_status clpar_conv2d_grads(const clpar_tensor *x, const clpar_tensor *weight,
+                                const clpar_conv2d_options *options, const clpar_tensor *gy,
+                                const int want[3], clpar_tensor **gin) {
+  conv_plan p;
+  clpar_status s = plan_conv(x, weight, NULL, options, &p);
+  return s == CLPAR_OK ? run_backward(x->storage->dev, &p, x, weight, gy, want, gin) : s;
 }
 
 clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,

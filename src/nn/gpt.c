@@ -338,6 +338,10 @@ clpar_status clpar_gpt_create_stages(const clpar_gpt_config *c, int n_stages, cl
                         "clpar_gpt_create_stages: n_stages %d; need 1 to n_layer (%lld)", n_stages,
                         (long long)c->n_layer);
   if (s == CLPAR_OK) s = clpar_gpt_create(c, dev, &g);
+  /* the stages' own draws are overwritten by g's values: the seed stream goes on from where
+   * g left it, as after clpar_gpt_create */
+  uint64_t seed, counter;
+  clpar_rng_state_get(&seed, &counter);
   int made = 0;
   for (; s == CLPAR_OK && made < n_stages; made++) {
     s = make_stage(c, dev, made, n_stages, made ? stages[0] : NULL, &stages[made]);
@@ -346,6 +350,7 @@ clpar_status clpar_gpt_create_stages(const clpar_gpt_config *c, int n_stages, cl
     else
       made--;
   }
+  clpar_rng_state_set(seed, counter);
   clpar_module_free(g);
   if (s != CLPAR_OK)
     for (int i = 0; i < made; i++) clpar_module_free(stages[i]), stages[i] = NULL;
