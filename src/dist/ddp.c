@@ -136,6 +136,7 @@ static void ddp_free(void *user) {
   }
   if (st->nccl) clpar_ddp_nccl_free(st);
   clpar_zero3_free(st);
+  clpar_zero_comm_free(st);
   for (int i = 0; i < st->n_params; i++) {
     ddp_param *p = &st->params[i];
     if (p->param) {
@@ -158,6 +159,7 @@ static void ddp_free(void *user) {
   if (st->abandoned) return;
   for (int k = 0; k < st->n_buckets; k++) {
     ddp_bucket *b = &st->buckets[k];
+    if (b->read_done && clpar_is_initialized()) clpar_event_sync(b->read_done); /* calls back */
     clpar_event_release(b->read_done);
     clpar_tensor_release(b->grad_ref);
     if (b->pin) {
@@ -461,11 +463,13 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   st->sync_buffers = 1;
   if (s == CLPAR_OK)
     s = clpar_ddp_agree(st, clpar_ddp_make_buckets(st, cap_mb), "clpar_ddp_create");
-  if (s == CLPAR_OK && st->zero_stage) /* the step's reduce-scatter runs over MPI */
+  if (s == CLPAR_OK && st->zero_stage) /* the reduce-scatters run over MPI */
     snprintf(st->backend_why, sizeof st->backend_why, "ZeRO reduces over MPI (zero_stage %d)",
              st->zero_stage);
   else if (s == CLPAR_OK)
     s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
+  if (s == CLPAR_OK && (st->zero_stage == 1 || st->zero_stage == 2))
+    s = clpar_ddp_agree(st, clpar_zero_comm_setup(st), "clpar_ddp_create");
   if (s == CLPAR_OK && st->zero_stage == 2) clpar_zero_release_grads(st);
   if (s == CLPAR_OK && !st->nccl && !st->zero_stage)
     s = clpar_ddp_agree(st, clpar_ddp_alloc_host_buffers(st), "clpar_ddp_create");
