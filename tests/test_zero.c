@@ -27,8 +27,10 @@ static clpar_module *make_mlp(uint64_t seed) {
   return mlp;
 }
 
+static double cap_mb = 0; /* the buckets' size (0: DDP's 25 MiB, one bucket here) */
+
 static clpar_module *make_ddp(int stage) {
-  clpar_ddp_options o = {.zero_stage = stage};
+  clpar_ddp_options o = {.zero_stage = stage, .bucket_cap_mb = cap_mb};
   clpar_module *ddp;
   /* seeded by rank: the broadcast from rank 0 makes them agree */
   tu_ok(clpar_ddp_create(make_mlp(100 + (uint64_t)clpar_dist_rank()), &o, &ddp));
@@ -205,6 +207,49 @@ static void train_tiny(int stage, float p[3]) {
   clpar_module_free(ddp);
 }
 
+/* Buckets of 1 KiB: four, two of which cross a shard boundary on 2 ranks (and more on 4), each
+ * reduce-scattered as backward makes it. */
+static void test_small_buckets_match_ddp(void **state) {
+  (void)state;
+  cap_mb = 1.0 / 1024;
+  check_stage(1, 1);
+  check_stage(2, 1);
+  check_stage(2, 2);
+  cap_mb = 0;
+}
+
+/* Backward under ZeRO-1 and 2 posts the copies of the gradients to host memory and leaves the
+ * reduce-scatters to the communication thread: the program's thread never waits for the
+ * device inside clpar_backward (clpar_device_host_waits unchanged), with one bucket and with
+ * several. */
+static void test_backward_waits_for_no_device(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_dist_device();
+  float *x = tu_rand(BATCH * IN, 11);
+  for (int run = 0; run < 4; run++) {
+    cap_mb = run % 2 ? 1.0 / 1024 : 0;
+    clpar_module *ddp = make_ddp(1 + run / 2);
+    clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
+    for (int step = 0; step < 2; step++) {
+      clpar_scope *scope = clpar_scope_begin();
+      clpar_tensor *xt, *out, *loss;
+      tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH / 2, IN}, x, &xt));
+      tu_ok(clpar_module_forward(ddp, xt, &out));
+      tu_ok(clpar_mean(out, &loss));
+      uint64_t before = clpar_device_host_waits(dev);
+      tu_ok(clpar_backward(loss));
+      assert_int_equal(clpar_device_host_waits(dev), before);
+      clpar_scope_end(scope);
+      tu_ok(clpar_zero_optimizer_step(opt));
+      tu_ok(clpar_zero_optimizer_zero_grad(opt));
+    }
+    clpar_zero_optimizer_free(opt);
+    clpar_module_free(ddp);
+  }
+  cap_mb = 0;
+  free(x);
+}
+
 /* Fewer parameters than shards: a rank whose shard is all padding steps nothing and still
  * takes part in every collective. */
 static void test_tiny_model_with_empty_shards(void **state) {
@@ -379,6 +424,8 @@ int main(void) {
       cmocka_unit_test(test_adamw_and_sgd_momentum_match_ddp),
       cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
       cmocka_unit_test(test_tiny_model_with_empty_shards),
+      cmocka_unit_test(test_small_buckets_match_ddp),
+      cmocka_unit_test(test_backward_waits_for_no_device),
       cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
       cmocka_unit_test(test_stage2_holds_each_gradient_once),
       cmocka_unit_test(test_refused_options),
