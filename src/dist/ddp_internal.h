@@ -182,6 +182,15 @@ int clpar_zero3_shards(ddp_state *st, clpar_tensor **out);
 int clpar_zero3_has_grad(ddp_state *st);
 /* Stage 3: parameters that clpar_zero_gather_parameters gave values give their memory back. */
 void clpar_zero3_release(ddp_state *st);
+/* Stage 3, for checkpoints (src/io/checkpoint_zero3.c): the unit holding parameter t (-1 for
+ * none) and t's first float in the unit's flat vector; unit k's floats and shard; whether the
+ * parameters hold values now; every parameter given its shape over zeros (not collective;
+ * clpar_zero3_release undoes it); each unit's shard set from its parameters' values. */
+int clpar_zero3_locate(ddp_state *st, const clpar_tensor *t, int64_t *at);
+int64_t clpar_zero3_unit_size(ddp_state *st, int k, int64_t *shard);
+int clpar_zero3_gathered(ddp_state *st);
+clpar_status clpar_zero3_materialize(ddp_state *st, const char *fn);
+clpar_status clpar_zero3_store_shards(ddp_state *st, const char *fn);
 
 /* ---- the communication thread and the hooks (ddp_comm.c) ---- */
 
