@@ -1,12 +1,12 @@
 /* zero.c — the sharded optimizer of ZeRO stages 1 and 2 (include/clpar/zero.h) on a
- * DistributedDataParallel module made with zero_stage 1 or 2, whose gradient hooks then reduce
- * nothing (ddp_comm.c). The flat parameters (one flat leaf: the module on one device, float32)
- * are cut into world shards of ceil(numel / world) floats. The whole gradient is gathered into
- * a host buffer of world shards (the tail zero-padded): stage 1 reads the flat gradient in the
- * step; stage 2 has no flat gradient, and its hook reads each parameter's gradient into its
- * place as backward makes it and frees it. The buffer is reduce-scattered and averaged, the
- * rank's shard stepped in place by an inner optimizer over a view of the flat parameters, and
- * the shards all-gathered back into the flat parameters. */
+ * DistributedDataParallel module made with zero_stage 1 or 2, whose buckets backward
+ * reduce-scatters into the rank's averaged shard on the host (zero_comm.c). The flat parameters
+ * (one flat leaf: the module on one device, float32) are cut into world shards of
+ * ceil(numel / world) floats. The step writes the averaged shard into the shard's gradient
+ * (stage 1: a view of the flat gradient; stage 2: memory of its own), steps the rank's shard in
+ * place with an inner optimizer over a view of the flat parameters, and all-gathers the shards
+ * back into the flat parameters. Stage 3's step (the units reduce-scatter in their backward,
+ * zero3.c) is the inner optimizer's alone. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,24 +73,21 @@ struct clpar_zero_optimizer {
   /* stage 1: a view of flat's grad at lo, len; stage 2: memory of its own */
   clpar_tensor *gshard;
   clpar_optimizer *inner;
-  float *host;   /* world * shard floats: the gradient, then the gathered parameters */
-  float *mine;   /* shard floats: the averaged shard, then this rank's parameters */
+  float *host;   /* world * shard floats: the gathered parameters */
+  float *mine;   /* shard floats: this rank's parameters */
   int abandoned; /* a collective timed out: MPI may still write host and mine */
 };
 
-static clpar_status zero_mpi(clpar_zero_optimizer *z, int gather, const char *what) {
+/* Every rank's shard of the parameters (mine) into host, with the job's deadline. */
+static clpar_status all_gather(clpar_zero_optimizer *z, const char *what) {
   ddp_state *st = z->st;
   if (clpar_dist_check_broken()) return CLPAR_ERROR_TIMEOUT;
   int count = (int)z->shard;
-  clpar_status s = clpar_dist_debug_check(st->comm, what, st->seq + 1,
-                                          (int64_t)z->shard * (gather ? 1 : z->world) * 4);
+  clpar_status s = clpar_dist_debug_check(st->comm, what, st->seq + 1, (int64_t)z->shard * 4);
   if (s != CLPAR_OK) return s;
   MPI_Request req = MPI_REQUEST_NULL;
   clpar_mpi_lock();
-  int rc =
-      gather
-          ? MPI_Iallgather(z->mine, count, MPI_FLOAT, z->host, count, MPI_FLOAT, st->comm, &req)
-          : MPI_Ireduce_scatter_block(z->host, z->mine, count, MPI_FLOAT, MPI_SUM, st->comm, &req);
+  int rc = MPI_Iallgather(z->mine, count, MPI_FLOAT, z->host, count, MPI_FLOAT, st->comm, &req);
   clpar_mpi_unlock();
   s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, ++st->seq) : clpar_mpi_error(rc, what);
   if (s == CLPAR_ERROR_TIMEOUT) z->abandoned = st->abandoned = 1;
@@ -340,7 +337,7 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   /* stage 2's gradients are spent (the read above waited for the write of acc) */
   if (z->stage == 2) clpar_zero_comm_reset(z->st);
   s = agree(z->st, s, "clpar_zero_optimizer_step");
-  if (s == CLPAR_OK) s = zero_mpi(z, 1, "clpar_zero_optimizer_step: all-gather of the parameters");
+  if (s == CLPAR_OK) s = all_gather(z, "clpar_zero_optimizer_step: all-gather of the parameters");
   if (s == CLPAR_OK) s = clpar_tensor_write(z->flat, z->host, (size_t)z->numel);
   return s;
 }
