@@ -13,7 +13,9 @@
 #include "internal.h"
 #include "test_util.h"
 
-enum { IN = 16, HIDDEN = 63, OUT = 5, BATCH = 24, STEPS = 5, NUMEL = 1391 };
+enum { IN = 16, HIDDEN = 63, OUT = 5, BATCH = 24, STEPS = 5, NUMEL = 1391, UNUSED = 7 };
+
+static int unused; /* the model has a parameter its forward never uses (find_unused_parameters) */
 
 /* Linear(IN, HIDDEN) ReLU Linear(HIDDEN, OUT): 1071 + 320 = 1391 parameters. */
 static clpar_module *make_mlp(uint64_t seed) {
@@ -24,13 +26,21 @@ static clpar_module *make_mlp(uint64_t seed) {
   tu_ok(clpar_relu_create(&layers[1]));
   tu_ok(clpar_linear_create(HIDDEN, OUT, 1, dev, &layers[2]));
   tu_ok(clpar_sequential_create(layers, 3, &mlp));
+  if (unused) { /* a parameter the forward never reaches */
+    clpar_tensor *t;
+    tu_ok(clpar_tensor_rand_normal(dev, 1, (int64_t[]){UNUSED}, seed, 0, 1, &t));
+    tu_ok(clpar_module_add_parameter(mlp, "unused", t));
+    clpar_tensor_unscope(t);
+    clpar_tensor_free(t);
+  }
   return mlp;
 }
 
 static double cap_mb = 0; /* the buckets' size (0: DDP's 25 MiB, one bucket here) */
 
 static clpar_module *make_ddp(int stage) {
-  clpar_ddp_options o = {.zero_stage = stage, .bucket_cap_mb = cap_mb};
+  clpar_ddp_options o = {
+      .zero_stage = stage, .bucket_cap_mb = cap_mb, .find_unused_parameters = unused};
   clpar_module *ddp;
   /* seeded by rank: the broadcast from rank 0 makes them agree */
   tu_ok(clpar_ddp_create(make_mlp(100 + (uint64_t)clpar_dist_rank()), &o, &ddp));
@@ -55,9 +65,10 @@ static void forward_backward(clpar_module *m, int k) {
   free(y);
 }
 
-/* Every parameter of m, in order, into a new host array of NUMEL floats. */
+/* Every parameter of m, in order, into a new host array of NUMEL floats (and UNUSED more). */
 static float *read_params(clpar_module *m) {
-  float *all = malloc(NUMEL * sizeof(float));
+  size_t total = NUMEL + (unused ? UNUSED : 0);
+  float *all = malloc(total * sizeof(float));
   assert_non_null(all);
   size_t at = 0;
   for (int i = 0; i < clpar_module_parameter_count(m); i++) {
@@ -65,11 +76,11 @@ static float *read_params(clpar_module *m) {
     clpar_tensor *t;
     tu_ok(clpar_module_parameter_at(m, i, &name, &t));
     size_t n = (size_t)clpar_tensor_numel(t);
-    assert_true(at + n <= NUMEL);
+    assert_true(at + n <= total);
     tu_ok(clpar_tensor_read(t, all + at, n));
     at += n;
   }
-  assert_int_equal(at, NUMEL);
+  assert_int_equal(at, total);
   return all;
 }
 
@@ -136,7 +147,7 @@ static void check_stage(int stage, int micro) {
   /* the sums of 2 ranks are the same in any order; with 4 an MPI may add in another order, and
    * accumulated micro-steps are summed before the average (DDP averages each) */
   float tol = clpar_dist_world_size() == 2 && micro == 1 ? 0.0f : 1e-5f;
-  tu_assert_close(got, want, NUMEL, tol, tol, "parameters after 5 steps");
+  tu_assert_close(got, want, NUMEL + (unused ? UNUSED : 0), tol, tol, "parameters after 5 steps");
   free(want);
   free(got);
 }
@@ -215,6 +226,21 @@ static void test_small_buckets_match_ddp(void **state) {
   check_stage(1, 1);
   check_stage(2, 1);
   check_stage(2, 2);
+  cap_mb = 0;
+}
+
+/* find_unused_parameters: a parameter the forward never reaches is counted ready with zeros
+ * in the first hook, as in plain DDP, so its bucket is reduce-scattered (one bucket, and
+ * small buckets where it has its own). */
+static void test_unused_parameter_matches_ddp(void **state) {
+  (void)state;
+  unused = 1;
+  for (int run = 0; run < 2; run++) {
+    cap_mb = run ? 1.0 / 1024 : 0;
+    check_stage(1, 1);
+    check_stage(2, 2);
+  }
+  unused = 0;
   cap_mb = 0;
 }
 
@@ -426,6 +452,7 @@ int main(void) {
       cmocka_unit_test(test_tiny_model_with_empty_shards),
       cmocka_unit_test(test_small_buckets_match_ddp),
       cmocka_unit_test(test_backward_waits_for_no_device),
+      cmocka_unit_test(test_unused_parameter_matches_ddp),
       cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
       cmocka_unit_test(test_stage2_holds_each_gradient_once),
       cmocka_unit_test(test_refused_options),

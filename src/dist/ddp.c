@@ -513,13 +513,20 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
                            "clpar_ddp_create: call clpar_dist_init first");
   }
-  if (options && (options->zero_stage < 0 || options->zero_stage > 3 ||
-                  (options->zero_stage == 3 && options->find_unused_parameters))) {
+  if (options && (options->zero_stage < 0 || options->zero_stage > 3)) {
     clpar_module_free(module);
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1, 2 or 3 "
-                           "(3 without find_unused_parameters)",
+                           "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1, 2 or 3",
                            options->zero_stage);
+  }
+  if (options && options->zero_stage == 3 && options->find_unused_parameters) {
+    clpar_module_free(module);
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_ddp_create: zero_stage is 3 with find_unused_parameters, which "
+                           "ZeRO-3 cannot serve: each unit's gradient is reduce-scattered in "
+                           "that unit's backward, so a unit one rank's forward skipped would "
+                           "leave the ranks' collectives unmatched (every unit must take part "
+                           "in the loss; stages 1 and 2 take find_unused_parameters)");
   }
   if (options && !(options->bucket_cap_mb >= 0)) {
     clpar_module_free(module);
