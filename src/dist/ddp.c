@@ -170,6 +170,8 @@ static void ddp_free(void *user) {
         clpar_dev_host_free_sync(b->dev, b->pin);
       }
     } else {
+      /* malloc'd memory the queue may still write the averages from */
+      if (b->buf && clpar_is_initialized()) clpar_worker_drain(b->dev);
       free(b->buf);
     }
     free(b->runs);
