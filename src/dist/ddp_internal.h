@@ -98,7 +98,7 @@ struct ddp_state {
   int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
   int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
   int zero_stage;    /* clpar_ddp_options.zero_stage: the hooks leave gradients alone (zero.c) */
-  void *zero;        /* stage 2: the clpar_zero_optimizer whose hook takes the gradients */
+  void *zero;        /* stage 2: its clpar_zero_optimizer (one per module) */
   void *zero3;       /* stage 3: the units and their shards (zero3.c) */
   void *zred;        /* stages 1 and 2: the buckets' reduce-scatter (zero_comm.c) */
   uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */

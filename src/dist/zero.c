@@ -220,8 +220,8 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
                            fn);
   if (st->zero)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "%s: ddp (zero_stage 2) has a ZeRO optimizer already; its backward "
-                           "hands the gradients to that one",
+                           "%s: ddp (zero_stage 2) has a ZeRO optimizer already, whose step "
+                           "spends the gradients backward reduces",
                            fn);
   clpar_zero_optimizer *z = calloc(1, sizeof *z);
   if (!z) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
