@@ -1,5 +1,6 @@
 /* test_checkpoint_zero.c — sharded checkpoints of ZeRO optimizers (checkpoint_zero.h), run by
- * tests/checkpoint_zero.sh for stage 1 and stage 2:
+ * tests/checkpoint_zero.sh for stages 1, 2 and 3 (ZeRO-3: the parameters are all-gathered to
+ * compare them, and each unit's shard of the state is checked with its padding):
  *
  *   save DIR STAGE   (2 ranks) trains an MLP of 1399 parameters (not divisible by 2, 3 or 4;
  *                    2.weight spans the two shards) with plain DDP and Adam for 3 steps and
@@ -167,6 +168,42 @@ static void expect_identical(clpar_module *a, clpar_optimizer *oa, clpar_module 
   }
 }
 
+/* z's parameters (ZeRO-3: all-gathered for the comparison, then released) against ref's. */
+static void expect_params(clpar_module *z, clpar_module *ref) {
+  if (stage == 3) tu_ok(clpar_zero_gather_parameters(z));
+  expect_identical(z, NULL, ref, NULL);
+  if (stage == 3) tu_ok(clpar_zero_release_parameters(z));
+}
+
+/* ZeRO-3: the units are the Linear layers (ref's parameters 2 u and 2 u + 1, weight then
+ * bias), each cut into world shards; the rank's shard of each unit's state, padding zeros
+ * included, equals the plain optimizer's state there. */
+static void expect_shard3(clpar_optimizer *inner, clpar_optimizer *ref_opt, int kinds) {
+  int world = clpar_dist_world_size(), rank = clpar_dist_rank();
+  for (int u = 0; u < 3; u++) {
+    assert_true(clpar_optimizer_steps_at(inner, u) == STEPS_BEFORE);
+    for (int k = 0; k < kinds; k++) {
+      clpar_tensor *w = clpar_optimizer_state_at(ref_opt, 2 * u, k),
+                   *b = clpar_optimizer_state_at(ref_opt, 2 * u + 1, k);
+      int64_t nw = clpar_tensor_numel(w), n = nw + clpar_tensor_numel(b);
+      int64_t shard = (n + world - 1) / world;
+      float *want = calloc((size_t)(shard * world), sizeof *want), *vw = tu_read(w),
+            *vb = tu_read(b);
+      memcpy(want, vw, (size_t)nw * sizeof *vw);
+      memcpy(want + nw, vb, (size_t)(n - nw) * sizeof *vb);
+      clpar_tensor *have_t = clpar_optimizer_state_at(inner, u, k);
+      assert_int_equal(clpar_tensor_numel(have_t), shard);
+      float *have = tu_read(have_t);
+      if (memcmp(want + rank * shard, have, (size_t)shard * sizeof *have) != 0)
+        fail_msg("rank %d: ZeRO-3 state %d of unit %d differs", rank, k, u);
+      free(want);
+      free(vw);
+      free(vb);
+      free(have);
+    }
+  }
+}
+
 /* The ZeRO optimizer's shard of the state equals the plain optimizer's state there. */
 static void expect_shard(clpar_zero_optimizer *zo, clpar_module *ref, clpar_optimizer *ref_opt) {
   int64_t lo, len;
@@ -180,6 +217,10 @@ static void expect_shard(clpar_zero_optimizer *zo, clpar_module *ref, clpar_opti
   int is_sgd = strcmp(clpar_optimizer_kind(inner), "SGD") == 0;
   assert_true(is_sgd ? got_sgd.lr == sgd.lr && got_sgd.nesterov == 1
                      : got.lr == adam.lr && got.eps == adam.eps);
+  if (stage == 3) {
+    expect_shard3(inner, ref_opt, is_sgd ? 1 : 2);
+    return;
+  }
   assert_true(clpar_optimizer_steps_at(inner, 0) == STEPS_BEFORE);
   for (int k = 0; k < (is_sgd ? 1 : 2); k++) {
     float *want = calloc(1400, sizeof *want),
@@ -249,7 +290,7 @@ static void test_load(void **state) {
   clpar_rng_state_get(&seed, &counter);
   assert_true(step == STEPS_BEFORE && epoch == 1);
   assert_true(seed == want_seed && counter == want_counter);
-  expect_identical(z, NULL, ref, NULL);
+  expect_params(z, ref);
   expect_shard(zo, ref, ref_opt);
   for (int k = 0; k < STEPS_AFTER; k++)
     expect_losses(zero_step(z, zo, STEPS_BEFORE + k), want[k], k, world == 2, "ZeRO");
@@ -291,17 +332,17 @@ static void test_load_file(void **state) {
   clpar_status s = clpar_checkpoint_load_sharded_zero(uneven, z, zo, NULL, NULL);
   if (s != CLPAR_ERROR_INVALID_ARGUMENT || !strstr(clpar_last_error(), "parameter 1 took 2"))
     fail_msg("%s \"%s\"", clpar_status_name(s), clpar_last_error());
-  expect_identical(z, NULL, fresh, NULL);
+  expect_params(z, fresh);
   assert_int_equal(clpar_checkpoint_load_sharded_zero(in_dir("full.ckpt", 0), z, zo, NULL, NULL),
                    CLPAR_OK);
-  expect_identical(z, NULL, ref, NULL);
+  expect_params(z, ref);
   expect_shard(zo, ref, ref_opt);
   unlink(uneven);
   /* another optimizer's state: refused */
   s = clpar_checkpoint_load_sharded_zero(in_dir("sgd%d", stage), z, zo, NULL, NULL);
   if (s != CLPAR_ERROR_INVALID_ARGUMENT || !strstr(clpar_last_error(), "holds the state of SGD"))
     fail_msg("%s \"%s\"", clpar_status_name(s), clpar_last_error());
-  expect_identical(z, NULL, ref, NULL);
+  expect_params(z, ref);
   clpar_zero_optimizer_free(zo);
   /* SGD with momentum: its momentum buffers and options */
   clpar_sgd_options other = sgd;
@@ -310,7 +351,7 @@ static void test_load_file(void **state) {
   tu_ok(clpar_checkpoint_load(in_dir("full_sgd.ckpt", 0), ref, ref_opt_sgd, NULL, NULL));
   tu_ok(clpar_zero_sgd_create(z, &other, &zo));
   tu_ok(clpar_checkpoint_load_sharded_zero(in_dir("sgd%d", stage), z, zo, NULL, NULL));
-  expect_identical(z, NULL, ref, NULL);
+  expect_params(z, ref);
   expect_shard(zo, ref, ref_opt_sgd);
   clpar_optimizer_free(ref_opt_sgd);
   clpar_zero_optimizer_free(zo);
@@ -339,8 +380,8 @@ static void test_consolidate(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4 || (atoi(argv[3]) != 1 && atoi(argv[3]) != 2)) {
-    fprintf(stderr, "usage: test_checkpoint_zero save|load|hostile DIR 1|2\n");
+  if (argc != 4 || atoi(argv[3]) < 1 || atoi(argv[3]) > 3) {
+    fprintf(stderr, "usage: test_checkpoint_zero save|load|hostile DIR 1|2|3\n");
     return 2;
   }
   dir = argv[2];

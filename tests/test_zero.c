@@ -13,15 +13,29 @@
 #include "internal.h"
 #include "test_util.h"
 
-enum { IN = 16, HIDDEN = 63, OUT = 5, BATCH = 24, STEPS = 5, NUMEL = 1391 };
+enum { IN = 16, HIDDEN = 63, OUT = 5, BATCH = 24, STEPS = 5, NUMEL = 1391, UNUSED = 7 };
+
+static int unused; /* the model has a parameter its forward never uses (find_unused_parameters) */
 
 /* Linear(IN, HIDDEN) ReLU Linear(HIDDEN, OUT): 1071 + 320 = 1391 parameters. */
 static clpar_module *make_mlp(uint64_t seed) {
-  return tu_mlp(clpar_dist_device(), seed, 3, (int64_t[]){IN, HIDDEN, OUT});
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *mlp = tu_mlp(dev, seed, 3, (int64_t[]){IN, HIDDEN, OUT});
+  if (unused) { /* a parameter the forward never reaches */
+    clpar_tensor *t;
+    tu_ok(clpar_tensor_rand_normal(dev, 1, (int64_t[]){UNUSED}, seed, 0, 1, &t));
+    tu_ok(clpar_module_add_parameter(mlp, "unused", t));
+    clpar_tensor_unscope(t);
+    clpar_tensor_free(t);
+  }
+  return mlp;
 }
 
+static double cap_mb = 0; /* the buckets' size (0: DDP's 25 MiB, one bucket here) */
+
 static clpar_module *make_ddp(int stage) {
-  clpar_ddp_options o = {.zero_stage = stage};
+  clpar_ddp_options o = {
+      .zero_stage = stage, .bucket_cap_mb = cap_mb, .find_unused_parameters = unused};
   clpar_module *ddp;
   /* seeded by rank: the broadcast from rank 0 makes them agree */
   tu_ok(clpar_ddp_create(make_mlp(100 + (uint64_t)clpar_dist_rank()), &o, &ddp));
@@ -33,9 +47,9 @@ static void forward_backward(clpar_module *m, int k) {
   tu_rank_mse_backward_rand(m, k, BATCH, IN, OUT);
 }
 
-/* Every parameter of m, in order, into a new host array of NUMEL floats. */
+/* Every parameter of m, in order, into a new host array of NUMEL floats (and UNUSED more). */
 static float *read_params(clpar_module *m) {
-  return tu_read_params(m, NUMEL);
+  return tu_read_params(m, NUMEL + (unused ? UNUSED : 0));
 }
 
 static const clpar_adam_options adam = {.lr = 0.01f, .weight_decay = 0.01f};
@@ -101,7 +115,7 @@ static void check_stage(int stage, int micro) {
   /* the sums of 2 ranks are the same in any order; with 4 an MPI may add in another order, and
    * accumulated micro-steps are summed before the average (DDP averages each) */
   float tol = clpar_dist_world_size() == 2 && micro == 1 ? 0.0f : 1e-5f;
-  tu_assert_close(got, want, NUMEL, tol, tol, "parameters after 5 steps");
+  tu_assert_close(got, want, NUMEL + (unused ? UNUSED : 0), tol, tol, "parameters after 5 steps");
   free(want);
   free(got);
 }
@@ -138,6 +152,64 @@ static void train_tiny(int stage, float p[3]) {
   int empty = tu_zero_train_tiny(stage, &adam, STEPS, p);
   if (stage && clpar_dist_world_size() == 4 && clpar_dist_rank() == 3)
     assert_true(empty); /* shards of 1: rank 3's is all padding */
+}
+
+/* Buckets of 1 KiB: four, two of which cross a shard boundary on 2 ranks (and more on 4), each
+ * reduce-scattered as backward makes it. */
+static void test_small_buckets_match_ddp(void **state) {
+  (void)state;
+  cap_mb = 1.0 / 1024;
+  check_stage(1, 1);
+  check_stage(2, 1);
+  check_stage(2, 2);
+  cap_mb = 0;
+}
+
+/* find_unused_parameters: a parameter the forward never reaches is counted ready with zeros
+ * in the first hook, as in plain DDP, so its bucket is reduce-scattered (one bucket, and
+ * small buckets where it has its own). */
+static void test_unused_parameter_matches_ddp(void **state) {
+  (void)state;
+  unused = 1;
+  for (int run = 0; run < 2; run++) {
+    cap_mb = run ? 1.0 / 1024 : 0;
+    check_stage(1, 1);
+    check_stage(2, 2);
+  }
+  unused = 0;
+  cap_mb = 0;
+}
+
+/* Backward under ZeRO-1 and 2 posts the copies of the gradients to host memory and leaves the
+ * reduce-scatters to the communication thread: the program's thread never waits for the
+ * device inside clpar_backward (clpar_device_host_waits unchanged), with one bucket and with
+ * several. */
+static void test_backward_waits_for_no_device(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_dist_device();
+  float *x = tu_rand(BATCH * IN, 11);
+  for (int run = 0; run < 4; run++) {
+    cap_mb = run % 2 ? 1.0 / 1024 : 0;
+    clpar_module *ddp = make_ddp(1 + run / 2);
+    clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
+    for (int step = 0; step < 2; step++) {
+      clpar_scope *scope = clpar_scope_begin();
+      clpar_tensor *xt, *out, *loss;
+      tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){BATCH / 2, IN}, x, &xt));
+      tu_ok(clpar_module_forward(ddp, xt, &out));
+      tu_ok(clpar_mean(out, &loss));
+      uint64_t before = clpar_device_host_waits(dev);
+      tu_ok(clpar_backward(loss));
+      assert_int_equal(clpar_device_host_waits(dev), before);
+      clpar_scope_end(scope);
+      tu_ok(clpar_zero_optimizer_step(opt));
+      tu_ok(clpar_zero_optimizer_zero_grad(opt));
+    }
+    clpar_zero_optimizer_free(opt);
+    clpar_module_free(ddp);
+  }
+  cap_mb = 0;
+  free(x);
 }
 
 /* Fewer parameters than shards: a rank whose shard is all padding steps nothing and still
@@ -314,6 +386,9 @@ int main(void) {
       cmocka_unit_test(test_adamw_and_sgd_momentum_match_ddp),
       cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
       cmocka_unit_test(test_tiny_model_with_empty_shards),
+      cmocka_unit_test(test_small_buckets_match_ddp),
+      cmocka_unit_test(test_backward_waits_for_no_device),
+      cmocka_unit_test(test_unused_parameter_matches_ddp),
       cmocka_unit_test(test_stage2_never_holds_the_whole_gradient),
       cmocka_unit_test(test_stage2_holds_each_gradient_once),
       cmocka_unit_test(test_refused_options),

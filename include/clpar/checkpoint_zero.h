@@ -20,17 +20,20 @@
 extern "C" {
 #endif
 
-/* clpar_checkpoint_save_sharded of ddp (zero_stage 1 or 2) and its ZeRO optimizer opt; a
- * collective of the job's ranks. Each parameter's state is written whole by the rank whose
- * shard holds its first element: that rank receives the rest of it from the ranks after it
- * in one MPI_Alltoallv per state tensor kind (only the parameters cut by a shard boundary
- * move), and the model's tensors are dealt out as clpar_checkpoint_save_sharded deals them.
- * Crash safety, the index and the agreement of every rank's status are
- * clpar_checkpoint_save_sharded's. The exchange runs with the job's deadline. */
+/* clpar_checkpoint_save_sharded of ddp (zero_stage 1, 2 or 3) and its ZeRO optimizer opt; a
+ * collective of the job's ranks. Stages 1 and 2: each parameter's state is written whole by
+ * the rank whose shard holds its first element: that rank receives the rest of it from the
+ * ranks after it in one MPI_Alltoallv per state tensor kind (only the parameters cut by a
+ * shard boundary move). Stage 3: the parameters are all-gathered for the save (and released
+ * after, unless clpar_zero_gather_parameters had gathered them), and each unit's state is
+ * all-gathered per kind; parameter i's state is written by rank i mod world. The model's
+ * tensors are dealt out as clpar_checkpoint_save_sharded deals them. Crash safety, the index
+ * and the agreement of every rank's status are clpar_checkpoint_save_sharded's. The exchange
+ * runs with the job's deadline. */
 CLPAR_API clpar_status clpar_checkpoint_save_sharded_zero(const char *dir, const clpar_module *ddp,
                                                           const clpar_zero_optimizer *opt,
                                                           int64_t step, int64_t epoch);
-/* Restores a checkpoint into ddp (zero_stage 1 or 2) and its ZeRO optimizer opt at any world
+/* Restores a checkpoint into ddp (zero_stage 1, 2 or 3) and its ZeRO optimizer opt at any world
  * size: dir is a sharded checkpoint's directory (saved by either save, at any world size) or
  * a training checkpoint file (clpar_checkpoint_save). Not a collective: each rank reads the
  * model whole and, of each state tensor, only the elements of its own shard. Checked as
@@ -38,7 +41,9 @@ CLPAR_API clpar_status clpar_checkpoint_save_sharded_zero(const char *dir, const
  * before anything changes; a ZeRO optimizer steps every parameter together, so a checkpoint
  * whose parameters have different step counts, or state for some parameters and not others,
  * is CLPAR_ERROR_INVALID_ARGUMENT naming them. The elements of the flat buffer that no
- * parameter covers take zero state. */
+ * parameter covers take zero state. Stage 3: each parameter is given its shape over zeros for
+ * the load (the unit's full size, on the device, for the duration of the call), then each
+ * unit's shard is taken from it and the parameters give their memory back. */
 CLPAR_API clpar_status clpar_checkpoint_load_sharded_zero(const char *dir, clpar_module *ddp,
                                                           clpar_zero_optimizer *opt, int64_t *step,
                                                           int64_t *epoch);

@@ -6,21 +6,29 @@
  *
  * The module's parameters are one flat buffer of numel floats (clpar_module_flatten), cut into
  * world_size shards of ceil(numel / world_size) floats (the last ones padded with zeros, so a
- * numel that does not divide is fine). No bucket is all-reduced in backward. The step
- * (1) reduce-scatters the whole gradient over MPI (MPI_Reduce_scatter_block through host
- * memory), so each rank holds the average of its shard; (2) steps the rank's shard of the
- * parameters in place with an inner optimizer (SGD, Adam or AdamW with PyTorch's rules) that
- * keeps state for that shard only, 1/world_size of what plain DDP keeps; (3) all-gathers the
- * shards (MPI_Allgather), so every rank ends with the parameters plain DDP gives.
+ * numel that does not divide is fine). Backward reduce-scatters the gradient as plain DDP
+ * all-reduces it: the buckets (bucket_cap_mb), each a range of the flat gradient, are taken by
+ * DDP's communication thread as their gradients become final, and reduced with
+ * MPI_Ireduce_scatter through host memory (each rank receives the part of the range in its
+ * shard), overlapped with the rest of backward; the backward thread only posts the copies to
+ * host memory and never waits for the device. Each rank keeps the average of its shard on the
+ * host. The step (1) writes that average into the shard's gradient; (2) steps the rank's shard
+ * of the parameters in place with an inner optimizer (SGD, Adam or AdamW with PyTorch's rules)
+ * that keeps state for that shard only, 1/world_size of what plain DDP keeps; (3) all-gathers
+ * the shards (MPI_Allgather), so every rank ends with the parameters plain DDP gives.
  *
- * Stage 1 keeps the flat gradient on the device, as plain DDP: backward accumulates into it,
- * the step reads it whole and writes the averaged shard into its slice. Stage 2 frees the flat
- * gradient when the module is made: backward gives each parameter a gradient of its own, and
- * the module's gradient hook (autograd.h) reads it into the optimizer's host buffer (adding to
- * what an earlier backward of the same step left) and frees it at once, so the device holds at
- * most the rank's averaged shard and the gradients backward is making, never all of them
- * (DeepSpeed's 4Ψ + 12Ψ/N in fp32, plus activations). The parameters' grad is then NULL after
- * backward; read gradients (to clip them, say) with stage 1.
+ * Stage 1 keeps the flat gradient on the device, as plain DDP: backward accumulates into it
+ * (each synchronized backward reduces what it holds, so two backwards before a step sum as in
+ * DDP), and the step writes the averaged shard into its slice; the rest of the flat gradient
+ * holds this rank's own, unreduced gradients. Stage 2 frees the flat gradient when the module
+ * is made: backward gives each parameter a gradient of its own, and the module's gradient hook
+ * (autograd.h) posts its copy into the bucket's host memory and frees it at once (the device's
+ * queue runs the copy first), so the device holds at most the rank's averaged shard and the
+ * gradients backward is making, never all of them (DeepSpeed's 4Ψ + 12Ψ/N in fp32, plus
+ * activations); a second backward before the step adds into the averaged shard. The
+ * parameters' grad is then NULL after backward; read gradients (to clip them, say) with stage
+ * 1. clpar_ddp_set_sync(0) makes backward keep the gradients on the device, unreduced, as in
+ * plain DDP, and find_unused_parameters works as there.
  *
  * Every collective runs with the job's deadline (clpar_dist_timeout): a rank that dies or hangs
  * makes the others' step fail with CLPAR_ERROR_TIMEOUT naming it and the collective.
@@ -39,10 +47,11 @@
  * The step only steps the shards. The module's parameter tensors keep their names but give up
  * their memory: each is a [1] tensor holding NaN, until clpar_zero_gather_parameters.
  *
- * Limits of this version: the collectives run in the forward and the backward that need them
- * (no prefetch of the next unit, no overlap), through host memory over MPI (not NCCL); the
- * module must live on one device, all float32; stages 1 and 2 reduce-scatter in the step;
- * stage 3 refuses find_unused_parameters and a parameter shared by two units of zero_units.
+ * Limits of this version: every stage reduces through host memory over MPI, also on CUDA
+ * devices (not NCCL); stage 3's collectives run in the forward and the backward that need them
+ * (blocking copies, no prefetch of the next unit, no overlap); the module must live on one
+ * device, all float32; stage 3 refuses find_unused_parameters and a parameter shared by two
+ * units of zero_units.
  * Dropout inside a unit replays in the recompute the draws of the forward (same masks). */
 #ifndef CLPAR_ZERO_H
 #define CLPAR_ZERO_H
@@ -70,10 +79,13 @@ CLPAR_API clpar_status clpar_zero_adam_create(clpar_module *ddp, const clpar_ada
                                               clpar_zero_optimizer **out);
 CLPAR_API clpar_status clpar_zero_adamw_create(clpar_module *ddp, const clpar_adam_options *options,
                                                clpar_zero_optimizer **out);
-/* Collective: reduce-scatter, the shard's step, all-gather (above). Waits for the device. */
+/* Collective: the averaged shard from backward into the shard's gradient, the shard's step,
+ * all-gather (above). Waits for the device. CLPAR_ERROR_NO_GRADIENT when no backward gave a
+ * gradient (stage 2: since the last step) or the last one left a parameter without one. */
 CLPAR_API clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *opt);
-/* Stage 1: zeroes the module's flat gradient; stage 2: forgets the gradients gathered on the
- * host since the last step (and frees any a backward left on the device). */
+/* Stage 1: zeroes the module's flat gradient and the averaged shard; stage 2: forgets the
+ * averaged shard backward made since the last step (and frees any gradient a backward left on
+ * the device). */
 CLPAR_API clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *opt);
 /* The inner optimizer over this rank's shard (a [len] tensor viewing the flat parameters at
  * offset; stage 3: one tensor per unit, its shard), for learning-rate schedules and

@@ -136,6 +136,7 @@ static void ddp_free(void *user) {
   }
   if (st->nccl) clpar_ddp_nccl_free(st);
   clpar_zero3_free(st);
+  clpar_zero_comm_free(st);
   for (int i = 0; i < st->n_params; i++) {
     ddp_param *p = &st->params[i];
     if (p->param) {
@@ -158,6 +159,7 @@ static void ddp_free(void *user) {
   if (st->abandoned) return;
   for (int k = 0; k < st->n_buckets; k++) {
     ddp_bucket *b = &st->buckets[k];
+    if (b->read_done && clpar_is_initialized()) clpar_event_sync(b->read_done); /* calls back */
     clpar_event_release(b->read_done);
     clpar_tensor_release(b->grad_ref);
     if (b->pin) {
@@ -168,6 +170,8 @@ static void ddp_free(void *user) {
         clpar_dev_host_free_sync(b->dev, b->pin);
       }
     } else {
+      /* malloc'd memory the queue may still write the averages from */
+      if (b->buf && clpar_is_initialized()) clpar_worker_drain(b->dev);
       free(b->buf);
     }
     free(b->runs);
@@ -461,11 +465,13 @@ static clpar_status make_state(clpar_module *module, const clpar_ddp_options *o,
   st->sync_buffers = 1;
   if (s == CLPAR_OK)
     s = clpar_ddp_agree(st, clpar_ddp_make_buckets(st, cap_mb), "clpar_ddp_create");
-  if (s == CLPAR_OK && st->zero_stage) /* the step's reduce-scatter runs over MPI */
+  if (s == CLPAR_OK && st->zero_stage) /* the reduce-scatters run over MPI */
     snprintf(st->backend_why, sizeof st->backend_why, "ZeRO reduces over MPI (zero_stage %d)",
              st->zero_stage);
   else if (s == CLPAR_OK)
     s = clpar_ddp_choose_backend(st); /* collective: every rank alike */
+  if (s == CLPAR_OK && (st->zero_stage == 1 || st->zero_stage == 2))
+    s = clpar_ddp_agree(st, clpar_zero_comm_setup(st), "clpar_ddp_create");
   if (s == CLPAR_OK && st->zero_stage == 2) clpar_zero_release_grads(st);
   if (s == CLPAR_OK && !st->nccl && !st->zero_stage)
     s = clpar_ddp_agree(st, clpar_ddp_alloc_host_buffers(st), "clpar_ddp_create");
@@ -509,13 +515,20 @@ clpar_status clpar_ddp_create(clpar_module *module, const clpar_ddp_options *opt
     return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED,
                            "clpar_ddp_create: call clpar_dist_init first");
   }
-  if (options && (options->zero_stage < 0 || options->zero_stage > 3 ||
-                  (options->zero_stage == 3 && options->find_unused_parameters))) {
+  if (options && (options->zero_stage < 0 || options->zero_stage > 3)) {
     clpar_module_free(module);
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1, 2 or 3 "
-                           "(3 without find_unused_parameters)",
+                           "clpar_ddp_create: zero_stage is %d; it is 0 (plain DDP), 1, 2 or 3",
                            options->zero_stage);
+  }
+  if (options && options->zero_stage == 3 && options->find_unused_parameters) {
+    clpar_module_free(module);
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_ddp_create: zero_stage is 3 with find_unused_parameters, which "
+                           "ZeRO-3 cannot serve: each unit's gradient is reduce-scattered in "
+                           "that unit's backward, so a unit one rank's forward skipped would "
+                           "leave the ranks' collectives unmatched (every unit must take part "
+                           "in the loss; stages 1 and 2 take find_unused_parameters)");
   }
   if (options && !(options->bucket_cap_mb >= 0)) {
     clpar_module_free(module);

@@ -23,11 +23,25 @@ void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what) {
 
 /* ---- the communication thread ---- */
 
+/* The reads of the buckets of every module complete under this lock; each bucket's
+ * communication thread waits on the condition for its own flag. The device's worker sets the
+ * flag (clpar_event_then), so that waiting counts as no host wait of the program. */
+static pthread_mutex_t read_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t read_cv = PTHREAD_COND_INITIALIZER;
+
+static void read_complete(void *user) {
+  ddp_bucket *b = user;
+  pthread_mutex_lock(&read_lock);
+  b->read_seen = 1;
+  pthread_cond_broadcast(&read_cv);
+  pthread_mutex_unlock(&read_lock);
+}
+
 /* On the backward thread, when the bucket's last gradient is final: posts its reads into the
  * bucket's (pinned) host memory on the device's queue, right after the work that computes
  * those gradients and before the rest of backward, and an event the communication thread
  * waits for. Nothing here waits for the device. */
-static void post_reads(ddp_state *st, ddp_bucket *b) {
+void clpar_ddp_post_reads(ddp_state *st, ddp_bucket *b) {
   clpar_ddp_make_runs(st, b);
   clpar_status s = CLPAR_OK;
   size_t bytes = 0;
@@ -38,6 +52,8 @@ static void post_reads(ddp_state *st, ddp_bucket *b) {
     bytes += (size_t)r->numel * sizeof(float);
   }
   if (s == CLPAR_OK) s = clpar_event_record(b->dev, &b->read_done);
+  b->read_seen = 0;
+  b->watched = s == CLPAR_OK && clpar_event_then(b->read_done, read_complete, b) == CLPAR_OK;
   if (s != CLPAR_OK) {
     clpar_ddp_record_error(st, s, "posting the copy of a bucket's gradients to host memory");
     clpar_worker_drain(b->dev); /* no read posted may write b->buf after this */
@@ -51,8 +67,12 @@ static void post_reads(ddp_state *st, ddp_bucket *b) {
  * averaged, and posted back, one write per run straight from the buffer: the device's queue
  * runs them before the next backward's reads into the same memory. A rank whose copy failed
  * still takes part in the all-reduce (with zeros), so that no rank waits. */
-static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
-  double t0 = clpar_clock_seconds();
+clpar_status clpar_ddp_take_reads(ddp_state *st, ddp_bucket *b) {
+  if (!b->read_failed && b->watched) {
+    pthread_mutex_lock(&read_lock);
+    while (!b->read_seen) pthread_cond_wait(&read_cv, &read_lock);
+    pthread_mutex_unlock(&read_lock);
+  }
   clpar_status s = b->read_failed ? CLPAR_ERROR_BACKEND : clpar_event_sync(b->read_done);
   if (s == CLPAR_OK) s = clpar_worker_take_error(b->dev);
   clpar_event_release(b->read_done);
@@ -64,9 +84,24 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
   }
   for (int i = b->first; i < b->first + b->count; i++) {
     ddp_param *p = &st->params[i];
-    if (p->unused || !p->param->grad)
-      memset(b->buf + p->offset, 0, (size_t)p->numel * sizeof(float));
+    int none = st->zero_stage == 2 ? !p->posted : !p->param->grad;
+    if (p->unused || none) memset(b->buf + p->offset, 0, (size_t)p->numel * sizeof(float));
   }
+  return s;
+}
+
+void clpar_ddp_add_times(ddp_state *st, ddp_bucket *b, const double t[4]) {
+  pthread_mutex_lock(&st->lock);
+  st->stats.read_seconds += t[1] - t[0];
+  st->stats.allreduce_seconds += t[2] - t[1];
+  st->stats.write_seconds += t[3] - t[2];
+  if (b == &st->buckets[st->n_buckets - 1]) st->stats.exposed_seconds += t[3] - t[1];
+  pthread_mutex_unlock(&st->lock);
+}
+
+static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
+  double t0 = clpar_clock_seconds();
+  clpar_status s = clpar_ddp_take_reads(st, b);
   double t1 = clpar_clock_seconds();
   char what[120];
   snprintf(what, sizeof what, "DistributedDataParallel's all-reduce of bucket %d (%lld floats)",
@@ -107,13 +142,8 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
     for (int i = b->first; i < b->first + b->count; i++)
       if (st->params[i].unused && st->params[i].param->grad) st->params[i].param->grad_defined = 1;
   }
-  double t3 = clpar_clock_seconds();
-  pthread_mutex_lock(&st->lock);
-  st->stats.read_seconds += t1 - t0;
-  st->stats.allreduce_seconds += t2 - t1;
-  st->stats.write_seconds += t3 - t2;
-  if (b == &st->buckets[st->n_buckets - 1]) st->stats.exposed_seconds += t3 - t1;
-  pthread_mutex_unlock(&st->lock);
+  double t[4] = {t0, t1, t2, clpar_clock_seconds()};
+  clpar_ddp_add_times(st, b, t);
 }
 
 void *clpar_ddp_comm_thread(void *arg) {
@@ -130,7 +160,10 @@ void *clpar_ddp_comm_thread(void *arg) {
     ddp_bucket *b = &st->buckets[st->next];
     st->busy = 1;
     pthread_mutex_unlock(&st->lock);
-    reduce_bucket(st, b);
+    if (st->zero_stage)
+      clpar_zero_reduce_bucket(st, b); /* a reduce-scatter (zero_comm.c) */
+    else
+      reduce_bucket(st, b);
     pthread_mutex_lock(&st->lock);
     st->busy = 0;
     st->next++;
@@ -142,10 +175,10 @@ void *clpar_ddp_comm_thread(void *arg) {
 
 /* Back to "no gradient ready" for the next backward; st->lock held, the thread idle. */
 void clpar_ddp_reset_step(ddp_state *st) {
-  for (int i = 0; i < st->n_params; i++) st->params[i].ready = 0;
+  for (int i = 0; i < st->n_params; i++) st->params[i].ready = st->params[i].posted = 0;
   for (int k = 0; k < st->n_buckets; k++) {
     ddp_bucket *b = &st->buckets[k];
-    b->ready = b->complete = b->read_failed = 0;
+    b->ready = b->complete = b->read_failed = b->watched = 0;
     b->pending = b->count;
     clpar_event_release(b->read_done);
     b->read_done = NULL;
@@ -170,14 +203,16 @@ void clpar_ddp_grad_ready(clpar_tensor *t, void *user) {
   (void)t;
   ddp_param *p = user;
   ddp_state *st = p->st;
-  if (st->zero_stage) { /* ZeRO reduces in its step; stage 2 takes the gradient off here */
-    if (st->zero_stage == 2) clpar_zero_grad_ready(st, p);
-    return;
-  }
+  if (st->zero_stage == 3) return; /* its units reduce-scatter in their backward */
   pthread_mutex_lock(&st->lock);
   if (p->ready || st->no_sync) {
     pthread_mutex_unlock(&st->lock);
     return;
+  }
+  if (st->zero_stage == 2) { /* its gradient to the bucket's memory and off the device */
+    pthread_mutex_unlock(&st->lock);
+    clpar_zero_take_grad(st, p);
+    pthread_mutex_lock(&st->lock);
   }
   if (st->unused_armed) {
     st->unused_armed = 0;
@@ -194,7 +229,7 @@ void clpar_ddp_grad_ready(clpar_tensor *t, void *user) {
     ddp_bucket *b = &st->buckets[k];
     if (!b->complete || b->ready) continue;
     pthread_mutex_unlock(&st->lock); /* posting takes no lock of ours; the thread goes on */
-    post_reads(st, b);
+    clpar_ddp_post_reads(st, b);
     pthread_mutex_lock(&st->lock);
     b->ready = 1;
     st->n_ready++;

@@ -23,6 +23,7 @@ typedef struct {
   int64_t numel;
   int ready;  /* its gradient is final in the current backward */
   int unused; /* find_unused_parameters: the last forward's graph does not reach it */
+  int posted; /* ZeRO-2: its gradient's read into the bucket is posted in this backward */
 } ddp_param;
 
 /* Gradients of consecutive parameters of a bucket that lie next to each other in one device
@@ -47,6 +48,9 @@ typedef struct {
   int pending;            /* parameters still to become ready in this backward */
   int complete;           /* pending reached 0 (the backward thread's own flag) */
   int ready;              /* its reads are posted: the communication thread may take it */
+  int watched;            /* read_done calls back when complete (else the thread syncs on it) */
+  int read_seen;          /* that call came (under ddp_comm.c's read lock) */
+  int64_t flat_lo;        /* ZeRO-1/2: buf[0]'s place in the flat gradient (zero_comm.c) */
   /* NCCL (src/dist/ddp_nccl.c): the bucket's range of the flat gradient, fixed at creation,
    * all-reduced there in place; grad_ref keeps that memory alive */
   clpar_tensor *grad_ref;
@@ -94,8 +98,9 @@ struct ddp_state {
   int unused_armed;  /* the last forward found unused parameters: the first hook marks them */
   int uneven_inputs; /* clpar_ddp_options.uneven_inputs: each forward all-reduces a flag */
   int zero_stage;    /* clpar_ddp_options.zero_stage: the hooks leave gradients alone (zero.c) */
-  void *zero;        /* stage 2: the clpar_zero_optimizer whose hook takes the gradients */
+  void *zero;        /* stage 2: its clpar_zero_optimizer (one per module) */
   void *zero3;       /* stage 3: the units and their shards (zero3.c) */
+  void *zred;        /* stages 1 and 2: the buckets' reduce-scatter (zero_comm.c) */
   uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
   int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
   clpar_status ended_status;
@@ -129,6 +134,14 @@ void clpar_ddp_record_error(ddp_state *st, clpar_status s, const char *what);
 /* Collective: CLPAR_OK when every rank's mine is; else every rank fails with the message of
  * the lowest rank that failed, prefixed by what. */
 clpar_status clpar_ddp_agree(ddp_state *st, clpar_status mine, const char *what);
+/* On the backward thread: posts the reads of the bucket's gradients into its host memory and
+ * the event the communication thread waits for; nothing here waits for the device. */
+void clpar_ddp_post_reads(ddp_state *st, ddp_bucket *b);
+/* On the communication thread: waits for the bucket's reads (without a counted host wait when
+ * the event calls back), zeros what no gradient filled; a failed read zeros the bucket. */
+clpar_status clpar_ddp_take_reads(ddp_state *st, ddp_bucket *b);
+/* The bucket's seconds reading, reducing and writing back (t[0] .. t[3]) into the stats. */
+void clpar_ddp_add_times(ddp_state *st, ddp_bucket *b, const double t[4]);
 /* The bucket's runs of adjacent gradients, as its parameters' gradients are now. */
 void clpar_ddp_make_runs(ddp_state *st, ddp_bucket *b);
 
@@ -138,12 +151,23 @@ ddp_state *clpar_ddp_state_of(const clpar_module *m);
 /* ---- ZeRO (zero.c) ---- */
 
 /* Stage 2: frees the flat gradient and the parameters' views of it (backward then gives each
- * parameter a gradient of its own, which the hook below takes off the device). */
+ * parameter a gradient of its own, which the hook takes off the device). */
 void clpar_zero_release_grads(ddp_state *st);
-/* Stage 2, the gradient hook of parameter p (the backward thread): its gradient is added into
- * the optimizer's host buffer and freed. Nothing without an optimizer yet (its step then
- * takes what is left). */
-void clpar_zero_grad_ready(ddp_state *st, ddp_param *p);
+
+/* Stages 1 and 2 (zero_comm.c), at creation: each bucket's host memory laid out as its range
+ * of the flat gradient, and the rank's averaged shard. */
+clpar_status clpar_zero_comm_setup(ddp_state *st);
+void clpar_zero_comm_free(ddp_state *st);
+/* Stage 2, the hook of p (backward thread): posts the read of its gradient into its bucket's
+ * memory and frees the gradient (the device's queue runs the read first). */
+void clpar_zero_take_grad(ddp_state *st, ddp_param *p);
+/* The communication thread: the bucket reduce-scattered over the ranks; this rank's part,
+ * averaged, into the rank's shard (stage 1: replacing, stage 2: adding). */
+void clpar_zero_reduce_bucket(ddp_state *st, ddp_bucket *b);
+/* The rank's averaged shard (shard floats) and whether a backward reduced into it since
+ * clpar_zero_comm_reset; the communication thread idle. */
+float *clpar_zero_comm_shard(ddp_state *st, int *have);
+void clpar_zero_comm_reset(ddp_state *st);
 
 /* Stage 3, once the parameters are broadcast: wraps the units of *module (the children of the
  * module named units, or of *module; *module is replaced by the root unit's wrapper when
@@ -158,6 +182,15 @@ int clpar_zero3_shards(ddp_state *st, clpar_tensor **out);
 int clpar_zero3_has_grad(ddp_state *st);
 /* Stage 3: parameters that clpar_zero_gather_parameters gave values give their memory back. */
 void clpar_zero3_release(ddp_state *st);
+/* Stage 3, for checkpoints (src/io/checkpoint_zero3.c): the unit holding parameter t (-1 for
+ * none) and t's first float in the unit's flat vector; unit k's floats and shard; whether the
+ * parameters hold values now; every parameter given its shape over zeros (not collective;
+ * clpar_zero3_release undoes it); each unit's shard set from its parameters' values. */
+int clpar_zero3_locate(ddp_state *st, const clpar_tensor *t, int64_t *at);
+int64_t clpar_zero3_unit_size(ddp_state *st, int k, int64_t *shard);
+int clpar_zero3_gathered(ddp_state *st);
+clpar_status clpar_zero3_materialize(ddp_state *st, const char *fn);
+clpar_status clpar_zero3_store_shards(ddp_state *st, const char *fn);
 
 /* ---- the communication thread and the hooks (ddp_comm.c) ---- */
 

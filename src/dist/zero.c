@@ -1,12 +1,12 @@
 /* zero.c — the sharded optimizer of ZeRO stages 1 and 2 (include/clpar/zero.h) on a
- * DistributedDataParallel module made with zero_stage 1 or 2, whose gradient hooks then reduce
- * nothing (ddp_comm.c). The flat parameters (one flat leaf: the module on one device, float32)
- * are cut into world shards of ceil(numel / world) floats. The whole gradient is gathered into
- * a host buffer of world shards (the tail zero-padded): stage 1 reads the flat gradient in the
- * step; stage 2 has no flat gradient, and its hook reads each parameter's gradient into its
- * place as backward makes it and frees it. The buffer is reduce-scattered and averaged, the
- * rank's shard stepped in place by an inner optimizer over a view of the flat parameters, and
- * the shards all-gathered back into the flat parameters. */
+ * DistributedDataParallel module made with zero_stage 1 or 2, whose buckets backward
+ * reduce-scatters into the rank's averaged shard on the host (zero_comm.c). The flat parameters
+ * (one flat leaf: the module on one device, float32) are cut into world shards of
+ * ceil(numel / world) floats. The step writes the averaged shard into the shard's gradient
+ * (stage 1: a view of the flat gradient; stage 2: memory of its own), steps the rank's shard in
+ * place with an inner optimizer over a view of the flat parameters, and all-gathers the shards
+ * back into the flat parameters. Stage 3's step (the units reduce-scatter in their backward,
+ * zero3.c) is the inner optimizer's alone. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,30 +73,21 @@ struct clpar_zero_optimizer {
   /* stage 1: a view of flat's grad at lo, len; stage 2: memory of its own */
   clpar_tensor *gshard;
   clpar_optimizer *inner;
-  float *host;   /* world * shard floats: the gradient, then the gathered parameters */
-  float *mine;   /* shard floats: the averaged shard, then this rank's parameters */
+  float *host;   /* world * shard floats: the gathered parameters */
+  float *mine;   /* shard floats: this rank's parameters */
   int abandoned; /* a collective timed out: MPI may still write host and mine */
-  /* stage 2: filled[i]: st->params[i]'s gradient is in host since the last step (a second
-   * backward adds into it); have: some is; the hook's first error and its message */
-  unsigned char *filled;
-  int have;
-  clpar_status hook_error;
-  char hook_message[MESSAGE_SIZE];
 };
 
-static clpar_status zero_mpi(clpar_zero_optimizer *z, int gather, const char *what) {
+/* Every rank's shard of the parameters (mine) into host, with the job's deadline. */
+static clpar_status all_gather(clpar_zero_optimizer *z, const char *what) {
   ddp_state *st = z->st;
   if (clpar_dist_check_broken()) return CLPAR_ERROR_TIMEOUT;
   int count = (int)z->shard;
-  clpar_status s = clpar_dist_debug_check(st->comm, what, st->seq + 1,
-                                          (int64_t)z->shard * (gather ? 1 : z->world) * 4);
+  clpar_status s = clpar_dist_debug_check(st->comm, what, st->seq + 1, (int64_t)z->shard * 4);
   if (s != CLPAR_OK) return s;
   MPI_Request req = MPI_REQUEST_NULL;
   clpar_mpi_lock();
-  int rc =
-      gather
-          ? MPI_Iallgather(z->mine, count, MPI_FLOAT, z->host, count, MPI_FLOAT, st->comm, &req)
-          : MPI_Ireduce_scatter_block(z->host, z->mine, count, MPI_FLOAT, MPI_SUM, st->comm, &req);
+  int rc = MPI_Iallgather(z->mine, count, MPI_FLOAT, z->host, count, MPI_FLOAT, st->comm, &req);
   clpar_mpi_unlock();
   s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, ++st->seq) : clpar_mpi_error(rc, what);
   if (s == CLPAR_ERROR_TIMEOUT) z->abandoned = st->abandoned = 1;
@@ -229,14 +220,11 @@ static clpar_status create(clpar_module *ddp, int kind, const void *options, con
                            fn);
   if (st->zero)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "%s: ddp (zero_stage 2) has a ZeRO optimizer already; its backward "
-                           "hands the gradients to that one",
+                           "%s: ddp (zero_stage 2) has a ZeRO optimizer already, whose step "
+                           "spends the gradients backward reduces",
                            fn);
   clpar_zero_optimizer *z = calloc(1, sizeof *z);
-  if (!z || !(z->filled = calloc((size_t)st->n_params, 1))) {
-    free(z);
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  }
+  if (!z) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   z->st = st;
   z->stage = st->zero_stage;
   z->world = st->world;
@@ -296,79 +284,44 @@ void clpar_zero_release_grads(ddp_state *st) {
   }
 }
 
-/* Stage 2: parameter i's gradient into its place in host (added when a backward since the
- * last step put one there already), then off the device. */
-static clpar_status take_gradient(clpar_zero_optimizer *z, int i) {
-  clpar_tensor *t = z->st->params[i].param, *g = t->grad;
-  size_t n = (size_t)t->numel;
-  float *dst = z->host + (t->offset - z->flat->offset), *tmp = NULL;
-  if (z->filled[i] && !(tmp = malloc(n * sizeof(float))))
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "ZeRO: out of host memory");
-  clpar_status s = clpar_tensor_read(g, tmp ? tmp : dst, n);
-  for (size_t k = 0; s == CLPAR_OK && tmp && k < n; k++) dst[k] += tmp[k];
-  free(tmp);
-  if (s != CLPAR_OK) return s;
-  z->filled[i] = 1;
-  z->have = 1;
-  clpar_tensor_release(g);
-  t->grad = NULL;
-  t->grad_defined = 0;
-  return CLPAR_OK;
-}
-
-void clpar_zero_grad_ready(ddp_state *st, ddp_param *p) {
-  clpar_zero_optimizer *z = st->zero;
-  if (!z || !p->param->grad) return;
-  clpar_status s = take_gradient(z, (int)(p - st->params));
-  if (s != CLPAR_OK && z->hook_error == CLPAR_OK) {
-    z->hook_error = s;
-    snprintf(z->hook_message, sizeof z->hook_message, "%s", clpar_last_error());
-  }
-}
-
-/* The whole gradient in host: stage 1 reads the flat gradient; stage 2 takes what backward's
- * hooks left and zeros where no gradient came. */
-static clpar_status gather_gradient(clpar_zero_optimizer *z, const char *fn) {
-  clpar_tensor *g = z->flat->grad;
-  if (z->stage == 1)
-    return g ? clpar_tensor_read(g, z->host, (size_t)z->numel)
-             : clpar_set_error(CLPAR_ERROR_NO_GRADIENT, "%s: the module has no gradient", fn);
+/* What backward's reduction left: the communication thread's error, a backward that left a
+ * parameter without its gradient, or no gradient at all. */
+static clpar_status reduction_status(clpar_zero_optimizer *z, int have, const char *fn) {
+  ddp_state *st = z->st;
   clpar_status s = CLPAR_OK;
-  for (int i = 0; i < z->st->n_params; i++) {
-    clpar_tensor *t = z->st->params[i].param;
-    if (t->grad && s == CLPAR_OK) s = take_gradient(z, i);
-    if (!z->filled[i])
-      memset(z->host + (t->offset - z->flat->offset), 0, (size_t)t->numel * sizeof(float));
+  pthread_mutex_lock(&st->lock);
+  while (st->busy) pthread_cond_wait(&st->cv, &st->lock);
+  if (st->error != CLPAR_OK) {
+    s = clpar_set_error(st->error, "%s", st->message);
+    st->error = CLPAR_OK;
   }
-  if (s == CLPAR_OK && z->hook_error != CLPAR_OK)
-    s = clpar_set_error(z->hook_error, "%s", z->hook_message);
-  if (s == CLPAR_OK && !z->have)
+  int any = 0, missing = -1; /* ready flags are reset once the last bucket is reduced */
+  for (int i = 0; i < st->n_params; i++) {
+    any |= st->params[i].ready;
+    if (!st->params[i].ready && missing < 0) missing = i;
+  }
+  if (s == CLPAR_OK && any)
+    s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
+                        "%s: the last backward gave no gradient to parameter %s, so its bucket "
+                        "was never reduced (every parameter must take part in the loss)",
+                        fn, st->params[missing].name);
+  pthread_mutex_unlock(&st->lock);
+  if (s == CLPAR_OK && z->stage == 1 && !z->flat->grad)
+    s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT, "%s: the module has no gradient", fn);
+  if (s == CLPAR_OK && z->stage == 2 && !have)
     s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
                         "%s: no backward gave the module a gradient since the last step", fn);
   return s;
 }
 
-/* Stage 2: the next backward starts the gradient afresh. */
-static void reset_gradient(clpar_zero_optimizer *z) {
-  memset(z->filled, 0, (size_t)z->st->n_params);
-  z->have = 0;
-  z->hook_error = CLPAR_OK;
-}
-
-/* The average of this rank's shard of the gradient into gshard. */
+/* The rank's averaged shard, which backward reduce-scattered (zero_comm.c), into gshard. */
 static clpar_status reduce_gradient(clpar_zero_optimizer *z) {
   const char *fn = "clpar_zero_optimizer_step";
-  clpar_status s = gather_gradient(z, fn);
-  /* a rank without its gradient takes part with zeros (the collectives stay in step) and
-   * fails every rank at the agreement before the all-gather */
-  if (s != CLPAR_OK) memset(z->host, 0, (size_t)z->numel * sizeof(float));
-  clpar_status mpi = zero_mpi(z, 0, "clpar_zero_optimizer_step: reduce-scatter of the gradients");
-  if (mpi != CLPAR_OK) return mpi;
-  if (s != CLPAR_OK) return s;
-  float inv = 1.0f / (float)z->world;
-  for (int64_t i = 0; i < z->len; i++) z->mine[i] *= inv;
-  if (z->len > 0 && z->stage == 1) s = bind_grad_shard(z);
-  if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_write(z->gshard, z->mine, (size_t)z->len);
+  int have = 0;
+  float *acc = clpar_zero_comm_shard(z->st, &have);
+  clpar_status s = reduction_status(z, have, fn);
+  if (s == CLPAR_OK && z->len > 0 && z->stage == 1) s = bind_grad_shard(z);
+  if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_write(z->gshard, acc, (size_t)z->len);
   return s;
 }
 
@@ -377,13 +330,14 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_zero_optimizer_step: opt is NULL");
   if (z->stage == 3) return step_stage3(z);
   clpar_status s = reduce_gradient(z);
-  if (z->stage == 2) reset_gradient(z);
-  if (s == CLPAR_ERROR_TIMEOUT || z->abandoned) return s;
+  if (s == CLPAR_ERROR_TIMEOUT || z->abandoned || z->st->abandoned) return s;
   if (s == CLPAR_OK && z->len > 0) s = clpar_optimizer_step(z->inner);
   memset(z->mine, 0, (size_t)z->shard * sizeof(float));
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_read(z->pshard, z->mine, (size_t)z->len);
+  /* stage 2's gradients are spent (the read above waited for the write of acc) */
+  if (z->stage == 2) clpar_zero_comm_reset(z->st);
   s = agree(z->st, s, "clpar_zero_optimizer_step");
-  if (s == CLPAR_OK) s = zero_mpi(z, 1, "clpar_zero_optimizer_step: all-gather of the parameters");
+  if (s == CLPAR_OK) s = all_gather(z, "clpar_zero_optimizer_step: all-gather of the parameters");
   if (s == CLPAR_OK) s = clpar_tensor_write(z->flat, z->host, (size_t)z->numel);
   return s;
 }
@@ -392,10 +346,10 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_zero_optimizer_zero_grad: opt is NULL");
-  if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
   if (z->stage == 3) return clpar_optimizer_zero_grad(z->inner);
-  clpar_zero_release_grads(z->st); /* any a backward left before the optimizer took them */
-  reset_gradient(z);
+  clpar_zero_comm_reset(z->st); /* the step's read waited for its write from there */
+  if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
+  clpar_zero_release_grads(z->st); /* any a no_sync backward left on the device */
   return CLPAR_OK;
 }
 
@@ -419,7 +373,6 @@ void clpar_zero_optimizer_free(clpar_zero_optimizer *z) {
     free(z->host);
     free(z->mine);
   }
-  free(z->filled);
   free(z);
 }
 

@@ -29,57 +29,11 @@
 #include "clpar/zero.h"
 #include "internal.h"
 
-#ifndef CLPAR_HAVE_MPI
+#ifdef CLPAR_HAVE_MPI
 
-clpar_status clpar_zero_gather_parameters(clpar_module *ddp) {
-  (void)ddp;
-  return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                         "clpar_zero_gather_parameters: clpar was "
-                         "built without MPI (CMake option CLPAR_MPI)");
-}
-clpar_status clpar_zero_release_parameters(clpar_module *ddp) {
-  (void)ddp;
-  return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                         "clpar_zero_release_parameters: clpar was "
-                         "built without MPI (CMake option CLPAR_MPI)");
-}
-
-#else
-
-#include "dist/ddp_internal.h"
+#include "dist/zero3_internal.h"
 
 #define UNIT_TYPE "FSDPUnit"
-
-typedef struct {
-  clpar_tensor *param; /* the module's tensor, retained */
-  int ndim;            /* its shape while it held its values */
-  int64_t shape[CLPAR_MAX_DIMS];
-  int64_t at; /* its first float in the unit's flat vector */
-} z3_param;
-
-typedef struct zero3 zero3;
-
-typedef struct {
-  zero3 *z;
-  clpar_module *inner; /* the unit, one reference: its forward runs with self = the wrapper */
-  clpar_module *wrapper;
-  int n_params;
-  z3_param *params;
-  int64_t numel, shard;
-  clpar_tensor *pshard; /* [shard] on the device, a leaf that requires a gradient */
-} z3_unit;
-
-struct zero3 {
-  ddp_state *st;
-  clpar_device *dev;
-  int world, rank;
-  int n_units;
-  z3_unit **units;
-  clpar_tensor *placeholder; /* [1] holding NaN: what a released parameter shows */
-  float *host, *mine;        /* world * max shard, max shard: the collectives' host memory */
-  int64_t max_shard;
-  int gathered; /* clpar_zero_gather_parameters gave the parameters their values */
-};
 
 static clpar_status oom(const char *fn) {
   return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -114,7 +68,7 @@ static clpar_status z3_mpi(zero3 *z, int gather, int64_t shard, const char *what
 
 /* The unit's full parameters in a new device buffer [numel] (counted as parameters). A rank
  * that cannot read its shard still takes part (with zeros) and fails after the collective. */
-static clpar_status gather_full(z3_unit *u, const char *what, clpar_tensor **full) {
+clpar_status clpar_z3_gather_full(z3_unit *u, const char *what, clpar_tensor **full) {
   zero3 *z = u->z;
   *full = NULL;
   clpar_status mine = clpar_tensor_read(u->pshard, z->mine, (size_t)u->shard);
@@ -271,7 +225,8 @@ static clpar_status unit_recompute(z3_unit *u, clpar_node *n, clpar_tensor *g, c
 static clpar_status unit_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   z3_unit *u = ((z3_ctx *)n->ctx)->wrapper->user;
   clpar_tensor *full = NULL, *grad = NULL;
-  clpar_status s = gather_full(u, UNIT_TYPE " backward: all-gather of the parameters", &full);
+  clpar_status s =
+      clpar_z3_gather_full(u, UNIT_TYPE " backward: all-gather of the parameters", &full);
   if (s == CLPAR_OK) {
     int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
     s = clpar_tensor_zeros(u->z->dev, 1, &u->numel, &grad);
@@ -313,7 +268,8 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
     ctx_free(c);
     return oom(UNIT_TYPE);
   }
-  clpar_status s = gather_full(u, UNIT_TYPE " forward: all-gather of the parameters", &full);
+  clpar_status s =
+      clpar_z3_gather_full(u, UNIT_TYPE " forward: all-gather of the parameters", &full);
   if (s == CLPAR_OK) s = make_views(u, full, NULL, views);
   if (s == CLPAR_OK) {
     clpar_rng_tape *saved[2];
@@ -444,14 +400,20 @@ static clpar_status wrap(zero3 *z, clpar_module *m, const char *fn, z3_unit **ou
 
 /* The rank's shard of u from the unit's values (the same on every rank: broadcast from rank 0
  * when the module was made), and the host memory the collectives need. */
-static clpar_status make_shard(zero3 *z, z3_unit *u) {
-  u->shard = (u->numel + z->world - 1) / z->world;
-  float *all = calloc((size_t)(u->shard * z->world), sizeof(float));
-  if (!all) return oom("clpar_ddp_create");
+clpar_status clpar_z3_unit_values(z3_unit *u, const char *fn, float **out) {
+  float *all = *out = calloc((size_t)(u->shard * u->z->world), sizeof(float));
+  if (!all) return oom(fn);
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < u->n_params; i++)
     s = clpar_tensor_read(u->params[i].param, all + u->params[i].at,
                           (size_t)u->params[i].param->numel);
+  return s;
+}
+
+static clpar_status make_shard(zero3 *z, z3_unit *u) {
+  u->shard = (u->numel + z->world - 1) / z->world;
+  float *all = NULL;
+  clpar_status s = clpar_z3_unit_values(u, "clpar_ddp_create", &all);
   int was = clpar_memory_category_set(CLPAR_MEM_PARAMETERS);
   if (s == CLPAR_OK)
     s = clpar_tensor_from_host(z->dev, 1, &u->shard, all + z->rank * u->shard, &u->pshard);
@@ -481,7 +443,7 @@ static void release_param(zero3 *z, clpar_tensor *t) {
   clpar_tensor_touch(t);
 }
 
-static void release_all(zero3 *z) {
+void clpar_z3_release_all(zero3 *z) {
   for (int k = 0; k < z->n_units; k++)
     for (int i = 0; i < z->units[k]->n_params; i++) release_param(z, z->units[k]->params[i].param);
   z->gathered = 0;
@@ -657,74 +619,8 @@ clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module, const char 
     zero3_free(z);
     return s;
   }
-  release_all(z); /* the flat group's memory goes with its last member */
+  clpar_z3_release_all(z); /* the flat group's memory goes with its last member */
   st->zero3 = z;
-  return CLPAR_OK;
-}
-
-/* ---- what the optimizer and the user see ---- */
-
-int clpar_zero3_shards(ddp_state *st, clpar_tensor **out) {
-  zero3 *z = st->zero3;
-  for (int k = 0; z && out && k < z->n_units; k++) out[k] = z->units[k]->pshard;
-  return z ? z->n_units : 0;
-}
-
-int clpar_zero3_has_grad(ddp_state *st) {
-  zero3 *z = st->zero3;
-  for (int k = 0; z && k < z->n_units; k++)
-    if (clpar_tensor_has_grad(z->units[k]->pshard)) return 1;
-  return 0;
-}
-
-void clpar_zero3_release(ddp_state *st) {
-  if (st->zero3 && ((zero3 *)st->zero3)->gathered) release_all(st->zero3);
-}
-
-clpar_status clpar_zero_gather_parameters(clpar_module *ddp) {
-  const char *fn = "clpar_zero_gather_parameters";
-  ddp_state *st = clpar_ddp_state_of(ddp);
-  zero3 *z = st ? st->zero3 : NULL;
-  if (!z)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "%s: ddp is not a DistributedDataParallel module made with "
-                           "clpar_ddp_options.zero_stage 3",
-                           fn);
-  clpar_status s = CLPAR_OK, first = CLPAR_OK;
-  char msg[512] = "";
-  /* every unit on every rank, so that the collectives stay matched; the first error kept */
-  for (int k = 0; first != CLPAR_ERROR_TIMEOUT && k < z->n_units; k++) {
-    z3_unit *u = z->units[k];
-    clpar_tensor *full = NULL;
-    s = gather_full(u, "clpar_zero_gather_parameters: all-gather of the parameters", &full);
-    if (s != CLPAR_OK && (first == CLPAR_OK || s == CLPAR_ERROR_TIMEOUT)) {
-      first = s;
-      snprintf(msg, sizeof msg, "%s", clpar_last_error());
-    }
-    for (int i = 0; s == CLPAR_OK && i < u->n_params; i++) {
-      z3_param *p = &u->params[i];
-      clpar_tensor_repoint(p->param, full->storage, full->offset + (size_t)p->at);
-      p->param->ndim = p->ndim;
-      memcpy(p->param->shape, p->shape, sizeof p->shape);
-      p->param->numel = 1;
-      for (int d = 0; d < p->ndim; d++) p->param->numel *= p->shape[d];
-      clpar_tensor_touch(p->param);
-    }
-    clpar_tensor_release(full);
-    z->gathered = 1;
-  }
-  if (first == CLPAR_OK) return CLPAR_OK;
-  release_all(z); /* all or nothing */
-  return clpar_set_error(first, "%s: %s", fn, msg);
-}
-
-clpar_status clpar_zero_release_parameters(clpar_module *ddp) {
-  ddp_state *st = clpar_ddp_state_of(ddp);
-  if (!st || !st->zero3)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                           "clpar_zero_release_parameters: ddp is not a DistributedDataParallel "
-                           "module made with clpar_ddp_options.zero_stage 3");
-  release_all(st->zero3);
   return CLPAR_OK;
 }
 

@@ -39,18 +39,9 @@ clpar_status clpar_checkpoint_load_sharded_zero(const char *dir, clpar_module *d
 
 #else
 
-#include "dist/ddp_internal.h"
+#include "io/checkpoint_zero_internal.h"
 
-/* The module's parameters in the plain optimizer's order (clpar_module_parameter_at), each at
- * off[i] in the flat buffer of flat_numel floats. */
-typedef struct {
-  int n;
-  clpar_tensor **p;
-  int64_t *off;
-  int64_t flat_numel;
-} layout;
-
-static void layout_free(layout *L) {
+void clpar_zck_layout_free(layout *L) {
   free(L->p);
   free(L->off);
 }
@@ -83,48 +74,19 @@ static clpar_status zero_state(const clpar_module *ddp, const char *fn, ddp_stat
   if (!*st || (*st)->zero_stage < 1)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "%s: ddp is not a DistributedDataParallel module made with "
-                           "clpar_ddp_options.zero_stage 1 or 2",
+                           "clpar_ddp_options.zero_stage 1, 2 or 3",
                            fn);
-  if ((*st)->zero_stage > 2)
-    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                           "%s: ddp has zero_stage %d; these checkpoints are built for stages 1 "
-                           "and 2",
-                           fn, (*st)->zero_stage);
   return CLPAR_OK;
 }
 
-static const char *state_name(const char *kind, int k) {
+const char *clpar_zck_state_name(const char *kind, int k) {
   if (strcmp(kind, "SGD") == 0) return k == 0 ? "momentum_buffer" : NULL;
   return k == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
 /* ---- save ---- */
 
-/* What rank 0's inner optimizer is, which every rank writes (a rank whose shard is all
- * padding has no inner optimizer). */
-typedef struct {
-  char kind[16];
-  clpar_sgd_options sgd;
-  clpar_adam_options adam;
-  int64_t steps;
-  int32_t has[2]; /* state k made (after the first step) */
-  int32_t ok;
-} zdesc;
-
-typedef struct {
-  ddp_state *st;
-  const clpar_zero_optimizer *z;
-  layout L;
-  int rank, world;
-  int64_t shard, lo, hi; /* S, and this rank's [lo, hi) */
-  int64_t *a, *b;        /* each rank's owned range [a, b) */
-  int *owner_of;         /* each parameter's owner */
-  zdesc d;
-  clpar_tensor *(*state)[2]; /* the owned parameters' state, whole */
-  int abandoned;             /* an exchange timed out: its buffers stay allocated */
-} zsave;
-
-static void zsave_free(zsave *c) {
+void clpar_zck_save_free(zsave *c) {
   for (int i = 0; c->state && i < c->L.n; i++) {
     clpar_tensor_free(c->state[i][0]);
     clpar_tensor_free(c->state[i][1]);
@@ -133,7 +95,7 @@ static void zsave_free(zsave *c) {
   free(c->a);
   free(c->b);
   free(c->owner_of);
-  layout_free(&c->L);
+  clpar_zck_layout_free(&c->L);
 }
 
 /* The owners and owned ranges, from the layout alone (the same on every rank). */
@@ -176,7 +138,7 @@ static clpar_status plan_owners(zsave *c) {
 }
 
 /* Rank 0 tells every rank the optimizer's kind, options, step count and which state exists. */
-static clpar_status share_desc(zsave *c) {
+clpar_status clpar_zck_share_desc(zsave *c) {
   clpar_optimizer *inner = clpar_zero_optimizer_inner((clpar_zero_optimizer *)c->z);
   memset(&c->d, 0, sizeof c->d);
   if (c->rank == 0 && inner) {
@@ -195,7 +157,7 @@ static clpar_status share_desc(zsave *c) {
 }
 
 /* The part of [x0, x1) in [y0, y1): its start in *at, its length returned (0 when none). */
-static int overlap(int64_t x0, int64_t x1, int64_t y0, int64_t y1, int64_t *at) {
+int clpar_zck_overlap(int64_t x0, int64_t x1, int64_t y0, int64_t y1, int64_t *at) {
   int64_t a = x0 > y0 ? x0 : y0, b = x1 < y1 ? x1 : y1;
   *at = a;
   return b > a ? (int)(b - a) : 0;
@@ -222,11 +184,11 @@ static clpar_status exchange(zsave *c, int k, float *out) {
   clpar_status mpi = clpar_dist_debug_check(c->st->comm, what, c->st->seq + 1, c->L.flat_numel * 4);
   for (int q = 0; q < w; q++) {
     int64_t at;
-    cnt[q] = overlap(c->lo, c->hi, c->a[q], c->b[q], &at);
+    cnt[q] = clpar_zck_overlap(c->lo, c->hi, c->a[q], c->b[q], &at);
     cnt[w + q] = cnt[q] ? (int)(at - c->lo) : 0;
     int64_t qlo = q * c->shard, qhi = qlo + c->shard;
     if (qhi > c->L.flat_numel) qhi = c->L.flat_numel;
-    cnt[2 * w + q] = overlap(qlo, qhi, c->a[c->rank], c->b[c->rank], &at);
+    cnt[2 * w + q] = clpar_zck_overlap(qlo, qhi, c->a[c->rank], c->b[c->rank], &at);
     cnt[3 * w + q] = cnt[2 * w + q] ? (int)(at - c->a[c->rank]) : 0;
   }
   MPI_Request req = MPI_REQUEST_NULL;
@@ -274,7 +236,7 @@ static clpar_status gather_state(zsave *c, clpar_status mine) {
 /* The optimizer's metadata and state entries, as clpar_checkpoint_save writes those of the
  * plain optimizer; owner[j] for each state entry j. A parameter another rank owns stands in
  * for its state (the same shape and dtype), which only its owner writes. */
-static clpar_status add_optimizer(zsave *c, clpar_ckpt_set *w, int **owner) {
+clpar_status clpar_zck_add_optimizer(zsave *c, clpar_ckpt_set *w, int **owner) {
   char key[96], v[64];
   const clpar_sgd_options *o = &c->d.sgd;
   const clpar_adam_options *a = &c->d.adam;
@@ -304,9 +266,9 @@ static clpar_status add_optimizer(zsave *c, clpar_ckpt_set *w, int **owner) {
     snprintf(v, sizeof v, "%lld", (long long)c->d.steps);
     s = clpar_ckpt_meta_add(w, key, v);
     for (int k = 0; s == CLPAR_OK && k < 2; k++) {
-      if (!c->d.has[k] || !state_name(c->d.kind, k)) continue;
+      if (!c->d.has[k] || !clpar_zck_state_name(c->d.kind, k)) continue;
       const clpar_tensor *t = c->state[i][k] ? c->state[i][k] : c->L.p[i];
-      snprintf(key, sizeof key, "optimizer.state.%d.%s", i, state_name(c->d.kind, k));
+      snprintf(key, sizeof key, "optimizer.state.%d.%s", i, clpar_zck_state_name(c->d.kind, k));
       own[w->n] = c->owner_of[i];
       s = clpar_ckpt_add(w, key, t);
     }
@@ -326,50 +288,40 @@ clpar_status clpar_checkpoint_save_sharded_zero(const char *dir, const clpar_mod
   zsave c = {.z = opt, .rank = clpar_dist_rank()};
   clpar_status s = zero_state(ddp, SAVE, &c.st);
   if (s != CLPAR_OK) return s;
+  if (c.st->zero_stage == 3) return clpar_zck3_save(dir, ddp, opt, c.st, step, epoch);
   c.world = c.st->world;
   clpar_status mine = layout_make(ddp, SAVE, &c.L);
   if (mine == CLPAR_OK) mine = plan_owners(&c);
   /* a fault here is the same on every rank (the same module), but for running out of memory
    * or a mismatched opt, which leave the other ranks to their deadline */
   if (mine != CLPAR_OK) {
-    zsave_free(&c);
+    clpar_zck_save_free(&c);
     return mine;
   }
-  s = share_desc(&c);
+  s = clpar_zck_share_desc(&c);
   if (s == CLPAR_OK) s = gather_state(&c, mine);
   if (s == CLPAR_ERROR_TIMEOUT || c.abandoned) {
-    zsave_free(&c);
+    clpar_zck_save_free(&c);
     return s;
   }
   clpar_ckpt_set w = {0};
   int *owner = NULL;
   mine = s;
   if (mine == CLPAR_OK) mine = clpar_ckpt_collect(&w, ddp, NULL, step, epoch);
-  if (mine == CLPAR_OK) mine = add_optimizer(&c, &w, &owner);
+  if (mine == CLPAR_OK) mine = clpar_zck_add_optimizer(&c, &w, &owner);
   if (!owner) owner = calloc((size_t)w.n + 1, sizeof *owner);
   if (!owner && mine == CLPAR_OK)
     mine = clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, SAVE ": out of host memory");
   s = clpar_ckpt_save_sharded_set(dir, &w, owner, mine);
   free(owner);
   clpar_ckpt_set_free(&w);
-  zsave_free(&c);
+  clpar_zck_save_free(&c);
   return s;
 }
 
 /* ---- load ---- */
 
-/* The optimizer's part of a checkpoint for this rank's shard [lo, lo + len), checked whole. */
-typedef struct {
-  char kind[16];
-  clpar_sgd_options sgd;
-  clpar_adam_options adam;
-  int64_t steps;
-  int *idx[2];        /* state k of parameter i: its tensor in the file, or -1 */
-  float *buf[2];      /* state k of the shard, read from the file */
-  clpar_tensor *t[2]; /* the same on the shard's device */
-} zplan;
-
-static void zplan_free(zplan *q) {
+void clpar_zck_plan_free(zplan *q) {
   for (int k = 0; k < 2; k++) {
     free(q->idx[k]);
     free(q->buf[k]);
@@ -378,8 +330,8 @@ static void zplan_free(zplan *q) {
 }
 
 /* The kind, the number of parameters, the options and the one step count. */
-static clpar_status check_meta(const clpar_st_file *f, const char *path, const layout *L,
-                               clpar_optimizer *inner, zplan *q) {
+clpar_status clpar_zck_check_meta(const clpar_st_file *f, const char *path, const layout *L,
+                                  clpar_optimizer *inner, zplan *q) {
   size_t len = 0;
   const char *kind = clpar_st_meta_len(f, "optimizer.kind", &len);
   char esc[CLPAR_ESC_SIZE];
@@ -427,16 +379,16 @@ static int same_shape(const clpar_st_tensor *e, const clpar_tensor *p) {
 
 /* Each state tensor of the file: every parameter has it or none does, of the parameter's
  * shape, and no other "optimizer." tensor. */
-static clpar_status check_state(const clpar_st_file *f, const char *path, const layout *L,
-                                zplan *q) {
+clpar_status clpar_zck_check_state(const clpar_st_file *f, const char *path, const layout *L,
+                                   zplan *q) {
   int found = 0;
   char esc[CLPAR_ESC_SIZE];
-  for (int k = 0; k < 2 && state_name(q->kind, k); k++) {
+  for (int k = 0; k < 2 && clpar_zck_state_name(q->kind, k); k++) {
     if (!(q->idx[k] = malloc(((size_t)L->n + 1) * sizeof(int))))
       return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", path);
     for (int i = 0; i < L->n; i++) {
       char key[96];
-      snprintf(key, sizeof key, "optimizer.state.%d.%s", i, state_name(q->kind, k));
+      snprintf(key, sizeof key, "optimizer.state.%d.%s", i, clpar_zck_state_name(q->kind, k));
       int j = q->idx[k][i] = clpar_st_find(f, key);
       found += j >= 0;
       if ((j >= 0) != (q->idx[k][0] >= 0))
@@ -475,7 +427,7 @@ static clpar_status read_shard(const clpar_st_file *f, const layout *L, int64_t 
   if (!b) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, LOAD ": out of host memory");
   for (int i = 0; i < L->n; i++) {
     int64_t at;
-    int n = overlap(lo, lo + len, L->off[i], L->off[i] + L->p[i]->numel, &at);
+    int n = clpar_zck_overlap(lo, lo + len, L->off[i], L->off[i] + L->p[i]->numel, &at);
     if (n == 0) continue;
     clpar_status s = clpar_st_tensor_read_part(f, q->idx[k][i], (uint64_t)(at - L->off[i]) * 4,
                                                b + (at - lo), (size_t)n * 4);
@@ -488,6 +440,8 @@ static clpar_status read_shard(const clpar_st_file *f, const layout *L, int64_t 
 
 static clpar_status load_from(const clpar_st_file *f, const char *path, clpar_module *ddp,
                               clpar_zero_optimizer *z, int64_t *step, int64_t *epoch) {
+  ddp_state *st = clpar_ddp_state_of(ddp);
+  if (st->zero_stage == 3) return clpar_zck3_load(f, path, ddp, z, st, step, epoch);
   layout L = {0};
   zplan q = {0};
   clpar_optimizer *inner = clpar_zero_optimizer_inner(z);
@@ -497,8 +451,8 @@ static clpar_status load_from(const clpar_st_file *f, const char *path, clpar_mo
   if (s == CLPAR_OK && lo + len > L.flat_numel)
     s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                         LOAD ": opt is not the ZeRO optimizer of ddp");
-  if (s == CLPAR_OK) s = check_meta(f, path, &L, inner, &q);
-  if (s == CLPAR_OK) s = check_state(f, path, &L, &q);
+  if (s == CLPAR_OK) s = clpar_zck_check_meta(f, path, &L, inner, &q);
+  if (s == CLPAR_OK) s = clpar_zck_check_state(f, path, &L, &q);
   for (int k = 0; s == CLPAR_OK && inner && k < 2; k++)
     if (q.idx[k] && q.idx[k][0] >= 0)
       s = read_shard(f, &L, lo, len, clpar_tensor_device(clpar_optimizer_param_at(inner, 0)), &q,
@@ -510,8 +464,8 @@ static clpar_status load_from(const clpar_st_file *f, const char *path, clpar_mo
     if (s == CLPAR_OK) clpar_optimizer_restore(inner, 0, q.t[0], q.t[1], q.steps);
     if (s == CLPAR_OK) q.t[0] = q.t[1] = NULL;
   }
-  zplan_free(&q);
-  layout_free(&L);
+  clpar_zck_plan_free(&q);
+  clpar_zck_layout_free(&L);
   return s;
 }
 
