@@ -358,12 +358,21 @@ static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst
   return s;
 }
 
+/* A copy between two devices inside a capture: not held by a graph yet. */
+static clpar_status refuse_between(const char *fn, clpar_device *a, clpar_device *b) {
+  const char *what = "a copy between devices";
+  clpar_status s = clpar_capture_refuse(a, fn, what);
+  return s != CLPAR_OK || a == b ? s : clpar_capture_refuse(b, fn, what);
+}
+
 clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t dst_off,
                             clpar_device *src_dev, clpar_storage *src_st, size_t src_off,
                             size_t bytes) {
   if (bytes == 0) return CLPAR_OK;
   if (dst_dev == src_dev)
     return clpar_dev_copy(dst_dev, dst_st->buf, dst_off, src_st->buf, src_off, bytes);
+  clpar_status s = refuse_between("clpar_transfer", dst_dev, src_dev);
+  if (s != CLPAR_OK) return s;
   count(dst_dev, src_dev, bytes);
   if (dst_dev == clpar_device_host())
     return to_host(dst_dev, dst_st, dst_off, src_dev, src_st->buf, src_off, bytes);
@@ -389,6 +398,8 @@ struct clpar_transfer_half {
 clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
                                   clpar_storage *src_st, size_t src_off, size_t bytes,
                                   clpar_transfer_half **out) {
+  clpar_status refused = refuse_between("clpar_transfer_begin", dst_dev, src_dev);
+  if (refused != CLPAR_OK) return refused;
   clpar_transfer_half *h = calloc(1, sizeof *h);
   if (!h) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
   h->src = src_dev;
@@ -457,6 +468,10 @@ void clpar_transfer_cancel(clpar_transfer_half *h) {
 
 clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                clpar_fill_fn fill, void *user) {
+  clpar_status refused = clpar_capture_refuse(
+      dev, "clpar_upload", "an upload from host memory (write inputs and labels into tensors made "
+                           "before the capture, before each replay)");
+  if (refused != CLPAR_OK) return refused;
   count(dev, NULL, bytes);
   for (size_t at = 0; at < bytes; at += CHUNK) {
     size_t n = bytes - at < CHUNK ? bytes - at : CHUNK;
@@ -488,6 +503,10 @@ clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const 
 
 clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
                             size_t bytes) {
+  clpar_status refused = clpar_capture_refuse(
+      dev, "clpar_download", "a read into host memory (clpar_tensor_read, clpar_tensor_item): "
+                             "read after clpar_graph_replay instead");
+  if (refused != CLPAR_OK) return refused;
   count(NULL, dev, bytes);
   clpar_event *done;
   clpar_status s = clpar_dev_read(dev, buf, off_bytes, dst, bytes);

@@ -1,0 +1,376 @@
+/* test_graph.c — a training step captured and replayed (clpar/graph.h) against the same step
+ * run eagerly: losses, parameters and buffers bit for bit over 100 steps (the learning rate
+ * changed halfway), for an MLP with SGD (momentum) and Adam, flat and not, the seeds' ToyModel,
+ * a conv + BatchNorm block and an MLP with Dropout; and the refusals: a host read inside the
+ * capture, replay after clpar_module_to or a re-flatten, a freed parameter. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+void clpar_tensor_unscope(clpar_tensor *t); /* src/internal.h: kept past the scope */
+
+enum { STEPS = 100, LR_CHANGE = 40 };
+
+typedef enum { MODEL_MLP, MODEL_TOY, MODEL_CONV, MODEL_DROPOUT } model_kind;
+typedef enum { OPT_SGD, OPT_ADAM } opt_kind;
+
+typedef struct {
+  clpar_device *dev;
+  tu_toy_devices toy;
+  clpar_module *m;
+  clpar_optimizer *opt;
+  clpar_tensor *x, *y; /* the static inputs, written before each step */
+  clpar_tensor *loss;  /* the last step's (the capture run's, once captured) */
+  int64_t xshape[4], yshape[2];
+  int xdim;
+  int host_read; /* reads the loss inside the step (refused at capture) */
+} run;
+
+static clpar_module *make_mlp(clpar_device *dev, float dropout) {
+  clpar_module *c[6];
+  int n = 0;
+  tu_ok(clpar_linear_create(8, 16, 1, dev, &c[n++]));
+  tu_ok(clpar_relu_create(&c[n++]));
+  if (dropout > 0.0f) tu_ok(clpar_dropout_create(dropout, &c[n++]));
+  tu_ok(clpar_linear_create(16, 16, 1, dev, &c[n++]));
+  tu_ok(clpar_relu_create(&c[n++]));
+  tu_ok(clpar_linear_create(16, 4, 1, dev, &c[n++]));
+  clpar_module *m;
+  tu_ok(clpar_sequential_create(c, n, &m));
+  return m;
+}
+
+static clpar_module *make_conv(clpar_device *dev) {
+  clpar_module *c[5];
+  tu_ok(clpar_conv2d_create(3, 4, 3, 3, &(clpar_conv2d_options){.padding = {1, 1}}, 1, dev, &c[0]));
+  tu_ok(clpar_batchnorm2d_create(4, NULL, dev, &c[1]));
+  tu_ok(clpar_relu_create(&c[2]));
+  tu_ok(clpar_flatten_create(1, -1, &c[3]));
+  tu_ok(clpar_linear_create(4 * 5 * 5, 4, 1, dev, &c[4]));
+  clpar_module *m;
+  tu_ok(clpar_sequential_create(c, 5, &m));
+  return m;
+}
+
+/* The model and optimizer, made the same way for the eager and the replayed run. */
+static void run_make(run *r, clpar_device *dev, model_kind kind, opt_kind ok, int flat) {
+  memset(r, 0, sizeof *r);
+  r->dev = dev;
+  clpar_manual_seed(7);
+  int64_t b = 6;
+  r->xdim = 2;
+  r->xshape[0] = r->yshape[0] = b;
+  r->xshape[1] = 8;
+  r->yshape[1] = 4;
+  if (kind == MODEL_MLP || kind == MODEL_DROPOUT)
+    r->m = make_mlp(dev, kind == MODEL_DROPOUT ? 0.5f : 0);
+  if (kind == MODEL_TOY) {
+    r->toy = (tu_toy_devices){dev, dev};
+    r->m = tu_toy_create(&r->toy, 7);
+    r->xshape[1] = 10;
+    r->yshape[1] = 5;
+  }
+  if (kind == MODEL_CONV) {
+    r->m = make_conv(dev);
+    r->xdim = 4;
+    memcpy(r->xshape, (int64_t[]){b, 3, 5, 5}, sizeof r->xshape);
+  }
+  if (flat) tu_ok(clpar_module_flatten(r->m));
+  if (ok == OPT_SGD)
+    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
+  else
+    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+  tu_ok(clpar_tensor_zeros(dev, r->xdim, r->xshape, &r->x));
+  tu_ok(clpar_tensor_zeros(dev, 2, r->yshape, &r->y));
+}
+
+static void run_free(run *r) {
+  clpar_tensor_free(r->loss);
+  clpar_tensor_free(r->x);
+  clpar_tensor_free(r->y);
+  clpar_optimizer_free(r->opt);
+  clpar_module_free(r->m);
+}
+
+/* The step: zero_grad, forward, MSE, backward, optimizer step; the loss stays in r->loss. */
+static clpar_status step(void *ctx) {
+  run *r = ctx;
+  clpar_tensor_free(r->loss);
+  r->loss = NULL;
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *out = NULL;
+  clpar_status s = clpar_optimizer_zero_grad(r->opt);
+  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &out);
+  if (s == CLPAR_OK) s = clpar_mse_loss(out, r->y, CLPAR_REDUCTION_MEAN, &r->loss);
+  if (s == CLPAR_OK) s = clpar_backward(r->loss);
+  float v;
+  if (s == CLPAR_OK && r->host_read) s = clpar_tensor_read(r->loss, &v, 1);
+  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
+  if (r->loss) clpar_tensor_unscope(r->loss); /* kept: read after the step */
+  clpar_scope_end(scope);
+  return s;
+}
+
+/* Step i's inputs, written into the static input tensors. */
+static void write_inputs(run *r, int i) {
+  size_t nx = (size_t)clpar_tensor_numel(r->x), ny = (size_t)clpar_tensor_numel(r->y);
+  float *x = tu_rand(nx, 1000 + (uint64_t)i), *y = tu_rand(ny, 5000 + (uint64_t)i);
+  tu_ok(clpar_tensor_write(r->x, x, nx));
+  tu_ok(clpar_tensor_write(r->y, y, ny));
+  free(x);
+  free(y);
+}
+
+/* Every parameter and float buffer of r->m, concatenated (malloc'ed), *n floats. */
+static float *state_of(const run *r, size_t *n) {
+  size_t at = 0, cap = 0;
+  float *all = NULL;
+  int np = clpar_module_parameter_count(r->m), nb = clpar_module_buffer_count(r->m);
+  for (int i = 0; i < np + nb; i++) {
+    clpar_tensor *t;
+    if (i < np)
+      tu_ok(clpar_module_parameter_at(r->m, i, NULL, &t));
+    else
+      tu_ok(clpar_module_buffer_at(r->m, i - np, NULL, &t));
+    if (clpar_tensor_dtype(t) != CLPAR_FLOAT32) continue;
+    size_t k = (size_t)clpar_tensor_numel(t);
+    if (at + k > cap) {
+      cap = 2 * (at + k);
+      all = realloc(all, cap * sizeof *all);
+      assert_non_null(all);
+    }
+    tu_ok(clpar_tensor_read(t, all + at, k));
+    at += k;
+  }
+  *n = at;
+  return all;
+}
+
+/* Trains STEPS steps, eagerly or through clpar_step_run, the learning rate scaled by 0.3 at
+ * LR_CHANGE; the losses into losses. */
+static void train(run *r, int compiled, float *losses) {
+  clpar_step *st = NULL;
+  if (compiled) tu_ok(clpar_step_compile(step, r, r->dev, &st));
+  for (int i = 0; i < STEPS; i++) {
+    if (i == LR_CHANGE)
+      tu_ok(clpar_optimizer_set_lr(r->opt, 0, 0.3f * clpar_optimizer_lr(r->opt, 0)));
+    write_inputs(r, i);
+    tu_ok(compiled ? clpar_step_run(st) : step(r));
+    tu_ok(clpar_tensor_read(r->loss, &losses[i], 1));
+  }
+  if (compiled) {
+    assert_non_null(clpar_step_graph(st));
+    assert_true(clpar_graph_command_count(clpar_step_graph(st)) > 0);
+  }
+  clpar_step_free(st);
+}
+
+static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat) {
+  run eager, replayed;
+  float le[STEPS], lr[STEPS];
+  run_make(&eager, dev, kind, ok, flat);
+  train(&eager, 0, le);
+  run_make(&replayed, dev, kind, ok, flat);
+  train(&replayed, 1, lr);
+  for (int i = 0; i < STEPS; i++)
+    if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
+      fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
+  size_t ne, nr;
+  float *pe = state_of(&eager, &ne), *pr = state_of(&replayed, &nr);
+  assert_int_equal(ne, nr);
+  for (size_t i = 0; i < ne; i++)
+    if (memcmp(&pe[i], &pr[i], sizeof pe[i]) != 0)
+      fail_msg("state element %zu: %.9g replayed, %.9g eager", i, (double)pr[i], (double)pe[i]);
+  assert_true(le[STEPS - 1] != le[0]); /* it trained */
+  free(pe);
+  free(pr);
+  run_free(&eager);
+  run_free(&replayed);
+}
+
+/* On every selected device. */
+static void check_replay_equals_eager(model_kind kind, opt_kind ok, int flat) {
+  for (int d = 0; d < clpar_device_count(); d++) check_on(clpar_device_get(d), kind, ok, flat);
+}
+
+static void test_mlp_sgd(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_MLP, OPT_SGD, 0);
+}
+
+static void test_mlp_sgd_flat(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_MLP, OPT_SGD, 1);
+}
+
+static void test_mlp_adam(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_MLP, OPT_ADAM, 0);
+}
+
+static void test_mlp_adam_flat(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_MLP, OPT_ADAM, 1);
+}
+
+static void test_toy_model(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_TOY, OPT_SGD, 0);
+}
+
+static void test_conv_batchnorm(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_CONV, OPT_ADAM, 0);
+}
+
+static void test_dropout(void **state) {
+  (void)state;
+  check_replay_equals_eager(MODEL_DROPOUT, OPT_SGD, 0);
+}
+
+/* A captured run r (warm-up, capture): its graph, ready to replay. */
+static clpar_graph *capture(run *r) {
+  write_inputs(r, 0);
+  tu_ok(step(r));
+  clpar_graph *g = NULL;
+  tu_ok(clpar_graph_capture_begin(&r->dev, 1));
+  clpar_status ran = step(r);
+  tu_ok(clpar_graph_capture_end(&g));
+  tu_ok(ran);
+  tu_ok(clpar_graph_replay(g));
+  return g;
+}
+
+static void test_host_read_refused(void **state) {
+  (void)state;
+  run r;
+  run_make(&r, clpar_device_get(0), MODEL_MLP, OPT_SGD, 0);
+  write_inputs(&r, 0);
+  tu_ok(step(&r));
+  r.host_read = 1;
+  tu_ok(clpar_graph_capture_begin(&r.dev, 1));
+  clpar_status ran = step(&r);
+  assert_int_not_equal(ran, CLPAR_OK);
+  clpar_graph *g = (clpar_graph *)&r; /* must be set to NULL */
+  clpar_status s = clpar_graph_capture_end(&g);
+  assert_int_not_equal(s, CLPAR_OK);
+  assert_null(g);
+  const char *msg = clpar_last_error();
+  if (!strstr(msg, "clpar_download") || !strstr(msg, "inside a capture"))
+    fail_msg("message does not name the host read: %s", msg);
+  r.host_read = 0; /* the device still works eagerly */
+  tu_ok(step(&r));
+  run_free(&r);
+}
+
+static void test_upload_refused(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  clpar_tensor *t = NULL;
+  float v[4] = {1, 2, 3, 4};
+  tu_ok(clpar_graph_capture_begin(&dev, 1));
+  assert_int_not_equal(clpar_tensor_from_host(dev, 1, (int64_t[]){4}, v, &t), CLPAR_OK);
+  clpar_graph *g;
+  assert_int_not_equal(clpar_graph_capture_end(&g), CLPAR_OK);
+  if (!strstr(clpar_last_error(), "clpar_upload")) fail_msg("%s", clpar_last_error());
+  assert_null(g);
+  clpar_tensor_free(t);
+}
+
+static void test_stale_after_flatten(void **state) {
+  (void)state;
+  run r;
+  run_make(&r, clpar_device_get(0), MODEL_MLP, OPT_SGD, 1);
+  clpar_graph *g = capture(&r);
+  tu_ok(clpar_module_flatten(r.m));
+  clpar_status s = clpar_graph_replay(g);
+  assert_int_not_equal(s, CLPAR_OK);
+  if (!strstr(clpar_last_error(), "clpar_module_flatten")) fail_msg("%s", clpar_last_error());
+  clpar_graph_destroy(g);
+  tu_ok(step(&r)); /* eager steps go on */
+  run_free(&r);
+}
+
+static void test_stale_after_module_to(void **state) {
+  (void)state;
+  run r;
+  clpar_device *dev = clpar_device_get(0);
+  run_make(&r, dev, MODEL_MLP, OPT_ADAM, 0);
+  clpar_graph *g = capture(&r);
+  tu_ok(clpar_module_to(r.m, dev));
+  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
+  if (!strstr(clpar_last_error(), "clpar_module_to")) fail_msg("%s", clpar_last_error());
+  clpar_graph_destroy(g);
+  run_free(&r);
+}
+
+/* An input freed (and its buffer free for others) after the capture: never replayed. */
+static void test_stale_after_free(void **state) {
+  (void)state;
+  run r;
+  run_make(&r, clpar_device_get(0), MODEL_MLP, OPT_SGD, 0);
+  clpar_graph *g = capture(&r);
+  clpar_tensor_free(r.loss); /* its autograd record holds the input too */
+  r.loss = NULL;
+  clpar_tensor_free(r.x);
+  tu_ok(clpar_tensor_zeros(r.dev, r.xdim, r.xshape, &r.x));
+  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
+  if (!strstr(clpar_last_error(), "freed after the capture")) fail_msg("%s", clpar_last_error());
+  clpar_graph_destroy(g);
+  run_free(&r);
+}
+
+/* The pool: the capture's temporaries are reused within it, the graph's blocks never go to the
+ * shared cache while it lives, and destroying it gives them back. */
+static void test_pool(void **state) {
+  (void)state;
+  run r;
+  clpar_device *dev = clpar_device_get(0);
+  run_make(&r, dev, MODEL_MLP, OPT_SGD, 0);
+  clpar_graph *g = capture(&r);
+  clpar_memory_stats before, after;
+  tu_ok(clpar_device_synchronize(dev));
+  tu_ok(clpar_device_memory_stats(dev, &before));
+  for (int i = 0; i < 5; i++) tu_ok(clpar_graph_replay(g));
+  tu_ok(clpar_device_synchronize(dev));
+  tu_ok(clpar_device_memory_stats(dev, &after));
+  assert_int_equal(after.driver_allocs, before.driver_allocs); /* a replay allocates nothing */
+  assert_int_equal(after.bytes_in_use, before.bytes_in_use);
+  clpar_tensor *loss = r.loss; /* the graph's: freed, it goes back to the graph's pool */
+  r.loss = NULL;
+  clpar_tensor_free(loss);
+  tu_ok(clpar_graph_replay(g));
+  clpar_graph_destroy(g);
+  tu_ok(step(&r)); /* eagerly again, with the pool's blocks back in the cache */
+  run_free(&r);
+}
+
+static void test_two_devices_refused(void **state) {
+  (void)state;
+  clpar_device *devs[2] = {clpar_device_get(0), clpar_device_get(0)};
+  assert_int_equal(clpar_graph_capture_begin(devs, 2), CLPAR_ERROR_UNSUPPORTED);
+  clpar_graph *g;
+  assert_int_not_equal(clpar_graph_capture_end(&g), CLPAR_OK); /* none in progress */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_mlp_sgd),
+      cmocka_unit_test(test_mlp_sgd_flat),
+      cmocka_unit_test(test_mlp_adam),
+      cmocka_unit_test(test_mlp_adam_flat),
+      cmocka_unit_test(test_toy_model),
+      cmocka_unit_test(test_conv_batchnorm),
+      cmocka_unit_test(test_dropout),
+      cmocka_unit_test(test_host_read_refused),
+      cmocka_unit_test(test_upload_refused),
+      cmocka_unit_test(test_stale_after_flatten),
+      cmocka_unit_test(test_stale_after_module_to),
+      cmocka_unit_test(test_stale_after_free),
+      cmocka_unit_test(test_pool),
+      cmocka_unit_test(test_two_devices_refused),
+  };
+  return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
+}
