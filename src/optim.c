@@ -711,6 +711,7 @@ clpar_status clpar_optimizer_zero_grad(clpar_optimizer *o) {
 
 void clpar_optimizer_free(clpar_optimizer *o) {
   if (!o) return;
+  clpar_graph_invalidate_all("clpar_optimizer_free"); /* a graph's patches use o */
   for (int i = 0; i < o->n; i++) {
     clpar_tensor_release(o->params[i].param);
     clpar_tensor_free(o->params[i].state[0]);

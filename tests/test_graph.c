@@ -322,6 +322,21 @@ static void test_stale_after_free(void **state) {
   run_free(&r);
 }
 
+/* The graph's patches point at the optimizer (and Dropout's at the module): freed, the graph
+ * refuses to replay instead of reading freed memory. */
+static void test_stale_after_optimizer_free(void **state) {
+  (void)state;
+  run r;
+  run_make(&r, clpar_device_get(0), MODEL_DROPOUT, OPT_SGD, 0);
+  clpar_graph *g = capture(&r);
+  clpar_optimizer_free(r.opt);
+  r.opt = NULL;
+  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
+  if (!strstr(clpar_last_error(), "clpar_optimizer_free")) fail_msg("%s", clpar_last_error());
+  clpar_graph_destroy(g);
+  run_free(&r);
+}
+
 /* The pool: the capture's temporaries are reused within it, the graph's blocks never go to the
  * shared cache while it lives, and destroying it gives them back. */
 static void test_pool(void **state) {
@@ -369,6 +384,7 @@ int main(void) {
       cmocka_unit_test(test_stale_after_flatten),
       cmocka_unit_test(test_stale_after_module_to),
       cmocka_unit_test(test_stale_after_free),
+      cmocka_unit_test(test_stale_after_optimizer_free),
       cmocka_unit_test(test_pool),
       cmocka_unit_test(test_two_devices_refused),
   };

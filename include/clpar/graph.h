@@ -15,9 +15,9 @@
  * memory (clpar_tensor_read, clpar_tensor_item), an upload from host memory
  * (clpar_tensor_from_host, cross-entropy with host labels), a wait for the device, events and
  * copies between devices, more than one device. Replay is refused after clpar_module_to,
- * clpar_module_flatten, or the freeing of a buffer the step uses (parameters, optimizer
- * state): capture again. The modules, optimizers and tensors of the step must outlive the
- * graph. */
+ * clpar_module_flatten, clpar_optimizer_free, the freeing of a Dropout or BatchNorm2d module,
+ * or of a buffer the step uses (parameters, inputs, optimizer state): capture again. One
+ * thread captures at a time, and nothing else may post to the device during the capture. */
 #ifndef CLPAR_GRAPH_H
 #define CLPAR_GRAPH_H
 

@@ -32,6 +32,7 @@ typedef struct {
 static void bn_config_free(void *user) {
   bn_config *c = user;
   if (!c) return;
+  clpar_graph_invalidate_all("the freeing of a BatchNorm2d module"); /* a graph's write uses c */
   clpar_tensor_release(c->counted);
   pthread_mutex_destroy(&c->lock);
   free(c);

@@ -81,6 +81,12 @@ static clpar_status dropout_forward(clpar_module *self, clpar_tensor *x, clpar_t
   return s;
 }
 
+/* A captured graph's patch may point at the state: graphs refuse to replay once it is gone. */
+static void dropout_state_free(void *user) {
+  clpar_graph_invalidate_all("the freeing of a Dropout module");
+  free(user);
+}
+
 clpar_status clpar_dropout_create(float p, clpar_module **out) {
   const char *fn = "clpar_dropout_create";
   if (!out) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: out is NULL", fn);
@@ -91,7 +97,7 @@ clpar_status clpar_dropout_create(float p, clpar_module **out) {
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   st->p = p;
   st->seed = clpar_param_seed_next();
-  clpar_status s = clpar_module_create("Dropout", dropout_forward, st, free, out);
+  clpar_status s = clpar_module_create("Dropout", dropout_forward, st, dropout_state_free, out);
   if (s != CLPAR_OK) free(st);
   return s;
 }

@@ -468,8 +468,9 @@ void clpar_transfer_cancel(clpar_transfer_half *h) {
 
 clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                clpar_fill_fn fill, void *user) {
-  clpar_status refused = clpar_capture_refuse(
-      dev, "clpar_upload", "an upload from host memory (write inputs and labels into tensors made "
+  clpar_status refused =
+      clpar_capture_refuse(dev, "clpar_upload",
+                           "an upload from host memory (write inputs and labels into tensors made "
                            "before the capture, before each replay)");
   if (refused != CLPAR_OK) return refused;
   count(dev, NULL, bytes);
@@ -503,9 +504,10 @@ clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const 
 
 clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
                             size_t bytes) {
-  clpar_status refused = clpar_capture_refuse(
-      dev, "clpar_download", "a read into host memory (clpar_tensor_read, clpar_tensor_item): "
-                             "read after clpar_graph_replay instead");
+  clpar_status refused =
+      clpar_capture_refuse(dev, "clpar_download",
+                           "a read into host memory (clpar_tensor_read, clpar_tensor_item): "
+                           "read after clpar_graph_replay instead");
   if (refused != CLPAR_OK) return refused;
   count(NULL, dev, bytes);
   clpar_event *done;

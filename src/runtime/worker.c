@@ -229,7 +229,8 @@ static clpar_status post_async(clpar_device *dev, const command *c) {
 
 /* Posts c and waits until the worker has run it (on the worker itself: runs it at once). */
 static clpar_status post_sync(clpar_device *dev, command *c) {
-  clpar_status s = clpar_capture_refuse(dev, op_names[c->op], "a wait for the device (a _sync entry)");
+  clpar_status s =
+      clpar_capture_refuse(dev, op_names[c->op], "a wait for the device (a _sync entry)");
   if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
   if (s != CLPAR_OK) return s;
   if (clpar_worker_is_current(dev)) return run_command(dev, c);
