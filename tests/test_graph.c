@@ -7,14 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h" /* clpar_tensor_unscope, clpar_compose_force */
 #include "test_util.h"
-
-void clpar_tensor_unscope(clpar_tensor *t); /* src/internal.h: kept past the scope */
 
 enum { STEPS = 100, LR_CHANGE = 40 };
 
 typedef enum { MODEL_MLP, MODEL_TOY, MODEL_CONV, MODEL_DROPOUT } model_kind;
-typedef enum { OPT_SGD, OPT_ADAM } opt_kind;
+typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW, OPT_SGD_PLAIN } opt_kind;
+/* How the replayed run starts: clpar_step_run (eager warm-up, capture, replays), or a capture
+ * of the very first step (the optimizer's state made inside it), then replays. */
+typedef enum { COMPILED, FIRST_CAPTURED } start_kind;
 
 typedef struct {
   clpar_device *dev;
@@ -78,10 +80,14 @@ static void run_make(run *r, clpar_device *dev, model_kind kind, opt_kind ok, in
     memcpy(r->xshape, (int64_t[]){b, 3, 5, 5}, sizeof r->xshape);
   }
   if (flat) tu_ok(clpar_module_flatten(r->m));
-  if (ok == OPT_SGD)
-    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
-  else
+  if (ok == OPT_SGD || ok == OPT_SGD_PLAIN)
+    tu_ok(clpar_sgd_create_for(
+        r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = ok == OPT_SGD ? 0.9f : 0.0f}, &r->opt));
+  else if (ok == OPT_ADAM)
     tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+  else
+    tu_ok(clpar_adamw_create_for(r->m, &(clpar_adam_options){.lr = 0.01f, .weight_decay = 0.05f},
+                                 &r->opt));
   tu_ok(clpar_tensor_zeros(dev, r->xdim, r->xshape, &r->x));
   tu_ok(clpar_tensor_zeros(dev, 2, r->yshape, &r->y));
 }
@@ -150,30 +156,46 @@ static float *state_of(const run *r, size_t *n) {
 
 /* Trains STEPS steps, eagerly or through clpar_step_run, the learning rate scaled by 0.3 at
  * LR_CHANGE; the losses into losses. */
-static void train(run *r, int compiled, float *losses) {
+static void train(run *r, int compiled, start_kind start, float *losses) {
   clpar_step *st = NULL;
-  if (compiled) tu_ok(clpar_step_compile(step, r, r->dev, &st));
+  clpar_graph *g = NULL;
+  if (compiled && start == COMPILED) tu_ok(clpar_step_compile(step, r, r->dev, &st));
   for (int i = 0; i < STEPS; i++) {
     if (i == LR_CHANGE)
       tu_ok(clpar_optimizer_set_lr(r->opt, 0, 0.3f * clpar_optimizer_lr(r->opt, 0)));
     write_inputs(r, i);
-    tu_ok(compiled ? clpar_step_run(st) : step(r));
+    if (!compiled) {
+      tu_ok(step(r));
+    } else if (start == COMPILED) {
+      tu_ok(clpar_step_run(st));
+    } else if (i == 0) {
+      tu_ok(clpar_graph_capture_begin(&r->dev, 1));
+      clpar_status ran = step(r);
+      tu_ok(clpar_graph_capture_end(&g));
+      tu_ok(ran);
+    } else {
+      tu_ok(clpar_graph_replay(g));
+    }
     tu_ok(clpar_tensor_read(r->loss, &losses[i], 1));
   }
+  if (st) g = clpar_step_graph(st);
   if (compiled) {
-    assert_non_null(clpar_step_graph(st));
-    assert_true(clpar_graph_command_count(clpar_step_graph(st)) > 0);
+    assert_non_null(g);
+    assert_true(clpar_graph_command_count(g) > 0);
   }
-  clpar_step_free(st);
+  if (st)
+    clpar_step_free(st);
+  else
+    clpar_graph_destroy(g);
 }
 
-static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat) {
+static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat, start_kind start) {
   run eager, replayed;
   float le[STEPS], lr[STEPS];
   run_make(&eager, dev, kind, ok, flat);
-  train(&eager, 0, le);
+  train(&eager, 0, start, le);
   run_make(&replayed, dev, kind, ok, flat);
-  train(&replayed, 1, lr);
+  train(&replayed, 1, start, lr);
   for (int i = 0; i < STEPS; i++)
     if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
       fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
@@ -192,7 +214,8 @@ static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat) 
 
 /* On every selected device. */
 static void check_replay_equals_eager(model_kind kind, opt_kind ok, int flat) {
-  for (int d = 0; d < clpar_device_count(); d++) check_on(clpar_device_get(d), kind, ok, flat);
+  for (int d = 0; d < clpar_device_count(); d++)
+    check_on(clpar_device_get(d), kind, ok, flat, COMPILED);
 }
 
 static void test_mlp_sgd(void **state) {
@@ -210,9 +233,59 @@ static void test_mlp_adam(void **state) {
   check_replay_equals_eager(MODEL_MLP, OPT_ADAM, 0);
 }
 
-static void test_mlp_adam_flat(void **state) {
+static void test_mlp_adamw_flat(void **state) {
   (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_ADAM, 1);
+  check_replay_equals_eager(MODEL_MLP, OPT_ADAMW, 1);
+}
+
+/* The first step captured: the gradients are made inside the capture (the graph's pool) and
+ * written anew by each replay, as eager steps accumulate them into zeros. */
+static void test_first_step_captured(void **state) {
+  (void)state;
+  for (int d = 0; d < clpar_device_count(); d++)
+    check_on(clpar_device_get(d), MODEL_MLP, OPT_SGD_PLAIN, 0, FIRST_CAPTURED);
+}
+
+/* Optimizer state made inside the capture (SGD's momentum buffer, Adam's moments, zeroed on
+ * the first step) would be made again at each replay: refused. */
+static void test_first_step_state_refused(void **state) {
+  (void)state;
+  for (int k = 0; k < 2; k++) {
+    run r;
+    run_make(&r, clpar_device_get(0), MODEL_MLP, k ? OPT_ADAM : OPT_SGD, k);
+    write_inputs(&r, 0);
+    tu_ok(clpar_graph_capture_begin(&r.dev, 1));
+    clpar_status ran = step(&r);
+    clpar_graph *g;
+    assert_int_not_equal(clpar_graph_capture_end(&g), CLPAR_OK);
+    assert_null(g);
+    if (!strstr(clpar_last_error(), "first step")) fail_msg("%s", clpar_last_error());
+    (void)ran;
+    tu_ok(step(&r)); /* eager steps go on */
+    run_free(&r);
+  }
+}
+
+/* An optimizer step composed from primitives has no command whose learning rate can be
+ * patched: refused at capture. */
+static void test_composed_step_refused(void **state) {
+  (void)state;
+  run r;
+  clpar_device *dev = clpar_device_get(0);
+  run_make(&r, dev, MODEL_MLP, OPT_SGD, 0);
+  write_inputs(&r, 0);
+  tu_ok(step(&r));
+  tu_ok(clpar_compose_force(dev, (uint64_t)1 << CLPAR_ENTRY_sgd_step));
+  tu_ok(clpar_graph_capture_begin(&dev, 1));
+  clpar_status ran = step(&r);
+  clpar_graph *g;
+  clpar_status s = clpar_graph_capture_end(&g);
+  tu_ok(clpar_compose_force(dev, 0));
+  assert_int_not_equal(ran, CLPAR_OK);
+  assert_int_not_equal(s, CLPAR_OK);
+  assert_null(g);
+  if (!strstr(clpar_last_error(), "no sgd_step command")) fail_msg("%s", clpar_last_error());
+  run_free(&r);
 }
 
 static void test_toy_model(void **state) {
@@ -375,7 +448,10 @@ int main(void) {
       cmocka_unit_test(test_mlp_sgd),
       cmocka_unit_test(test_mlp_sgd_flat),
       cmocka_unit_test(test_mlp_adam),
-      cmocka_unit_test(test_mlp_adam_flat),
+      cmocka_unit_test(test_mlp_adamw_flat),
+      cmocka_unit_test(test_first_step_captured),
+      cmocka_unit_test(test_first_step_state_refused),
+      cmocka_unit_test(test_composed_step_refused),
       cmocka_unit_test(test_toy_model),
       cmocka_unit_test(test_conv_batchnorm),
       cmocka_unit_test(test_dropout),

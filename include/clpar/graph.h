@@ -14,10 +14,12 @@
  * Refused at capture, with a message naming what (the capture then fails): a read into host
  * memory (clpar_tensor_read, clpar_tensor_item), an upload from host memory
  * (clpar_tensor_from_host, cross-entropy with host labels), a wait for the device, events and
- * copies between devices, more than one device. Replay is refused after clpar_module_to,
- * clpar_module_flatten, clpar_optimizer_free, the freeing of a Dropout or BatchNorm2d module,
- * or of a buffer the step uses (parameters, inputs, optimizer state): capture again. One
- * thread captures at a time, and nothing else may post to the device during the capture. */
+ * copies between devices, more than one device, optimizer state made in the step (an
+ * optimizer's first step: run one eagerly before capturing, as clpar_step_compile does). Replay is
+ * refused after clpar_module_to, clpar_module_flatten, clpar_optimizer_free, the freeing of a
+ * Dropout or BatchNorm2d module, or of a buffer the step uses (parameters, inputs, optimizer
+ * state): capture again. One thread captures at a time, and nothing else may post to the device
+ * during the capture. */
 #ifndef CLPAR_GRAPH_H
 #define CLPAR_GRAPH_H
 

@@ -163,6 +163,11 @@ static int pool_add_locked(clpar_graph *g, clpar_device *dev, void *buf, size_t 
 
 int clpar_capture_take(clpar_device *dev, size_t size, void **buf, size_t *capacity) {
   if (!clpar_capture_active(dev)) return 0;
+  if (clpar_memory_category_current() == CLPAR_MEM_OPTIMIZER) /* made once, not per step */
+    clpar_capture_refuse(dev, "clpar_optimizer_step",
+                         "the optimizer's state made on its first step (a replay would make it "
+                         "again each step): run one step eagerly before the capture, as "
+                         "clpar_step_compile does");
   pthread_mutex_lock(&graphs_lock);
   clpar_graph *g = capturing_graph(dev);
   pool_block *best = NULL;
