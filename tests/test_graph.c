@@ -16,10 +16,12 @@ typedef enum { MODEL_MLP, MODEL_TOY, MODEL_CONV, MODEL_DROPOUT } model_kind;
 typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW, OPT_SGD_PLAIN } opt_kind;
 /* How the replayed run starts: clpar_step_run (eager warm-up, capture, replays), or a capture
  * of the very first step (the optimizer's state made inside it), then replays. */
-typedef enum { COMPILED, FIRST_CAPTURED } start_kind;
+typedef enum { COMPILED, FIRST_CAPTURED, DATA_PARALLEL } start_kind;
 
 typedef struct {
   clpar_device *dev;
+  clpar_device *devs[2]; /* DataParallel's, when n_devs is 2 */
+  int n_devs;
   tu_toy_devices toy;
   clpar_module *m;
   clpar_optimizer *opt;
@@ -79,6 +81,8 @@ static void run_make(run *r, clpar_device *dev, model_kind kind, opt_kind ok, in
     r->xdim = 4;
     memcpy(r->xshape, (int64_t[]){b, 3, 5, 5}, sizeof r->xshape);
   }
+  r->devs[0] = dev;
+  r->n_devs = 1;
   if (flat) tu_ok(clpar_module_flatten(r->m));
   if (ok == OPT_SGD || ok == OPT_SGD_PLAIN)
     tu_ok(clpar_sgd_create_for(
@@ -168,10 +172,13 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
       tu_ok(step(r));
     } else if (start == COMPILED) {
       tu_ok(clpar_step_run(st));
-    } else if (i == 0) {
-      tu_ok(clpar_graph_capture_begin(&r->dev, 1));
+    } else if (start == DATA_PARALLEL && i == 0) { /* warm-up */
+      tu_ok(step(r));
+    } else if (i == (start == DATA_PARALLEL)) {
+      tu_ok(clpar_graph_capture_begin(r->devs, r->n_devs));
       clpar_status ran = step(r);
       tu_ok(clpar_graph_capture_end(&g));
+      if (getenv("GRAPH_DEBUG")) fprintf(stderr, "captured %zu commands on %d devices\n", clpar_graph_command_count(g), r->n_devs);
       tu_ok(ran);
     } else {
       tu_ok(clpar_graph_replay(g));
@@ -435,12 +442,55 @@ static void test_pool(void **state) {
   run_free(&r);
 }
 
-static void test_two_devices_refused(void **state) {
+static void test_device_twice_refused(void **state) {
   (void)state;
   clpar_device *devs[2] = {clpar_device_get(0), clpar_device_get(0)};
-  assert_int_equal(clpar_graph_capture_begin(devs, 2), CLPAR_ERROR_UNSUPPORTED);
+  assert_int_equal(clpar_graph_capture_begin(devs, 2), CLPAR_ERROR_INVALID_ARGUMENT);
   clpar_graph *g;
   assert_int_not_equal(clpar_graph_capture_end(&g), CLPAR_OK); /* none in progress */
+}
+
+/* DataParallel's step (scatter, replica copies, forward on both devices, gather, the reduce
+ * of the replica's gradient) captured on its two devices: the copies between them go through
+ * host memory the graph owns, their events made fresh at each replay. */
+static void dp_make(run *r, clpar_device *d0, clpar_device *d1, opt_kind ok) {
+  run_make(r, d0, MODEL_MLP, ok, 0);
+  clpar_optimizer_free(r->opt);
+  r->devs[1] = d1;
+  r->n_devs = 2;
+  clpar_module *dp;
+  clpar_data_parallel_options o = {.devices = r->devs, .n_devices = 2};
+  tu_ok(clpar_data_parallel_create(r->m, &o, &dp));
+  r->m = dp;
+  if (ok == OPT_SGD)
+    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
+  else
+    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+}
+
+static void test_data_parallel(void **state) {
+  (void)state;
+  clpar_device *d0 = clpar_device_get(0), *d1 = tu_second_device(d0);
+  if (!d1) skip();
+  for (int k = 0; k < 2; k++) {
+    run eager, replayed;
+    float le[STEPS], lr[STEPS];
+    dp_make(&eager, d0, d1, k ? OPT_ADAM : OPT_SGD);
+    train(&eager, 0, DATA_PARALLEL, le);
+    dp_make(&replayed, d0, d1, k ? OPT_ADAM : OPT_SGD);
+    train(&replayed, 1, DATA_PARALLEL, lr);
+    for (int i = 0; i < STEPS; i++)
+      if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
+        fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
+    size_t ne, nr;
+    float *pe = state_of(&eager, &ne), *pr = state_of(&replayed, &nr);
+    assert_int_equal(ne, nr);
+    assert_memory_equal(pe, pr, ne * sizeof *pe);
+    free(pe);
+    free(pr);
+    run_free(&eager);
+    run_free(&replayed);
+  }
 }
 
 int main(void) {
@@ -462,7 +512,8 @@ int main(void) {
       cmocka_unit_test(test_stale_after_free),
       cmocka_unit_test(test_stale_after_optimizer_free),
       cmocka_unit_test(test_pool),
-      cmocka_unit_test(test_two_devices_refused),
+      cmocka_unit_test(test_device_twice_refused),
+      cmocka_unit_test(test_data_parallel),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -55,11 +55,31 @@ typedef struct host_write {
   struct host_write *next;
 } host_write;
 
+#define MAX_DEVICES 8
+
+/* An OP_WAIT or OP_SIGNAL command of the graph: each replay gives it a fresh event. */
+typedef struct {
+  int dev; /* in recs */
+  size_t index;
+  int id; /* the event's number in the graph; -1: an event from before the capture */
+} event_use;
+
 struct clpar_graph {
-  clpar_capture rec; /* one device */
+  clpar_capture recs[MAX_DEVICES];
+  int n_recs;
   host_write *writes;
-  clpar_event *done; /* the last replay's end, when it has writes (their memory is reused) */
-  pool_block *pool;  /* sorted by buf once the capture ended */
+  void **stage; /* host memory of copies between devices */
+  size_t n_stage, cap_stage;
+  event_use *uses;
+  size_t n_uses;
+  int n_events, events_held; /* held: the captured commands' events are still referenced */
+  int *ev_dev;               /* the device that signals event id */
+  clpar_event **fresh;       /* a replay's events, by id */
+  clpar_event *done_ev;      /* completed: what waits for an event from before the capture get */
+  /* the last replay's end on each device, when replays wait for it (their host memory of
+   * writes and copies is reused) */
+  clpar_event *done[MAX_DEVICES];
+  pool_block *pool; /* sorted by buf once the capture ended */
   size_t n_pool, cap_pool;
   void **ext; /* the buffers the commands use that the pool does not hold, sorted */
   size_t n_ext;
@@ -85,7 +105,15 @@ static void fail_locked(clpar_graph *g, clpar_status s, const char *message) {
 
 /* ---- recording (the worker's post, under the ring's lock) ---- */
 
+static _Thread_local int allowed; /* the runtime's own captured writes, reads and events */
+
+void clpar_capture_allow(int on) {
+  allowed = on;
+}
+
 void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
+  if (cmd->op == CLPAR_OP_WAIT || cmd->op == CLPAR_OP_SIGNAL) /* ids are given by address */
+    clpar_event_retain(cmd->u.event);
   if (c->n == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 256;
     clpar_command *grown = realloc(c->cmds, cap * sizeof *grown);
@@ -108,7 +136,7 @@ int clpar_capture_active(const clpar_device *dev) {
 
 clpar_status clpar_capture_refuse(clpar_device *dev, const char *fn, const char *what) {
   clpar_capture *c = dev ? __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE) : NULL;
-  if (!c) return CLPAR_OK;
+  if (!c || allowed) return CLPAR_OK;
   clpar_status s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                                    "clpar_graph_capture: %s on %s inside a capture: %s (%s); a "
                                    "replay does no host work, so the step cannot hold it",
@@ -119,10 +147,10 @@ clpar_status clpar_capture_refuse(clpar_device *dev, const char *fn, const char 
   return s;
 }
 
-static _Thread_local int writing_value; /* clpar_capture_host_write's own write */
-
 clpar_status clpar_capture_check_op(clpar_device *dev, int op) {
-  if (!clpar_capture_active(dev) || (writing_value && op == CLPAR_ENTRY_write)) return CLPAR_OK;
+  if (!clpar_capture_active(dev) ||
+      (allowed && (op == CLPAR_ENTRY_write || op == CLPAR_ENTRY_read)))
+    return CLPAR_OK;
   switch (op) {
     case CLPAR_ENTRY_host_alloc:
     case CLPAR_ENTRY_host_free:
@@ -342,9 +370,9 @@ clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_b
   w->next = c->graph->writes;
   c->graph->writes = w;
   pthread_mutex_unlock(&graphs_lock);
-  writing_value = 1;
+  allowed = 1;
   clpar_status s = clpar_dev_write(dev, buf, off_bytes, w->value, bytes);
-  writing_value = 0;
+  allowed = 0;
   return s;
 }
 
@@ -352,25 +380,41 @@ clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_b
 
 static clpar_graph *current; /* the graph being captured (one at a time), under graphs_lock */
 
+static clpar_status check_devices(const char *fn, clpar_device *const *devs, int n) {
+  if (!devs || n < 1) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: no device", fn);
+  if (n > MAX_DEVICES)
+    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: %d devices; at most %d", fn, n,
+                           MAX_DEVICES);
+  for (int i = 0; i < n; i++) {
+    if (!devs[i])
+      return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: device %d is NULL", fn, i);
+    for (int j = 0; j < i; j++)
+      if (devs[j] == devs[i])
+        return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: %s given twice", fn,
+                               devs[i]->bd.info.id);
+    clpar_status s = clpar_device_synchronize(devs[i]); /* from idle queues */
+    if (s != CLPAR_OK) return s;
+  }
+  return CLPAR_OK;
+}
+
 clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int n) {
   const char *fn = "clpar_graph_capture_begin";
-  if (!devs || n < 1 || !devs[0])
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: no device", fn);
-  if (n > 1)
-    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                           "%s: %d devices: a graph captures one device for now (DataParallel's "
-                           "and the pipeline's events and copies between devices are not held)",
-                           fn, n);
-  clpar_device *dev = devs[0];
-  clpar_status s = clpar_device_synchronize(dev); /* the capture starts from an idle queue */
+  clpar_status s = check_devices(fn, devs, n);
   if (s != CLPAR_OK) return s;
   clpar_graph *g = calloc(1, sizeof *g);
   if (!g) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  g->rec.graph = g;
-  g->rec.dev = dev;
+  g->n_recs = n;
+  for (int i = 0; i < n; i++) {
+    g->recs[i].graph = g;
+    g->recs[i].dev = devs[i];
+  }
   g->capturing = 1;
+  g->events_held = 1;
   pthread_mutex_lock(&graphs_lock);
-  if (current) {
+  int busy = current != NULL;
+  for (int i = 0; i < n; i++) busy |= clpar_capture_active(devs[i]);
+  if (busy) {
     pthread_mutex_unlock(&graphs_lock);
     free(g);
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -380,77 +424,122 @@ clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int n) {
   g->next = live;
   live = g;
   __atomic_add_fetch(&n_live, 1, __ATOMIC_RELEASE);
-  __atomic_store_n(&dev->capture, &g->rec, __ATOMIC_RELEASE);
+  for (int i = 0; i < n; i++) __atomic_store_n(&devs[i]->capture, &g->recs[i], __ATOMIC_RELEASE);
   pthread_mutex_unlock(&graphs_lock);
   return CLPAR_OK;
 }
 
-/* The buffer a command's argument names, if any (by its type). */
-static void *bref_buf(const void *p) {
-  return ((const clpar_bref *)p)->buf;
-}
-static void *ptr_buf(const void *p) {
-  return *(void *const *)p;
-}
-static void *cptr_buf(const void *p) {
-  return (void *)*(const void *const *)p;
-}
-static void *no_buf(const void *p) {
-  (void)p;
-  return NULL;
+int clpar_capture_between(const clpar_device *a, const clpar_device *b) {
+  clpar_capture *ca = __atomic_load_n(&a->capture, __ATOMIC_ACQUIRE);
+  clpar_capture *cb = __atomic_load_n(&b->capture, __ATOMIC_ACQUIRE);
+  return ca && cb && ca->graph == cb->graph;
 }
 
-/* Appends to list the buffers c's arguments name (at most 16 per command). */
-static size_t command_bufs(const clpar_command *c, void **list) {
-  size_t n = 0;
-#define BUF_OF_(type, field)                                                                     \
-  list[n] = _Generic(a_->field, clpar_bref: bref_buf, void *: ptr_buf, const void *: cptr_buf, \
-                     default: no_buf)(&a_->field); \
-  n += list[n] != NULL && n < 15;
-#define BUF_CASE_(name, kind, required)       \
-  case CLPAR_ENTRY_##name: {                  \
-    const clpar_args_##name *a_ = &c->u.name; \
-    (void)a_;                                 \
-    CLPAR_BE_ARGS_##name(BUF_OF_) break;      \
+void *clpar_capture_host_memory(clpar_device *dev, size_t bytes) {
+  clpar_capture *c = __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE);
+  if (!c) return NULL;
+  clpar_graph *g = c->graph;
+  void *mem = malloc(bytes ? bytes : 1);
+  pthread_mutex_lock(&graphs_lock);
+  if (mem && g->n_stage == g->cap_stage) {
+    size_t cap = g->cap_stage ? 2 * g->cap_stage : 16;
+    void **grown = realloc(g->stage, cap * sizeof *grown);
+    if (grown) {
+      g->stage = grown;
+      g->cap_stage = cap;
+    }
   }
-  switch (c->op) {
-    CLPAR_BACKEND_ENTRIES(BUF_CASE_)
-    default:
-      break;
+  if (mem && g->n_stage < g->cap_stage) {
+    g->stage[g->n_stage++] = mem;
+  } else {
+    free(mem);
+    mem = NULL;
+    fail_locked(g, CLPAR_ERROR_OUT_OF_MEMORY, "clpar_graph_capture: out of host memory (copies)");
   }
-#undef BUF_CASE_
-#undef BUF_OF_
-  return n;
+  pthread_mutex_unlock(&graphs_lock);
+  return mem;
+}
+
+static int push_ext(void ***ext, size_t *n, size_t *cap, void *buf) {
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 64;
+    void **grown = realloc(*ext, *cap * sizeof *grown);
+    if (!grown) return 0;
+    *ext = grown;
+  }
+  (*ext)[(*n)++] = buf;
+  return 1;
 }
 
 /* g->ext: the buffers its commands use that its pool does not hold, sorted, once. */
 static clpar_status list_external_locked(clpar_graph *g) {
-  const clpar_capture *c = &g->rec;
   size_t cap = 0, n = 0;
   void **ext = NULL, *bufs[16];
-  for (size_t i = 0; i < c->n; i++) {
-    size_t k = command_bufs(&c->cmds[i], bufs);
-    for (size_t j = 0; j < k; j++) {
-      if (pool_find_locked(g, bufs[j])) continue;
-      if (n == cap) {
-        cap = cap ? 2 * cap : 64;
-        void **grown = realloc(ext, cap * sizeof *grown);
-        if (!grown) {
+  for (int d = 0; d < g->n_recs; d++)
+    for (size_t i = 0; i < g->recs[d].n; i++) {
+      size_t k = clpar_command_buffers(&g->recs[d].cmds[i], bufs);
+      for (size_t j = 0; j < k; j++)
+        if (!pool_find_locked(g, bufs[j]) && !push_ext(&ext, &n, &cap, bufs[j])) {
           free(ext);
           return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY,
                                  "clpar_graph_capture_end: out of host memory");
         }
-        ext = grown;
-      }
-      ext[n++] = bufs[j];
     }
-  }
   if (n) qsort(ext, n, sizeof *ext, cmp_voidp);
   size_t u = 0;
   for (size_t i = 0; i < n; i++)
     if (u == 0 || ext[u - 1] != ext[i]) ext[u++] = ext[i];
   g->ext = ext;
   g->n_ext = u;
+  return CLPAR_OK;
+}
+
+/* Drops the references the recorded commands hold on their events (taken at recording). */
+static void release_captured_events(clpar_graph *g) {
+  if (!g->events_held) return;
+  g->events_held = 0;
+  for (int d = 0; d < g->n_recs; d++)
+    for (size_t i = 0; i < g->recs[d].n; i++) {
+      clpar_command *c = &g->recs[d].cmds[i];
+      if (c->op == CLPAR_OP_WAIT || c->op == CLPAR_OP_SIGNAL) clpar_event_release(c->u.event);
+    }
+}
+
+/* Numbers the events the graph's commands signal and lists every wait and signal: each
+ * replay makes fresh events for them; a wait for an event from before the capture (done by
+ * then) gets an event made complete. */
+static clpar_status number_events(clpar_graph *g) {
+  size_t n = 0;
+  for (int d = 0; d < g->n_recs; d++)
+    for (size_t i = 0; i < g->recs[d].n; i++)
+      n += g->recs[d].cmds[i].op == CLPAR_OP_WAIT || g->recs[d].cmds[i].op == CLPAR_OP_SIGNAL;
+  if (n == 0) return CLPAR_OK;
+  g->uses = calloc(n, sizeof *g->uses);
+  g->ev_dev = calloc(n, sizeof *g->ev_dev);
+  g->fresh = calloc(n, sizeof *g->fresh);
+  clpar_event **ids = calloc(n, sizeof *ids);
+  g->done_ev = clpar_event_new(g->recs[0].dev);
+  if (!g->uses || !g->ev_dev || !g->fresh || !ids || !g->done_ev) {
+    free(ids);
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_graph_capture_end: out of memory");
+  }
+  clpar_event_complete(clpar_event_retain(g->done_ev), CLPAR_OK);
+  for (int pass = 0; pass < 2; pass++) /* the signals first, then the waits */
+    for (int d = 0; d < g->n_recs; d++)
+      for (size_t i = 0; i < g->recs[d].n; i++) {
+        clpar_command *c = &g->recs[d].cmds[i];
+        if (c->op != (pass ? CLPAR_OP_WAIT : CLPAR_OP_SIGNAL)) continue;
+        int id = -1;
+        for (int k = 0; k < g->n_events && id < 0; k++)
+          if (ids[k] == c->u.event) id = k;
+        if (!pass) {
+          ids[g->n_events] = c->u.event;
+          g->ev_dev[g->n_events] = d;
+          id = g->n_events++;
+        }
+        g->uses[g->n_uses++] = (event_use){d, i, id};
+      }
+  free(ids);
   return CLPAR_OK;
 }
 
@@ -471,19 +560,38 @@ static void graph_release(clpar_graph *g) {
 }
 
 static void graph_free(clpar_graph *g) {
+  release_captured_events(g);
   for (host_write *w = g->writes, *next; w; w = next) {
     next = w->next;
     if (w->free_user) w->free_user(w->user);
     free(w);
   }
-  if (g->done) clpar_event_release(g->done);
-  for (size_t i = 0; i < g->rec.n_patches; i++)
-    if (g->rec.patches[i].free_user) g->rec.patches[i].free_user(g->rec.patches[i].user);
-  free(g->rec.patches);
-  free(g->rec.cmds);
+  for (int d = 0; d < MAX_DEVICES; d++) clpar_event_release(g->done[d]);
+  for (int d = 0; d < g->n_recs; d++) {
+    clpar_capture *c = &g->recs[d];
+    for (size_t i = 0; i < c->n_patches; i++)
+      if (c->patches[i].free_user) c->patches[i].free_user(c->patches[i].user);
+    free(c->patches);
+    free(c->cmds);
+  }
+  for (size_t i = 0; i < g->n_stage; i++) free(g->stage[i]);
+  clpar_event_release(g->done_ev);
+  free(g->stage);
+  free(g->uses);
+  free(g->ev_dev);
+  free(g->fresh);
   free(g->pool);
   free(g->ext);
   free(g);
+}
+
+/* After the capture run: the pool sorted, the external buffers and the events listed. */
+static void finish_locked(clpar_graph *g) {
+  g->capturing = 0;
+  qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
+  clpar_status s = list_external_locked(g);
+  if (s == CLPAR_OK) s = number_events(g);
+  if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
 }
 
 clpar_status clpar_graph_capture_end(clpar_graph **out) {
@@ -493,24 +601,25 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
   pthread_mutex_lock(&graphs_lock);
   clpar_graph *g = current;
   current = NULL;
-  if (g) __atomic_store_n(&g->rec.dev->capture, NULL, __ATOMIC_RELEASE);
+  for (int d = 0; g && d < g->n_recs; d++)
+    __atomic_store_n(&g->recs[d].dev->capture, NULL, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&graphs_lock);
   if (!g)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_graph_capture_end: no capture in progress");
-  clpar_status s = clpar_device_synchronize(g->rec.dev); /* the capture run, and its errors */
-  pthread_mutex_lock(&graphs_lock);
-  if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
-  if (g->error == CLPAR_OK) {
-    g->capturing = 0;
-    qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
-    s = list_external_locked(g);
+  for (int d = 0; d < g->n_recs; d++) { /* the capture run, and its errors */
+    clpar_status s = clpar_device_synchronize(g->recs[d].dev);
+    pthread_mutex_lock(&graphs_lock);
     if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
+    pthread_mutex_unlock(&graphs_lock);
   }
-  s = g->error;
+  pthread_mutex_lock(&graphs_lock);
+  if (g->error == CLPAR_OK) finish_locked(g);
+  clpar_status s = g->error;
   char message[sizeof g->message];
   memcpy(message, g->message, sizeof message);
   pthread_mutex_unlock(&graphs_lock);
+  release_captured_events(g);
   if (s != CLPAR_OK) {
     graph_release(g);
     graph_free(g);
@@ -522,6 +631,80 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
 
 /* ---- replay ---- */
 
+/* Waits for the previous replay where this one reuses its host memory. */
+static clpar_status wait_last(clpar_graph *g) {
+  clpar_status s = CLPAR_OK;
+  for (int d = 0; d < g->n_recs; d++) {
+    if (!g->done[d]) continue;
+    clpar_status e = clpar_event_sync(g->done[d]);
+    if (s == CLPAR_OK) s = e;
+    clpar_event_release(g->done[d]);
+    g->done[d] = NULL;
+  }
+  return s;
+}
+
+static clpar_status run_patches(clpar_graph *g) {
+  for (host_write *w = g->writes; w; w = w->next) w->fn(w->user, w->value);
+  for (int d = 0; d < g->n_recs; d++) {
+    clpar_capture *c = &g->recs[d];
+    for (size_t i = 0; i < c->n_patches; i++) {
+      patch *p = &c->patches[i];
+      clpar_patch_args a;
+      patch_get(&c->cmds[p->index], &a);
+      clpar_status s = p->fn(p->user, &a);
+      if (s != CLPAR_OK) {
+        pthread_mutex_lock(&graphs_lock);
+        mark_stale_locked(g, "a patch refused at an earlier replay (nothing was posted)");
+        pthread_mutex_unlock(&graphs_lock);
+        return s;
+      }
+      patch_set(&c->cmds[p->index], &a);
+    }
+  }
+  return CLPAR_OK;
+}
+
+/* Fresh events into the waits and signals (each command holds a reference, which the worker
+ * drops; a fresh event's own is dropped by its completion). */
+static clpar_status fresh_events(clpar_graph *g) {
+  for (int k = 0; k < g->n_events; k++) {
+    g->fresh[k] = clpar_event_new(g->recs[g->ev_dev[k]].dev);
+    if (g->fresh[k]) continue;
+    while (k-- > 0) clpar_event_release(g->fresh[k]);
+    return CLPAR_ERROR_OUT_OF_MEMORY;
+  }
+  for (size_t i = 0; i < g->n_uses; i++) {
+    event_use *u = &g->uses[i];
+    clpar_event *ev = u->id >= 0 ? g->fresh[u->id] : g->done_ev;
+    g->recs[u->dev].cmds[u->index].u.event = clpar_event_retain(ev);
+  }
+  return CLPAR_OK;
+}
+
+/* A batch not posted: its commands' references go, and its signals complete with s (so that
+ * the other devices' waits end). */
+static void unposted(clpar_graph *g, int d, clpar_status s) {
+  for (size_t i = 0; i < g->n_uses; i++)
+    if (g->uses[i].dev == d) clpar_event_release(g->recs[d].cmds[g->uses[i].index].u.event);
+  for (int k = 0; k < g->n_events; k++)
+    if (g->ev_dev[k] == d) clpar_event_complete(g->fresh[k], s); /* its own reference */
+}
+
+static clpar_status post_all(clpar_graph *g) {
+  clpar_status s = CLPAR_OK;
+  for (int d = 0; d < g->n_recs && s == CLPAR_OK; d++) s = clpar_worker_take_error(g->recs[d].dev);
+  if (s == CLPAR_OK) s = fresh_events(g);
+  if (s != CLPAR_OK) return s;
+  for (int d = 0; d < g->n_recs; d++) {
+    clpar_status e =
+        s == CLPAR_OK ? clpar_worker_post_batch(g->recs[d].dev, g->recs[d].cmds, g->recs[d].n) : s;
+    if (e != CLPAR_OK) unposted(g, d, e);
+    s = e;
+  }
+  return s;
+}
+
 clpar_status clpar_graph_replay(clpar_graph *g) {
   if (!g) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_graph_replay: graph is NULL");
   pthread_mutex_lock(&graphs_lock);
@@ -531,43 +714,28 @@ clpar_status clpar_graph_replay(clpar_graph *g) {
                         "clpar_graph_replay: the graph is stale: %s; capture the step again",
                         g->why);
   pthread_mutex_unlock(&graphs_lock);
-  if (s != CLPAR_OK) return s;
-  clpar_capture *c = &g->rec;
-  if (g->done) { /* the last replay's writes read their values: wait until it ran */
-    s = clpar_event_sync(g->done);
-    clpar_event_release(g->done);
-    g->done = NULL;
-    if (s != CLPAR_OK) return s;
-  }
-  for (host_write *w = g->writes; w; w = w->next) w->fn(w->user, w->value);
-  for (size_t i = 0; i < c->n_patches; i++) {
-    patch *p = &c->patches[i];
-    clpar_patch_args a;
-    patch_get(&c->cmds[p->index], &a);
-    s = p->fn(p->user, &a);
-    if (s != CLPAR_OK) {
-      pthread_mutex_lock(&graphs_lock);
-      mark_stale_locked(g, "a patch refused at an earlier replay (nothing was posted)");
-      pthread_mutex_unlock(&graphs_lock);
-      return s;
-    }
-    patch_set(&c->cmds[p->index], &a);
-  }
-  s = clpar_worker_post_batch(c->dev, c->cmds, c->n);
-  if (s == CLPAR_OK && g->writes) s = clpar_event_record(c->dev, &g->done);
+  if (s == CLPAR_OK) s = wait_last(g);
+  if (s == CLPAR_OK) s = run_patches(g);
+  if (s == CLPAR_OK) s = post_all(g);
+  int reuses = g->writes || g->n_stage; /* host memory the next replay writes again */
+  for (int d = 0; s == CLPAR_OK && reuses && d < g->n_recs; d++)
+    s = clpar_event_record(g->recs[d].dev, &g->done[d]);
   return s;
 }
 
 size_t clpar_graph_command_count(const clpar_graph *g) {
-  return g ? g->rec.n : 0;
+  size_t n = 0;
+  for (int d = 0; g && d < g->n_recs; d++) n += g->recs[d].n;
+  return n;
 }
 
 void clpar_graph_destroy(clpar_graph *g) {
   if (!g) return;
   pthread_mutex_lock(&graphs_lock);
-  int detached = g->rec.dev == NULL; /* clpar_shutdown took its memory already */
+  int detached = g->recs[0].dev == NULL; /* clpar_shutdown took its memory already */
   pthread_mutex_unlock(&graphs_lock);
-  if (!detached) clpar_device_synchronize(g->rec.dev); /* no replay may still use the pool */
+  for (int d = 0; !detached && d < g->n_recs; d++) /* no replay may still use the pool */
+    clpar_device_synchronize(g->recs[d].dev);
   graph_release(g);
   graph_free(g);
 }
@@ -595,7 +763,8 @@ void clpar_capture_shutdown(void) {
   clpar_graph *all = live;
   live = NULL;
   __atomic_store_n(&n_live, 0, __ATOMIC_RELEASE);
-  if (current) __atomic_store_n(&current->rec.dev->capture, NULL, __ATOMIC_RELEASE);
+  for (int d = 0; current && d < current->n_recs; d++)
+    __atomic_store_n(&current->recs[d].dev->capture, NULL, __ATOMIC_RELEASE);
   current = NULL;
   for (clpar_graph *g = all; g; g = g->next) mark_stale_locked(g, "clpar_shutdown was called");
   pthread_mutex_unlock(&graphs_lock);
@@ -604,58 +773,6 @@ void clpar_capture_shutdown(void) {
       if (!g->pool[i].in_use)
         clpar_allocator_recache(g->pool[i].dev, g->pool[i].buf, g->pool[i].size);
     g->n_pool = 0;
-    g->rec.dev = NULL;
+    for (int d = 0; d < g->n_recs; d++) g->recs[d].dev = NULL;
   }
-}
-
-/* ---- a step compiled on first use ---- */
-
-struct clpar_step {
-  clpar_step_fn fn;
-  void *ctx;
-  clpar_device *dev;
-  int runs; /* eager runs done: 0, 1, then 2 once captured */
-  clpar_graph *graph;
-};
-
-clpar_status clpar_step_compile(clpar_step_fn fn, void *ctx, clpar_device *dev, clpar_step **out) {
-  if (!fn || !dev || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_step_compile: NULL argument");
-  clpar_step *st = calloc(1, sizeof *st);
-  if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_step_compile: out of memory");
-  *st = (clpar_step){fn, ctx, dev, 0, NULL};
-  *out = st;
-  return CLPAR_OK;
-}
-
-clpar_status clpar_step_run(clpar_step *st) {
-  if (!st) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_step_run: step is NULL");
-  if (st->graph) return clpar_graph_replay(st->graph);
-  if (st->runs == 0) {
-    clpar_status s = st->fn(st->ctx);
-    if (s == CLPAR_OK) st->runs = 1;
-    return s;
-  }
-  clpar_status s = clpar_graph_capture_begin(&st->dev, 1);
-  if (s != CLPAR_OK) return s;
-  clpar_status ran = st->fn(st->ctx);
-  char message[1024];
-  snprintf(message, sizeof message, "%s", clpar_last_error());
-  s = clpar_graph_capture_end(&st->graph);
-  if (ran != CLPAR_OK) { /* the step's own error first */
-    clpar_graph_destroy(st->graph);
-    st->graph = NULL;
-    return clpar_set_error(ran, "%s", message);
-  }
-  return s;
-}
-
-clpar_graph *clpar_step_graph(const clpar_step *st) {
-  return st ? st->graph : NULL;
-}
-
-void clpar_step_free(clpar_step *st) {
-  if (!st) return;
-  clpar_graph_destroy(st->graph);
-  free(st);
 }

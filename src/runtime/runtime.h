@@ -165,6 +165,9 @@ typedef struct clpar_command {
 /* Appends cmds[0..n) to dev's ring under one lock with one wake-up (a graph's replay). An
  * earlier asynchronous failure is returned instead. */
 clpar_status clpar_worker_post_batch(clpar_device *dev, const clpar_command *cmds, size_t n);
+/* Puts into list (room for 16) the buffers c's arguments name: its clpar_bref and void
+ * pointer arguments (some may be host memory); returns how many. */
+size_t clpar_command_buffers(const clpar_command *c, void **list);
 /* The entry's name for a command's op ("wait", "signal" for the two others). */
 const char *clpar_op_name(int op);
 
@@ -381,6 +384,12 @@ void clpar_capture_own(clpar_device *dev, void *buf, size_t capacity);
 /* A buffer being freed: 1 when a graph took it (its own block, or any buffer freed on a
  * capturing device); 0 when it goes to the shared cache (a live graph that used it goes stale). */
 int clpar_capture_give(clpar_device *dev, void *buf, size_t capacity, clpar_busy *busy);
+/* Captured copies between devices (src/runtime/transfer.c): 1 when a and b capture into the
+ * same graph; host memory the graph owns (NULL: the capture fails); allow (1) lets the
+ * calling thread post reads, writes and events on capturing devices until allow (0). */
+int clpar_capture_between(const clpar_device *a, const clpar_device *b);
+void *clpar_capture_host_memory(clpar_device *dev, size_t bytes);
+void clpar_capture_allow(int on);
 /* Puts a block back into dev's shared cache (counted as cached already). */
 void clpar_allocator_recache(clpar_device *dev, void *buf, size_t capacity);
 /* At clpar_shutdown, before the allocators go: every graph gives back its free blocks and can

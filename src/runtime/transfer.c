@@ -358,9 +358,26 @@ static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst
   return s;
 }
 
-/* A copy between two devices inside a capture: not held by a graph yet. */
+/* A copy between two devices that capture into one graph: through host memory the graph owns
+ * (each replay waits for the previous one before it writes that memory again); the events
+ * between the two queues are recorded with the commands and made fresh at each replay. */
+static clpar_status captured_copy(clpar_device *dst, void *dst_buf, size_t dst_off,
+                                  clpar_device *src, const void *src_buf, size_t src_off,
+                                  size_t bytes) {
+  void *mem = clpar_capture_host_memory(src, bytes);
+  if (!mem) return CLPAR_ERROR_OUT_OF_MEMORY;
+  count(dst, src, bytes);
+  clpar_capture_allow(1);
+  clpar_status s = clpar_dev_read(src, src_buf, src_off, mem, bytes);
+  if (s == CLPAR_OK) s = order_after(dst, src, NULL);
+  if (s == CLPAR_OK) s = clpar_dev_write(dst, dst_buf, dst_off, mem, bytes);
+  clpar_capture_allow(0);
+  return s;
+}
+
+/* A copy between two devices inside a capture that does not hold both. */
 static clpar_status refuse_between(const char *fn, clpar_device *a, clpar_device *b) {
-  const char *what = "a copy between devices";
+  const char *what = "a copy between a capturing device and one outside the capture";
   clpar_status s = clpar_capture_refuse(a, fn, what);
   return s != CLPAR_OK || a == b ? s : clpar_capture_refuse(b, fn, what);
 }
@@ -371,6 +388,8 @@ clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t
   if (bytes == 0) return CLPAR_OK;
   if (dst_dev == src_dev)
     return clpar_dev_copy(dst_dev, dst_st->buf, dst_off, src_st->buf, src_off, bytes);
+  if (clpar_capture_between(dst_dev, src_dev))
+    return captured_copy(dst_dev, dst_st->buf, dst_off, src_dev, src_st->buf, src_off, bytes);
   clpar_status s = refuse_between("clpar_transfer", dst_dev, src_dev);
   if (s != CLPAR_OK) return s;
   count(dst_dev, src_dev, bytes);
@@ -398,7 +417,9 @@ struct clpar_transfer_half {
 clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
                                   clpar_storage *src_st, size_t src_off, size_t bytes,
                                   clpar_transfer_half **out) {
-  clpar_status refused = refuse_between("clpar_transfer_begin", dst_dev, src_dev);
+  int captured = clpar_capture_between(dst_dev, src_dev); /* posted whole at finish */
+  clpar_status refused =
+      captured ? CLPAR_OK : refuse_between("clpar_transfer_begin", dst_dev, src_dev);
   if (refused != CLPAR_OK) return refused;
   clpar_transfer_half *h = calloc(1, sizeof *h);
   if (!h) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
@@ -407,8 +428,8 @@ clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
   h->src_off = src_off;
   h->bytes = bytes;
   clpar_status s = CLPAR_OK;
-  if (bytes > 0 && bytes <= SPLIT_MAX && dst_dev != src_dev && dst_dev != clpar_device_host() &&
-      !peer_ok(dst_dev, src_dev)) {
+  if (!captured && bytes > 0 && bytes <= SPLIT_MAX && dst_dev != src_dev &&
+      dst_dev != clpar_device_host() && !peer_ok(dst_dev, src_dev)) {
     clpar_event *busy = NULL;
     s = staging_get(src_dev, bytes, &h->block, &busy);
     if (busy) {

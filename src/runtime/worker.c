@@ -299,6 +299,45 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
   return s;
 }
 
+/* ---- the buffers a command names (a graph's, src/runtime/capture.c) ---- */
+
+/* The buffer a command's argument names, if any (by its type). */
+static void *bref_buf(const void *p) {
+  return ((const clpar_bref *)p)->buf;
+}
+static void *ptr_buf(const void *p) {
+  return *(void *const *)p;
+}
+static void *cptr_buf(const void *p) {
+  return (void *)*(const void *const *)p;
+}
+static void *no_buf(const void *p) {
+  (void)p;
+  return NULL;
+}
+
+size_t clpar_command_buffers(const clpar_command *c, void **list) {
+  size_t n = 0;
+#define BUF_OF_(type, field)                                                                     \
+  list[n] = _Generic(a_->field, clpar_bref: bref_buf, void *: ptr_buf, const void *: cptr_buf, \
+                     default: no_buf)(&a_->field); \
+  n += list[n] != NULL && n < 15;
+#define BUF_CASE_(name, kind, required)       \
+  case CLPAR_ENTRY_##name: {                  \
+    const clpar_args_##name *a_ = &c->u.name; \
+    (void)a_;                                 \
+    CLPAR_BE_ARGS_##name(BUF_OF_) break;      \
+  }
+  switch (c->op) {
+    CLPAR_BACKEND_ENTRIES(BUF_CASE_)
+    default:
+      break;
+  }
+#undef BUF_CASE_
+#undef BUF_OF_
+  return n;
+}
+
 /* ---- the dispatch, generated ---- */
 
 /* Every backend entry the core calls goes through these: QUEUE entries are posted to the
