@@ -1,18 +1,20 @@
-/* graph.c — one device's training step run eagerly and replayed from a captured graph
- * (clpar/graph.h), in one run: bench/data_parallel's latency-bound MLP (48 Linear(64, 64) with
- * ReLU between, batch 32, cross-entropy, SGD lr 0.01, parameters flattened: one optimizer
- * kernel), its inputs and labels written once into tensors made before the capture (the eager
- * step does not upload either). Rounds of steps alternate between eager and replay; prints one
- * JSON object with the best and worst round of each (ms per step), their ratio, the host time
- * per step (until the step was posted, best round), and the
- * commands each ran per step (kernels, GEMM calls, device copies: the device's profile count
- * for eager, the graph's list for replay).
+/* graph.c — a training step run eagerly and replayed from a captured graph (clpar/graph.h),
+ * in one run: bench/data_parallel's latency-bound MLP (48 Linear(64, 64) with ReLU between,
+ * batch 32, cross-entropy, SGD lr 0.01, parameters flattened: one optimizer kernel), its
+ * inputs and labels written once into tensors made before the capture (the eager step does
+ * not upload either), on one device and, when two are selected, under DataParallel over both.
+ * Rounds of steps alternate between eager and replay; one JSON object per set-up with the best
+ * and worst round of each (ms per step), their ratio, the host time per step (until the step
+ * was posted, best round), and the commands per step summed over the devices (kernels, GEMM
+ * calls, copies: the devices' profile count for eager, the graph's list for replay, which
+ * also holds the waits and signals between devices).
  *
- * Also the host cost of posting one tiny command (a 1-element fill): eagerly (clpar_fill, one
- * lock and wake-up each) against within a replay of a graph of 1000 of them (one lock for all),
- * host time only (the posting thread's), and the time until the device ran them.
+ * Also, on one device, the host cost of posting one tiny command (a 1-element fill): eagerly
+ * (clpar_fill, one lock and wake-up each) against within a replay of a graph of 1000 of them
+ * (one lock for all), host time only (the posting thread's), and the time until the device
+ * ran them.
  *
- *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 ./bench_graph [steps [rounds]] */
+ *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_graph [steps [rounds]] */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
@@ -22,9 +24,12 @@
 enum { LAYERS = 48, WIDTH = 64, BATCH = 32, TINY = 1000 };
 
 typedef struct {
+  clpar_device *devs[2];
+  int n;
   clpar_module *m;
   clpar_optimizer *opt;
   clpar_tensor *x, *y, *loss;
+  clpar_graph *graph;
 } bench_run;
 
 static clpar_status step(void *ctx) {
@@ -42,12 +47,14 @@ static clpar_status step(void *ctx) {
   return s;
 }
 
-static int make_run(bench_run *r, clpar_device *dev) {
-  clpar_module *l[2 * LAYERS];
+/* The MLP on devs[0], wrapped in DataParallel over both devices when n is 2, its optimizer
+ * and static inputs; then a warm-up step and the captured one. */
+static int make_run(bench_run *r) {
+  clpar_module *l[2 * LAYERS], *dp;
   int n = 0, good = 1;
   clpar_manual_seed(3);
   for (int i = 0; good && i < LAYERS; i++) {
-    good = bench_ok(clpar_linear_create(WIDTH, WIDTH, 1, dev, &l[n++]), "Linear");
+    good = bench_ok(clpar_linear_create(WIDTH, WIDTH, 1, r->devs[0], &l[n++]), "Linear");
     if (good && i < LAYERS - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
   }
   float x[BATCH * WIDTH];
@@ -55,33 +62,59 @@ static int make_run(bench_run *r, clpar_device *dev) {
   bench_batch(x, y, BATCH, WIDTH, WIDTH);
   int64_t xs[2] = {BATCH, WIDTH}, ys = BATCH;
   clpar_sgd_options sgd = {.lr = 0.01f};
-  return good && bench_ok(clpar_sequential_create(l, n, &r->m), "Sequential") &&
-         bench_ok(clpar_module_flatten(r->m), "flatten") &&
-         bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD") &&
-         bench_ok(clpar_tensor_from_host(dev, 2, xs, x, &r->x), "input") &&
-         bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r->y), "labels");
+  clpar_data_parallel_options o = {.devices = r->devs, .n_devices = 2};
+  good = good && bench_ok(clpar_sequential_create(l, n, &r->m), "Sequential") &&
+         bench_ok(clpar_module_flatten(r->m), "flatten");
+  if (good && r->n == 2) {
+    good = bench_ok(clpar_data_parallel_create(r->m, &o, &dp), "DataParallel");
+    r->m = good ? dp : NULL;
+  }
+  clpar_status ran = CLPAR_OK;
+  good =
+      good && bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD") &&
+      bench_ok(clpar_tensor_from_host(r->devs[0], 2, xs, x, &r->x), "input") &&
+      bench_ok(clpar_tensor_from_host_dtype(r->devs[0], CLPAR_INT32, 1, &ys, y, &r->y), "labels") &&
+      bench_ok(step(r), "warm-up") &&
+      bench_ok(clpar_graph_capture_begin(r->devs, r->n), "capture") && (ran = step(r), 1) &&
+      bench_ok(clpar_graph_capture_end(&r->graph), "capture") && bench_ok(ran, "captured step");
+  return good;
+}
+
+static void free_run(bench_run *r) {
+  clpar_graph_destroy(r->graph);
+  clpar_tensor_free(r->loss);
+  clpar_tensor_free(r->x);
+  clpar_tensor_free(r->y);
+  clpar_optimizer_free(r->opt);
+  clpar_module_free(r->m);
 }
 
 /* ms per step of one round of steps (eager or replayed), waiting once at the end; *host_ms:
  * per step until the last one was posted (the calling thread's own time on the step). */
-static double round_ms(clpar_step *st, bench_run *r, clpar_device *dev, int replay, int steps,
-                       double *host_ms) {
+static double round_ms(bench_run *r, int replay, int steps, double *host_ms) {
   double t0 = now_seconds();
   for (int i = 0; i < steps; i++)
-    if (!bench_ok(replay ? clpar_step_run(st) : step(r), "step")) return -1;
+    if (!bench_ok(replay ? clpar_graph_replay(r->graph) : step(r), "step")) return -1;
   *host_ms = (now_seconds() - t0) * 1e3 / steps;
-  if (!bench_ok(clpar_device_synchronize(dev), "synchronize")) return -1;
+  for (int d = 0; d < r->n; d++)
+    if (!bench_ok(clpar_device_synchronize(r->devs[d]), "synchronize")) return -1;
   return (now_seconds() - t0) * 1e3 / steps;
 }
 
-/* Commands the device ran per step, eagerly (its profile's count over 10 steps). */
-static double eager_commands(bench_run *r, clpar_device *dev) {
-  clpar_profile pr = {0, 0};
-  int good = bench_ok(clpar_device_profile_start(dev), "profile");
+/* Commands the devices ran per step, eagerly (their profiles' counts over 10 steps). */
+static double eager_commands(bench_run *r) {
+  uint64_t ops = 0;
+  int good = 1;
+  for (int d = 0; good && d < r->n; d++)
+    good = bench_ok(clpar_device_profile_start(r->devs[d]), "profile");
   for (int i = 0; good && i < 10; i++) good = bench_ok(step(r), "step");
-  good = good && bench_ok(clpar_device_profile_read(dev, &pr), "profile");
-  clpar_device_profile_stop(dev);
-  return good ? (double)pr.ops / 10 : -1;
+  for (int d = 0; good && d < r->n; d++) {
+    clpar_profile pr = {0, 0};
+    good = bench_ok(clpar_device_profile_read(r->devs[d], &pr), "profile");
+    clpar_device_profile_stop(r->devs[d]);
+    ops += pr.ops;
+  }
+  return good ? (double)ops / 10 : -1;
 }
 
 /* Host microseconds to post one tiny fill: eagerly, and within a replay; *run_us: per fill
@@ -115,43 +148,45 @@ static void tiny_cost(clpar_device *dev, double post_us[2], double run_us[2]) {
   clpar_tensor_free(t);
 }
 
-int main(int argc, char **argv) {
-  int steps = argc > 1 ? atoi(argv[1]) : 100, rounds = argc > 2 ? atoi(argv[2]) : 5;
-  if (steps < 1 || rounds < 1 || !bench_ok(clpar_init(), "clpar_init")) return 1;
-  clpar_device *dev = clpar_device_get(0);
-  bench_run r = {0};
-  clpar_step *st = NULL;
-  int good = make_run(&r, dev) && bench_ok(clpar_step_compile(step, &r, dev, &st), "compile") &&
-             bench_ok(clpar_step_run(st), "warm-up") && bench_ok(clpar_step_run(st), "capture");
+/* One set-up's rounds and its JSON object; 0 on failure. */
+static int run_setup(bench_run *r, int steps, int rounds) {
+  if (!make_run(r)) return 0;
   double best[2] = {1e30, 1e30}, worst[2] = {0, 0}, host[2] = {1e30, 1e30};
+  int good = 1;
   for (int k = 0; good && k < rounds; k++)
     for (int mode = 0; good && mode < 2; mode++) {
-      double host_ms = 0, ms = round_ms(st, &r, dev, mode, steps, &host_ms);
+      double host_ms = 0, ms = round_ms(r, mode, steps, &host_ms);
       good = ms >= 0;
       if (host_ms < host[mode]) host[mode] = host_ms;
       if (ms < best[mode]) best[mode] = ms;
       if (ms > worst[mode]) worst[mode] = ms;
     }
-  double eager_cmds = good ? eager_commands(&r, dev) : -1, post[2] = {0, 0}, run[2] = {0, 0};
-  if (good) tiny_cost(dev, post, run);
+  double eager_cmds = good ? eager_commands(r) : -1, post[2] = {0, 0}, run[2] = {0, 0};
+  if (good && r->n == 1) tiny_cost(r->devs[0], post, run);
   if (good)
     printf(
         "{\"model\": \"latency-bound MLP 48 x Linear(64, 64), batch 32, flat SGD\", "
-        "\"device\": \"%s\", \"steps_per_round\": %d, \"rounds\": %d, "
+        "\"devices\": %d, \"data_parallel\": %s, \"steps_per_round\": %d, \"rounds\": %d, "
         "\"eager_ms_per_step\": [%.3f, %.3f], \"replay_ms_per_step\": [%.3f, %.3f], "
         "\"speedup_best\": %.2f, \"host_ms_per_step\": {\"eager\": %.3f, \"replay\": %.3f}, "
-        "\"kernels_per_step\": {\"eager\": %.1f, \"replay\": %zu}, "
+        "\"commands_per_step\": {\"eager\": %.1f, \"replay\": %zu}, "
         "\"tiny_fill_post_us\": {\"eager\": %.3f, \"replay\": %.3f}, "
         "\"tiny_fill_run_us\": {\"eager\": %.3f, \"replay\": %.3f}}\n",
-        clpar_device_id(dev), steps, rounds, best[0], worst[0], best[1], worst[1],
-        best[0] / best[1], host[0], host[1], eager_cmds,
-        clpar_graph_command_count(clpar_step_graph(st)), post[0], post[1], run[0], run[1]);
-  clpar_step_free(st);
-  clpar_tensor_free(r.loss);
-  clpar_tensor_free(r.x);
-  clpar_tensor_free(r.y);
-  clpar_optimizer_free(r.opt);
-  clpar_module_free(r.m);
+        r->n, r->n == 2 ? "true" : "false", steps, rounds, best[0], worst[0], best[1], worst[1],
+        best[0] / best[1], host[0], host[1], eager_cmds, clpar_graph_command_count(r->graph),
+        post[0], post[1], run[0], run[1]);
+  return good;
+}
+
+int main(int argc, char **argv) {
+  int steps = argc > 1 ? atoi(argv[1]) : 100, rounds = argc > 2 ? atoi(argv[2]) : 5;
+  if (steps < 1 || rounds < 1 || !bench_ok(clpar_init(), "clpar_init")) return 1;
+  int good = 1;
+  for (int n = 1; good && n <= 2 && n <= clpar_device_count(); n++) {
+    bench_run r = {.devs = {clpar_device_get(0), n == 2 ? clpar_device_get(1) : NULL}, .n = n};
+    good = run_setup(&r, steps, rounds);
+    free_run(&r);
+  }
   clpar_shutdown();
   return good ? 0 : 1;
 }

@@ -2,24 +2,26 @@
  * semantics; docs/graphs.md).
  *
  * Between clpar_graph_capture_begin and clpar_graph_capture_end every command the step posts to
- * the device is recorded while it runs as ever (the capture run is an eager step). A replay
- * posts the recorded commands to the device's worker at once: no autograd, no allocation, no
- * per-op host work. What changes per step is patched at each replay as the eager step would
- * compute it: the optimizers' learning rate (read from their options, so schedulers work),
- * Adam's step count and bias corrections, Dropout modules' RNG offsets.
+ * the capturing devices is recorded while it runs as ever (the capture run is an eager step).
+ * A replay posts each device's recorded commands to its worker at once: no autograd, no
+ * allocation, no per-op host work. What changes per step is patched at each replay as the
+ * eager step would compute it: the optimizers' learning rate (read from their options, so
+ * schedulers work), Adam's step count and bias corrections, Dropout modules' RNG offsets,
+ * BatchNorm2d's num_batches_tracked. Copies between capturing devices (DataParallel's) go
+ * through host memory the graph owns, and their events are made fresh at each replay.
  *
  * Static inputs: a replay reads the buffers the capture read. Write each step's inputs and
  * labels into tensors made before the capture (clpar_tensor_write, clpar_copy_) before each
  * replay, and read outputs (the loss) from the tensors the capture run returned, after it.
  * Refused at capture, with a message naming what (the capture then fails): a read into host
  * memory (clpar_tensor_read, clpar_tensor_item), an upload from host memory
- * (clpar_tensor_from_host, cross-entropy with host labels), a wait for the device, events and
- * copies between devices, more than one device, optimizer state made in the step (an
- * optimizer's first step: run one eagerly before capturing, as clpar_step_compile does). Replay is
- * refused after clpar_module_to, clpar_module_flatten, clpar_optimizer_free, the freeing of a
- * Dropout or BatchNorm2d module, or of a buffer the step uses (parameters, inputs, optimizer
- * state): capture again. One thread captures at a time, and nothing else may post to the device
- * during the capture. */
+ * (clpar_tensor_from_host, cross-entropy with host labels), a wait for the device, a copy
+ * between a capturing device and another, optimizer state made in the step (an optimizer's
+ * first step: run one eagerly before capturing, as clpar_step_compile does). Replay is refused
+ * after clpar_module_to, clpar_module_flatten, clpar_optimizer_free, the freeing of a Dropout
+ * or BatchNorm2d module, or of a buffer the step uses (parameters, inputs, optimizer state):
+ * capture again. One thread captures at a time, and nothing else may post to the capturing
+ * devices during the capture. */
 #ifndef CLPAR_GRAPH_H
 #define CLPAR_GRAPH_H
 
@@ -33,15 +35,18 @@ extern "C" {
 
 typedef struct clpar_graph clpar_graph;
 
-/* Starts capturing what the calling code posts to devs[0 .. n) (n == 1 for now: more devices
- * are refused with CLPAR_ERROR_UNSUPPORTED). One capture at a time. */
+/* Starts capturing what the calling code posts to devs[0 .. n) (distinct, at most 8: every
+ * device the step uses, DataParallel's all). One capture at a time. */
 CLPAR_API clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int n);
 /* Ends the capture, waits for the capture run, and gives the graph; when anything failed or
  * was refused during the capture, no graph (*out NULL) and that error. */
 CLPAR_API clpar_status clpar_graph_capture_end(clpar_graph **out);
-/* Posts the graph's commands again (patched) and returns without waiting. */
+/* Posts the graph's commands again (patched) and returns without waiting for them; a graph
+ * with copies between devices or BatchNorm2d counters first waits until the previous replay
+ * ran (their host memory is written again). */
 CLPAR_API clpar_status clpar_graph_replay(clpar_graph *g);
-/* The commands recorded for the graph's device (a kernel, a GEMM, a copy each). */
+/* The commands recorded, summed over the devices (a kernel, a GEMM, a copy, a wait or signal
+ * between devices each). */
 CLPAR_API size_t clpar_graph_command_count(const clpar_graph *g);
 /* Waits for the graph's replays, returns its pool to the device's cache and frees it. */
 CLPAR_API void clpar_graph_destroy(clpar_graph *g);
