@@ -631,13 +631,17 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
 
 /* ---- replay ---- */
 
-/* Waits for the previous replay where this one reuses its host memory. */
-static clpar_status wait_last(clpar_graph *g) {
+/* Orders this replay after the previous one where it reuses the graph's host memory: each
+ * device's queue waits for the other devices' previous replay (their copies' memory is read
+ * and written again, by the queues), and where the host writes values into it (BatchNorm's
+ * counters), the host waits too. */
+static clpar_status after_last(clpar_graph *g) {
   clpar_status s = CLPAR_OK;
   for (int d = 0; d < g->n_recs; d++) {
     if (!g->done[d]) continue;
-    clpar_status e = clpar_event_sync(g->done[d]);
-    if (s == CLPAR_OK) s = e;
+    for (int e = 0; s == CLPAR_OK && e < g->n_recs; e++)
+      if (e != d) s = clpar_event_wait(g->recs[e].dev, g->done[d]);
+    if (s == CLPAR_OK && g->writes) s = clpar_event_sync(g->done[d]);
     clpar_event_release(g->done[d]);
     g->done[d] = NULL;
   }
@@ -714,7 +718,7 @@ clpar_status clpar_graph_replay(clpar_graph *g) {
                         "clpar_graph_replay: the graph is stale: %s; capture the step again",
                         g->why);
   pthread_mutex_unlock(&graphs_lock);
-  if (s == CLPAR_OK) s = wait_last(g);
+  if (s == CLPAR_OK) s = after_last(g);
   if (s == CLPAR_OK) s = run_patches(g);
   if (s == CLPAR_OK) s = post_all(g);
   int reuses = g->writes || g->n_stage; /* host memory the next replay writes again */
