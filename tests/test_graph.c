@@ -1,8 +1,10 @@
 /* test_graph.c — a training step captured and replayed (clpar/graph.h) against the same step
  * run eagerly: losses, parameters and buffers bit for bit over 100 steps (the learning rate
- * changed halfway), for an MLP with SGD (momentum) and Adam, flat and not, the seeds' ToyModel,
- * a conv + BatchNorm block and an MLP with Dropout; and the refusals: a host read inside the
- * capture, replay after clpar_module_to or a re-flatten, a freed parameter. */
+ * changed at step 40), for an MLP with SGD (momentum), Adam and AdamW, flat and not, the seeds'
+ * ToyModel, a conv + BatchNorm block, an MLP with Dropout, a first step captured, DataParallel
+ * and a 1F1B pipeline over two devices; and the refusals: a host read or upload inside the
+ * capture, optimizer state made in it, a composed optimizer step, replay after clpar_module_to,
+ * a re-flatten, a freed input or optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@ typedef struct {
   int64_t xshape[4], yshape[2];
   int xdim;
   int host_read; /* reads the loss inside the step (refused at capture) */
+  int pipe;      /* r->m is a pipeline: its train step, 1F1B */
 } run;
 
 static clpar_module *make_mlp(clpar_device *dev, float dropout) {
@@ -104,6 +107,13 @@ static void run_free(run *r) {
   clpar_module_free(r->m);
 }
 
+static clpar_status mse_fn(clpar_tensor *out, clpar_tensor *target, int64_t first_row, void *user,
+                           clpar_tensor **loss) {
+  (void)first_row;
+  (void)user;
+  return clpar_mse_loss(out, target, CLPAR_REDUCTION_MEAN, loss);
+}
+
 /* The step: zero_grad, forward, MSE, backward, optimizer step; the loss stays in r->loss. */
 static clpar_status step(void *ctx) {
   run *r = ctx;
@@ -112,9 +122,11 @@ static clpar_status step(void *ctx) {
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *out = NULL;
   clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &out);
-  if (s == CLPAR_OK) s = clpar_mse_loss(out, r->y, CLPAR_REDUCTION_MEAN, &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
+  if (s == CLPAR_OK && r->pipe)
+    s = clpar_pipeline_train_step(r->m, r->x, r->y, mse_fn, NULL, &r->loss);
+  if (s == CLPAR_OK && !r->pipe) s = clpar_module_forward(r->m, r->x, &out);
+  if (s == CLPAR_OK && !r->pipe) s = clpar_mse_loss(out, r->y, CLPAR_REDUCTION_MEAN, &r->loss);
+  if (s == CLPAR_OK && !r->pipe) s = clpar_backward(r->loss);
   float v;
   if (s == CLPAR_OK && r->host_read) s = clpar_tensor_read(r->loss, &v, 1);
   if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
@@ -178,7 +190,6 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
       tu_ok(clpar_graph_capture_begin(r->devs, r->n_devs));
       clpar_status ran = step(r);
       tu_ok(clpar_graph_capture_end(&g));
-      if (getenv("GRAPH_DEBUG")) fprintf(stderr, "captured %zu commands on %d devices\n", clpar_graph_command_count(g), r->n_devs);
       tu_ok(ran);
     } else {
       tu_ok(clpar_graph_replay(g));
@@ -468,16 +479,42 @@ static void dp_make(run *r, clpar_device *d0, clpar_device *d1, opt_kind ok) {
     tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
 }
 
-static void test_data_parallel(void **state) {
-  (void)state;
+/* A pipeline of two stages on the two devices, 1F1B over 3 micro-batches (its train step). */
+static void pipe_make(run *r, clpar_device *d0, clpar_device *d1, opt_kind ok) {
+  memset(r, 0, sizeof *r);
+  r->dev = d0;
+  r->devs[0] = d0;
+  r->devs[1] = d1;
+  r->n_devs = 2;
+  r->pipe = 1;
+  r->xdim = 2;
+  memcpy(r->xshape, (int64_t[]){6, 8}, 2 * sizeof(int64_t));
+  memcpy(r->yshape, (int64_t[]){6, 4}, sizeof r->yshape);
+  clpar_manual_seed(7);
+  clpar_module *l[3], *stages[2];
+  tu_ok(clpar_linear_create(8, 16, 1, d0, &l[0]));
+  tu_ok(clpar_relu_create(&l[1]));
+  tu_ok(clpar_sequential_create(l, 2, &stages[0]));
+  tu_ok(clpar_linear_create(16, 4, 1, d0, &stages[1]));
+  clpar_pipeline_options o = {.chunks = 3, .schedule = CLPAR_PIPELINE_1F1B};
+  tu_ok(clpar_pipeline_create(stages, r->devs, 2, &o, &r->m));
+  if (ok == OPT_SGD)
+    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
+  else
+    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+  tu_ok(clpar_tensor_zeros(d0, 2, r->xshape, &r->x));
+  tu_ok(clpar_tensor_zeros(d1, 2, r->yshape, &r->y));
+}
+
+static void check_two_devices(void (*make)(run *, clpar_device *, clpar_device *, opt_kind)) {
   clpar_device *d0 = clpar_device_get(0), *d1 = tu_second_device(d0);
   if (!d1) skip();
   for (int k = 0; k < 2; k++) {
     run eager, replayed;
     float le[STEPS], lr[STEPS];
-    dp_make(&eager, d0, d1, k ? OPT_ADAM : OPT_SGD);
+    make(&eager, d0, d1, k ? OPT_ADAM : OPT_SGD);
     train(&eager, 0, DATA_PARALLEL, le);
-    dp_make(&replayed, d0, d1, k ? OPT_ADAM : OPT_SGD);
+    make(&replayed, d0, d1, k ? OPT_ADAM : OPT_SGD);
     train(&replayed, 1, DATA_PARALLEL, lr);
     for (int i = 0; i < STEPS; i++)
       if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
@@ -491,6 +528,16 @@ static void test_data_parallel(void **state) {
     run_free(&eager);
     run_free(&replayed);
   }
+}
+
+static void test_data_parallel(void **state) {
+  (void)state;
+  check_two_devices(dp_make);
+}
+
+static void test_pipeline_1f1b(void **state) {
+  (void)state;
+  check_two_devices(pipe_make);
 }
 
 int main(void) {
@@ -514,6 +561,7 @@ int main(void) {
       cmocka_unit_test(test_pool),
       cmocka_unit_test(test_device_twice_refused),
       cmocka_unit_test(test_data_parallel),
+      cmocka_unit_test(test_pipeline_1f1b),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
