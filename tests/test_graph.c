@@ -175,7 +175,7 @@ static float *state_of(const run *r, size_t *n) {
 static void train(run *r, int compiled, start_kind start, float *losses) {
   clpar_step *st = NULL;
   clpar_graph *g = NULL;
-  if (compiled && start == COMPILED) tu_ok(clpar_step_compile(step, r, r->dev, &st));
+  if (compiled && start == COMPILED) tu_ok(clpar_step_compile(step, r, r->devs, r->n_devs, &st));
   for (int i = 0; i < STEPS; i++) {
     if (i == LR_CHANGE)
       tu_ok(clpar_optimizer_set_lr(r->opt, 0, 0.3f * clpar_optimizer_lr(r->opt, 0)));
@@ -515,7 +515,7 @@ static void check_two_devices(void (*make)(run *, clpar_device *, clpar_device *
     make(&eager, d0, d1, k ? OPT_ADAM : OPT_SGD);
     train(&eager, 0, DATA_PARALLEL, le);
     make(&replayed, d0, d1, k ? OPT_ADAM : OPT_SGD);
-    train(&replayed, 1, DATA_PARALLEL, lr);
+    train(&replayed, 1, k ? DATA_PARALLEL : COMPILED, lr); /* both ways to capture */
     for (int i = 0; i < STEPS; i++)
       if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
         fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);

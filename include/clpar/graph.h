@@ -52,13 +52,13 @@ CLPAR_API size_t clpar_graph_command_count(const clpar_graph *g);
 CLPAR_API void clpar_graph_destroy(clpar_graph *g);
 
 /* A step function compiled on first use: the first clpar_step_run calls fn(ctx) eagerly (a
- * warm-up: gradients and optimizer state are made), the second calls it under capture, later
- * ones replay. fn must leave what it returns in ctx (the loss tensor) and read its inputs from
- * tensors made before the capture. */
+ * warm-up: gradients and optimizer state are made), the second calls it under capture on
+ * devs[0 .. n) (the devices the step uses), later ones replay. fn must leave what it returns in ctx
+ * (the loss tensor) and read its inputs from tensors made before the capture. */
 typedef clpar_status (*clpar_step_fn)(void *ctx);
 typedef struct clpar_step clpar_step;
-CLPAR_API clpar_status clpar_step_compile(clpar_step_fn fn, void *ctx, clpar_device *dev,
-                                          clpar_step **out);
+CLPAR_API clpar_status clpar_step_compile(clpar_step_fn fn, void *ctx, clpar_device *const *devs,
+                                          int n, clpar_step **out);
 CLPAR_API clpar_status clpar_step_run(clpar_step *step);
 /* The graph once captured (after the second run), else NULL. */
 CLPAR_API clpar_graph *clpar_step_graph(const clpar_step *step);

@@ -10,17 +10,23 @@
 struct clpar_step {
   clpar_step_fn fn;
   void *ctx;
-  clpar_device *dev;
+  clpar_device *devs[8];
+  int n;
   int runs; /* eager runs done: 0, then 1 until captured */
   clpar_graph *graph;
 };
 
-clpar_status clpar_step_compile(clpar_step_fn fn, void *ctx, clpar_device *dev, clpar_step **out) {
-  if (!fn || !dev || !out)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_step_compile: NULL argument");
+clpar_status clpar_step_compile(clpar_step_fn fn, void *ctx, clpar_device *const *devs, int n,
+                                clpar_step **out) {
+  if (!fn || !devs || !out || n < 1 || n > 8)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "clpar_step_compile: NULL argument, or %d devices (1 to 8)", n);
   clpar_step *st = calloc(1, sizeof *st);
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_step_compile: out of memory");
-  *st = (clpar_step){fn, ctx, dev, 0, NULL};
+  st->fn = fn;
+  st->ctx = ctx;
+  st->n = n;
+  for (int i = 0; i < n; i++) st->devs[i] = devs[i];
   *out = st;
   return CLPAR_OK;
 }
@@ -33,7 +39,7 @@ clpar_status clpar_step_run(clpar_step *st) {
     if (s == CLPAR_OK) st->runs = 1;
     return s;
   }
-  clpar_status s = clpar_graph_capture_begin(&st->dev, 1);
+  clpar_status s = clpar_graph_capture_begin(st->devs, st->n);
   if (s != CLPAR_OK) return s;
   clpar_status ran = st->fn(st->ctx);
   char message[1024];
