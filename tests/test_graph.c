@@ -535,6 +535,27 @@ static void test_data_parallel(void **state) {
   check_two_devices(dp_make);
 }
 
+/* DataParallel's step captured on its first device only: its copies to the second are
+ * refused, naming what. */
+static void test_copy_out_of_capture_refused(void **state) {
+  (void)state;
+  clpar_device *d0 = clpar_device_get(0), *d1 = tu_second_device(d0);
+  if (!d1) skip();
+  run r;
+  dp_make(&r, d0, d1, OPT_SGD);
+  write_inputs(&r, 0);
+  tu_ok(step(&r));
+  tu_ok(clpar_graph_capture_begin(&d0, 1));
+  clpar_status ran = step(&r);
+  clpar_graph *g;
+  assert_int_not_equal(clpar_graph_capture_end(&g), CLPAR_OK);
+  assert_int_not_equal(ran, CLPAR_OK);
+  assert_null(g);
+  if (!strstr(clpar_last_error(), "one outside the capture")) fail_msg("%s", clpar_last_error());
+  tu_ok(step(&r)); /* eager steps go on */
+  run_free(&r);
+}
+
 static void test_pipeline_1f1b(void **state) {
   (void)state;
   check_two_devices(pipe_make);
@@ -562,6 +583,7 @@ int main(void) {
       cmocka_unit_test(test_device_twice_refused),
       cmocka_unit_test(test_data_parallel),
       cmocka_unit_test(test_pipeline_1f1b),
+      cmocka_unit_test(test_copy_out_of_capture_refused),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
