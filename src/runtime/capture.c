@@ -112,8 +112,6 @@ void clpar_capture_allow(int on) {
 }
 
 void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
-  if (cmd->op == CLPAR_OP_WAIT || cmd->op == CLPAR_OP_SIGNAL) /* ids are given by address */
-    clpar_event_retain(cmd->u.event);
   if (c->n == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 256;
     clpar_command *grown = realloc(c->cmds, cap * sizeof *grown);
@@ -128,6 +126,8 @@ void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
     c->cap = cap;
   }
   c->cmds[c->n++] = *cmd;
+  if (cmd->op == CLPAR_OP_WAIT || cmd->op == CLPAR_OP_SIGNAL) /* ids are given by address */
+    clpar_event_retain(cmd->u.event);
 }
 
 int clpar_capture_active(const clpar_device *dev) {
@@ -138,9 +138,9 @@ clpar_status clpar_capture_refuse(clpar_device *dev, const char *fn, const char 
   clpar_capture *c = dev ? __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE) : NULL;
   if (!c || allowed) return CLPAR_OK;
   clpar_status s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                                   "clpar_graph_capture: %s on %s inside a capture: %s (%s); a "
+                                   "clpar_graph_capture: %s on %s inside a capture: %s; a "
                                    "replay does no host work, so the step cannot hold it",
-                                   fn, dev->bd.info.id, what, fn);
+                                   fn, dev->bd.info.id, what);
   pthread_mutex_lock(&graphs_lock);
   fail_locked(c->graph, s, clpar_last_error());
   pthread_mutex_unlock(&graphs_lock);
