@@ -20,6 +20,7 @@
 #include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { LAYERS = 48, WIDTH = 64, BATCH = 32, TINY = 1000 };
 
@@ -148,6 +149,57 @@ static void tiny_cost(clpar_device *dev, double post_us[2], double run_us[2]) {
   clpar_tensor_free(t);
 }
 
+#ifdef BENCH_HAVE_OPENCL
+static const char *fill_src =
+    "__kernel void fill1(__global float *o, ulong off, ulong n, float v) {\n"
+    "  size_t i = get_global_id(0); if (i < n) o[off + i] = v; }\n";
+
+/* The same 1-element fill as bare OpenCL on the device behind opencl:ordinal, in a context
+ * of its own, its arguments set once: microseconds per kernel for TINY enqueues (host time)
+ * and until clFinish returned (best of 5); 0 when it cannot run. */
+static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
+  cl_device_id d = bench_cl_device(ordinal);
+  cl_int e = d ? CL_SUCCESS : CL_INVALID_DEVICE;
+  cl_context ctx = d ? clCreateContext(NULL, 1, &d, NULL, NULL, &e) : NULL;
+  cl_command_queue q = e == CL_SUCCESS ? clCreateCommandQueue(ctx, d, 0, &e) : NULL;
+  cl_program prog = e == CL_SUCCESS ? clCreateProgramWithSource(ctx, 1, &fill_src, NULL, &e) : NULL;
+  if (e == CL_SUCCESS) e = clBuildProgram(prog, 1, &d, "", NULL, NULL);
+  cl_kernel k = e == CL_SUCCESS ? clCreateKernel(prog, "fill1", &e) : NULL;
+  cl_mem m = e == CL_SUCCESS ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4, NULL, &e) : NULL;
+  cl_ulong off = 0, n = 1;
+  float v = 1.0f;
+  size_t global = 1;
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof m, &m);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof off, &off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof n, &n);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 3, sizeof v, &v);
+  *post_us = *run_us = 1e30;
+  for (int rep = 0; e == CL_SUCCESS && rep < 5; rep++) {
+    clFinish(q);
+    double t0 = now_seconds();
+    for (int i = 0; e == CL_SUCCESS && i < TINY; i++)
+      e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
+    double t1 = now_seconds();
+    clFinish(q);
+    double t2 = now_seconds();
+    if ((t1 - t0) * 1e6 / TINY < *post_us) *post_us = (t1 - t0) * 1e6 / TINY;
+    if ((t2 - t0) * 1e6 / TINY < *run_us) *run_us = (t2 - t0) * 1e6 / TINY;
+  }
+  if (e != CL_SUCCESS) fprintf(stderr, "bare OpenCL enqueue: error %d\n", (int)e);
+  if (e != CL_SUCCESS) *post_us = *run_us = 0;
+  if (m) clReleaseMemObject(m);
+  if (k) clReleaseKernel(k);
+  if (prog) clReleaseProgram(prog);
+  if (q) clReleaseCommandQueue(q);
+  if (ctx) clReleaseContext(ctx);
+}
+#else
+static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
+  (void)ordinal;
+  *post_us = *run_us = 0;
+}
+#endif
+
 /* One set-up's rounds and its JSON object; 0 on failure. */
 static int run_setup(bench_run *r, int steps, int rounds) {
   if (!make_run(r)) return 0;
@@ -161,8 +213,11 @@ static int run_setup(bench_run *r, int steps, int rounds) {
       if (ms < best[mode]) best[mode] = ms;
       if (ms > worst[mode]) worst[mode] = ms;
     }
-  double eager_cmds = good ? eager_commands(r) : -1, post[2] = {0, 0}, run[2] = {0, 0};
+  double eager_cmds = good ? eager_commands(r) : -1, post[3] = {0, 0, 0}, run[3] = {0, 0, 0};
   if (good && r->n == 1) tiny_cost(r->devs[0], post, run);
+  const char *id = clpar_device_id(r->devs[0]);
+  if (good && r->n == 1 && strncmp(id, "opencl:", 7) == 0)
+    bare_enqueue(atoi(id + 7), &post[2], &run[2]);
   if (good)
     printf(
         "{\"model\": \"latency-bound MLP 48 x Linear(64, 64), batch 32, flat SGD\", "
@@ -170,11 +225,11 @@ static int run_setup(bench_run *r, int steps, int rounds) {
         "\"eager_ms_per_step\": [%.3f, %.3f], \"replay_ms_per_step\": [%.3f, %.3f], "
         "\"speedup_best\": %.2f, \"host_ms_per_step\": {\"eager\": %.3f, \"replay\": %.3f}, "
         "\"commands_per_step\": {\"eager\": %.1f, \"replay\": %zu}, "
-        "\"tiny_fill_post_us\": {\"eager\": %.3f, \"replay\": %.3f}, "
-        "\"tiny_fill_run_us\": {\"eager\": %.3f, \"replay\": %.3f}}\n",
+        "\"tiny_fill_post_us\": {\"eager\": %.3f, \"replay\": %.3f, \"bare_opencl\": %.3f}, "
+        "\"tiny_fill_run_us\": {\"eager\": %.3f, \"replay\": %.3f, \"bare_opencl\": %.3f}}\n",
         r->n, r->n == 2 ? "true" : "false", steps, rounds, best[0], worst[0], best[1], worst[1],
         best[0] / best[1], host[0], host[1], eager_cmds, clpar_graph_command_count(r->graph),
-        post[0], post[1], run[0], run[1]);
+        post[0], post[1], post[2], run[0], run[1], run[2]);
   return good;
 }
 
