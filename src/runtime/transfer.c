@@ -359,8 +359,8 @@ static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst
 }
 
 /* A copy between two devices that capture into one graph: through host memory the graph owns
- * (each replay waits for the previous one before it writes that memory again); the events
- * between the two queues are recorded with the commands and made fresh at each replay. */
+ * (at each replay the queues first wait for the previous replay, which used that memory); the
+ * events between the two queues are recorded with the commands and made fresh at each replay. */
 static clpar_status captured_copy(clpar_device *dst, void *dst_buf, size_t dst_off,
                                   clpar_device *src, const void *src_buf, size_t src_off,
                                   size_t bytes) {
