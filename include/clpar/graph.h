@@ -38,8 +38,10 @@ typedef struct clpar_graph clpar_graph;
 /* Starts capturing what the calling code posts to devs[0 .. n) (distinct, at most 8: every
  * device the step uses, DataParallel's all). One capture at a time. */
 CLPAR_API clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int n);
-/* Ends the capture, waits for the capture run, and gives the graph; when anything failed or
- * was refused during the capture, no graph (*out NULL) and that error. */
+/* Ends the capture, waits for the capture run, and gives the graph; when a command failed on
+ * a device or something was refused during the capture, no graph (*out NULL) and that error.
+ * An error the step's own code returned is not seen here: a caller whose step failed ends the
+ * capture and destroys the graph (clpar_step_run does). */
 CLPAR_API clpar_status clpar_graph_capture_end(clpar_graph **out);
 /* Posts the graph's commands again (patched) and returns without waiting for them; a graph
  * with copies between devices or BatchNorm2d counters first waits until the previous replay
