@@ -535,6 +535,44 @@ static void test_data_parallel(void **state) {
   check_two_devices(dp_make);
 }
 
+/* A copy to the second device of a product the first device takes long to make: each replay's
+ * copy must wait for that replay's product (the events between the queues made fresh), so the
+ * second device holds the new product after every replay, never the previous one. */
+static void test_copy_waits_for_its_source(void **state) {
+  (void)state;
+  clpar_device *devs[2] = {clpar_device_get(0), tu_second_device(clpar_device_get(0))};
+  if (!devs[1]) skip();
+  enum { N = 384 };
+  int64_t shape[2] = {N, N};
+  clpar_tensor *a = tu_make(devs[0], 2, shape, 1), *w = tu_make(devs[0], 2, shape, 2);
+  clpar_tensor *c = NULL, *c1 = NULL;
+  tu_ok(clpar_graph_capture_begin(devs, 2));
+  clpar_status s = clpar_matmul(a, w, 0, 0, &c);
+  if (s == CLPAR_OK) s = clpar_tensor_to(c, devs[1], &c1);
+  clpar_graph *g;
+  tu_ok(clpar_graph_capture_end(&g));
+  tu_ok(s);
+  float *got = malloc(N * N * sizeof *got), *want = malloc(N * N * sizeof *want);
+  assert_non_null(got);
+  assert_non_null(want);
+  for (int k = 0; k < 4; k++) {
+    float *x = tu_rand(N * N, 10 + (uint64_t)k);
+    tu_ok(clpar_tensor_write(a, x, N * N));
+    free(x);
+    tu_ok(clpar_graph_replay(g));
+    tu_ok(clpar_tensor_read(c1, got, N * N));
+    tu_ok(clpar_tensor_read(c, want, N * N));
+    assert_memory_equal(got, want, N * N * sizeof *got);
+  }
+  free(got);
+  free(want);
+  clpar_tensor_free(c1);
+  clpar_tensor_free(c);
+  clpar_graph_destroy(g);
+  clpar_tensor_free(a);
+  clpar_tensor_free(w);
+}
+
 /* DataParallel's step captured on its first device only: its copies to the second are
  * refused, naming what. */
 static void test_copy_out_of_capture_refused(void **state) {
@@ -584,6 +622,7 @@ int main(void) {
       cmocka_unit_test(test_data_parallel),
       cmocka_unit_test(test_pipeline_1f1b),
       cmocka_unit_test(test_copy_out_of_capture_refused),
+      cmocka_unit_test(test_copy_waits_for_its_source),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
