@@ -474,5 +474,14 @@ void clpar_optimizer_group_options(const clpar_optimizer *o, int g, clpar_sgd_op
 clpar_status clpar_optimizer_set_group_options(clpar_optimizer *o, int g,
                                                const clpar_sgd_options *sgd,
                                                const clpar_adam_options *adam, int apply);
+/* Inside a capture on dev (src/optim_graph.c): patches the sgd_step or adam_step command just
+ * posted for group's members o->params[members[0 .. n)] (touched: the tensor it stepped) so that
+ * each replay computes its scalars as an eager step would and advances the step counts. */
+clpar_status clpar_optimizer_capture(clpar_optimizer *o, clpar_device *dev, int group,
+                                     const int *members, int n, clpar_tensor *touched);
+/* At a replay: the step's scalars for group from the current options (learning rate) and the
+ * members' step counts, which it advances (src/optim.c). */
+void clpar_optimizer_replay_args(clpar_optimizer *o, int group, const int *members, int n,
+                                 clpar_patch_args *a);
 
 #endif

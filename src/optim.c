@@ -516,8 +516,19 @@ static clpar_status step_one(clpar_optimizer *o, param_state *ps) {
   }
   clpar_tensor_touch(p);
   if (s != CLPAR_OK) return clpar_device_fail(dev, s);
+  s = clpar_optimizer_capture(o, dev, ps->group, &(int){(int)(ps - o->params)}, 1, p);
+  if (s != CLPAR_OK) return s;
   ps->steps++;
   return CLPAR_OK;
+}
+
+void clpar_optimizer_replay_args(clpar_optimizer *o, int group, const int *members, int n,
+                                 clpar_patch_args *a) {
+  if (o->kind == OPT_SGD) /* the buffer exists after the capture: first only without one */
+    a->sgd = sgd_args(o, group, o->sgd[group].momentum == 0.0f);
+  else
+    a->adam = adam_args(o, group, o->params[members[0]].steps + 1);
+  for (int i = 0; i < n; i++) o->params[members[i]].steps++;
 }
 
 /* The number of state tensors a step keeps per parameter of group. */
@@ -638,6 +649,8 @@ static clpar_status step_group(clpar_optimizer *o, clpar_tensor *leaf, const int
   }
   clpar_tensor_touch(leaf);
   if (s != CLPAR_OK) return clpar_device_fail(dev, s);
+  s = clpar_optimizer_capture(o, dev, pg, members, n, leaf);
+  if (s != CLPAR_OK) return s;
   for (int i = 0; i < n; i++) o->params[members[i]].steps++;
   *done = 1;
   return CLPAR_OK;
@@ -698,6 +711,7 @@ clpar_status clpar_optimizer_zero_grad(clpar_optimizer *o) {
 
 void clpar_optimizer_free(clpar_optimizer *o) {
   if (!o) return;
+  clpar_graph_invalidate_all("clpar_optimizer_free"); /* a graph's patches use o */
   for (int i = 0; i < o->n; i++) {
     clpar_tensor_release(o->params[i].param);
     clpar_tensor_free(o->params[i].state[0]);

@@ -30,5 +30,6 @@
 #include "autocast.h"
 #include "master_weights.h"
 #include "recompute.h"
+#include "graph.h"
 
 #endif

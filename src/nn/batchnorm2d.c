@@ -15,6 +15,7 @@
  * freshly copied counter back, one host wait per BatchNorm per replica per step. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -31,13 +32,34 @@ typedef struct {
 static void bn_config_free(void *user) {
   bn_config *c = user;
   if (!c) return;
+  clpar_graph_invalidate_all("the freeing of a BatchNorm2d module"); /* a graph's write uses c */
   clpar_tensor_release(c->counted);
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
 
+/* The next count into value, the counter's version moved as a write moves it: a captured
+ * step's write of the counter (clpar_capture_host_write), at the capture and at each replay. */
+static void count_again(void *user, void *value) {
+  bn_config *c = user;
+  pthread_mutex_lock(&c->lock);
+  c->count++;
+  memcpy(value, &c->count, sizeof c->count);
+  clpar_tensor_touch(c->counted);
+  c->counted_version = __atomic_load_n(&c->counted->storage->version, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* num_batches_tracked += 1, reading it only when someone else may have written it. */
 static clpar_status count_batch(bn_config *c, clpar_tensor *counter) {
+  clpar_device *dev = counter->storage->dev;
+  pthread_mutex_lock(&c->lock);
+  int known = c->counted == counter &&
+              c->counted_version == __atomic_load_n(&counter->storage->version, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&c->lock);
+  if (known && clpar_capture_active(dev)) /* counted at each replay too */
+    return clpar_capture_host_write(dev, counter->storage->buf, counter->offset * CLPAR_WORD_BYTES,
+                                    sizeof c->count, count_again, c, NULL);
   pthread_mutex_lock(&c->lock);
   int64_t n = c->count;
   clpar_status s = CLPAR_OK;

@@ -44,14 +44,47 @@ clpar_status clpar_dropout(const clpar_tensor *x, float p, int training, uint64_
   return s;
 }
 
+/* A captured forward's mask at each replay: the next offset, drawn as the eager forward would. */
+typedef struct {
+  dropout_state *st;
+  uint64_t numel;
+} replay_draw;
+
+static clpar_status draw_again(void *user, clpar_patch_args *a) {
+  replay_draw *r = user;
+  clpar_rng_draw(r->st->seed, &r->st->offset, r->numel, &a->rng.seed, &a->rng.offset);
+  return CLPAR_OK;
+}
+
+static clpar_status capture_draw(dropout_state *st, const clpar_tensor *x) {
+  clpar_device *dev = x->storage->dev;
+  if (!clpar_capture_active(dev)) return CLPAR_OK;
+  replay_draw *r = malloc(sizeof *r);
+  if (!r) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "Dropout: out of host memory");
+  *r = (replay_draw){st, (uint64_t)x->numel};
+  return clpar_capture_patch(dev, CLPAR_ENTRY_dropout_mask, draw_again, r, free);
+}
+
 static clpar_status dropout_forward(clpar_module *self, clpar_tensor *x, clpar_tensor **y,
                                     void *user) {
   dropout_state *st = user;
   int training = clpar_module_is_training(self);
   uint64_t seed = st->seed, off = 0;
-  if (training && st->p > 0.0f && x)
-    clpar_rng_draw(st->seed, &st->offset, (uint64_t)x->numel, &seed, &off);
-  return clpar_dropout(x, st->p, training, seed, off, y);
+  int draws = training && st->p > 0.0f && x;
+  if (draws) clpar_rng_draw(st->seed, &st->offset, (uint64_t)x->numel, &seed, &off);
+  clpar_status s = clpar_dropout(x, st->p, training, seed, off, y);
+  if (s == CLPAR_OK && draws) s = capture_draw(st, x);
+  if (s != CLPAR_OK && draws && *y) { /* the capture refused: no output */
+    clpar_tensor_free(*y);
+    *y = NULL;
+  }
+  return s;
+}
+
+/* A captured graph's patch may point at the state: graphs refuse to replay once it is gone. */
+static void dropout_state_free(void *user) {
+  clpar_graph_invalidate_all("the freeing of a Dropout module");
+  free(user);
 }
 
 clpar_status clpar_dropout_create(float p, clpar_module **out) {
@@ -64,7 +97,7 @@ clpar_status clpar_dropout_create(float p, clpar_module **out) {
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   st->p = p;
   st->seed = clpar_param_seed_next();
-  clpar_status s = clpar_module_create("Dropout", dropout_forward, st, free, out);
+  clpar_status s = clpar_module_create("Dropout", dropout_forward, st, dropout_state_free, out);
   if (s != CLPAR_OK) free(st);
   return s;
 }

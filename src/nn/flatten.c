@@ -111,6 +111,7 @@ static void group_commit(group *g) {
 clpar_status clpar_module_flatten(clpar_module *m) {
   if (!m)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_flatten: module is NULL");
+  clpar_graph_invalidate_all("clpar_module_flatten"); /* it re-makes the parameters' buffers */
   int n = clpar_module_parameter_count(m);
   if (n == 0) return CLPAR_OK;
   group *groups = calloc((size_t)n, sizeof *groups);

@@ -525,6 +525,7 @@ static int find_parallel(const clpar_module *root, ptr_set *seen, const clpar_mo
 clpar_status clpar_module_to(clpar_module *m, clpar_device *dev) {
   if (!m || !dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_module_to: NULL argument");
+  clpar_graph_invalidate_all("clpar_module_to"); /* graphs would use the old buffers */
   /* A wrapper's replicas live on its devices and its parameters on the first of them; moving
    * them under it would leave the replicas reading another device's memory. */
   const clpar_module *dp = NULL;

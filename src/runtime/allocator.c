@@ -60,6 +60,7 @@ static clpar_block *take_cached(clpar_device *dev, size_t size) {
  * still be used by work posted before they were freed. */
 static void release_all_locked(clpar_device *dev) {
   clpar_block *b = dev->free_blocks;
+  if (__atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE)) return; /* a capture cannot wait */
   if (b && dev->worker) clpar_worker_drain(dev);
   while (b) {
     clpar_block *next = b->next;
@@ -188,9 +189,13 @@ clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, siz
   size_t size = round_size(bytes);
   if (size > dev->bd.info.max_alloc_bytes) size = bytes;
   clpar_status s = CLPAR_OK;
+  int pooled = clpar_capture_take(dev, size, buf, capacity); /* a capturing graph's block */
   pthread_mutex_lock(&dev->alloc_lock);
-  clpar_block *b = take_cached(dev, size);
-  if (b) {
+  clpar_block *b = pooled ? NULL : take_cached(dev, size);
+  if (pooled) {
+    dev->stats.cache_hits++;
+    dev->stats.bytes_cached -= *capacity;
+  } else if (b) {
     *buf = b->buf;
     *capacity = b->size;
     dev->stats.cache_hits++;
@@ -207,10 +212,18 @@ clpar_status clpar_alloc_buffer(clpar_device *dev, size_t bytes, void **buf, siz
       dev->stats.peak_bytes_in_use = dev->stats.bytes_in_use;
   }
   pthread_mutex_unlock(&dev->alloc_lock);
+  if (s == CLPAR_OK && !pooled) clpar_capture_own(dev, *buf, *capacity);
   return s;
 }
 
 void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy *busy) {
+  if (clpar_capture_give(dev, buf, capacity, busy)) { /* back to a graph's pool */
+    pthread_mutex_lock(&dev->alloc_lock);
+    dev->stats.bytes_in_use -= capacity;
+    dev->stats.bytes_cached += capacity;
+    pthread_mutex_unlock(&dev->alloc_lock);
+    return;
+  }
   if (busy && clpar_busy_idle(busy)) {
     clpar_busy_free(busy);
     busy = NULL;
@@ -235,6 +248,25 @@ void clpar_free_buffer(clpar_device *dev, void *buf, size_t capacity, clpar_busy
   b->next = *p;
   *p = b;
   dev->stats.bytes_cached += capacity;
+  pthread_mutex_unlock(&dev->alloc_lock);
+}
+
+void clpar_allocator_recache(clpar_device *dev, void *buf, size_t capacity) {
+  clpar_block *b = malloc(sizeof *b);
+  pthread_mutex_lock(&dev->alloc_lock);
+  if (!b) { /* cannot cache it: give it straight back once nothing uses it */
+    if (dev->worker) clpar_worker_drain(dev);
+    clpar_dev_release(dev, buf);
+    dev->stats.driver_frees++;
+    dev->stats.bytes_cached -= capacity;
+    pthread_mutex_unlock(&dev->alloc_lock);
+    return;
+  }
+  *b = (clpar_block){buf, capacity, NULL, NULL};
+  clpar_block **p = &dev->free_blocks;
+  while (*p && (*p)->size < capacity) p = &(*p)->next;
+  b->next = *p;
+  *p = b;
   pthread_mutex_unlock(&dev->alloc_lock);
 }
 

@@ -88,7 +88,8 @@ clpar_status clpar_event_record(clpar_device *dev, clpar_event **out) {
 }
 
 clpar_status clpar_event_wait(clpar_device *dev, clpar_event *ev) {
-  if (clpar_event_done(ev) || ev->dev == dev) return CLPAR_OK; /* in order on one queue */
+  if (ev->dev == dev) return CLPAR_OK; /* in order on one queue */
+  if (clpar_event_done(ev) && !clpar_capture_active(dev)) return CLPAR_OK; /* a replay waits */
   clpar_event_retain(ev);
   clpar_status s = clpar_worker_post_event(dev, ev, 1);
   if (s != CLPAR_OK) clpar_event_release(ev);

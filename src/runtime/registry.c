@@ -53,6 +53,7 @@ static void destroy_devices(void) {
     if (all_devices[i]->worker) clpar_worker_drain(all_devices[i]);
   clpar_storage_orphan_all(); /* tensors the user did not free: their memory goes now */
   if (hooks && hooks->stop) hooks->stop();
+  clpar_capture_shutdown(); /* graphs left alive give their pools back */
   for (int i = 0; i < all_count; i++) {
     clpar_device *d = all_devices[i];
     clpar_allocator_destroy(d);

@@ -79,6 +79,9 @@ struct clpar_device {
    * per entry, entry e at bit e % 64 of word e / 64 (clpar_entry_set). */
   uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
   uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
+  /* the recording this device's posts join while a graph is captured (src/runtime/capture.c),
+   * NULL otherwise; atomic */
+  struct clpar_capture *capture;
 };
 
 /* The entries' numbers, in table order: bit positions in clpar_device.composed. */
@@ -129,6 +132,44 @@ void clpar_compose_init(clpar_device *dev);
  * 1 << CLPAR_ENTRY_<name>) on dev even where the backend has them; 0 restores the backend's
  * own. CLPAR_ERROR_INVALID_ARGUMENT for a bit of an entry that cannot be composed. */
 clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask);
+
+/* ---- commands: what the worker runs (src/runtime/worker.c) and a graph holds (capture.c) ---- */
+
+#define CLPAR_BE_FIELD_(type, field) type field;
+#define CLPAR_ARGS_STRUCT_(name, kind, required) \
+  typedef struct {                               \
+    char unused_;                                \
+    CLPAR_BE_ARGS_##name(CLPAR_BE_FIELD_)        \
+  } clpar_args_##name;
+CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_STRUCT_)
+#undef CLPAR_ARGS_STRUCT_
+
+/* A command's op: a backend entry (CLPAR_ENTRY_<name>), or one of these. */
+enum {
+  CLPAR_OP_WAIT = CLPAR_ENTRY_COUNT, /* u.event: wait for another device's event */
+  CLPAR_OP_SIGNAL /* u.event: record, complete the core event when the device has */
+};
+
+typedef struct clpar_sync_result clpar_sync_result; /* where a waited-for command reports */
+typedef struct clpar_command {
+  int op;
+  clpar_sync_result *result; /* NULL: errors go to the device's first error */
+  union {
+#define CLPAR_ARGS_MEMBER_(name, kind, required) clpar_args_##name name;
+    CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_MEMBER_)
+#undef CLPAR_ARGS_MEMBER_
+    clpar_event *event;
+  } u;
+} clpar_command;
+
+/* Appends cmds[0..n) to dev's ring under one lock with one wake-up (a graph's replay). An
+ * earlier asynchronous failure is returned instead. */
+clpar_status clpar_worker_post_batch(clpar_device *dev, const clpar_command *cmds, size_t n);
+/* Puts into list (room for 16) the buffers c's arguments name: its clpar_bref and void
+ * pointer arguments (some may be host memory); returns how many. */
+size_t clpar_command_buffers(const clpar_command *c, void **list);
+/* The entry's name for a command's op ("wait", "signal" for the two others). */
+const char *clpar_op_name(int op);
 
 /* Starts dev's worker thread, which calls thread_init (may be NULL) first. */
 clpar_status clpar_worker_start(clpar_device *dev, void (*thread_init)(void));
@@ -318,5 +359,70 @@ typedef enum clpar_write_stage {
   CLPAR_WRITE_STAGE_COUNT
 } clpar_write_stage;
 extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
+
+/* ---- capture and replay (src/runtime/capture.c; public API: clpar/graph.h) ----
+ *
+ * While a device captures, every command posted to its worker is also appended to the graph's
+ * list for that device (worker.c calls clpar_capture_record under the ring's lock); what cannot
+ * be replayed (a host wait or read, an upload from host memory, an event or a transfer between
+ * devices) is refused with a message and fails the capture. Buffers allocated on a capturing
+ * device come from the graph's pool, and buffers freed there go back to it (allocator.c asks
+ * clpar_capture_take and clpar_capture_give first). */
+typedef struct clpar_capture clpar_capture;
+void clpar_capture_record(clpar_capture *c, const clpar_command *cmd);
+/* CLPAR_OK when dev is not capturing or op may be recorded; else the refusal (the capture
+ * fails with it). */
+clpar_status clpar_capture_check_op(clpar_device *dev, int op);
+/* When dev captures: refuses what (a host wait, a read, an upload...) naming fn, fails the
+ * capture and returns the error; CLPAR_OK otherwise. */
+clpar_status clpar_capture_refuse(clpar_device *dev, const char *fn, const char *what);
+/* A free block of the capturing graph's pool of at least size bytes (at most size + size / 4):
+ * 1 and *buf, *capacity; 0 when dev is not capturing or none fits. */
+int clpar_capture_take(clpar_device *dev, size_t size, void **buf, size_t *capacity);
+/* Makes a buffer just allocated on a capturing device the graph's (no-op otherwise). */
+void clpar_capture_own(clpar_device *dev, void *buf, size_t capacity);
+/* A buffer being freed: 1 when a graph took it (its own block, or any buffer freed on a
+ * capturing device); 0 when it goes to the shared cache (a live graph that used it goes stale). */
+int clpar_capture_give(clpar_device *dev, void *buf, size_t capacity, clpar_busy *busy);
+/* Captured copies between devices (src/runtime/transfer.c): 1 when a and b capture into the
+ * same graph; host memory the graph owns (NULL: the capture fails); allow (1) lets the
+ * calling thread post reads, writes and events on capturing devices until allow (0). */
+int clpar_capture_between(const clpar_device *a, const clpar_device *b);
+void *clpar_capture_host_memory(clpar_device *dev, size_t bytes);
+void clpar_capture_allow(int on);
+/* Puts a block back into dev's shared cache (counted as cached already). */
+void clpar_allocator_recache(clpar_device *dev, void *buf, size_t capacity);
+/* At clpar_shutdown, before the allocators go: every graph gives back its free blocks and can
+ * only be destroyed. */
+void clpar_capture_shutdown(void);
+
+/* The scalar arguments a patch may rewrite before each replay, by the command's entry. */
+typedef union clpar_patch_args {
+  clpar_sgd_args sgd;   /* sgd_step */
+  clpar_adam_args adam; /* adam_step */
+  struct {
+    uint64_t seed, offset;
+  } rng; /* dropout_mask */
+} clpar_patch_args;
+typedef clpar_status (*clpar_patch_fn)(void *user, clpar_patch_args *a);
+/* 1 while dev captures (for the layers above, which then register patches). */
+int clpar_capture_active(const clpar_device *dev);
+/* Binds fn to the last command of entry (CLPAR_ENTRY_sgd_step, adam_step or dropout_mask)
+ * recorded on dev: each replay calls fn(user, args) before posting, and fn rewrites the
+ * scalars as the eager step would compute them (advancing its own counters). free_user (may
+ * be NULL) frees user with the graph. On failure the capture fails; user is freed. */
+clpar_status clpar_capture_patch(clpar_device *dev, int entry, clpar_patch_fn fn, void *user,
+                                 void (*free_user)(void *));
+/* Inside a capture on dev: posts a write of bytes (at most 16) into buf at off_bytes from host
+ * memory the graph owns, which fn(user, value) fills now and again before each replay (a host
+ * counter kept on the device: BatchNorm's num_batches_tracked). A graph with such writes waits,
+ * at each replay, until the previous replay ran. free_user (may be NULL) frees user with the
+ * graph, or at once on failure (then the capture fails). */
+typedef void (*clpar_value_fn)(void *user, void *value);
+clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
+                                      clpar_value_fn fn, void *user, void (*free_user)(void *));
+/* Makes every live graph refuse to replay (why: the call that moved or re-made buffers, such
+ * as "clpar_module_to"); a capture in progress fails. */
+void clpar_graph_invalidate_all(const char *why);
 
 #endif

@@ -358,12 +358,40 @@ static clpar_status through_staging(clpar_device *dst, void *dst_buf, size_t dst
   return s;
 }
 
+/* A copy between two devices that capture into one graph: through host memory the graph owns
+ * (at each replay the queues first wait for the previous replay, which used that memory); the
+ * events between the two queues are recorded with the commands and made fresh at each replay. */
+static clpar_status captured_copy(clpar_device *dst, void *dst_buf, size_t dst_off,
+                                  clpar_device *src, const void *src_buf, size_t src_off,
+                                  size_t bytes) {
+  void *mem = clpar_capture_host_memory(src, bytes);
+  if (!mem) return CLPAR_ERROR_OUT_OF_MEMORY;
+  count(dst, src, bytes);
+  clpar_capture_allow(1);
+  clpar_status s = clpar_dev_read(src, src_buf, src_off, mem, bytes);
+  if (s == CLPAR_OK) s = order_after(dst, src, NULL);
+  if (s == CLPAR_OK) s = clpar_dev_write(dst, dst_buf, dst_off, mem, bytes);
+  clpar_capture_allow(0);
+  return s;
+}
+
+/* A copy between two devices inside a capture that does not hold both. */
+static clpar_status refuse_between(const char *fn, clpar_device *a, clpar_device *b) {
+  const char *what = "a copy between a capturing device and one outside the capture";
+  clpar_status s = clpar_capture_refuse(a, fn, what);
+  return s != CLPAR_OK || a == b ? s : clpar_capture_refuse(b, fn, what);
+}
+
 clpar_status clpar_transfer(clpar_device *dst_dev, clpar_storage *dst_st, size_t dst_off,
                             clpar_device *src_dev, clpar_storage *src_st, size_t src_off,
                             size_t bytes) {
   if (bytes == 0) return CLPAR_OK;
   if (dst_dev == src_dev)
     return clpar_dev_copy(dst_dev, dst_st->buf, dst_off, src_st->buf, src_off, bytes);
+  if (clpar_capture_between(dst_dev, src_dev))
+    return captured_copy(dst_dev, dst_st->buf, dst_off, src_dev, src_st->buf, src_off, bytes);
+  clpar_status s = refuse_between("clpar_transfer", dst_dev, src_dev);
+  if (s != CLPAR_OK) return s;
   count(dst_dev, src_dev, bytes);
   if (dst_dev == clpar_device_host())
     return to_host(dst_dev, dst_st, dst_off, src_dev, src_st->buf, src_off, bytes);
@@ -389,6 +417,10 @@ struct clpar_transfer_half {
 clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
                                   clpar_storage *src_st, size_t src_off, size_t bytes,
                                   clpar_transfer_half **out) {
+  int captured = clpar_capture_between(dst_dev, src_dev); /* posted whole at finish */
+  clpar_status refused =
+      captured ? CLPAR_OK : refuse_between("clpar_transfer_begin", dst_dev, src_dev);
+  if (refused != CLPAR_OK) return refused;
   clpar_transfer_half *h = calloc(1, sizeof *h);
   if (!h) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "transfer: out of host memory");
   h->src = src_dev;
@@ -396,8 +428,8 @@ clpar_status clpar_transfer_begin(clpar_device *dst_dev, clpar_device *src_dev,
   h->src_off = src_off;
   h->bytes = bytes;
   clpar_status s = CLPAR_OK;
-  if (bytes > 0 && bytes <= SPLIT_MAX && dst_dev != src_dev && dst_dev != clpar_device_host() &&
-      !peer_ok(dst_dev, src_dev)) {
+  if (!captured && bytes > 0 && bytes <= SPLIT_MAX && dst_dev != src_dev &&
+      dst_dev != clpar_device_host() && !peer_ok(dst_dev, src_dev)) {
     clpar_event *busy = NULL;
     s = staging_get(src_dev, bytes, &h->block, &busy);
     if (busy) {
@@ -457,6 +489,11 @@ void clpar_transfer_cancel(clpar_transfer_half *h) {
 
 clpar_status clpar_upload_fill(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                clpar_fill_fn fill, void *user) {
+  clpar_status refused =
+      clpar_capture_refuse(dev, "clpar_upload",
+                           "an upload from host memory (write inputs and labels into tensors made "
+                           "before the capture, before each replay)");
+  if (refused != CLPAR_OK) return refused;
   count(dev, NULL, bytes);
   for (size_t at = 0; at < bytes; at += CHUNK) {
     size_t n = bytes - at < CHUNK ? bytes - at : CHUNK;
@@ -488,6 +525,11 @@ clpar_status clpar_upload(clpar_device *dev, void *buf, size_t off_bytes, const 
 
 clpar_status clpar_download(clpar_device *dev, const void *buf, size_t off_bytes, void *dst,
                             size_t bytes) {
+  clpar_status refused =
+      clpar_capture_refuse(dev, "clpar_download",
+                           "a read into host memory (clpar_tensor_read, clpar_tensor_item): "
+                           "read after clpar_graph_replay instead");
+  if (refused != CLPAR_OK) return refused;
   count(NULL, dev, bytes);
   clpar_event *done;
   clpar_status s = clpar_dev_read(dev, buf, off_bytes, dst, bytes);

@@ -17,22 +17,19 @@
 
 #include "runtime.h"
 
-/* ---- commands ---- */
+/* ---- commands (clpar_command, runtime.h) ---- */
 
-#define CLPAR_BE_FIELD_(type, field) type field;
-#define ARGS_STRUCT_(name, kind, required) \
-  typedef struct {                         \
-    char unused_;                          \
-    CLPAR_BE_ARGS_##name(CLPAR_BE_FIELD_)  \
-  } args_##name;
-CLPAR_BACKEND_ENTRIES(ARGS_STRUCT_)
+#define ARGS_ALIAS_(name, kind, required) typedef clpar_args_##name args_##name;
+CLPAR_BACKEND_ENTRIES(ARGS_ALIAS_)
+#undef ARGS_ALIAS_
+typedef clpar_command command;
 
 enum {
-#define OP_ENUM_(name, kind, required) OP_##name,
+#define OP_ENUM_(name, kind, required) OP_##name = CLPAR_ENTRY_##name,
   CLPAR_BACKEND_ENTRIES(OP_ENUM_)
 #undef OP_ENUM_
-      OP_WAIT, /* u.event: wait for another device's event */
-  OP_SIGNAL    /* u.event: record, complete the core event when the device has */
+      OP_WAIT = CLPAR_OP_WAIT,
+  OP_SIGNAL = CLPAR_OP_SIGNAL
 };
 
 static const char *const op_names[] = {
@@ -42,22 +39,16 @@ static const char *const op_names[] = {
         "wait",
     "signal"};
 
+const char *clpar_op_name(int op) {
+  return op >= 0 && op <= OP_SIGNAL ? op_names[op] : "unknown";
+}
+
 /* Where a posted-and-waited command puts its result. */
-typedef struct {
+struct clpar_sync_result {
   clpar_status status;
   char message[512];
-} sync_result;
-
-typedef struct {
-  int op;
-  sync_result *result; /* NULL: errors go to the device's first error */
-  union {
-#define ARGS_MEMBER_(name, kind, required) args_##name name;
-    CLPAR_BACKEND_ENTRIES(ARGS_MEMBER_)
-#undef ARGS_MEMBER_
-    clpar_event *event;
-  } u;
-} command;
+};
+typedef clpar_sync_result sync_result;
 
 struct clpar_worker {
   clpar_device *dev;
@@ -209,6 +200,8 @@ static clpar_status post(clpar_device *dev, const command *c, uint64_t *ticket) 
     w->ring[(w->head + w->count) % w->capacity] = *c;
     w->count++;
     *ticket = ++w->posted;
+    clpar_capture *cap = __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE);
+    if (cap) clpar_capture_record(cap, c); /* in the order the worker runs them */
     pthread_cond_signal(&w->work);
   }
   pthread_mutex_unlock(&w->lock);
@@ -228,14 +221,17 @@ clpar_status clpar_worker_take_error(clpar_device *dev) {
 
 /* Posts c and returns at once: an earlier asynchronous failure is returned instead. */
 static clpar_status post_async(clpar_device *dev, const command *c) {
-  clpar_status s = clpar_worker_take_error(dev);
+  clpar_status s = clpar_capture_check_op(dev, c->op);
+  if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
   uint64_t ticket;
   return s != CLPAR_OK ? s : post(dev, c, &ticket);
 }
 
 /* Posts c and waits until the worker has run it (on the worker itself: runs it at once). */
 static clpar_status post_sync(clpar_device *dev, command *c) {
-  clpar_status s = clpar_worker_take_error(dev);
+  clpar_status s =
+      clpar_capture_refuse(dev, op_names[c->op], "a wait for the device (a _sync entry)");
+  if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
   if (s != CLPAR_OK) return s;
   if (clpar_worker_is_current(dev)) return run_command(dev, c);
   sync_result result = {CLPAR_OK, ""};
@@ -256,8 +252,41 @@ static clpar_status post_sync(clpar_device *dev, command *c) {
 clpar_status clpar_worker_post_event(clpar_device *dev, clpar_event *ev, int wait) {
   command c = {.op = wait ? OP_WAIT : OP_SIGNAL};
   c.u.event = ev;
+  clpar_status s = clpar_capture_refuse(dev, wait ? "clpar_event_wait" : "clpar_event_record",
+                                        "an event (a wait on the host or between devices)");
+  if (s != CLPAR_OK) return s;
   uint64_t ticket;
   return post(dev, &c, &ticket); /* never refused for an earlier error: events must flow */
+}
+
+/* Grows the ring until n more commands fit. */
+static clpar_status ring_fit(clpar_worker *w, size_t n) {
+  clpar_status s = CLPAR_OK;
+  while (s == CLPAR_OK && w->capacity - w->count < n) s = ring_grow(w);
+  return s;
+}
+
+clpar_status clpar_worker_post_batch(clpar_device *dev, const command *cmds, size_t n) {
+  clpar_worker *w = dev->worker;
+  clpar_status s = clpar_capture_refuse(dev, "clpar_graph_replay", "a replay of another graph");
+  if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
+  if (s != CLPAR_OK || n == 0) return s;
+  if (!w)
+    return clpar_set_error(CLPAR_ERROR_NOT_INITIALIZED, "%s has no worker (shut down?)",
+                           dev->bd.info.id);
+  pthread_mutex_lock(&w->lock);
+  s = ring_fit(w, n);
+  if (s == CLPAR_OK) {
+    size_t tail = (w->head + w->count) % w->capacity, first = w->capacity - tail;
+    if (first > n) first = n;
+    memcpy(w->ring + tail, cmds, first * sizeof *cmds);
+    memcpy(w->ring, cmds + first, (n - first) * sizeof *cmds);
+    w->count += n;
+    w->posted += n;
+    pthread_cond_signal(&w->work);
+  }
+  pthread_mutex_unlock(&w->lock);
+  return s;
 }
 
 clpar_status clpar_worker_drain(clpar_device *dev) {
@@ -268,6 +297,45 @@ clpar_status clpar_worker_drain(clpar_device *dev) {
   clpar_event_release(ev);
   if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
   return s;
+}
+
+/* ---- the buffers a command names (a graph's, src/runtime/capture.c) ---- */
+
+/* The buffer a command's argument names, if any (by its type). */
+static void *bref_buf(const void *p) {
+  return ((const clpar_bref *)p)->buf;
+}
+static void *ptr_buf(const void *p) {
+  return *(void *const *)p;
+}
+static void *cptr_buf(const void *p) {
+  return (void *)*(const void *const *)p;
+}
+static void *no_buf(const void *p) {
+  (void)p;
+  return NULL;
+}
+
+size_t clpar_command_buffers(const clpar_command *c, void **list) {
+  size_t n = 0;
+#define BUF_OF_(type, field)                                                                     \
+  list[n] = _Generic(a_->field, clpar_bref: bref_buf, void *: ptr_buf, const void *: cptr_buf, \
+                     default: no_buf)(&a_->field); \
+  n += list[n] != NULL && n < 15;
+#define BUF_CASE_(name, kind, required)       \
+  case CLPAR_ENTRY_##name: {                  \
+    const clpar_args_##name *a_ = &c->u.name; \
+    (void)a_;                                 \
+    CLPAR_BE_ARGS_##name(BUF_OF_) break;      \
+  }
+  switch (c->op) {
+    CLPAR_BACKEND_ENTRIES(BUF_CASE_)
+    default:
+      break;
+  }
+#undef BUF_CASE_
+#undef BUF_OF_
+  return n;
 }
 
 /* ---- the dispatch, generated ---- */
