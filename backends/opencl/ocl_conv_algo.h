@@ -1,0 +1,79 @@
+/* ocl_conv_algo.h — private to the OpenCL backend: its whole forward convolution (backend.h's
+ * conv2d entry) and how it picks an algorithm per layer shape. Tests include it to force and
+ * inspect the choice.
+ *
+ * Algorithms: im2col + GEMM (ocl_conv_algo.c: columns in a chunked buffer, CLBlast or
+ * gemm_tile.cl) and an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
+ * into local memory, tile sizes as build options). Per shape the entry takes what
+ * CLPAR_OCL_CONV forces (im2col, implicit; auto or unset: choose), else the choice cached for
+ * the device, else it times both on the call's own data once and caches the faster. Choices
+ * and the implicit kernel's tiles are kept per device and driver in a trusted file of the
+ * cache directory (ocl_conv_cache.c), read once when the device first convolves. */
+#ifndef CLPAR_OCL_CONV_ALGO_H
+#define CLPAR_OCL_CONV_ALGO_H
+
+#include "ocl_internal.h"
+
+typedef enum {
+  CLPAR_OCL_CONV_AUTO = 0,
+  CLPAR_OCL_CONV_IM2COL = 1,
+  CLPAR_OCL_CONV_IMPLICIT = 2,
+  CLPAR_OCL_CONV_ALGOS = 3
+} clpar_ocl_conv_algo;
+
+/* The implicit GEMM's tiles (conv_implicit.cl's CI_TM, CI_TN, CI_TK, CI_WM, CI_WN). */
+typedef struct {
+  unsigned tm, tn, tk, wm, wn;
+} clpar_ocl_conv_tiles;
+
+/* What the entry did on a device, for tests and benches. */
+typedef struct {
+  uint64_t measured;                   /* shapes timed */
+  uint64_t runs[CLPAR_OCL_CONV_ALGOS]; /* convolutions run (their last, kept run) per algorithm */
+  uint64_t disk_loads;                 /* entries read and accepted */
+  uint64_t disk_rejects;               /* entries read and refused */
+} clpar_ocl_conv_stats;
+
+/* "im2col", "implicit" ("auto" for CLPAR_OCL_CONV_AUTO). */
+const char *clpar_ocl_conv_algo_name(int algo);
+/* The algorithm CLPAR_OCL_CONV forces; CLPAR_OCL_CONV_AUTO when unset, "auto", or not a name
+ * (then warned once). */
+int clpar_ocl_conv_forced(void);
+/* 0 when tiles t can be built and launched on d (divisibility, work-group size, local memory),
+ * else -1 with the offending field in *bad. */
+int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
+                               const char **bad);
+/* The tiles d runs the implicit GEMM with: its saved ones, else the defaults for its kind. */
+clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d);
+/* 1 when the implicit GEMM can run shape s (sizes fit its 32-bit indices). */
+int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
+
+/* ---- the per-device cache (ocl_conv_cache.c) ---- */
+
+/* The algorithm cached for s on d, or CLPAR_OCL_CONV_AUTO when none is. Reads the device's
+ * saved entry the first time (unless CLPAR_TUNE=off). */
+int clpar_ocl_conv_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s);
+/* Caches algo for s on d; save: also rewrites the device's entry on disk (a failure to write
+ * is a warning: the choice stays in memory). */
+void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int algo, int save);
+/* Sets d's tiles (checked: CLPAR_ERROR_INVALID_ARGUMENT if they cannot run); save as above. */
+clpar_status clpar_ocl_conv_set_tiles(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, int save);
+/* Forgets every cached choice and tile of d, and whether its entry was read (as a new process
+ * would start). */
+void clpar_ocl_conv_forget(clpar_ocl_device *d);
+/* The entry file for d (whether or not it exists); -1 when there is no usable directory. */
+int clpar_ocl_conv_path(clpar_ocl_device *d, char *path, size_t size);
+void clpar_ocl_conv_stats_get(clpar_ocl_device *d, clpar_ocl_conv_stats *out);
+/* Counts one run of algo (ocl_conv_algo.c) or one timing. */
+void clpar_ocl_conv_count(clpar_ocl_device *d, int algo, int measured);
+/* The implicit GEMM's kernel with tiles t built for d earlier, or NULL; keep hands one over
+ * (the cache releases it; callers use it under d->lock, which kernel_keep never takes). */
+cl_kernel clpar_ocl_conv_kernel_find(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t);
+void clpar_ocl_conv_kernel_keep(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, cl_kernel k);
+/* Frees d's convolution state (at device destroy). */
+void clpar_ocl_conv_state_free(clpar_ocl_device *d);
+
+/* ---- the entry (ocl_conv_algo.c) ---- */
+CLPAR_OCL_ENTRY_DECL_(conv2d)
+
+#endif
