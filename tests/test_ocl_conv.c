@@ -3,8 +3,9 @@
  * stride, padding, dilation, groups (depthwise included), odd sizes, batch 1, bias or none,
  * tiles that do not divide the sizes, other tile sizes, and exact ResNet-50 layer shapes at
  * small spatial sizes; then the choice: a saved entry picks the algorithm it names without
- * measuring, an unknown shape is measured once and saved, and a hostile entry (other format,
- * device, an unknown algorithm, sizes out of range or that no convolution has, tiles the
+ * measuring (with the implicit GEMM's tiles it names), an unknown shape is measured once
+ * (each algorithm, the implicit GEMM with several tile sets) and saved, and a hostile entry (other
+ * format, device, an unknown algorithm, sizes out of range or that no convolution has, tiles the
  * device cannot run, truncated, a NUL byte, group-writable, a symbolic link) is refused with a
  * warning and the shape measured instead. Skips without an OpenCL device. */
 #include <math.h>
@@ -221,9 +222,12 @@ static void test_saved_choice_is_taken(void **state) {
   clpar_ocl_device *d = ocl_of(dev);
   char text[4096], h[2048];
   header(d, h, sizeof h);
+  /* the shape's own tiles (for the implicit GEMM) differ from the device's */
+  const clpar_ocl_conv_tiles mine = {16, 32, 4, 2, 4};
   for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo++) {
-    int n = snprintf(text, sizeof text, "%stiles 32 32 8 4 4\n%s %s\nend\n", h, probe_line,
-                     clpar_ocl_conv_algo_name(algo));
+    int n = snprintf(text, sizeof text, "%stiles 32 32 8 4 4\n%s %s%s\nend\n", h, probe_line,
+                     clpar_ocl_conv_algo_name(algo),
+                     algo == CLPAR_OCL_CONV_IMPLICIT ? " 16 32 4 2 4" : "");
     write_entry(d, text, (size_t)n);
     clpar_ocl_conv_stats c = run_probe(dev);
     assert_int_equal(c.disk_loads, 1);
@@ -232,6 +236,7 @@ static void test_saved_choice_is_taken(void **state) {
     assert_int_equal(c.runs[algo], 1);
     clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
     assert_true(t.tm == 32 && t.tn == 32 && t.tk == 8 && t.wm == 4 && t.wn == 4);
+    if (algo == CLPAR_OCL_CONV_IMPLICIT) assert_non_null(clpar_ocl_conv_kernel_find(d, &mine));
   }
   /* CLPAR_TUNE=off: the entry is not read; the shape is measured */
   setenv("CLPAR_TUNE", "off", 1);
@@ -294,18 +299,22 @@ static void test_hostile_entries_are_refused(void **state) {
   const char *bodies[][2] = {
       {"other format", "clpar-conv 9\n"},
       {"an unknown algorithm", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 winograd\nend\n"},
-      {"a negative size", "%sshape 1 -4 6 6 5 1 3 3 1 1 1 1 1 1 implicit\nend\n"},
-      {"a huge size", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 99999999999 implicit\nend\n"},
-      {"zero stride", "%sshape 1 4 6 6 5 1 3 3 0 1 1 1 1 1 implicit\nend\n"},
-      {"groups not dividing", "%sshape 1 4 6 6 5 3 3 3 1 1 1 1 1 1 implicit\nend\n"},
-      {"kernel past the image", "%sshape 1 4 6 6 5 1 9 3 1 1 0 0 1 1 implicit\nend\n"},
-      {"a short line", "%sshape 1 4 6 implicit\nend\n"},
+      {"a negative size", "%sshape 1 -4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"a huge size", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 99999999999 implicit 8 8 8 1 1\nend\n"},
+      {"zero stride", "%sshape 1 4 6 6 5 1 3 3 0 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"groups not dividing", "%sshape 1 4 6 6 5 3 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"kernel past the image", "%sshape 1 4 6 6 5 1 9 3 1 1 0 0 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"a short line", "%sshape 1 4 6 implicit 8 8 8 1 1\nend\n"},
       {"trailing garbage", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit x\nend\n"},
       {"unrunnable tiles", "%stiles 4096 4096 64 1 1\nend\n"},
       {"tiles not dividing", "%stiles 30 32 8 4 4\nend\n"},
       {"a zero tile", "%stiles 32 32 0 4 4\nend\n"},
       {"an unknown line", "%sgemm 1 2 3\nend\n"},
-      {"truncated", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit\n"},
+      {"implicit without tiles", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit\nend\n"},
+      {"implicit, unrunnable tiles",
+       "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 16 1\nend\n"},
+      {"im2col with tiles", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 im2col 8 8 8 1 1\nend\n"},
+      {"truncated", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\n"},
   };
   for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
     int n = snprintf(text, sizeof text, bodies[i][1], h);
@@ -318,7 +327,7 @@ static void test_hostile_entries_are_refused(void **state) {
   text[strlen(h) + 3] = '\0'; /* a NUL byte inside */
   expect_refused(dev, text, (size_t)n, "a NUL byte");
   /* a sound entry made group-writable, then reached through a symbolic link */
-  n = snprintf(text, sizeof text, "%s%s implicit\nend\n", h, probe_line);
+  n = snprintf(text, sizeof text, "%s%s implicit 8 8 8 1 1\nend\n", h, probe_line);
   write_entry(d, text, (size_t)n);
   char path[4096], real[4200];
   assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);

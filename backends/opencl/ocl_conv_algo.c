@@ -244,26 +244,48 @@ static double time_algo(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tile
   return st == CLPAR_OK ? best : -1;
 }
 
-/* Times every algorithm that can run s, caches the fastest and returns it. */
-static int measure(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, clpar_conv2d_shape s,
-                   clpar_bref x, clpar_bref wt, clpar_bref bias, clpar_bref y) {
+/* Tiles tried besides the device's own when a shape is measured: narrower work-groups with
+ * less local memory, and more work per work-item (each new set is one more build of
+ * conv_implicit.cl, kept in the kernel caches). */
+static const clpar_ocl_conv_tiles tile_candidates[] = {{32, 32, 8, 4, 4}, {128, 64, 8, 8, 4}};
+#define N_CANDIDATES (1 + sizeof tile_candidates / sizeof tile_candidates[0])
+
+/* Times every algorithm that can run s (the implicit GEMM with each tile candidate d can run),
+ * caches the fastest and returns it, its tiles in *t. */
+static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_shape s, clpar_bref x,
+                   clpar_bref wt, clpar_bref bias, clpar_bref y) {
   int best = CLPAR_OCL_CONV_IM2COL;
   double im2col = time_algo(d, CLPAR_OCL_CONV_IM2COL, t, s, x, wt, bias, y), implicit = -1;
-  if (clpar_ocl_conv_implicit_fits(&s)) {
-    implicit = time_algo(d, CLPAR_OCL_CONV_IMPLICIT, t, s, x, wt, bias, y);
-    if (implicit < 0)
-      clpar_log(CLPAR_LOG_WARN, "opencl: %s: the implicit-GEMM convolution failed (%s): im2col",
-                d->dev_name, clpar_last_error());
+  clpar_ocl_conv_tiles cand[N_CANDIDATES], won = *t;
+  size_t nc = 1;
+  cand[0] = *t;
+  for (size_t i = 0; i < N_CANDIDATES - 1; i++) {
+    const char *bad;
+    const clpar_ocl_conv_tiles *c = &tile_candidates[i];
+    int dup = memcmp(c, t, sizeof *c) == 0;
+    if (!dup && clpar_ocl_conv_tiles_check(d, c, &bad) == 0) cand[nc++] = *c;
+  }
+  for (size_t i = 0; i < nc && clpar_ocl_conv_implicit_fits(&s); i++) {
+    double dt = time_algo(d, CLPAR_OCL_CONV_IMPLICIT, &cand[i], s, x, wt, bias, y);
+    if (dt < 0)
+      clpar_log(CLPAR_LOG_WARN,
+                "opencl: %s: the implicit-GEMM convolution (tiles %u %u %u %u %u) "
+                "failed: %s",
+                d->dev_name, cand[i].tm, cand[i].tn, cand[i].tk, cand[i].wm, cand[i].wn,
+                clpar_last_error());
+    else if (implicit < 0 || dt < implicit)
+      implicit = dt, won = cand[i];
   }
   if (implicit >= 0 && (im2col < 0 || implicit < im2col)) best = CLPAR_OCL_CONV_IMPLICIT;
   clpar_log(CLPAR_LOG_DEBUG,
-            "opencl: conv %lldx%lldx%lldx%lld -> %lld k%lldx%lld: im2col %.3f ms, "
-            "implicit %.3f ms: %s",
+            "opencl: conv %lldx%lldx%lldx%lld -> %lld k%lldx%lld: im2col %.3f ms, implicit %.3f "
+            "ms (tiles %u %u %u %u %u): %s",
             (long long)s.n, (long long)s.c, (long long)s.h, (long long)s.w, (long long)s.o,
-            (long long)s.kh, (long long)s.kw, im2col * 1e3, implicit * 1e3,
-            clpar_ocl_conv_algo_name(best));
+            (long long)s.kh, (long long)s.kw, im2col * 1e3, implicit * 1e3, won.tm, won.tn, won.tk,
+            won.wm, won.wn, clpar_ocl_conv_algo_name(best));
   clpar_ocl_conv_count(d, best, 1);
-  if (im2col >= 0 || implicit >= 0) clpar_ocl_conv_remember(d, &s, best, 1);
+  if (best == CLPAR_OCL_CONV_IMPLICIT) *t = won;
+  if (im2col >= 0 || implicit >= 0) clpar_ocl_conv_remember(d, &s, best, t, 1);
   return best;
 }
 
@@ -272,7 +294,7 @@ clpar_status clpar_ocl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref x, clp
   clpar_ocl_device *d = dev;
   int algo = clpar_ocl_conv_forced();
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
-  if (algo == CLPAR_OCL_CONV_AUTO) algo = clpar_ocl_conv_cached(d, &s);
+  if (algo == CLPAR_OCL_CONV_AUTO) algo = clpar_ocl_conv_cached(d, &s, &t);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = measure(d, &t, s, x, weight, bias, y);
   if (algo == CLPAR_OCL_CONV_IMPLICIT && !clpar_ocl_conv_implicit_fits(&s))
     algo = CLPAR_OCL_CONV_IM2COL;

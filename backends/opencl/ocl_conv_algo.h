@@ -50,12 +50,15 @@ int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
 
 /* ---- the per-device cache (ocl_conv_cache.c) ---- */
 
-/* The algorithm cached for s on d, or CLPAR_OCL_CONV_AUTO when none is. Reads the device's
- * saved entry the first time (unless CLPAR_TUNE=off). */
-int clpar_ocl_conv_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s);
-/* Caches algo for s on d; save: also rewrites the device's entry on disk (a failure to write
- * is a warning: the choice stays in memory). */
-void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int algo, int save);
+/* The algorithm cached for s on d (the implicit GEMM's tiles into *tiles), or
+ * CLPAR_OCL_CONV_AUTO when none is. Reads the device's saved entry the first time (unless
+ * CLPAR_TUNE=off). */
+int clpar_ocl_conv_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s,
+                          clpar_ocl_conv_tiles *tiles);
+/* Caches algo (with tiles, for the implicit GEMM) for s on d; save: also rewrites the
+ * device's entry on disk (a failure to write is a warning: the choice stays in memory). */
+void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int algo,
+                             const clpar_ocl_conv_tiles *tiles, int save);
 /* Sets d's tiles (checked: CLPAR_ERROR_INVALID_ARGUMENT if they cannot run); save as above. */
 clpar_status clpar_ocl_conv_set_tiles(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, int save);
 /* Forgets every cached choice and tile of d, and whether its entry was read (as a new process

@@ -29,6 +29,7 @@
 typedef struct {
   clpar_conv2d_shape s;
   int algo;
+  clpar_ocl_conv_tiles tiles; /* the implicit GEMM's, when it is the algorithm */
 } conv_choice;
 
 struct clpar_ocl_conv_state {
@@ -60,10 +61,12 @@ static int same_shape(const clpar_conv2d_shape *a, const clpar_conv2d_shape *b) 
 }
 
 /* Sets (or adds) s's choice; 0, or -1 when out of memory or full. */
-static int put_choice(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape *s, int algo) {
+static int put_choice(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape *s, int algo,
+                      const clpar_ocl_conv_tiles *t) {
   for (size_t i = 0; i < st->n; i++)
     if (same_shape(&st->choices[i].s, s)) {
       st->choices[i].algo = algo;
+      st->choices[i].tiles = *t;
       return 0;
     }
   if (st->n == CONV_MAX_SHAPES) return -1;
@@ -75,6 +78,7 @@ static int put_choice(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape 
     st->cap = cap;
   }
   st->choices[st->n].s = *s;
+  st->choices[st->n].tiles = *t;
   st->choices[st->n++].algo = algo;
   return 0;
 }
@@ -130,8 +134,21 @@ static int parse_numbers(char **p, int64_t *v, int count, int64_t max) {
   return 0;
 }
 
-/* A shape line's fields (after "shape "); the geometry must be one a convolution can have. */
-static int parse_shape(char *p, clpar_conv2d_shape *s, int *algo) {
+/* Five tile sizes from *p into t, which d must be able to run; 0, or -1. */
+static int parse_tiles(clpar_ocl_device *d, char **p, clpar_ocl_conv_tiles *t) {
+  int64_t v[5];
+  const char *bad;
+  if (parse_numbers(p, v, 5, 1 << 16) != 0 || **p) return -1;
+  clpar_ocl_conv_tiles r = {(unsigned)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3],
+                            (unsigned)v[4]};
+  if (clpar_ocl_conv_tiles_check(d, &r, &bad) != 0) return -1;
+  *t = r;
+  return 0;
+}
+
+/* A shape line's fields (after "shape "): the geometry, one a convolution can have, then the
+ * algorithm's name, then for the implicit GEMM its tiles. */
+static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
   int64_t v[14];
   if (parse_numbers(&p, v, 14, CONV_MAX_DIM) != 0 || *p != ' ') return -1;
   clpar_conv2d_shape r = {v[0], v[1], v[2],  v[3],  v[4],  v[5],  v[6], v[7],
@@ -144,13 +161,13 @@ static int parse_shape(char *p, clpar_conv2d_shape *s, int *algo) {
   r.oh = (r.h + 2 * r.ph - ekh) / r.sh + 1;
   r.ow = (r.w + 2 * r.pw - ekw) / r.sw + 1;
   p++;
-  for (int a = CLPAR_OCL_CONV_IM2COL; a < CLPAR_OCL_CONV_ALGOS; a++)
-    if (strcmp(p, clpar_ocl_conv_algo_name(a)) == 0) {
-      *s = r;
-      *algo = a;
-      return 0;
-    }
-  return -1;
+  c->s = r;
+  c->tiles = (clpar_ocl_conv_tiles){0, 0, 0, 0, 0};
+  if (strcmp(p, "im2col") == 0) return c->algo = CLPAR_OCL_CONV_IM2COL, 0;
+  if (strncmp(p, "implicit ", 9) != 0) return -1;
+  p += 8;
+  c->algo = CLPAR_OCL_CONV_IMPLICIT;
+  return parse_tiles(d, &p, &c->tiles);
 }
 
 /* Parses an entry's text (NUL-terminated) into st; NULL, or why it is refused. */
@@ -165,25 +182,17 @@ static const char *entry_parse(clpar_ocl_device *d, char *text, struct clpar_ocl
   char *save = NULL;
   for (char *line = strtok_r(text + strlen(header), "\n", &save); line && !ended;
        line = strtok_r(NULL, "\n", &save)) {
-    clpar_conv2d_shape s;
-    int algo;
-    int64_t t[5];
-    char *p = line + strcspn(line, " ") + (strchr(line, ' ') != NULL);
+    conv_choice c;
+    char *p = line + strcspn(line, " ");
     if (strcmp(line, "end") == 0) {
       ended = 1;
     } else if (strncmp(line, "tiles ", 6) == 0) {
-      const char *bad;
-      if (parse_numbers(&p, t, 5, 1 << 16) != 0 || *p)
-        return "corrupt: a tiles line does not parse";
-      clpar_ocl_conv_tiles tl = {(unsigned)t[0], (unsigned)t[1], (unsigned)t[2], (unsigned)t[3],
-                                 (unsigned)t[4]};
-      if (clpar_ocl_conv_tiles_check(d, &tl, &bad) != 0)
-        return "corrupt: tiles this device cannot run";
-      st->tiles = tl;
+      if (parse_tiles(d, &p, &st->tiles) != 0)
+        return "corrupt: a tiles line does not parse or names tiles this device cannot run";
       st->has_tiles = 1;
-    } else if (strncmp(line, "shape ", 6) != 0 || parse_shape(p, &s, &algo) != 0) {
-      return "corrupt: a line does not parse";
-    } else if (put_choice(st, &s, algo) != 0) {
+    } else if (strncmp(line, "shape ", 6) != 0 || parse_shape(d, p + 1, &c) != 0) {
+      return "corrupt: a line does not parse or names tiles this device cannot run";
+    } else if (put_choice(st, &c.s, c.algo, &c.tiles) != 0) {
       return "corrupt: too many shapes";
     }
   }
@@ -252,12 +261,17 @@ static void entry_write(clpar_ocl_device *d, const struct clpar_ocl_conv_state *
     const clpar_conv2d_shape *s = &st->choices[i].s;
     len += (size_t)snprintf(text + len, cap - len,
                             "shape %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
-                            "%lld %lld %s\n",
+                            "%lld %lld %s",
                             (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w,
                             (long long)s->o, (long long)s->groups, (long long)s->kh,
                             (long long)s->kw, (long long)s->sh, (long long)s->sw, (long long)s->ph,
                             (long long)s->pw, (long long)s->dh, (long long)s->dw,
                             clpar_ocl_conv_algo_name(st->choices[i].algo));
+    const clpar_ocl_conv_tiles *ct = &st->choices[i].tiles;
+    if (st->choices[i].algo == CLPAR_OCL_CONV_IMPLICIT)
+      len += (size_t)snprintf(text + len, cap - len, " %u %u %u %u %u", ct->tm, ct->tn, ct->tk,
+                              ct->wm, ct->wn);
+    len += (size_t)snprintf(text + len, cap - len, "\n");
   }
   len += (size_t)snprintf(text + len, cap - len, "end\n");
   entry_name(d, name, sizeof name);
@@ -270,22 +284,27 @@ static void entry_write(clpar_ocl_device *d, const struct clpar_ocl_conv_state *
 
 /* ---- the cache's interface ---- */
 
-int clpar_ocl_conv_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s) {
+int clpar_ocl_conv_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s,
+                          clpar_ocl_conv_tiles *tiles) {
   int algo = CLPAR_OCL_CONV_AUTO;
   pthread_mutex_lock(&conv_lock);
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && !st->read) entry_read(d, st);
   for (size_t i = 0; st && i < st->n; i++)
-    if (same_shape(&st->choices[i].s, s)) algo = st->choices[i].algo;
+    if (same_shape(&st->choices[i].s, s)) {
+      algo = st->choices[i].algo;
+      if (algo == CLPAR_OCL_CONV_IMPLICIT) *tiles = st->choices[i].tiles;
+    }
   pthread_mutex_unlock(&conv_lock);
   return algo;
 }
 
-void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int algo, int save) {
+void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int algo,
+                             const clpar_ocl_conv_tiles *tiles, int save) {
   pthread_mutex_lock(&conv_lock);
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && !st->read) entry_read(d, st);
-  if (st && put_choice(st, s, algo) == 0 && save) entry_write(d, st);
+  if (st && put_choice(st, s, algo, tiles) == 0 && save) entry_write(d, st);
   pthread_mutex_unlock(&conv_lock);
 }
 
