@@ -1,6 +1,7 @@
 /* test_ocl_conv.c — the OpenCL backend's forward convolution (backends/opencl/ocl_conv_algo.c):
- * each algorithm, forced through CLPAR_OCL_CONV, against a float64 loop computed here over
- * stride, padding, dilation, groups (depthwise included), odd sizes, batch 1, bias or none,
+ * each algorithm (im2col + GEMM, the implicit GEMM, Winograd's F(2x2, 3x3) where it fits and
+ * im2col where it does not), forced through CLPAR_OCL_CONV, against a float64 loop computed here
+ * over stride, padding, dilation, groups (depthwise included), odd sizes, batch 1, bias or none,
  * tiles that do not divide the sizes, other tile sizes, and exact ResNet-50 layer shapes at
  * small spatial sizes; then the choice: a saved entry picks the algorithm it names without
  * measuring (with the implicit GEMM's tiles it names), an unknown shape is measured once
@@ -115,6 +116,8 @@ static const struct {
     {"batch 1, 1x1", {1, 7, 5, 3, 9, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1}},
     {"1x1 direct (P 256) with bias", {2, 8, 16, 16, 70, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1}},
     {"3x3 over 256 pixels", {2, 9, 16, 16, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}},
+    {"3x3 no padding, odd", {2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1}},
+    {"3x3 padding 2", {1, 2, 5, 5, 3, 3, 3, 1, 1, 2, 2, 1, 1, 1, 0}},
     {"kernel = image", {3, 2, 4, 5, 3, 4, 5, 1, 1, 0, 0, 1, 1, 1, 1}},
     {"rows past a tile", {1, 3, 6, 6, 130, 2, 2, 1, 1, 0, 0, 1, 1, 1, 0}},
     {"resnet50 conv1", {1, 3, 32, 32, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1, 0}},
@@ -129,15 +132,30 @@ static const struct {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
+/* Whether Winograd's F(2x2, 3x3) takes s (else the forced run falls back to im2col). */
+static int winograd_fits(const cshape *s) {
+  return s->kh == 3 && s->kw == 3 && s->sh == 1 && s->sw == 1 && s->dh == 1 && s->dw == 1 &&
+         s->groups == 1;
+}
+
 static void check_forced(clpar_device *dev, int algo) {
   clpar_ocl_device *d = ocl_of(dev);
   clpar_ocl_conv_stats before, after;
   setenv("CLPAR_OCL_CONV", clpar_ocl_conv_algo_name(algo), 1);
   clpar_ocl_conv_stats_get(d, &before);
-  for (size_t i = 0; i < N_SHAPES; i++) check_shape(dev, &shapes[i].s, shapes[i].name);
+  uint64_t fit = 0;
+  for (size_t i = 0; i < N_SHAPES; i++) {
+    check_shape(dev, &shapes[i].s, shapes[i].name);
+    fit += algo != CLPAR_OCL_CONV_WINOGRAD || winograd_fits(&shapes[i].s);
+  }
   clpar_ocl_conv_stats_get(d, &after);
   unsetenv("CLPAR_OCL_CONV");
-  assert_int_equal(after.runs[algo] - before.runs[algo], N_SHAPES);
+  assert_int_equal(after.runs[algo] - before.runs[algo], fit);
+  if (algo == CLPAR_OCL_CONV_WINOGRAD) {
+    assert_true(fit >= 6);
+    assert_int_equal(after.runs[CLPAR_OCL_CONV_IM2COL] - before.runs[CLPAR_OCL_CONV_IM2COL],
+                     N_SHAPES - fit);
+  }
   assert_int_equal(after.measured, before.measured);
 }
 
@@ -146,6 +164,13 @@ static void test_im2col_path(void **state) {
   clpar_device *dev = ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_IM2COL);
+}
+
+static void test_winograd_path(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
 }
 
 static void test_implicit_path(void **state) {
@@ -298,7 +323,7 @@ static void test_hostile_entries_are_refused(void **state) {
   header(d, h, sizeof h);
   const char *bodies[][2] = {
       {"other format", "clpar-conv 9\n"},
-      {"an unknown algorithm", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 winograd\nend\n"},
+      {"an unknown algorithm", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 fft\nend\n"},
       {"a negative size", "%sshape 1 -4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
       {"a huge size", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 99999999999 implicit 8 8 8 1 1\nend\n"},
       {"zero stride", "%sshape 1 4 6 6 5 1 3 3 0 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
@@ -349,6 +374,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_im2col_path),
       cmocka_unit_test(test_implicit_path),
+      cmocka_unit_test(test_winograd_path),
       cmocka_unit_test(test_implicit_tiles),
       cmocka_unit_test(test_saved_choice_is_taken),
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),

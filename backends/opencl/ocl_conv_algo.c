@@ -1,6 +1,7 @@
 /* ocl_conv_algo.c — the OpenCL backend's whole forward convolution (backend.h's conv2d entry):
  * im2col + GEMM or the implicit GEMM of conv_implicit.cl, chosen per layer shape by measured
- * time (ocl_conv_algo.h says how), as CLBlast chooses between its direct and indirect GEMM.
+ * time (ocl_conv_algo.h says how), as CLBlast chooses between its direct and indirect GEMM;
+ * Winograd's F(2x2, 3x3) is a third for the layers it fits (ocl_conv_winograd.c).
  * The backward passes stay the core's im2col path (src/nn/conv.c).
  *
  * The im2col path is the core's: a 1x1 convolution with stride 1, no padding and at least
@@ -22,6 +23,7 @@
 const char *clpar_ocl_conv_algo_name(int algo) {
   return algo == CLPAR_OCL_CONV_IM2COL     ? "im2col"
          : algo == CLPAR_OCL_CONV_IMPLICIT ? "implicit"
+         : algo == CLPAR_OCL_CONV_WINOGRAD ? "winograd"
                                            : "auto";
 }
 
@@ -32,7 +34,8 @@ int clpar_ocl_conv_forced(void) {
   for (int a = CLPAR_OCL_CONV_IM2COL; a < CLPAR_OCL_CONV_ALGOS; a++)
     if (strcmp(v, clpar_ocl_conv_algo_name(a)) == 0) return a;
   if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-    clpar_log(CLPAR_LOG_WARN, "CLPAR_OCL_CONV=%.32s is not im2col, implicit or auto: choosing", v);
+    clpar_log(CLPAR_LOG_WARN,
+              "CLPAR_OCL_CONV=%.32s is not im2col, implicit, winograd or auto: choosing", v);
   return CLPAR_OCL_CONV_AUTO;
 }
 
@@ -213,6 +216,7 @@ static clpar_status run_algo(clpar_ocl_device *d, int algo, const clpar_ocl_conv
                              clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
                              clpar_bref y) {
   if (algo == CLPAR_OCL_CONV_IMPLICIT) return fwd_implicit(d, t, s, x, wt, bias, y);
+  if (algo == CLPAR_OCL_CONV_WINOGRAD) return clpar_ocl_conv_winograd(d, &s, x, wt, bias, y);
   int direct = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 &&
                s.oh * s.ow >= DIRECT_MIN_P;
   return direct ? fwd_direct(d, &s, x, wt, bias, y) : fwd_chunks(d, &s, x, wt, bias, y);
@@ -277,15 +281,20 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
       implicit = dt, won = cand[i];
   }
   if (implicit >= 0 && (im2col < 0 || implicit < im2col)) best = CLPAR_OCL_CONV_IMPLICIT;
+  double wino = -1, fastest = best == CLPAR_OCL_CONV_IMPLICIT ? implicit : im2col;
+  if (clpar_ocl_conv_winograd_fits(&s)) {
+    wino = time_algo(d, CLPAR_OCL_CONV_WINOGRAD, t, s, x, wt, bias, y);
+    if (wino >= 0 && (fastest < 0 || wino < fastest)) best = CLPAR_OCL_CONV_WINOGRAD;
+  }
   clpar_log(CLPAR_LOG_DEBUG,
             "opencl: conv %lldx%lldx%lldx%lld -> %lld k%lldx%lld: im2col %.3f ms, implicit %.3f "
-            "ms (tiles %u %u %u %u %u): %s",
+            "ms (tiles %u %u %u %u %u), winograd %.3f ms: %s",
             (long long)s.n, (long long)s.c, (long long)s.h, (long long)s.w, (long long)s.o,
             (long long)s.kh, (long long)s.kw, im2col * 1e3, implicit * 1e3, won.tm, won.tn, won.tk,
-            won.wm, won.wn, clpar_ocl_conv_algo_name(best));
+            won.wm, won.wn, wino * 1e3, clpar_ocl_conv_algo_name(best));
   clpar_ocl_conv_count(d, best, 1);
   if (best == CLPAR_OCL_CONV_IMPLICIT) *t = won;
-  if (im2col >= 0 || implicit >= 0) clpar_ocl_conv_remember(d, &s, best, t, 1);
+  if (im2col >= 0 || implicit >= 0 || wino >= 0) clpar_ocl_conv_remember(d, &s, best, t, 1);
   return best;
 }
 
@@ -296,7 +305,8 @@ clpar_status clpar_ocl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref x, clp
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = clpar_ocl_conv_cached(d, &s, &t);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = measure(d, &t, s, x, weight, bias, y);
-  if (algo == CLPAR_OCL_CONV_IMPLICIT && !clpar_ocl_conv_implicit_fits(&s))
+  if ((algo == CLPAR_OCL_CONV_IMPLICIT && !clpar_ocl_conv_implicit_fits(&s)) ||
+      (algo == CLPAR_OCL_CONV_WINOGRAD && !clpar_ocl_conv_winograd_fits(&s)))
     algo = CLPAR_OCL_CONV_IM2COL;
   clpar_ocl_conv_count(d, algo, 0);
   return run_algo(d, algo, &t, s, x, weight, bias, y);

@@ -3,10 +3,12 @@
  * inspect the choice.
  *
  * Algorithms: im2col + GEMM (ocl_conv_algo.c: columns in a chunked buffer, CLBlast or
- * gemm_tile.cl) and an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
- * into local memory, tile sizes as build options). Per shape the entry takes what
- * CLPAR_OCL_CONV forces (im2col, implicit; auto or unset: choose), else the choice cached for
- * the device, else it times both on the call's own data once and caches the faster. Choices
+ * gemm_tile.cl), an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
+ * into local memory, tile sizes as build options) and, for 3x3 stride-1 undilated ungrouped
+ * layers, Winograd's F(2x2, 3x3) (ocl_conv_winograd.c). Per shape the entry takes what
+ * CLPAR_OCL_CONV forces (im2col, implicit, winograd; auto or unset: choose; a forced
+ * algorithm that cannot run the shape falls back to im2col), else the choice cached for the
+ * device, else it times each on the call's own data once and caches the fastest. Choices
  * and the implicit kernel's tiles are kept per device and driver in a trusted file of the
  * cache directory (ocl_conv_cache.c), read once when the device first convolves. */
 #ifndef CLPAR_OCL_CONV_ALGO_H
@@ -18,7 +20,8 @@ typedef enum {
   CLPAR_OCL_CONV_AUTO = 0,
   CLPAR_OCL_CONV_IM2COL = 1,
   CLPAR_OCL_CONV_IMPLICIT = 2,
-  CLPAR_OCL_CONV_ALGOS = 3
+  CLPAR_OCL_CONV_WINOGRAD = 3,
+  CLPAR_OCL_CONV_ALGOS = 4
 } clpar_ocl_conv_algo;
 
 /* The implicit GEMM's tiles (conv_implicit.cl's CI_TM, CI_TN, CI_TK, CI_WM, CI_WN). */
@@ -34,7 +37,7 @@ typedef struct {
   uint64_t disk_rejects;               /* entries read and refused */
 } clpar_ocl_conv_stats;
 
-/* "im2col", "implicit" ("auto" for CLPAR_OCL_CONV_AUTO). */
+/* "im2col", "implicit", "winograd" ("auto" for CLPAR_OCL_CONV_AUTO). */
 const char *clpar_ocl_conv_algo_name(int algo);
 /* The algorithm CLPAR_OCL_CONV forces; CLPAR_OCL_CONV_AUTO when unset, "auto", or not a name
  * (then warned once). */
@@ -47,6 +50,13 @@ int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_t
 clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d);
 /* 1 when the implicit GEMM can run shape s (sizes fit its 32-bit indices). */
 int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
+
+/* ---- Winograd F(2x2, 3x3) (ocl_conv_winograd.c) ---- */
+
+/* 1 when s is a 3x3, stride-1, undilated, ungrouped convolution whose sizes fit. */
+int clpar_ocl_conv_winograd_fits(const clpar_conv2d_shape *s);
+clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
+                                     clpar_bref wt, clpar_bref bias, clpar_bref y);
 
 /* ---- the per-device cache (ocl_conv_cache.c) ---- */
 

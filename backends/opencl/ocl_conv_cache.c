@@ -5,7 +5,8 @@
  *   clpar-conv 1
  *   device NAME / driver VERSION / platform NAME VERSION    (one line each, as the GEMM entry)
  *   tiles TM TN TK WM WN                                     (optional)
- *   shape N C H W O GROUPS KH KW SH SW PH PW DH DW ALGO      (any number, ALGO im2col|implicit)
+ *   shape N C H W O GROUPS KH KW SH SW PH PW DH DW ALGO      (any number: ALGO im2col,
+ *                                                  winograd, or implicit TM TN TK WM WN)
  *   end
  *
  * What the file says only selects between clpar's own kernels and sizes their tiles, but it is
@@ -164,6 +165,7 @@ static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
   c->s = r;
   c->tiles = (clpar_ocl_conv_tiles){0, 0, 0, 0, 0};
   if (strcmp(p, "im2col") == 0) return c->algo = CLPAR_OCL_CONV_IM2COL, 0;
+  if (strcmp(p, "winograd") == 0) return c->algo = CLPAR_OCL_CONV_WINOGRAD, 0;
   if (strncmp(p, "implicit ", 9) != 0) return -1;
   p += 8;
   c->algo = CLPAR_OCL_CONV_IMPLICIT;
