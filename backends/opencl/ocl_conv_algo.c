@@ -58,9 +58,10 @@ int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_t
 
 int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s) {
   const int64_t lim = INT32_MAX;
-  return s->n * s->oh * s->ow <= lim && s->c * s->h * s->w <= lim &&
-         (s->c / s->groups) * s->kh * s->kw <= lim && s->o <= lim && s->oh * s->sh <= lim &&
-         s->ow * s->sw <= lim && s->kh * s->dh <= lim && s->kw * s->dw <= lim;
+  return s->n * s->oh * s->ow <= lim && s->c * s->h * s->w <= lim && s->h + 2 * s->ph <= lim &&
+         s->w + 2 * s->pw <= lim && (s->c / s->groups) * s->kh * s->kw <= lim && s->o <= lim &&
+         s->oh * s->sh <= lim && s->ow * s->sw <= lim && s->kh * s->dh <= lim &&
+         s->kw * s->dw <= lim;
 }
 
 /* ---- the implicit GEMM ---- */
@@ -81,6 +82,16 @@ static clpar_status implicit_kernel(clpar_ocl_device *d, const clpar_ocl_conv_ti
   cl_int err;
   cl_kernel k = clCreateKernel(prog, "conv_implicit_f32", &err);
   if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateKernel", "conv_implicit_f32");
+  /* a driver may allow fewer work-items for this kernel than for the device (registers) */
+  size_t most = 0, want = (size_t)(t->tm / t->wm) * (t->tn / t->wn);
+  err = clGetKernelWorkGroupInfo(k, d->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof most, &most, NULL);
+  if (err != CL_SUCCESS || most < want) {
+    clReleaseKernel(k);
+    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
+                           "opencl: %s runs conv_implicit_f32 with tiles %u %u %u %u %u in groups "
+                           "of at most %zu work-items; they need %zu",
+                           d->dev_name, t->tm, t->tn, t->tk, t->wm, t->wn, most, want);
+  }
   clpar_ocl_conv_kernel_keep(d, t, k);
   *out = k;
   return CLPAR_OK;
@@ -308,6 +319,14 @@ clpar_status clpar_ocl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref x, clp
   if ((algo == CLPAR_OCL_CONV_IMPLICIT && !clpar_ocl_conv_implicit_fits(&s)) ||
       (algo == CLPAR_OCL_CONV_WINOGRAD && !clpar_ocl_conv_winograd_fits(&s)))
     algo = CLPAR_OCL_CONV_IM2COL;
+  clpar_status st = run_algo(d, algo, &t, s, x, weight, bias, y);
+  if (algo == CLPAR_OCL_CONV_IMPLICIT &&
+      (st == CLPAR_ERROR_BUILD || st == CLPAR_ERROR_UNSUPPORTED)) { /* nothing was enqueued */
+    clpar_log(CLPAR_LOG_WARN, "opencl: %s: %s; this convolution takes im2col", d->dev_name,
+              clpar_last_error());
+    algo = CLPAR_OCL_CONV_IM2COL;
+    st = run_algo(d, algo, &t, s, x, weight, bias, y);
+  }
   clpar_ocl_conv_count(d, algo, 0);
-  return run_algo(d, algo, &t, s, x, weight, bias, y);
+  return st;
 }

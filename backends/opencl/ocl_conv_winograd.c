@@ -13,7 +13,8 @@ int clpar_ocl_conv_winograd_fits(const clpar_conv2d_shape *s) {
   int64_t tiles = s->n * ((s->oh + 1) / 2) * ((s->ow + 1) / 2);
   return s->kh == 3 && s->kw == 3 && s->sh == 1 && s->sw == 1 && s->dh == 1 && s->dw == 1 &&
          s->groups == 1 && 16 * s->c * tiles <= lim && 16 * s->o * tiles <= lim &&
-         16 * s->o * s->c <= lim && s->c * s->h * s->w <= lim && s->oh * s->ow <= lim;
+         16 * s->o * s->c <= lim && s->c * s->h * s->w <= lim && s->oh * s->ow <= lim &&
+         s->h + 2 * s->ph <= lim && s->w + 2 * s->pw <= lim;
 }
 
 static clpar_bref plus(clpar_bref r, size_t off) {
