@@ -19,6 +19,9 @@
 #define CHUNK_FLOATS ((size_t)16 * 1024 * 1024) /* 64 MiB of columns */
 #define DIRECT_MIN_P 256
 #define TIMED_RUNS 2 /* per algorithm, after one untimed run (kernel builds, CLBlast's warm-up) */
+/* An algorithm this many times slower than im2col is timed once, and the implicit GEMM's other
+ * tiles are not tried (on PoCL's CPU devices it is 30 to 100 times slower). */
+#define FAR_OFF 4.0
 
 const char *clpar_ocl_conv_algo_name(int algo) {
   return algo == CLPAR_OCL_CONV_IM2COL     ? "im2col"
@@ -242,14 +245,15 @@ static double now(void) {
 }
 
 /* Seconds one run of algo takes on the call's own data (best of TIMED_RUNS after one untimed
- * run); negative when it failed (its error left set). */
+ * run; after the first timed run when that took over cut seconds, cut > 0); negative when it
+ * failed (its error left set). */
 static double time_algo(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
                         clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
-                        clpar_bref y) {
+                        clpar_bref y, double cut) {
   double best = -1;
   clpar_status st = run_algo(d, algo, t, s, x, wt, bias, y);
   if (st == CLPAR_OK) st = ocl_finish(d);
-  for (int r = 0; r < TIMED_RUNS && st == CLPAR_OK; r++) {
+  for (int r = 0; r < TIMED_RUNS && st == CLPAR_OK && !(cut > 0 && best > cut); r++) {
     double t0 = now();
     st = run_algo(d, algo, t, s, x, wt, bias, y);
     if (st == CLPAR_OK) st = ocl_finish(d);
@@ -270,7 +274,8 @@ static const clpar_ocl_conv_tiles tile_candidates[] = {{32, 32, 8, 4, 4}, {128, 
 static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_shape s, clpar_bref x,
                    clpar_bref wt, clpar_bref bias, clpar_bref y) {
   int best = CLPAR_OCL_CONV_IM2COL;
-  double im2col = time_algo(d, CLPAR_OCL_CONV_IM2COL, t, s, x, wt, bias, y), implicit = -1;
+  double im2col = time_algo(d, CLPAR_OCL_CONV_IM2COL, t, s, x, wt, bias, y, 0), implicit = -1;
+  double cut = FAR_OFF * im2col;
   clpar_ocl_conv_tiles cand[N_CANDIDATES], won = *t;
   size_t nc = 1;
   cand[0] = *t;
@@ -280,8 +285,9 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
     int dup = memcmp(c, t, sizeof *c) == 0;
     if (!dup && clpar_ocl_conv_tiles_check(d, c, &bad) == 0) cand[nc++] = *c;
   }
-  for (size_t i = 0; i < nc && clpar_ocl_conv_implicit_fits(&s); i++) {
-    double dt = time_algo(d, CLPAR_OCL_CONV_IMPLICIT, &cand[i], s, x, wt, bias, y);
+  for (size_t i = 0; i < nc && clpar_ocl_conv_implicit_fits(&s) && !(cut > 0 && implicit > cut);
+       i++) {
+    double dt = time_algo(d, CLPAR_OCL_CONV_IMPLICIT, &cand[i], s, x, wt, bias, y, cut);
     if (dt < 0)
       clpar_log(CLPAR_LOG_WARN,
                 "opencl: %s: the implicit-GEMM convolution (tiles %u %u %u %u %u) "
@@ -294,7 +300,7 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
   if (implicit >= 0 && (im2col < 0 || implicit < im2col)) best = CLPAR_OCL_CONV_IMPLICIT;
   double wino = -1, fastest = best == CLPAR_OCL_CONV_IMPLICIT ? implicit : im2col;
   if (clpar_ocl_conv_winograd_fits(&s)) {
-    wino = time_algo(d, CLPAR_OCL_CONV_WINOGRAD, t, s, x, wt, bias, y);
+    wino = time_algo(d, CLPAR_OCL_CONV_WINOGRAD, t, s, x, wt, bias, y, cut);
     if (wino >= 0 && (fastest < 0 || wino < fastest)) best = CLPAR_OCL_CONV_WINOGRAD;
   }
   clpar_log(CLPAR_LOG_DEBUG,
