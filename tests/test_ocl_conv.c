@@ -3,8 +3,8 @@
  * im2col where it does not), forced through CLPAR_OCL_CONV, against a float64 loop computed here
  * over stride, padding, dilation, groups (depthwise included), odd sizes, batch 1, bias or none,
  * tiles that do not divide the sizes, other tile sizes, and exact ResNet-50 layer shapes at
- * small spatial sizes; then the choice: a saved entry picks the algorithm it names without
- * measuring (with the implicit GEMM's tiles it names), an unknown shape is measured once
+ * small spatial sizes; the tile tuner; then the choice: a saved entry picks the algorithm it names
+ * without measuring (with the implicit GEMM's tiles it names), an unknown shape is measured once
  * (each algorithm, the implicit GEMM with several tile sets) and saved, and a hostile entry (other
  * format, device, an unknown algorithm, sizes out of range or that no convolution has, tiles the
  * device cannot run, truncated, a NUL byte, group-writable, a symbolic link) is refused with a
@@ -204,6 +204,37 @@ static void test_implicit_tiles(void **state) {
   clpar_ocl_conv_forget(d);
 }
 
+/* The tile tuner (clpar-tune's second part): two candidates, checked and timed; the kept tiles
+ * are in force, saved when they changed, and convolve correctly. */
+static void test_tile_tuning(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char path[4096];
+  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
+  unlink(path);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_tiles was = clpar_ocl_conv_tiles_of(d);
+  clpar_ocl_conv_tune_result r;
+  tu_ok(clpar_ocl_conv_tune(d, 2, &r));
+  assert_int_equal(r.tried, 2);
+  assert_int_equal(r.failed, 0);
+  assert_true(r.before > 0 && r.after > 0 && r.after <= r.before);
+  clpar_ocl_conv_tiles now = clpar_ocl_conv_tiles_of(d);
+  assert_memory_equal(&now, &r.tiles, sizeof now);
+  if (memcmp(&now, &was, sizeof now) != 0) { /* saved, and read back by a new "process" */
+    clpar_ocl_conv_forget(d);
+    clpar_ocl_conv_tiles back = clpar_ocl_conv_tiles_of(d);
+    assert_memory_equal(&back, &now, sizeof now);
+  }
+  setenv("CLPAR_OCL_CONV", "implicit", 1);
+  for (size_t i = 0; i < 6; i++) check_shape(dev, &shapes[i].s, shapes[i].name);
+  unsetenv("CLPAR_OCL_CONV");
+  clpar_ocl_conv_forget(d);
+  unlink(path);
+}
+
 /* ---- the choice ---- */
 
 static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -378,6 +409,7 @@ int main(void) {
       cmocka_unit_test(test_implicit_path),
       cmocka_unit_test(test_winograd_path),
       cmocka_unit_test(test_implicit_tiles),
+      cmocka_unit_test(test_tile_tuning),
       cmocka_unit_test(test_saved_choice_is_taken),
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
       cmocka_unit_test(test_hostile_entries_are_refused),

@@ -247,9 +247,9 @@ static double now(void) {
 /* Seconds one run of algo takes on the call's own data (best of TIMED_RUNS after one untimed
  * run; after the first timed run when that took over cut seconds, cut > 0); negative when it
  * failed (its error left set). */
-static double time_algo(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
-                        clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
-                        clpar_bref y, double cut) {
+double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
+                           clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
+                           clpar_bref y, double cut) {
   double best = -1;
   clpar_status st = run_algo(d, algo, t, s, x, wt, bias, y);
   if (st == CLPAR_OK) st = ocl_finish(d);
@@ -274,7 +274,8 @@ static const clpar_ocl_conv_tiles tile_candidates[] = {{32, 32, 8, 4, 4}, {128, 
 static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_shape s, clpar_bref x,
                    clpar_bref wt, clpar_bref bias, clpar_bref y) {
   int best = CLPAR_OCL_CONV_IM2COL;
-  double im2col = time_algo(d, CLPAR_OCL_CONV_IM2COL, t, s, x, wt, bias, y, 0), implicit = -1;
+  double im2col = clpar_ocl_conv_time(d, CLPAR_OCL_CONV_IM2COL, t, s, x, wt, bias, y, 0),
+         implicit = -1;
   double cut = FAR_OFF * im2col;
   clpar_ocl_conv_tiles cand[N_CANDIDATES], won = *t;
   size_t nc = 1;
@@ -287,7 +288,7 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
   }
   for (size_t i = 0; i < nc && clpar_ocl_conv_implicit_fits(&s) && !(cut > 0 && implicit > cut);
        i++) {
-    double dt = time_algo(d, CLPAR_OCL_CONV_IMPLICIT, &cand[i], s, x, wt, bias, y, cut);
+    double dt = clpar_ocl_conv_time(d, CLPAR_OCL_CONV_IMPLICIT, &cand[i], s, x, wt, bias, y, cut);
     if (dt < 0)
       clpar_log(CLPAR_LOG_WARN,
                 "opencl: %s: the implicit-GEMM convolution (tiles %u %u %u %u %u) "
@@ -300,7 +301,7 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
   if (implicit >= 0 && (im2col < 0 || implicit < im2col)) best = CLPAR_OCL_CONV_IMPLICIT;
   double wino = -1, fastest = best == CLPAR_OCL_CONV_IMPLICIT ? implicit : im2col;
   if (clpar_ocl_conv_winograd_fits(&s)) {
-    wino = time_algo(d, CLPAR_OCL_CONV_WINOGRAD, t, s, x, wt, bias, y, cut);
+    wino = clpar_ocl_conv_time(d, CLPAR_OCL_CONV_WINOGRAD, t, s, x, wt, bias, y, cut);
     if (wino >= 0 && (fastest < 0 || wino < fastest)) best = CLPAR_OCL_CONV_WINOGRAD;
   }
   clpar_log(CLPAR_LOG_DEBUG,

@@ -88,5 +88,22 @@ void clpar_ocl_conv_state_free(clpar_ocl_device *d);
 
 /* ---- the entry (ocl_conv_algo.c) ---- */
 CLPAR_OCL_ENTRY_DECL_(conv2d)
+/* Seconds one run of algo (tiles t for the implicit GEMM) takes on s into y: best of two after
+ * one untimed run, or the first when that took over cut seconds (cut > 0); negative when it
+ * failed (its error set). Waits for the device. */
+double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
+                           clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
+                           clpar_bref y, double cut);
+
+/* ---- tuning the implicit GEMM's tiles (ocl_conv_tune.c) ---- */
+typedef struct {
+  double before, after;       /* seconds over the tune shapes: the tiles in force, the kept */
+  int tried, failed;          /* candidates; failed: build or launch error, or wrong results */
+  clpar_ocl_conv_tiles tiles; /* the device's tiles now */
+} clpar_ocl_conv_tune_result;
+/* Times up to tries tile candidates on three ResNet-50 layer shapes, checking each against
+ * im2col + GEMM, and keeps (and saves) the fastest as d's tiles if it beats those in force.
+ * Takes d->lock for each command: call without holding it. */
+clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int tries, clpar_ocl_conv_tune_result *r);
 
 #endif
