@@ -180,6 +180,29 @@ static void test_implicit_path(void **state) {
   check_forced(dev, CLPAR_OCL_CONV_IMPLICIT);
 }
 
+/* im2col's and Winograd's chunks of images: one image per chunk, and two (with a shorter
+ * last chunk). */
+static void test_chunks(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  const size_t floats[] = {1, 7000};
+  for (size_t f = 0; f < 2; f++) {
+    clpar_ocl_conv_chunk_floats = floats[f];
+    check_forced(dev, CLPAR_OCL_CONV_IM2COL);
+    check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
+  }
+  const cshape three = {3, 4, 9, 9, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}; /* 4 * 9 * 81 floats */
+  clpar_ocl_conv_chunk_floats = 2 * 4 * 9 * 81;
+  setenv("CLPAR_OCL_CONV", "im2col", 1);
+  check_shape(dev, &three, "3 images in chunks of 2");
+  clpar_ocl_conv_chunk_floats = 16 * 9 * 25; /* Winograd: 16 (C + O) T floats an image */
+  setenv("CLPAR_OCL_CONV", "winograd", 1);
+  check_shape(dev, &three, "3 images in chunks of 2");
+  unsetenv("CLPAR_OCL_CONV");
+  clpar_ocl_conv_chunk_floats = (size_t)16 * 1024 * 1024;
+}
+
 /* Tiles other than the defaults: narrow, one work-item per column, deep K steps. */
 static void test_implicit_tiles(void **state) {
   (void)state;
@@ -408,6 +431,7 @@ int main(void) {
       cmocka_unit_test(test_im2col_path),
       cmocka_unit_test(test_implicit_path),
       cmocka_unit_test(test_winograd_path),
+      cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_implicit_tiles),
       cmocka_unit_test(test_tile_tuning),
       cmocka_unit_test(test_saved_choice_is_taken),

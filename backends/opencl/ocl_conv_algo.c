@@ -6,8 +6,8 @@
  *
  * The im2col path is the core's: a 1x1 convolution with stride 1, no padding and at least
  * DIRECT_MIN_P pixels multiplies the images directly (one batched GEMM per group); otherwise
- * chunks of images (columns bounded at CHUNK_FLOATS) are laid out by im2col and multiplied
- * per group, straight into y when an image has DIRECT_MIN_P pixels or more, else into a
+ * chunks of images (columns bounded at clpar_ocl_conv_chunk_floats) are laid out by im2col and
+ * multiplied per group, straight into y when an image has DIRECT_MIN_P pixels or more, else into a
  * [O, nb P] buffer that swap01 takes to NCHW. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +17,7 @@
 #include "ocl_conv_algo.h"
 
 #define CHUNK_FLOATS ((size_t)16 * 1024 * 1024) /* 64 MiB of columns */
+size_t clpar_ocl_conv_chunk_floats = CHUNK_FLOATS;
 #define DIRECT_MIN_P 256
 #define TIMED_RUNS 2 /* per algorithm, after one untimed run (kernel builds, CLBlast's warm-up) */
 /* An algorithm this many times slower than im2col is timed once, and the implicit GEMM's other
@@ -195,7 +196,8 @@ static clpar_status fwd_chunks(clpar_ocl_device *d, const clpar_conv2d_shape *s,
                                clpar_bref wt, clpar_bref bias, clpar_bref y) {
   size_t P = (size_t)(s->oh * s->ow), cg = (size_t)(s->c / s->groups), n = (size_t)s->n,
          og = (size_t)(s->o / s->groups), K = cg * (size_t)(s->kh * s->kw), o = (size_t)s->o;
-  size_t rows = K > o ? K : o, chunk = CHUNK_FLOATS / (rows * P),
+  size_t rows = K > o ? K : o,
+         chunk = __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / (rows * P),
          img = (size_t)(s->c * s->h * s->w);
   if (chunk < 1) chunk = 1;
   if (chunk > n) chunk = n;

@@ -37,6 +37,11 @@ typedef struct {
   uint64_t disk_rejects;               /* entries read and refused */
 } clpar_ocl_conv_stats;
 
+/* The floats im2col's column buffer may take per chunk of images (16 Mi: 64 MiB, or one
+ * image's when that is more); Winograd's transformed input and output take twice that. Tests
+ * lower it to run several chunks. */
+extern size_t clpar_ocl_conv_chunk_floats;
+
 /* "im2col", "implicit", "winograd" ("auto" for CLPAR_OCL_CONV_AUTO). */
 const char *clpar_ocl_conv_algo_name(int algo);
 /* The algorithm CLPAR_OCL_CONV forces; CLPAR_OCL_CONV_AUTO when unset, "auto", or not a name

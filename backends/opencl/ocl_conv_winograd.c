@@ -6,8 +6,6 @@
  * algorithms a 3x3, stride-1, undilated, ungrouped layer is timed with (ocl_conv_algo.c). */
 #include "ocl_conv_algo.h"
 
-#define CHUNK_FLOATS ((size_t)32 * 1024 * 1024) /* V and M together: 128 MiB */
-
 int clpar_ocl_conv_winograd_fits(const clpar_conv2d_shape *s) {
   const int64_t lim = INT32_MAX;
   int64_t tiles = s->n * ((s->oh + 1) / 2) * ((s->ow + 1) / 2);
@@ -58,7 +56,9 @@ clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_sha
                                      clpar_bref wt, clpar_bref bias, clpar_bref y) {
   size_t th = (size_t)(s->oh + 1) / 2, tw = (size_t)(s->ow + 1) / 2, T = th * tw;
   size_t c = (size_t)s->c, o = (size_t)s->o, n = (size_t)s->n;
-  size_t chunk = CHUNK_FLOATS / (16 * (c + o) * T);
+  /* V and M together: twice the im2col path's column buffer (128 MiB) */
+  size_t chunk =
+      2 * __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / (16 * (c + o) * T);
   if (chunk < 1) chunk = 1;
   if (chunk > n) chunk = n;
   void *u = NULL, *v = NULL, *m = NULL;
