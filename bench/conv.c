@@ -19,6 +19,9 @@
  * odd case (stride, padding and dilation differing per axis) checks Xconvgemm's layouts against
  * clpar_conv2d the same way ({"check": "convgemm", ...}).
  *
+ * The forward lines name the OpenCL forward's algorithm ("ocl_conv": CLPAR_OCL_CONV's im2col or
+ * implicit, "auto" when chosen per shape by measurement; backends/opencl/ocl_conv_algo.c).
+ *
  * On the host device built with oneDNN, clpar_conv2d is oneDNN's convolution and the GEMMs
  * are what the plain path runs; CLPAR_HOST_DNNL=0 times the plain path itself ("name" says
  * which: "... + oneDNN" or not).
@@ -273,6 +276,8 @@ int main(int argc, char **argv) {
   clpar_device_get_info(dev, &info);
   totals tot = {0};
   int failed = 0, convgemm = 0;
+  /* the OpenCL forward's algorithm (CLPAR_OCL_CONV: im2col, implicit; unset: chosen) */
+  const char *ocl_conv = getenv("CLPAR_OCL_CONV") ? getenv("CLPAR_OCL_CONV") : "auto";
 #ifdef BENCH_HAVE_OPENCL
   cl_device_id cl = NULL;
   if (strcmp(info.backend, "opencl") == 0) {
@@ -349,11 +354,13 @@ int main(int argc, char **argv) {
       tot.fwd += best_fwd, tot.cg += best_cg;
       printf(
           "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": \"forward\", "
+          "\"ocl_conv\": \"%s\", "
           "\"batch\": %lld, \"input\": %lld, \"fwd_ms\": %.3f, \"convgemm_ms\": %.3f, "
           "\"fwd_gflops\": %.2f, \"convgemm_gflops\": %.2f, \"convgemm_speedup\": %.3f, "
           "\"convgemm_err\": %.3g}\n",
-          info.id, s->name, (long long)batch, (long long)side, 1e3 * best_fwd, 1e3 * best_cg,
-          flop / 3 / best_fwd * 1e-9, flop / 3 / best_cg * 1e-9, best_fwd / best_cg, cg_err);
+          info.id, s->name, ocl_conv, (long long)batch, (long long)side, 1e3 * best_fwd,
+          1e3 * best_cg, flop / 3 / best_fwd * 1e-9, flop / 3 / best_cg * 1e-9, best_fwd / best_cg,
+          cg_err);
     }
     fflush(stdout);
   }

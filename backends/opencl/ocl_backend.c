@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ocl_internal.h"
+#include "ocl_conv_algo.h"
 #include "ocl_tune.h"
 
 /* Devices alive; CLBlast's caches (which keep contexts alive) are cleared with the last. */
@@ -29,6 +30,7 @@ static clpar_status ocl_destroy(void *dev) {
     clFinish(d->queue);
     clpar_backend_waited();
   }
+  clpar_ocl_conv_state_free(d);
   clpar_ocl_program_cache_clear(d);
   ocl_profile(d, 0);
   free(d->spans);
@@ -53,8 +55,9 @@ static clpar_status ocl_destroy(void *dev) {
 #define ocl_comm_abort NULL
 #define ocl_comm_free NULL
 #define ocl_comm_allreduce NULL
-/* Convolutions run as im2col and GEMMs in the core. */
-#define ocl_conv2d NULL
+/* The forward convolution picks im2col + GEMM or an implicit GEMM per shape
+ * (ocl_conv_algo.c); the backward passes run as im2col and GEMMs in the core. */
+#define ocl_conv2d clpar_ocl_conv2d
 #define ocl_conv2d_backward NULL
 
 #define CLPAR_BE_PREFIX_ ocl

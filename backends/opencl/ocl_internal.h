@@ -70,6 +70,8 @@ typedef struct clpar_ocl_device {
   double prof_seconds;
   uint64_t prof_ops;
   size_t scratch_bytes;
+  /* The convolution's choices per shape and the implicit GEMM's kernels (ocl_conv_cache.c). */
+  struct clpar_ocl_conv_state *conv;
   /* Appended to every program's build options (ocl_program.c); guarded by prog_lock. */
   char options_suffix[64];
   int options_suffix_set;

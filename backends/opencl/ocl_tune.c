@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "ocl_gemm.h"
+#include "ocl_conv_algo.h"
 #include "ocl_tune_internal.h"
 /* ---- timing candidates ---- */
 
@@ -347,6 +348,21 @@ static int runs_clblast(const clpar_ocl_device *d, const clpar_gemm_shape *s) {
          !clpar_ocl_gemm_takes_tile(d, s->trans_a, s->trans_b, m, n, k, 0, 0, 0);
 }
 
+/* The implicit-GEMM convolution's tiles, after the GEMM (ocl_conv_tune.c); a failure there
+ * is a warning, the GEMM's result stands. */
+static void tune_conv(clpar_ocl_device *d, int quick) {
+  clpar_ocl_conv_tune_result r;
+  if (clpar_ocl_conv_tune(d, quick ? 2 : 12, &r) != CLPAR_OK)
+    clpar_log(CLPAR_LOG_WARN, "opencl: %s: convolution tiles not tuned: %s", d->dev_name,
+              clpar_last_error());
+  else
+    clpar_log(CLPAR_LOG_INFO,
+              "opencl: %s: implicit-GEMM convolution tiles %u %u %u %u %u (%d tried, %d failed): "
+              "%.3f ms before, %.3f ms after",
+              d->dev_name, r.tiles.tm, r.tiles.tn, r.tiles.tk, r.tiles.wm, r.tiles.wn, r.tried,
+              r.failed, r.before * 1e3, r.after * 1e3);
+}
+
 clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shapes,
                            const clpar_tune_options *options, clpar_tune_result *result) {
   clpar_ocl_device *d = dev;
@@ -392,5 +408,6 @@ clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shap
   pthread_mutex_unlock(&d->lock);
   for (int i = 0; i < n_blast; i++) shape_free(&ts[i]);
   free(ts);
+  if (s == CLPAR_OK) tune_conv(d, options->quick);
   return s;
 }

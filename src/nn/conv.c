@@ -17,7 +17,8 @@
  * layout change, is used).
  *
  * A backend with whole-convolution entries (conv2d and its backward entries: oneDNN on the
- * host) gets each pass as one call instead. */
+ * host; OpenCL's forward, which chooses its algorithm per shape) gets each pass as one call
+ * instead. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,10 +223,11 @@ static clpar_status forward_direct(clpar_device *dev, const conv_plan *p, const 
   return s;
 }
 
-/* The backend runs whole convolutions (backend.h's conv2d entries). */
-static int has_library(const clpar_device *dev) {
+/* The backend runs whole convolutions (backend.h's conv2d entries): the forward, the
+ * backward, each on its own (OpenCL has the forward only). */
+static int has_library(const clpar_device *dev, int backward) {
   const clpar_backend_iface *f = dev->bd.iface;
-  return f->conv2d && f->conv2d_backward;
+  return backward ? f->conv2d_backward != NULL : f->conv2d != NULL;
 }
 
 static clpar_conv2d_shape shape_of(const conv_plan *p) {
@@ -341,7 +343,7 @@ static clpar_status run_backward(clpar_device *dev, const conv_plan *p, const cl
                                  clpar_tensor **gin) {
   conv_grads d = {NULL, NULL, NULL};
   clpar_status s = CLPAR_OK;
-  int library = has_library(dev);
+  int library = has_library(dev, 1);
   if (want[0]) {
     s = clpar_tensor_empty(dev, 4, x->shape, &d.dx);
     if (s == CLPAR_OK && !p->direct && !library)
@@ -410,7 +412,7 @@ clpar_status clpar_conv2d(const clpar_tensor *x, const clpar_tensor *weight,
   int64_t shape[4] = {plan.n, plan.o, plan.oh, plan.ow};
   clpar_tensor *y = NULL;
   s = clpar_tensor_empty(dev, 4, shape, &y);
-  if (s == CLPAR_OK && has_library(dev))
+  if (s == CLPAR_OK && has_library(dev, 0))
     s = clpar_dev_conv2d(dev, shape_of(&plan), clpar_tensor_bref(x), clpar_tensor_bref(weight),
                          bias ? clpar_tensor_bref(bias) : none(), clpar_tensor_bref(y));
   else if (s == CLPAR_OK)

@@ -1,0 +1,115 @@
+/* ocl_conv_algo.h — private to the OpenCL backend: its whole forward convolution (backend.h's
+ * conv2d entry) and how it picks an algorithm per layer shape. Tests include it to force and
+ * inspect the choice.
+ *
+ * Algorithms: im2col + GEMM (ocl_conv_algo.c: columns in a chunked buffer, CLBlast or
+ * gemm_tile.cl), an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
+ * into local memory, tile sizes as build options) and, for 3x3 stride-1 undilated ungrouped
+ * layers, Winograd's F(2x2, 3x3) (ocl_conv_winograd.c). Per shape the entry takes what
+ * CLPAR_OCL_CONV forces (im2col, implicit, winograd; auto or unset: choose; a forced
+ * algorithm that cannot run the shape falls back to im2col), else the choice cached for the
+ * device, else it times each on the call's own data once and caches the fastest. Choices
+ * and the implicit kernel's tiles are kept per device and driver in a trusted file of the
+ * cache directory (ocl_conv_cache.c), read once when the device first convolves. */
+#ifndef CLPAR_OCL_CONV_ALGO_H
+#define CLPAR_OCL_CONV_ALGO_H
+
+#include "ocl_internal.h"
+
+typedef enum {
+  CLPAR_OCL_CONV_AUTO = 0,
+  CLPAR_OCL_CONV_IM2COL = 1,
+  CLPAR_OCL_CONV_IMPLICIT = 2,
+  CLPAR_OCL_CONV_WINOGRAD = 3,
+  CLPAR_OCL_CONV_ALGOS = 4
+} clpar_ocl_conv_algo;
+
+/* The implicit GEMM's tiles (conv_implicit.cl's CI_TM, CI_TN, CI_TK, CI_WM, CI_WN). */
+typedef struct {
+  unsigned tm, tn, tk, wm, wn;
+} clpar_ocl_conv_tiles;
+
+/* What the entry did on a device, for tests and benches. */
+typedef struct {
+  uint64_t measured;                   /* shapes timed */
+  uint64_t runs[CLPAR_OCL_CONV_ALGOS]; /* convolutions run (their last, kept run) per algorithm */
+  uint64_t disk_loads;                 /* entries read and accepted */
+  uint64_t disk_rejects;               /* entries read and refused */
+} clpar_ocl_conv_stats;
+
+/* The floats im2col's column buffer may take per chunk of images (16 Mi: 64 MiB, or one
+ * image's when that is more); Winograd's transformed input and output take twice that. Tests
+ * lower it to run several chunks. */
+extern size_t clpar_ocl_conv_chunk_floats;
+
+/* "im2col", "implicit", "winograd" ("auto" for CLPAR_OCL_CONV_AUTO). */
+const char *clpar_ocl_conv_algo_name(int algo);
+/* The algorithm CLPAR_OCL_CONV forces; CLPAR_OCL_CONV_AUTO when unset, "auto", or not a name
+ * (then warned once). */
+int clpar_ocl_conv_forced(void);
+/* 0 when tiles t can be built and launched on d (divisibility, work-group size, local memory),
+ * else -1 with the offending field in *bad. */
+int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
+                               const char **bad);
+/* The tiles d runs the implicit GEMM with: its saved ones, else the defaults for its kind. */
+clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d);
+/* 1 when the implicit GEMM can run shape s (sizes fit its 32-bit indices). */
+int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
+
+/* ---- Winograd F(2x2, 3x3) (ocl_conv_winograd.c) ---- */
+
+/* 1 when s is a 3x3, stride-1, undilated, ungrouped convolution whose sizes fit. */
+int clpar_ocl_conv_winograd_fits(const clpar_conv2d_shape *s);
+clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
+                                     clpar_bref wt, clpar_bref bias, clpar_bref y);
+
+/* ---- the per-device cache (ocl_conv_cache.c) ---- */
+
+/* The algorithm cached for s on d (the implicit GEMM's tiles into *tiles), or
+ * CLPAR_OCL_CONV_AUTO when none is. Reads the device's saved entry the first time (unless
+ * CLPAR_TUNE=off). */
+int clpar_ocl_conv_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s,
+                          clpar_ocl_conv_tiles *tiles);
+/* Caches algo (with tiles, for the implicit GEMM) for s on d; save: also rewrites the
+ * device's entry on disk (a failure to write is a warning: the choice stays in memory). */
+void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int algo,
+                             const clpar_ocl_conv_tiles *tiles, int save);
+/* Sets d's tiles (checked: CLPAR_ERROR_INVALID_ARGUMENT if they cannot run); save as above. */
+clpar_status clpar_ocl_conv_set_tiles(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, int save);
+/* Forgets every cached choice and tile of d, and whether its entry was read (as a new process
+ * would start). */
+void clpar_ocl_conv_forget(clpar_ocl_device *d);
+/* The entry file for d (whether or not it exists); -1 when there is no usable directory. */
+int clpar_ocl_conv_path(clpar_ocl_device *d, char *path, size_t size);
+void clpar_ocl_conv_stats_get(clpar_ocl_device *d, clpar_ocl_conv_stats *out);
+/* Counts one run of algo (ocl_conv_algo.c) or one timing. */
+void clpar_ocl_conv_count(clpar_ocl_device *d, int algo, int measured);
+/* The implicit GEMM's kernel with tiles t built for d earlier, or NULL; keep hands one over
+ * (the cache releases it; callers use it under d->lock, which kernel_keep never takes). */
+cl_kernel clpar_ocl_conv_kernel_find(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t);
+void clpar_ocl_conv_kernel_keep(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, cl_kernel k);
+/* Frees d's convolution state (at device destroy). */
+void clpar_ocl_conv_state_free(clpar_ocl_device *d);
+
+/* ---- the entry (ocl_conv_algo.c) ---- */
+CLPAR_OCL_ENTRY_DECL_(conv2d)
+/* Seconds one run of algo (tiles t for the implicit GEMM) takes on s into y: best of two after
+ * one untimed run, or the first when that took over cut seconds (cut > 0; for the implicit
+ * GEMM, whose kernel is built first, the untimed run's); negative when it failed (its error
+ * set). Waits for the device. */
+double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
+                           clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
+                           clpar_bref y, double cut);
+
+/* ---- tuning the implicit GEMM's tiles (ocl_conv_tune.c) ---- */
+typedef struct {
+  double before, after;       /* seconds over the tune shapes: the tiles in force, the kept */
+  int tried, failed;          /* candidates; failed: build or launch error, or wrong results */
+  clpar_ocl_conv_tiles tiles; /* the device's tiles now */
+} clpar_ocl_conv_tune_result;
+/* Times up to tries tile candidates on three ResNet-50 layer shapes, checking each against
+ * im2col + GEMM, and keeps (and saves) the fastest as d's tiles if it beats those in force.
+ * Takes d->lock for each command: call without holding it. */
+clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int tries, clpar_ocl_conv_tune_result *r);
+
+#endif

@@ -1,0 +1,136 @@
+/* ocl_conv_tune.c — tunes the implicit-GEMM convolution's tiles for a device (clpar-tune runs
+ * it after the GEMM tuning: ocl_tune.c): each candidate tile set is timed on three ResNet-50
+ * layer shapes (a 3x3 layer at 16x16, a 3x3 layer at 4x4 with many channels, a 1x1 layer) and
+ * its outputs checked against im2col + GEMM's; the fastest is kept as the device's tiles
+ * (ocl_conv_cache.c: saved in its entry) when it beats the tiles in force. Shapes measured
+ * later try the device's tiles first (ocl_conv_algo.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ocl_conv_algo.h"
+
+#define N_SHAPES 3
+#define MAX_TRIES 24
+
+static const clpar_conv2d_shape tune_shapes[N_SHAPES] = {
+    {8, 64, 16, 16, 64, 1, 3, 3, 1, 1, 1, 1, 1, 1, 16, 16},
+    {8, 256, 4, 4, 256, 1, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4},
+    {8, 256, 8, 8, 64, 1, 1, 1, 1, 1, 0, 0, 1, 1, 8, 8},
+};
+
+/* The floats the largest of the tune shapes' tensors takes. */
+static size_t most_floats(void) {
+  size_t most = 0;
+  for (int i = 0; i < N_SHAPES; i++) {
+    const clpar_conv2d_shape *s = &tune_shapes[i];
+    size_t f[3] = {(size_t)(s->n * s->c * s->h * s->w), (size_t)(s->o * s->c * s->kh * s->kw),
+                   (size_t)(s->n * s->o * s->oh * s->ow)};
+    for (int j = 0; j < 3; j++) most = f[j] > most ? f[j] : most;
+  }
+  return most;
+}
+
+/* Candidate i of the grid (TM, TN in 32..128, TK 8 or 16, WM, WN 2..8), in a fixed shuffled
+ * order so that a short run samples the whole grid. */
+static clpar_ocl_conv_tiles grid(int i) {
+  static const unsigned t[] = {32, 64, 128}, k[] = {8, 16}, w[] = {2, 4, 8};
+  int j = (i * 37 + 11) % 162; /* 3 * 3 * 2 * 3 * 3 = 162 */
+  clpar_ocl_conv_tiles r = {t[j % 3], t[j / 3 % 3], k[j / 9 % 2], w[j / 18 % 3], w[j / 54 % 3]};
+  return r;
+}
+
+typedef struct {
+  void *x, *w, *y, *ref;
+  float *host, *got;
+  size_t floats;
+} tune_bufs;
+
+static void bufs_free(clpar_ocl_device *d, tune_bufs *b) {
+  ocl_release(d, b->x);
+  ocl_release(d, b->w);
+  ocl_release(d, b->y);
+  ocl_release(d, b->ref);
+  free(b->host);
+  free(b->got);
+}
+
+static clpar_status bufs_init(clpar_ocl_device *d, tune_bufs *b) {
+  b->floats = most_floats();
+  size_t bytes = b->floats * sizeof(float);
+  b->host = malloc(bytes);
+  b->got = malloc(bytes);
+  if (!b->host || !b->got)
+    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl conv tuning: out of host memory");
+  uint64_t state = 12345;
+  for (size_t i = 0; i < b->floats; i++) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    b->host[i] = (float)((state >> 40) & 0xffff) / 32768.0f - 1.0f;
+  }
+  clpar_status s = ocl_alloc(d, bytes, &b->x);
+  if (s == CLPAR_OK) s = ocl_alloc(d, bytes, &b->w);
+  if (s == CLPAR_OK) s = ocl_alloc(d, bytes, &b->y);
+  if (s == CLPAR_OK) s = ocl_alloc(d, bytes * N_SHAPES, &b->ref);
+  if (s == CLPAR_OK) s = ocl_write(d, b->x, 0, b->host, bytes);
+  if (s == CLPAR_OK) s = ocl_write(d, b->w, 0, b->host, bytes);
+  return s == CLPAR_OK ? ocl_finish(d) : s;
+}
+
+/* Whether y of shape i agrees with im2col's (ref) within float rounding of its sums. */
+static clpar_status agrees(clpar_ocl_device *d, tune_bufs *b, int i, int *ok) {
+  const clpar_conv2d_shape *s = &tune_shapes[i];
+  size_t n = (size_t)(s->n * s->o * s->oh * s->ow), k = (size_t)(s->c * s->kh * s->kw);
+  clpar_status st = ocl_read(d, b->y, 0, b->got, n * sizeof(float));
+  if (st == CLPAR_OK) st = ocl_read(d, b->ref, i * b->floats * sizeof(float), b->host, n * 4);
+  if (st == CLPAR_OK) st = ocl_finish(d);
+  *ok = st == CLPAR_OK;
+  for (size_t j = 0; j < n && *ok; j++) *ok = fabsf(b->got[j] - b->host[j]) <= 1e-5f * (float)k;
+  return st;
+}
+
+/* Seconds the implicit GEMM with tiles t takes over the tune shapes (negative: failed or
+ * wrong). */
+static double time_tiles(clpar_ocl_device *d, tune_bufs *b, const clpar_ocl_conv_tiles *t) {
+  double sum = 0;
+  clpar_bref x = {b->x, 0}, w = {b->w, 0}, y = {b->y, 0}, none = {NULL, 0};
+  for (int i = 0; i < N_SHAPES; i++) {
+    double dt =
+        clpar_ocl_conv_time(d, CLPAR_OCL_CONV_IMPLICIT, t, tune_shapes[i], x, w, none, y, 0);
+    int ok = 0;
+    if (dt < 0 || agrees(d, b, i, &ok) != CLPAR_OK || !ok) return -1;
+    sum += dt;
+  }
+  return sum;
+}
+
+clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int tries, clpar_ocl_conv_tune_result *r) {
+  memset(r, 0, sizeof *r);
+  tune_bufs b = {0};
+  clpar_status s = bufs_init(d, &b);
+  clpar_bref x = {b.x, 0}, w = {b.w, 0}, none = {NULL, 0};
+  for (int i = 0; i < N_SHAPES && s == CLPAR_OK; i++) {
+    clpar_bref ref = {b.ref, (size_t)i * b.floats};
+    s = clpar_ocl_conv_time(d, CLPAR_OCL_CONV_IM2COL, NULL, tune_shapes[i], x, w, none, ref, 0) < 0
+            ? CLPAR_ERROR_BACKEND
+            : CLPAR_OK;
+  }
+  clpar_ocl_conv_tiles best = clpar_ocl_conv_tiles_of(d);
+  r->before = s == CLPAR_OK ? time_tiles(d, &b, &best) : -1;
+  r->after = r->before;
+  if (tries > MAX_TRIES) tries = MAX_TRIES;
+  for (int i = 0, tried = 0; s == CLPAR_OK && tried < tries && i < 162; i++) {
+    clpar_ocl_conv_tiles t = grid(i);
+    const char *bad;
+    if (clpar_ocl_conv_tiles_check(d, &t, &bad) != 0 || memcmp(&t, &best, sizeof t) == 0) continue;
+    tried++;
+    r->tried++;
+    double dt = time_tiles(d, &b, &t);
+    if (dt < 0) r->failed++;
+    if (dt >= 0 && (r->after < 0 || dt < r->after)) r->after = dt, best = t;
+  }
+  if (s == CLPAR_OK && r->after >= 0 && (r->before < 0 || r->after < r->before))
+    s = clpar_ocl_conv_set_tiles(d, &best, 1);
+  r->tiles = best;
+  bufs_free(d, &b);
+  return s;
+}

@@ -1,0 +1,442 @@
+/* test_ocl_conv.c — the OpenCL backend's forward convolution (backends/opencl/ocl_conv_algo.c):
+ * each algorithm (im2col + GEMM, the implicit GEMM, Winograd's F(2x2, 3x3) where it fits and
+ * im2col where it does not), forced through CLPAR_OCL_CONV, against a float64 loop computed here
+ * over stride, padding, dilation, groups (depthwise included), odd sizes, batch 1, bias or none,
+ * tiles that do not divide the sizes, other tile sizes, and exact ResNet-50 layer shapes at
+ * small spatial sizes; the tile tuner; then the choice: a saved entry picks the algorithm it names
+ * without measuring (with the implicit GEMM's tiles it names), an unknown shape is measured once
+ * (each algorithm, the implicit GEMM with several tile sets) and saved, and a hostile entry (other
+ * format, device, an unknown algorithm, sizes out of range or that no convolution has, tiles the
+ * device cannot run, truncated, a NUL byte, group-writable, a symbolic link) is refused with a
+ * warning and the shape measured instead. Skips without an OpenCL device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "opencl/ocl_conv_algo.h"
+#include "test_util.h"
+
+static char cache_dir[256];
+
+static clpar_device *ocl_device(void) {
+  for (int i = 0; i < clpar_device_count(); i++) {
+    clpar_device *d = clpar_device_get(i);
+    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
+  }
+  return NULL;
+}
+
+static clpar_ocl_device *ocl_of(clpar_device *dev) {
+  return dev->bd.ctx;
+}
+
+static int setup(void **state) {
+  snprintf(cache_dir, sizeof cache_dir, "/tmp/clpar-test-ocl-conv-XXXXXX");
+  if (!mkdtemp(cache_dir)) return -1;
+  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  unsetenv("CLPAR_TUNE");
+  unsetenv("CLPAR_OCL_CONV");
+  return tu_setup(state);
+}
+
+static int teardown(void **state) {
+  int r = tu_teardown(state);
+  tu_remove_dir(cache_dir);
+  return r;
+}
+
+/* ---- one convolution against the float64 loop ---- */
+
+typedef struct {
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  int bias;
+} cshape;
+
+static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+static void conv_ref(const cshape *s, const float *x, const float *w, const float *b, float *y) {
+  int64_t oh = out_size(s->h, s->kh, s->sh, s->ph, s->dh);
+  int64_t ow = out_size(s->w, s->kw, s->sw, s->pw, s->dw);
+  int64_t cg = s->c / s->groups, og = s->o / s->groups;
+  for (int64_t n = 0; n < s->n; n++)
+    for (int64_t oc = 0; oc < s->o; oc++)
+      for (int64_t oy = 0; oy < oh; oy++)
+        for (int64_t ox = 0; ox < ow; ox++) {
+          double acc = s->bias ? b[oc] : 0.0;
+          int64_t g = oc / og;
+          for (int64_t ci = 0; ci < cg; ci++)
+            for (int64_t i = 0; i < s->kh; i++)
+              for (int64_t j = 0; j < s->kw; j++) {
+                int64_t iy = oy * s->sh - s->ph + i * s->dh, ix = ox * s->sw - s->pw + j * s->dw;
+                if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) continue;
+                acc += (double)x[((n * s->c + g * cg + ci) * s->h + iy) * s->w + ix] *
+                       w[((oc * cg + ci) * s->kh + i) * s->kw + j];
+              }
+          y[((n * s->o + oc) * oh + oy) * ow + ox] = (float)acc;
+        }
+}
+
+static void check_shape(clpar_device *dev, const cshape *s, const char *what) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
+  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *b = NULL, *y;
+  if (s->bias) b = tu_make(dev, 1, &s->o, 13);
+  clpar_conv2d_options opt = {{s->sh, s->sw}, {s->ph, s->pw}, {s->dh, s->dw}, s->groups};
+  tu_ok(clpar_conv2d(x, w, b, &opt, &y));
+  float *xv = tu_read(x), *wv = tu_read(w), *bv = b ? tu_read(b) : NULL, *yv = tu_read(y);
+  int64_t numel = clpar_tensor_numel(y);
+  float *ref = malloc((size_t)numel * sizeof *ref);
+  conv_ref(s, xv, wv, bv, ref);
+  char msg[200];
+  snprintf(msg, sizeof msg, "%s (%s)", what, getenv("CLPAR_OCL_CONV"));
+  double k = (double)(s->c / s->groups * s->kh * s->kw);
+  tu_assert_close(yv, ref, (size_t)numel, 1e-4f, (float)(2e-6 * sqrt(k) + 1e-6), msg);
+  free(xv), free(wv), free(bv), free(yv), free(ref);
+  clpar_scope_end(sc);
+}
+
+/* The shapes: the corner cases, then ResNet-50's layers (torchvision v1.5) at 8x8 or less. */
+static const struct {
+  const char *name;
+  cshape s;
+} shapes[] = {
+    {"3x3 pad 1", {2, 5, 9, 7, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}},
+    {"stride 2, odd", {2, 3, 11, 8, 7, 3, 3, 2, 2, 1, 1, 1, 1, 1, 0}},
+    {"per-axis stride, padding, dilation", {1, 4, 9, 10, 5, 3, 2, 2, 1, 2, 0, 2, 3, 1, 1}},
+    {"dilation 2", {2, 3, 10, 10, 4, 3, 3, 1, 1, 2, 2, 2, 2, 1, 0}},
+    {"groups 2", {2, 6, 7, 7, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2, 1}},
+    {"depthwise", {2, 8, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8, 1}},
+    {"depthwise x2, stride 2", {1, 4, 8, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1, 4, 0}},
+    {"batch 1, 1x1", {1, 7, 5, 3, 9, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1}},
+    {"1x1 direct (P 256) with bias", {2, 8, 16, 16, 70, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1}},
+    {"3x3 over 256 pixels", {2, 9, 16, 16, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}},
+    {"3x3 no padding, odd", {2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1}},
+    {"3x3 padding 2", {1, 2, 5, 5, 3, 3, 3, 1, 1, 2, 2, 1, 1, 1, 0}},
+    {"kernel = image", {3, 2, 4, 5, 3, 4, 5, 1, 1, 0, 0, 1, 1, 1, 1}},
+    {"rows past a tile", {1, 3, 6, 6, 130, 2, 2, 1, 1, 0, 0, 1, 1, 1, 0}},
+    {"resnet50 conv1", {1, 3, 32, 32, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1, 0}},
+    {"resnet50 layer1 conv1", {2, 64, 8, 8, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0}},
+    {"resnet50 layer1 conv2", {2, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0}},
+    {"resnet50 layer1 conv3", {2, 64, 8, 8, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0}},
+    {"resnet50 layer2 conv2 s2", {2, 128, 8, 8, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, 0}},
+    {"resnet50 layer2 downsample", {2, 256, 8, 8, 512, 1, 1, 2, 2, 0, 0, 1, 1, 1, 0}},
+    {"resnet50 layer3 conv2", {1, 256, 4, 4, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0}},
+    {"resnet50 layer4 conv2", {1, 512, 2, 2, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0}},
+    {"resnet50 layer4 conv3", {2, 512, 2, 2, 2048, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0}},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+/* Whether Winograd's F(2x2, 3x3) takes s (else the forced run falls back to im2col). */
+static int winograd_fits(const cshape *s) {
+  return s->kh == 3 && s->kw == 3 && s->sh == 1 && s->sw == 1 && s->dh == 1 && s->dw == 1 &&
+         s->groups == 1;
+}
+
+static void check_forced(clpar_device *dev, int algo) {
+  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_conv_stats before, after;
+  setenv("CLPAR_OCL_CONV", clpar_ocl_conv_algo_name(algo), 1);
+  clpar_ocl_conv_stats_get(d, &before);
+  uint64_t fit = 0;
+  for (size_t i = 0; i < N_SHAPES; i++) {
+    check_shape(dev, &shapes[i].s, shapes[i].name);
+    fit += algo != CLPAR_OCL_CONV_WINOGRAD || winograd_fits(&shapes[i].s);
+  }
+  clpar_ocl_conv_stats_get(d, &after);
+  unsetenv("CLPAR_OCL_CONV");
+  assert_int_equal(after.runs[algo] - before.runs[algo], fit);
+  if (algo == CLPAR_OCL_CONV_WINOGRAD) {
+    assert_true(fit >= 6);
+    assert_int_equal(after.runs[CLPAR_OCL_CONV_IM2COL] - before.runs[CLPAR_OCL_CONV_IM2COL],
+                     N_SHAPES - fit);
+  }
+  assert_int_equal(after.measured, before.measured);
+}
+
+static void test_im2col_path(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  check_forced(dev, CLPAR_OCL_CONV_IM2COL);
+}
+
+static void test_winograd_path(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
+}
+
+static void test_implicit_path(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  check_forced(dev, CLPAR_OCL_CONV_IMPLICIT);
+}
+
+/* im2col's and Winograd's chunks of images: one image per chunk, and two (with a shorter
+ * last chunk). */
+static void test_chunks(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  const size_t floats[] = {1, 7000};
+  for (size_t f = 0; f < 2; f++) {
+    clpar_ocl_conv_chunk_floats = floats[f];
+    check_forced(dev, CLPAR_OCL_CONV_IM2COL);
+    check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
+  }
+  const cshape three = {3, 4, 9, 9, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}; /* 4 * 9 * 81 floats */
+  clpar_ocl_conv_chunk_floats = 2 * 4 * 9 * 81;
+  setenv("CLPAR_OCL_CONV", "im2col", 1);
+  check_shape(dev, &three, "3 images in chunks of 2");
+  clpar_ocl_conv_chunk_floats = 16 * 9 * 25; /* Winograd: 16 (C + O) T floats an image */
+  setenv("CLPAR_OCL_CONV", "winograd", 1);
+  check_shape(dev, &three, "3 images in chunks of 2");
+  unsetenv("CLPAR_OCL_CONV");
+  clpar_ocl_conv_chunk_floats = (size_t)16 * 1024 * 1024;
+}
+
+/* Tiles other than the defaults: narrow, one work-item per column, deep K steps. */
+static void test_implicit_tiles(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  const clpar_ocl_conv_tiles tiles[] = {{16, 32, 4, 2, 4}, {8, 8, 1, 1, 1}, {32, 16, 32, 8, 2}};
+  for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
+    tu_ok(clpar_ocl_conv_set_tiles(d, &tiles[t], 0));
+    clpar_ocl_conv_tiles now = clpar_ocl_conv_tiles_of(d);
+    assert_int_equal(now.tm, tiles[t].tm);
+    assert_int_equal(now.wn, tiles[t].wn);
+    setenv("CLPAR_OCL_CONV", "implicit", 1);
+    for (size_t i = 0; i < 12; i++) check_shape(dev, &shapes[i].s, shapes[i].name);
+    unsetenv("CLPAR_OCL_CONV");
+  }
+  const clpar_ocl_conv_tiles bad[] = {{0, 8, 8, 1, 1},    {30, 32, 8, 4, 4},  {64, 64, 0, 4, 4},
+                                      {512, 64, 8, 4, 4}, {64, 64, 8, 17, 4}, {256, 256, 8, 1, 1},
+                                      {64, 64, 65, 4, 4}};
+  for (size_t t = 0; t < sizeof bad / sizeof bad[0]; t++)
+    assert_int_equal(clpar_ocl_conv_set_tiles(d, &bad[t], 0), CLPAR_ERROR_INVALID_ARGUMENT);
+  clpar_ocl_conv_forget(d);
+}
+
+/* The tile tuner (clpar-tune's second part): two candidates, checked and timed; the kept tiles
+ * are in force, saved when they changed, and convolve correctly. */
+static void test_tile_tuning(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char path[4096];
+  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
+  unlink(path);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_tiles was = clpar_ocl_conv_tiles_of(d);
+  clpar_ocl_conv_tune_result r;
+  tu_ok(clpar_ocl_conv_tune(d, 2, &r));
+  assert_int_equal(r.tried, 2);
+  assert_int_equal(r.failed, 0);
+  assert_true(r.before > 0 && r.after > 0 && r.after <= r.before);
+  clpar_ocl_conv_tiles now = clpar_ocl_conv_tiles_of(d);
+  assert_memory_equal(&now, &r.tiles, sizeof now);
+  if (memcmp(&now, &was, sizeof now) != 0) { /* saved, and read back by a new "process" */
+    clpar_ocl_conv_forget(d);
+    clpar_ocl_conv_tiles back = clpar_ocl_conv_tiles_of(d);
+    assert_memory_equal(&back, &now, sizeof now);
+  }
+  setenv("CLPAR_OCL_CONV", "implicit", 1);
+  for (size_t i = 0; i < 6; i++) check_shape(dev, &shapes[i].s, shapes[i].name);
+  unsetenv("CLPAR_OCL_CONV");
+  clpar_ocl_conv_forget(d);
+  unlink(path);
+}
+
+/* ---- the choice ---- */
+
+static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
+
+static void write_entry(clpar_ocl_device *d, const char *body, size_t len) {
+  char path[4096];
+  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
+  unlink(path);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(body, 1, len, f), len);
+  fclose(f);
+  chmod(path, 0600);
+}
+
+/* The header an entry for d starts with (as ocl_conv_cache.c writes it). */
+static void header(clpar_ocl_device *d, char *out, size_t size) {
+  snprintf(out, size, "clpar-conv 1\ndevice %s\ndriver %s\nplatform %s %s\n", d->dev_name,
+           d->driver_version, d->platform_name, d->platform_version);
+}
+
+static const char probe_line[] = "shape 1 4 6 6 5 1 3 3 1 1 1 1 1 1";
+
+/* Runs the probe with d's state forgotten; returns the stats' change. */
+static clpar_ocl_conv_stats run_probe(clpar_device *dev) {
+  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_conv_stats a, b;
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_stats_get(d, &a);
+  check_shape(dev, &probe, "probe");
+  clpar_ocl_conv_stats_get(d, &b);
+  b.measured -= a.measured, b.disk_loads -= a.disk_loads, b.disk_rejects -= a.disk_rejects;
+  for (int i = 0; i < CLPAR_OCL_CONV_ALGOS; i++) b.runs[i] -= a.runs[i];
+  return b;
+}
+
+static void test_saved_choice_is_taken(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char text[4096], h[2048];
+  header(d, h, sizeof h);
+  /* the shape's own tiles (for the implicit GEMM) differ from the device's */
+  const clpar_ocl_conv_tiles mine = {16, 32, 4, 2, 4};
+  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo++) {
+    int n = snprintf(text, sizeof text, "%stiles 32 32 8 4 4\n%s %s%s\nend\n", h, probe_line,
+                     clpar_ocl_conv_algo_name(algo),
+                     algo == CLPAR_OCL_CONV_IMPLICIT ? " 16 32 4 2 4" : "");
+    write_entry(d, text, (size_t)n);
+    clpar_ocl_conv_stats c = run_probe(dev);
+    assert_int_equal(c.disk_loads, 1);
+    assert_int_equal(c.disk_rejects, 0);
+    assert_int_equal(c.measured, 0);
+    assert_int_equal(c.runs[algo], 1);
+    clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
+    assert_true(t.tm == 32 && t.tn == 32 && t.tk == 8 && t.wm == 4 && t.wn == 4);
+    if (algo == CLPAR_OCL_CONV_IMPLICIT) assert_non_null(clpar_ocl_conv_kernel_find(d, &mine));
+  }
+  /* CLPAR_TUNE=off: the entry is not read; the shape is measured */
+  setenv("CLPAR_TUNE", "off", 1);
+  clpar_ocl_conv_stats c = run_probe(dev);
+  unsetenv("CLPAR_TUNE");
+  assert_int_equal(c.disk_loads, 0);
+  assert_int_equal(c.measured, 1);
+  clpar_ocl_conv_forget(d);
+}
+
+static void test_unknown_shape_is_measured_and_saved(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char path[4096];
+  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
+  unlink(path);
+  clpar_ocl_conv_stats c = run_probe(dev);
+  assert_int_equal(c.measured, 1);
+  assert_int_equal(c.runs[CLPAR_OCL_CONV_IM2COL] + c.runs[CLPAR_OCL_CONV_IMPLICIT] +
+                       c.runs[CLPAR_OCL_CONV_WINOGRAD],
+                   1);
+  size_t len;
+  char *saved = tu_slurp(path, &len);
+  assert_non_null(saved);
+  assert_non_null(strstr(saved, probe_line));
+  free(saved);
+  /* the same shape again, in this "process" and after a restart: not measured again */
+  clpar_ocl_conv_stats_get(d, &c);
+  check_shape(dev, &probe, "probe again");
+  clpar_ocl_conv_stats after;
+  clpar_ocl_conv_stats_get(d, &after);
+  assert_int_equal(after.measured, c.measured);
+  c = run_probe(dev);
+  assert_int_equal(c.measured, 0);
+  assert_int_equal(c.disk_loads, 1);
+  /* an unknown CLPAR_OCL_CONV value chooses as auto does */
+  setenv("CLPAR_OCL_CONV", "winograd-please", 1);
+  unlink(path);
+  c = run_probe(dev);
+  unsetenv("CLPAR_OCL_CONV");
+  assert_int_equal(c.measured, 1);
+  clpar_ocl_conv_forget(d);
+}
+
+static void expect_refused(clpar_device *dev, const char *body, size_t len, const char *what) {
+  write_entry(ocl_of(dev), body, len);
+  clpar_ocl_conv_stats c = run_probe(dev);
+  if (c.disk_rejects != 1 || c.measured != 1)
+    fail_msg("%s: rejects %llu, measured %llu", what, (unsigned long long)c.disk_rejects,
+             (unsigned long long)c.measured);
+}
+
+static void test_hostile_entries_are_refused(void **state) {
+  (void)state;
+  clpar_device *dev = ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char h[2048], text[8192];
+  header(d, h, sizeof h);
+  const char *bodies[][2] = {
+      {"other format", "clpar-conv 9\n"},
+      {"an unknown algorithm", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 fft\nend\n"},
+      {"a negative size", "%sshape 1 -4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"a huge size", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 99999999999 implicit 8 8 8 1 1\nend\n"},
+      {"zero stride", "%sshape 1 4 6 6 5 1 3 3 0 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"groups not dividing", "%sshape 1 4 6 6 5 3 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"kernel past the image", "%sshape 1 4 6 6 5 1 9 3 1 1 0 0 1 1 implicit 8 8 8 1 1\nend\n"},
+      {"a short line", "%sshape 1 4 6 implicit 8 8 8 1 1\nend\n"},
+      {"trailing garbage", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit x\nend\n"},
+      {"unrunnable tiles", "%stiles 4096 4096 64 1 1\nend\n"},
+      {"tiles not dividing", "%stiles 30 32 8 4 4\nend\n"},
+      {"a zero tile", "%stiles 32 32 0 4 4\nend\n"},
+      {"an unknown line", "%sgemm 1 2 3\nend\n"},
+      {"implicit without tiles", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit\nend\n"},
+      {"implicit, unrunnable tiles",
+       "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 16 1\nend\n"},
+      {"im2col with tiles", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 im2col 8 8 8 1 1\nend\n"},
+      {"truncated", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\n"},
+  };
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+    int n = snprintf(text, sizeof text, bodies[i][1], h);
+    expect_refused(dev, text, (size_t)n, bodies[i][0]);
+  }
+  int n = snprintf(text, sizeof text, "%s", h);
+  n += snprintf(text + n, sizeof text - (size_t)n, "clpar-conv 1\ndevice other\n");
+  expect_refused(dev, text + strlen(h), strlen(text + strlen(h)), "another device");
+  n = snprintf(text, sizeof text, "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit\nend\n", h);
+  text[strlen(h) + 3] = '\0'; /* a NUL byte inside */
+  expect_refused(dev, text, (size_t)n, "a NUL byte");
+  /* a sound entry made group-writable, then reached through a symbolic link */
+  n = snprintf(text, sizeof text, "%s%s implicit 8 8 8 1 1\nend\n", h, probe_line);
+  write_entry(d, text, (size_t)n);
+  char path[4096], real[4200];
+  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
+  chmod(path, 0660);
+  clpar_ocl_conv_stats c = run_probe(dev);
+  assert_int_equal(c.disk_rejects, 1);
+  snprintf(real, sizeof real, "%s.real", path);
+  write_entry(d, text, (size_t)n);
+  assert_int_equal(rename(path, real), 0);
+  assert_int_equal(symlink(real, path), 0);
+  c = run_probe(dev);
+  assert_int_equal(c.disk_rejects, 1);
+  unlink(path);
+  unlink(real);
+  clpar_ocl_conv_forget(d);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_im2col_path),
+      cmocka_unit_test(test_implicit_path),
+      cmocka_unit_test(test_winograd_path),
+      cmocka_unit_test(test_chunks),
+      cmocka_unit_test(test_implicit_tiles),
+      cmocka_unit_test(test_tile_tuning),
+      cmocka_unit_test(test_saved_choice_is_taken),
+      cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
+      cmocka_unit_test(test_hostile_entries_are_refused),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
