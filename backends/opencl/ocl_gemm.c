@@ -194,21 +194,24 @@ clpar_status ocl_linear_act_backward(void *dev, clpar_act_kind act, size_t m, si
                    dx, k);
     return s;
   }
+  static const char *const kernels[] = {"linear_act_backward_none", "linear_act_backward_relu",
+                                        "linear_act_backward_sigmoid", "linear_act_backward_tanh"};
   cl_mem gm = AS_MEM(g.buf), ym = AS_MEM(act != CLPAR_ACT_NONE ? y.buf : g.buf);
   cl_mem xm = AS_MEM(x.buf), wm = AS_MEM(w.buf); /* an absent output: any buffer, never used */
   cl_mem dxm = AS_MEM(dx.buf ? dx.buf : g.buf), dwm = AS_MEM(dw.buf ? dw.buf : g.buf);
   cl_mem dbm = AS_MEM(db.buf ? db.buf : g.buf);
+  size_t k8 = k / 8;
   cl_ulong m_ = m, n_ = n, k_ = k, go = g.off, yo = act != CLPAR_ACT_NONE ? y.off : g.off,
            xo = x.off, wo = w.off, dxo = dx.off, dwo = dw.off, dbo = db.off;
-  cl_ulong n_dx = dx.buf ? m * (k / 8) : 0, n_dw = dw.buf ? n * (k / 8) : 0, n_db = db.buf ? n : 0;
-  cl_int a = (cl_int)act, acc = accumulate;
-  karg args[] = {KARG(m_),  KARG(n_),  KARG(k_),   KARG(a),   KARG(gm),  KARG(go),
-                 KARG(ym),  KARG(yo),  KARG(xm),   KARG(xo),  KARG(wm),  KARG(wo),
-                 KARG(dxm), KARG(dxo), KARG(n_dx), KARG(dwm), KARG(dwo), KARG(n_dw),
-                 KARG(dbm), KARG(dbo), KARG(n_db), KARG(acc)};
+  cl_ulong n_dx = dx.buf ? m : 0, n_dw = dw.buf ? n : 0, n_db = db.buf ? (n + k8 - 1) / k8 : 0;
+  cl_int acc = accumulate;
+  karg args[] = {KARG(m_),  KARG(n_),  KARG(k_),   KARG(gm),  KARG(go),  KARG(ym),   KARG(yo),
+                 KARG(xm),  KARG(xo),  KARG(wm),   KARG(wo),  KARG(dxm), KARG(dxo),  KARG(n_dx),
+                 KARG(dwm), KARG(dwo), KARG(n_dw), KARG(dbm), KARG(dbo), KARG(n_db), KARG(acc)};
   if (n_dx + n_dw + n_db == 0) return CLPAR_OK;
-  return clpar_ocl_launch_1d(dev, "linear_backward.cl", "linear_act_backward_small", args, 22,
-                             n_dx + n_dw + n_db);
+  size_t global[2], local[2];
+  clpar_ocl_shape_2d(dev, k8, n_dw + n_dx + n_db, global, local);
+  return clpar_ocl_launch(dev, "linear_backward.cl", kernels[act], args, 21, 2, global, local);
 }
 
 clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
