@@ -7,7 +7,8 @@
  *   take the one-kernel path (k a multiple of 8, batch 1, odd n) and shapes that do not (k 13,
  *   300 rows, a product past the small-GEMM bound): the backend's equals the composition bit
  *   for bit (the same sums in the same order), and both are within 1e-4 of a float64
- *   reference computed here; the backend's entry is taken (no composed call) unless forced.
+ *   reference computed here; the backend's entry is taken (no composed call) unless forced;
+ *   a bad activation or a missing scratch is refused, naming the entry.
  * - clpar_linear_act's gradients, k 8 (the one-kernel path on OpenCL CPU devices), against
  *   central finite differences of the float64 forward.
  * - Training: an MLP (Linear + ReLU twice, then Linear) with SGD and momentum, five steps,
@@ -167,6 +168,32 @@ static void test_entry_matches_composition(void **state) {
   }
 }
 
+/* An activation out of range, or no scratch for one that needs it, is refused by the
+ * backend's entry and by the composition alike, naming the entry. */
+static void test_entry_refuses_bad_arguments(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    int64_t shape[2] = {2, 8};
+    clpar_tensor *t = tu_make(dev, 2, shape, 1), *o;
+    tu_ok(clpar_tensor_empty(dev, 2, shape, &o));
+    clpar_bref b = clpar_tensor_bref(t), out = clpar_tensor_bref(o), none = {NULL, 0};
+    for (int composed = 0; composed < 2; composed++) {
+      tu_ok(clpar_compose_force(dev, composed ? BIT(linear_act_backward) : 0));
+      clpar_status s = clpar_dev_linear_act_backward_sync(dev, (clpar_act_kind)7, 2, 2, 8, b, b, b,
+                                                          b, b, none, out, none, 0);
+      assert_int_equal(s, CLPAR_ERROR_INVALID_ARGUMENT);
+      assert_non_null(strstr(clpar_last_error(), "linear_act_backward"));
+      s = clpar_dev_linear_act_backward_sync(dev, CLPAR_ACT_RELU, 2, 2, 8, b, b, b, b, none, none,
+                                             out, none, 0);
+      assert_int_equal(s, CLPAR_ERROR_INVALID_ARGUMENT);
+      assert_non_null(strstr(clpar_last_error(), "scratch"));
+    }
+    tu_ok(clpar_compose_force(dev, 0));
+    clpar_tensor_free(t), clpar_tensor_free(o);
+  }
+}
+
 /* ---- gradients against finite differences ---- */
 
 enum { ROWS = 3, IN = 8, OUT = 5, MOST = OUT * IN }; /* MOST: the largest leaf */
@@ -322,6 +349,7 @@ static void test_training_equals_composition(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_entry_matches_composition),
+      cmocka_unit_test(test_entry_refuses_bad_arguments),
       cmocka_unit_test(test_gradients_finite_differences),
       cmocka_unit_test(test_training_equals_composition),
   };

@@ -694,6 +694,9 @@ static clpar_status host_linear_act_backward(void *dev, clpar_act_kind act, size
                                              clpar_bref dw, clpar_bref db, int accumulate) {
   clpar_bref none = {NULL, 0}, d = act == CLPAR_ACT_NONE ? g : scratch;
   clpar_status s = CLPAR_OK;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host linear_act_backward: activation %d",
+                           (int)act);
   if (act != CLPAR_ACT_NONE && !scratch.buf)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host linear_act_backward: no scratch");
   if (act != CLPAR_ACT_NONE || db.buf)
