@@ -4,12 +4,12 @@
  *
  * - The entry on every selected device, the backend's and composed (clpar_compose_force),
  *   for each activation, with every output and accumulating, without dx and db, on shapes that
- *   take the one-kernel path (k a multiple of 8, batch 1, odd n) and shapes that do not (k 13,
- *   300 rows, a product past the small-GEMM bound): the backend's equals the composition bit
- *   for bit (the same sums in the same order), and both are within 1e-4 of a float64
+ *   take the one-kernel path (n and k multiples of 8, odd batch, batch 1) and shapes that do
+ *   not (n 3, k 13, 300 rows, a product past the small-GEMM bound): the backend's equals the
+ * composition bit for bit (the same sums in the same order), and both are within 1e-4 of a float64
  *   reference computed here; the backend's entry is taken (no composed call) unless forced;
  *   a bad activation or a missing scratch is refused, naming the entry.
- * - clpar_linear_act's gradients, k 8 (the one-kernel path on OpenCL CPU devices), against
+ * - clpar_linear_act's gradients, 3 x 8 x 8 (the one-kernel path on OpenCL CPU devices), against
  *   central finite differences of the float64 forward.
  * - Training: an MLP (Linear + ReLU twice, then Linear) with SGD and momentum, five steps,
  *   gives the same parameters bit for bit with the entry and with its composition. */
@@ -156,10 +156,12 @@ static void check_shape(clpar_device *dev, int64_t m, int64_t n, int64_t k) {
 
 static void test_entry_matches_composition(void **state) {
   (void)state;
-  /* one kernel on OpenCL CPU devices: 32x64x64 (the latency-bound MLP's), odd n, batch 1;
-   * the unfused path: k not a multiple of 8, 300 rows (two-pass bias sum), 2^21 products */
-  static const int64_t shapes[][3] = {{32, 64, 64}, {5, 3, 16},   {1, 1, 8},
-                                      {7, 9, 13},   {300, 16, 8}, {64, 128, 256}};
+  /* one kernel on OpenCL CPU devices (n and k multiples of 8): 32x64x64 (the latency-bound
+   * MLP's), odd batch, batch 1, several 8 x 8 blocks; the unfused path: n or k not a multiple
+   * of 8, 300 rows (two-pass bias sum), 2^21 products */
+  static const int64_t shapes[][3] = {{32, 64, 64}, {3, 8, 16},   {1, 8, 8},
+                                      {5, 24, 40},  {5, 3, 16},   {7, 9, 13},
+                                      {1, 1, 8},    {300, 16, 8}, {64, 128, 256}};
   for (int d = -1; d < clpar_device_count(); d++) {
     clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
     if (d >= 0 && dev == tu_host()) continue;
@@ -196,7 +198,7 @@ static void test_entry_refuses_bad_arguments(void **state) {
 
 /* ---- gradients against finite differences ---- */
 
-enum { ROWS = 3, IN = 8, OUT = 5, MOST = OUT * IN }; /* MOST: the largest leaf */
+enum { ROWS = 3, IN = 8, OUT = 8, MOST = OUT * IN }; /* MOST: the largest leaf */
 
 /* sum(R * act(x W^T + b)) in float64. */
 static double loss_of(clpar_act_kind act, const double *x, const double *w, const double *b,
