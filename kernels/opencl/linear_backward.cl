@@ -14,19 +14,8 @@
 #define ACT_SIGMOID 2
 #define ACT_TANH 3
 
-/* d at element i, as activation.cl's act_backward_at computes it. */
-inline float lab_d(__global const float *g, __global const float *y, int act, ulong i) {
-  float d = g[i];
-  if (act != ACT_NONE) {
-    float v = y[i];
-    d = act == ACT_RELU      ? (v > 0.0f ? d : 0.0f)
-        : act == ACT_SIGMOID ? d * (v * (1.0f - v))
-                             : d * (1.0f - v * v);
-  }
-  return d;
-}
-
-/* d at elements i .. i + 7 (8 columns of a row), lane by lane as lab_d. */
+/* d at elements i .. i + 7 (8 columns of a row), each lane as activation.cl's
+ * act_backward_at computes it. */
 inline float8 lab_d8(__global const float *g, __global const float *y, int act, ulong i) {
   float8 d = vload8(0, g + i);
   if (act != ACT_NONE) {
