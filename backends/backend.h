@@ -35,7 +35,7 @@
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
  * - Entries marked optional (required = 0) may be NULL. For the fused ops (softmax_backward,
  *   nll, nll_backward, xent, xent_backward, sgd_step, adam_step, bias_act, bias_act_backward,
- *   linear_act)
+ *   linear_act, linear_act_backward)
  *   the core then composes the op from primitive entries (fill, copy, binary, scale, unary,
  *   gemm, pick, softmax, nll_ignore; src/runtime/compose.c), so a new
  * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some
@@ -52,7 +52,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 16
+#define CLPAR_BACKEND_ABI_VERSION 17
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -113,6 +113,9 @@ typedef enum clpar_act_kind {
   CLPAR_ACT_SIGMOID = 2,
   CLPAR_ACT_TANH = 3
 } clpar_act_kind;
+
+/* linear_act_backward's accumulate bits: the output adds to what is there. */
+enum { CLPAR_ACC_DX = 1, CLPAR_ACC_DW = 2, CLPAR_ACC_DB = 4 };
 
 /* One SGD update with PyTorch's rule (torch.optim.SGD), per element:
  *   g = grad + weight_decay * p
@@ -241,6 +244,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(bias_act, QUEUE, 0)            \
   X(bias_act_backward, QUEUE, 0)   \
   X(linear_act, QUEUE, 0)          \
+  X(linear_act_backward, QUEUE, 0) \
   X(conv2d, QUEUE, 0)              \
   X(conv2d_backward, QUEUE, 0)     \
   X(comm_id, DIRECT, 0)            \
@@ -502,6 +506,20 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_linear_act(F)                                                     \
   F(clpar_act_kind, act) F(size_t, m) F(size_t, n) F(size_t, k) F(clpar_bref, x)         \
   F(clpar_bref, w) F(clpar_bref, bias) F(clpar_bref, out)
+/* A Linear's backward, from the gradient g [m, n] of out = f(x [m, k] w^T + bias) (w [n, k])
+ * and the forward's output y [m, n]: d = g * f'(.) as bias_act_backward computes it (d = g
+ * and y unused for act none), then each output whose buf is set, written whole, or added to
+ * what is there where its bit is set in accumulate (CLPAR_ACC_DX, _DW, _DB):
+ *   dx [m, k] (+)= d w      as gemm(0, 0, m, k, n, 1, d, n, w, k, beta, dx, k)
+ *   dw [n, k] (+)= d^T x    as gemm(1, 0, n, k, m, 1, d, n, x, k, beta, dw, k)
+ *   db [n]    (+)= the column sums of d, as bias_act_backward
+ * scratch: m x n floats the entry may use for d, its contents left undefined (buf NULL for act
+ * none, where d is g). The core composes it as bias_act_backward into scratch then the two
+ * GEMMs; a backend may run it as one kernel. The outputs alias none of the inputs. */
+#define CLPAR_BE_ARGS_linear_act_backward(F)                                              \
+  F(clpar_act_kind, act) F(size_t, m) F(size_t, n) F(size_t, k) F(clpar_bref, g)           \
+  F(clpar_bref, y) F(clpar_bref, x) F(clpar_bref, w) F(clpar_bref, scratch) F(clpar_bref, dx) \
+  F(clpar_bref, dw) F(clpar_bref, db) F(int, accumulate)
 
 /* ---- collectives between processes on the device itself (CUDA with NCCL) ----
  * For DistributedDataParallel (src/dist/ddp.c): one communicator per process and device, made

@@ -156,6 +156,8 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 #define cuda_conv2d NULL
 #define cuda_conv2d_backward NULL
 #endif
+/* A Linear's backward is composed: bias_act_backward and two cuBLAS GEMMs. */
+#define cuda_linear_act_backward NULL
 /* Softmax cross-entropy is composed in the core from softmax and nll_ignore. */
 #define cuda_xent NULL
 #define cuda_xent_backward NULL

@@ -686,6 +686,31 @@ static clpar_status host_linear_act(void *dev, clpar_act_kind act, size_t m, siz
   return s;
 }
 
+/* A Linear's backward: one pass for d and the bias' sums (host_bias_act_backward), then
+ * OpenBLAS's two GEMMs; the core's composition in one posted entry. */
+static clpar_status host_linear_act_backward(void *dev, clpar_act_kind act, size_t m, size_t n,
+                                             size_t k, clpar_bref g, clpar_bref y, clpar_bref x,
+                                             clpar_bref w, clpar_bref scratch, clpar_bref dx,
+                                             clpar_bref dw, clpar_bref db, int accumulate) {
+  clpar_bref none = {NULL, 0}, d = act == CLPAR_ACT_NONE ? g : scratch;
+  clpar_status s = CLPAR_OK;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host linear_act_backward: activation %d",
+                           (int)act);
+  if (act != CLPAR_ACT_NONE && !scratch.buf)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host linear_act_backward: no scratch");
+  if (act != CLPAR_ACT_NONE || db.buf)
+    s = host_bias_act_backward(dev, act, m, n, g, y, act != CLPAR_ACT_NONE ? d : none, db,
+                               (accumulate & CLPAR_ACC_DB) != 0);
+  if (s == CLPAR_OK && dw.buf)
+    s = host_gemm(dev, 1, 0, n, k, m, 1.0f, d, n, x, k, accumulate & CLPAR_ACC_DW ? 1.0f : 0.0f, dw,
+                  k);
+  if (s == CLPAR_OK && dx.buf)
+    s = host_gemm(dev, 0, 0, m, k, n, 1.0f, d, n, w, k, accumulate & CLPAR_ACC_DX ? 1.0f : 0.0f, dx,
+                  k);
+  return s;
+}
+
 #define CLPAR_BE_PREFIX_ host
 static const clpar_backend_iface host_iface = CLPAR_BACKEND_TABLE("host");
 

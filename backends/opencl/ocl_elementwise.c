@@ -10,7 +10,7 @@
  * matrices get parallelism) and at most SUM_ROWS_MAX_CHUNKS chunks, whose partial sums a
  * second pass adds. Measured on PoCL: 4M x 1 went from 11 ms (one work-item per column) to
  * 1.2 ms, 1024 x 4096 from 12 ms to 2.4 ms. */
-#define SUM_ROWS_ONE_PASS 256
+#define SUM_ROWS_ONE_PASS CLPAR_OCL_SUM_ROWS_ONE_PASS
 #define SUM_ROWS_CHUNK 64
 #define SUM_ROWS_MAX_CHUNKS 1024
 

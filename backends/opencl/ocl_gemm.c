@@ -160,6 +160,62 @@ clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, s
   return s;
 }
 
+/* A Linear's backward (backend.h's linear_act_backward): where the unfused path would run
+ * bias_act_backward in one pass and both GEMMs as gemm_small, and n is a multiple of 8 (dw's
+ * 8 x 8 blocks), linear_backward.cl does it all in one launch with the same sums; elsewhere
+ * those three, d kept in the scratch. */
+static int backward_small(clpar_ocl_device *d, size_t m, size_t n, size_t k) {
+  return n % 8 == 0 && m <= CLPAR_OCL_SUM_ROWS_ONE_PASS && /* bias_act_backward in one pass */
+         !clpar_ocl_gemm_takes_tile(d, 1, 0, n, k, m, n, k, k) &&
+         clpar_ocl_gemm_takes_small(d, 1, 0, n, k, m) &&
+         !clpar_ocl_gemm_takes_tile(d, 0, 0, m, k, n, n, k, k) &&
+         clpar_ocl_gemm_takes_small(d, 0, 0, m, k, n);
+}
+
+clpar_status ocl_linear_act_backward(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
+                                     clpar_bref g, clpar_bref y, clpar_bref x, clpar_bref w,
+                                     clpar_bref scratch, clpar_bref dx, clpar_bref dw,
+                                     clpar_bref db, int accumulate) {
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                           "opencl linear_act_backward: activation %d", (int)act);
+  if (act != CLPAR_ACT_NONE && !scratch.buf)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "opencl linear_act_backward: no scratch");
+  clpar_bref none = {NULL, 0}, dd = act == CLPAR_ACT_NONE ? g : scratch;
+  if (!backward_small(dev, m, n, k)) {
+    clpar_status s = CLPAR_OK;
+    if (act != CLPAR_ACT_NONE || db.buf)
+      s = ocl_bias_act_backward(dev, act, m, n, g, y, act != CLPAR_ACT_NONE ? dd : none, db,
+                                (accumulate & CLPAR_ACC_DB) != 0);
+    if (s == CLPAR_OK && dw.buf)
+      s = ocl_gemm(dev, 1, 0, n, k, m, 1.0f, dd, n, x, k, accumulate & CLPAR_ACC_DW ? 1.0f : 0.0f,
+                   dw, k);
+    if (s == CLPAR_OK && dx.buf)
+      s = ocl_gemm(dev, 0, 0, m, k, n, 1.0f, dd, n, w, k, accumulate & CLPAR_ACC_DX ? 1.0f : 0.0f,
+                   dx, k);
+    return s;
+  }
+  static const char *const kernels[] = {"linear_act_backward_none", "linear_act_backward_relu",
+                                        "linear_act_backward_sigmoid", "linear_act_backward_tanh"};
+  cl_mem gm = AS_MEM(g.buf), ym = AS_MEM(act != CLPAR_ACT_NONE ? y.buf : g.buf);
+  cl_mem xm = AS_MEM(x.buf), wm = AS_MEM(w.buf); /* an absent output: any buffer, never used */
+  cl_mem dxm = AS_MEM(dx.buf ? dx.buf : g.buf), dwm = AS_MEM(dw.buf ? dw.buf : g.buf);
+  cl_mem dbm = AS_MEM(db.buf ? db.buf : g.buf);
+  size_t k8 = k / 8;
+  cl_ulong m_ = m, n_ = n, k_ = k, go = g.off, yo = act != CLPAR_ACT_NONE ? y.off : g.off,
+           xo = x.off, wo = w.off, dxo = dx.off, dwo = dw.off, dbo = db.off;
+  cl_ulong n_dx = dx.buf ? (m + 3) / 4 : 0, n_dw = dw.buf ? n / 8 : 0;
+  cl_ulong n_db = db.buf ? (n / 8 + k8 - 1) / k8 : 0;
+  cl_int acc = accumulate;
+  karg args[] = {KARG(m_),  KARG(n_),  KARG(k_),   KARG(gm),  KARG(go),  KARG(ym),   KARG(yo),
+                 KARG(xm),  KARG(xo),  KARG(wm),   KARG(wo),  KARG(dxm), KARG(dxo),  KARG(n_dx),
+                 KARG(dwm), KARG(dwo), KARG(n_dw), KARG(dbm), KARG(dbo), KARG(n_db), KARG(acc)};
+  if (n_dx + n_dw + n_db == 0) return CLPAR_OK;
+  size_t global[2], local[2];
+  clpar_ocl_shape_2d(dev, k8, n_dw + n_dx + n_db, global, local);
+  return clpar_ocl_launch(dev, "linear_backward.cl", kernels[act], args, 21, 2, global, local);
+}
+
 clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,
                               float alpha, clpar_bref a, size_t lda, size_t stride_a, clpar_bref b,
                               size_t ldb, size_t stride_b, float beta, clpar_bref c, size_t ldc,

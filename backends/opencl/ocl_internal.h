@@ -89,6 +89,8 @@ typedef struct clpar_ocl_device {
  * spend its time scheduling groups. */
 #define CLPAR_OCL_WG_1D 256
 #define CLPAR_OCL_WG_2D 64
+/* sum_rows and bias_act_backward sum up to this many rows in one pass (ocl_elementwise.c). */
+#define CLPAR_OCL_SUM_ROWS_ONE_PASS 256
 
 /* A buffer handle as the backend's entries receive it (clpar_bref.buf) is a cl_mem. */
 #define AS_MEM(buf) ((cl_mem)(buf))
@@ -174,6 +176,7 @@ CLPAR_OCL_ENTRY_DECL_(nll_backward)
 CLPAR_OCL_ENTRY_DECL_(xent)
 CLPAR_OCL_ENTRY_DECL_(xent_backward)
 CLPAR_OCL_ENTRY_DECL_(linear_act)
+CLPAR_OCL_ENTRY_DECL_(linear_act_backward)
 CLPAR_OCL_ENTRY_DECL_(sgd_step)
 CLPAR_OCL_ENTRY_DECL_(adam_step)
 /* ocl_gemm.c */
@@ -214,6 +217,7 @@ CLPAR_OCL_ENTRY_DECL_(gemm_batched)
 #define ocl_xent clpar_ocl_xent
 #define ocl_xent_backward clpar_ocl_xent_backward
 #define ocl_linear_act clpar_ocl_linear_act
+#define ocl_linear_act_backward clpar_ocl_linear_act_backward
 #define ocl_sgd_step clpar_ocl_sgd_step
 #define ocl_adam_step clpar_ocl_adam_step
 #define ocl_gemm clpar_ocl_gemm

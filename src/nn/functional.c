@@ -38,65 +38,49 @@ clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
  * Forward is one linear_act entry: the GEMM with the bias and the activation in its epilogue
  * where the backend can (OpenCL CPU devices' small GEMMs), else a GEMM and one fused epilogue
  * (bias_act: the bias and the activation; a plain unary without a bias). Backward is one
- * bias_act_backward (the activation's gradient d, and the bias gradient summed from it), then
- * dW = d^T x and dx = d W as GEMMs. Each gradient goes
- * straight into the memory where it accumulates when the engine gives a slot (clpar_grad_slot:
- * the parameter's grad, a slice of a flat gradient): the bias' sum is added by the epilogue,
- * dW by the GEMM with beta 1. So a layer costs 1 or 2 kernels forward and 3 backward (2 for the
- * first, whose input needs no gradient), where a matmul, an add and a relu node cost 3 and 6
+ * linear_act_backward entry: the activation's gradient d, the bias gradient summed from it,
+ * dW = d^T x and dx = d W, one kernel on OpenCL CPU devices' small shapes, else
+ * bias_act_backward and two GEMMs. Each gradient goes straight into the memory where it
+ * accumulates when the engine gives a slot (clpar_grad_slot: the parameter's grad, a slice of
+ * a flat gradient): the entry adds to it (its accumulate bits). So a layer costs 1 or 2
+ * kernels forward and 1 or 3 backward, where a matmul, an add and a relu node cost 3 and 6
  * (the bias sum, the relu gradient, two GEMMs, and an add into each parameter's slice). */
+
+/* The gradient of input i: its slot (*acc set) or a new tensor of t's shape, into *out. */
+static clpar_status grad_target(clpar_node *n, int i, const clpar_tensor *t, int *acc,
+                                clpar_tensor **out) {
+  clpar_status s = clpar_grad_slot(n, i, out);
+  *acc = s == CLPAR_OK && *out != NULL;
+  if (s == CLPAR_OK && !*out) s = clpar_tensor_empty(n->dev, t->ndim, t->shape, out);
+  return s;
+}
 
 static clpar_status linear_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   clpar_tensor *x = n->inputs[0], *w = n->inputs[1], *b = n->n_inputs > 2 ? n->inputs[2] : NULL;
   clpar_act_kind act = (clpar_act_kind)n->iparam[0];
-  clpar_device *dev = n->dev;
-  int64_t rows = g->shape[0], cols = g->shape[1], in = w->shape[1];
-  clpar_tensor *d = g, *db = NULL, *dw = NULL, *dx = NULL;
+  clpar_tensor *t[3] = {NULL, NULL, NULL}, *d = NULL; /* dx, dw, db */
+  const clpar_tensor *in[3] = {x, w, b};
+  int acc[3] = {0, 0, 0}, want[3] = {x->requires_grad, w->requires_grad, b && b->requires_grad};
   clpar_status s = CLPAR_OK;
-  int want_b = b && b->requires_grad, b_slot = 0;
-  if (want_b) {
-    s = clpar_grad_slot(n, 2, &db);
-    b_slot = db != NULL;
-    if (s == CLPAR_OK && !db) s = clpar_tensor_empty(dev, b->ndim, b->shape, &db);
+  for (int i = 0; s == CLPAR_OK && i < 3; i++)
+    if (want[i]) s = grad_target(n, i, in[i], &acc[i], &t[i]);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE) s = clpar_tensor_empty(n->dev, 2, g->shape, &d);
+  if (s == CLPAR_OK) {
+    clpar_bref none = {NULL, 0}, br[4];
+    for (int i = 0; i < 3; i++) br[i] = t[i] ? clpar_tensor_bref(t[i]) : none;
+    br[3] = d ? clpar_tensor_bref(d) : none;
+    s = clpar_dev_linear_act_backward(
+        n->dev, act, (size_t)g->shape[0], (size_t)g->shape[1], (size_t)w->shape[1],
+        clpar_tensor_bref(g), d ? clpar_tensor_bref(n->saved[0]) : none, clpar_tensor_bref(x),
+        clpar_tensor_bref(w), br[3], br[0], br[1], br[2],
+        (acc[0] ? CLPAR_ACC_DX : 0) | (acc[1] ? CLPAR_ACC_DW : 0) | (acc[2] ? CLPAR_ACC_DB : 0));
+    if (s != CLPAR_OK) clpar_device_fail(n->dev, s);
   }
-  if (s == CLPAR_OK && act != CLPAR_ACT_NONE) s = clpar_tensor_empty(dev, 2, g->shape, &d);
-  if (s == CLPAR_OK && (want_b || act != CLPAR_ACT_NONE)) {
-    clpar_bref none = {NULL, 0};
-    s = clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(g),
-                                    act != CLPAR_ACT_NONE ? clpar_tensor_bref(n->saved[0]) : none,
-                                    act != CLPAR_ACT_NONE ? clpar_tensor_bref(d) : none,
-                                    want_b ? clpar_tensor_bref(db) : none, b_slot);
-    if (s != CLPAR_OK) clpar_device_fail(dev, s);
+  for (int i = 0; i < 3; i++) {
+    if (s == CLPAR_OK && t[i] && !acc[i]) gin[i] = t[i], t[i] = NULL;
+    clpar_tensor_free(t[i]);
   }
-  if (s == CLPAR_OK && w->requires_grad) { /* dW = d^T x: [cols, in] */
-    s = clpar_grad_slot(n, 1, &dw);
-    int w_slot = dw != NULL;
-    if (s == CLPAR_OK && !dw) s = clpar_tensor_empty(dev, 2, w->shape, &dw);
-    if (s == CLPAR_OK) {
-      s = clpar_dev_gemm(dev, 1, 0, (size_t)cols, (size_t)in, (size_t)rows, 1.0f,
-                         clpar_tensor_bref(d), (size_t)cols, clpar_tensor_bref(x), (size_t)in,
-                         w_slot ? 1.0f : 0.0f, clpar_tensor_bref(dw), (size_t)in);
-      if (s != CLPAR_OK) clpar_device_fail(dev, s);
-    }
-    if (s == CLPAR_OK && !w_slot) gin[1] = dw, dw = NULL;
-  }
-  if (s == CLPAR_OK && x->requires_grad) { /* dx = d W: [rows, in] */
-    s = clpar_grad_slot(n, 0, &dx);
-    int x_slot = dx != NULL;
-    if (s == CLPAR_OK && !dx) s = clpar_tensor_empty(dev, x->ndim, x->shape, &dx);
-    if (s == CLPAR_OK) {
-      s = clpar_dev_gemm(dev, 0, 0, (size_t)rows, (size_t)in, (size_t)cols, 1.0f,
-                         clpar_tensor_bref(d), (size_t)cols, clpar_tensor_bref(w), (size_t)in,
-                         x_slot ? 1.0f : 0.0f, clpar_tensor_bref(dx), (size_t)in);
-      if (s != CLPAR_OK) clpar_device_fail(dev, s);
-    }
-    if (s == CLPAR_OK && !x_slot) gin[0] = dx, dx = NULL;
-  }
-  if (s == CLPAR_OK && want_b && !b_slot) gin[2] = db, db = NULL;
-  if (d != g) clpar_tensor_free(d);
-  clpar_tensor_free(db);
-  clpar_tensor_free(dw);
-  clpar_tensor_free(dx);
+  clpar_tensor_free(d);
   return s;
 }
 

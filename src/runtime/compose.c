@@ -1,7 +1,7 @@
 /* compose.c — the fused optional entries (softmax_backward, nll, nll_backward, xent,
- * xent_backward, sgd_step, adam_step, bias_act, bias_act_backward, linear_act) built from primitive
- * entries, for a device whose backend lacks them or refuses them (supports_op), so that a new
- * backend can start with the primitives only.
+ * xent_backward, sgd_step, adam_step, bias_act, bias_act_backward, linear_act,
+ * linear_act_backward) built from primitive entries, for a device whose backend lacks them or
+ * refuses them (supports_op), so that a new backend can start with the primitives only.
  *
  * The dispatch (src/runtime/worker.c) calls clpar_compose_<entry> instead of posting the entry when
  * the entry's bit is set in dev->composed. A composition runs on the calling thread like the
@@ -347,6 +347,32 @@ clpar_status clpar_compose_linear_act(clpar_device *dev, clpar_act_kind act, siz
   return s;
 }
 
+/* linear_act_backward: bias_act_backward (d into scratch, db), then dw = d^T x and dx = d w
+ * as GEMMs with beta 1 where they accumulate; the order of the Linear node's backward before
+ * the entry existed, so that the composition gives its bits. */
+clpar_status clpar_compose_linear_act_backward(clpar_device *dev, clpar_act_kind act, size_t m,
+                                               size_t n, size_t k, clpar_bref g, clpar_bref y,
+                                               clpar_bref x, clpar_bref w, clpar_bref scratch,
+                                               clpar_bref dx, clpar_bref dw, clpar_bref db,
+                                               int accumulate) {
+  clpar_status s = check_act(dev, "linear_act_backward", act);
+  if (s == CLPAR_OK && act != CLPAR_ACT_NONE && !scratch.buf)
+    s = clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: linear_act_backward: no scratch for d",
+                        dev->bd.info.id);
+  if (s != CLPAR_OK) return s;
+  clpar_bref none = {NULL, 0}, d = act == CLPAR_ACT_NONE ? g : scratch;
+  if (act != CLPAR_ACT_NONE || db.buf)
+    s = clpar_dev_bias_act_backward(dev, act, m, n, g, y, act != CLPAR_ACT_NONE ? d : none, db,
+                                    (accumulate & CLPAR_ACC_DB) != 0);
+  if (s == CLPAR_OK && dw.buf)
+    s = clpar_dev_gemm(dev, 1, 0, n, k, m, 1.0f, d, n, x, k,
+                       accumulate & CLPAR_ACC_DW ? 1.0f : 0.0f, dw, k);
+  if (s == CLPAR_OK && dx.buf)
+    s = clpar_dev_gemm(dev, 0, 0, m, k, n, 1.0f, d, n, w, k,
+                       accumulate & CLPAR_ACC_DX ? 1.0f : 0.0f, dx, k);
+  return s;
+}
+
 clpar_status clpar_compose_conv2d(clpar_device *dev, clpar_conv2d_shape s, clpar_bref x,
                                   clpar_bref weight, clpar_bref bias, clpar_bref y) {
   (void)s, (void)x, (void)weight, (void)bias, (void)y;
@@ -386,14 +412,16 @@ _Static_assert(CLPAR_ENTRY_softmax_backward < 64 && CLPAR_ENTRY_nll < 64 &&
                    CLPAR_ENTRY_nll_backward < 64 && CLPAR_ENTRY_sgd_step < 64 &&
                    CLPAR_ENTRY_adam_step < 64 && CLPAR_ENTRY_bias_act < 64 &&
                    CLPAR_ENTRY_bias_act_backward < 64 && CLPAR_ENTRY_xent < 64 &&
-                   CLPAR_ENTRY_xent_backward < 64 && CLPAR_ENTRY_linear_act < 64,
+                   CLPAR_ENTRY_xent_backward < 64 && CLPAR_ENTRY_linear_act < 64 &&
+                   CLPAR_ENTRY_linear_act_backward < 64,
                "the composable entries are in word 0 of the masks");
 static uint64_t composable_mask(void) {
   return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
          (uint64_t)1 << CLPAR_ENTRY_nll_backward | (uint64_t)1 << CLPAR_ENTRY_sgd_step |
          (uint64_t)1 << CLPAR_ENTRY_adam_step | (uint64_t)1 << CLPAR_ENTRY_bias_act |
          (uint64_t)1 << CLPAR_ENTRY_bias_act_backward | (uint64_t)1 << CLPAR_ENTRY_xent |
-         (uint64_t)1 << CLPAR_ENTRY_xent_backward | (uint64_t)1 << CLPAR_ENTRY_linear_act;
+         (uint64_t)1 << CLPAR_ENTRY_xent_backward | (uint64_t)1 << CLPAR_ENTRY_linear_act |
+         (uint64_t)1 << CLPAR_ENTRY_linear_act_backward;
 }
 
 static int composable(int entry) {
@@ -429,7 +457,7 @@ clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
                            "clpar_compose_force: mask 0x%llx names entries that cannot be "
                            "composed (softmax_backward, nll, nll_backward, xent, "
                            "xent_backward, sgd_step, adam_step, bias_act, "
-                           "bias_act_backward and linear_act can)",
+                           "bias_act_backward, linear_act and linear_act_backward can)",
                            (unsigned long long)mask);
   __atomic_store_n(&dev->composed[0], dev->natural[0] | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;
