@@ -2,7 +2,8 @@
  * device targets, backward, clip_grad_norm to 1, AdamW with decay groups) captured and replayed
  * (clpar/graph.h) against the same step run eagerly, under nanoGPT's warm-up cosine schedule:
  * the losses and the parameters bit for bit over 20 steps, without and with
- * dropout. */
+ * dropout, and with the blocks checkpointed (the recomputed Dropout masks at each replay are
+ * the forward's). A checkpointed Dropout whose forward ran before the capture is refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,10 +148,45 @@ static void test_gpt_dropout(void **state) {
   check_all(0.1f, 0);
 }
 
+/* The blocks checkpointed: each recompute's Dropout masks take the offsets its forward drew at
+ * the same replay, as the eager recompute replays the forward's draws. */
+static void test_gpt_checkpoint_dropout(void **state) {
+  (void)state;
+  check_all(0.1f, 1);
+}
+
+/* A checkpointed Dropout whose forward ran before the capture and whose recompute runs in it:
+ * no captured draw to take the offset from, so refused, naming why. */
+static void test_recompute_outside_forward_refused(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_device_get(0);
+  run r;
+  run_make(&r, dev, 0.1f, 1);
+  write_batch(&r, 0);
+  tu_ok(step(&r));
+  clpar_tensor *out = NULL, *loss = NULL;
+  tu_ok(clpar_optimizer_zero_grad(r.opt));
+  tu_ok(clpar_module_forward(r.m, r.x, &out));
+  tu_ok(tg_loss_fn(out, r.y, 0, NULL, &loss));
+  tu_ok(clpar_graph_capture_begin(&dev, 1));
+  clpar_status ran = clpar_backward(loss);
+  clpar_graph *g;
+  assert_int_not_equal(clpar_graph_capture_end(&g), CLPAR_OK);
+  assert_null(g);
+  assert_int_not_equal(ran, CLPAR_OK);
+  if (!strstr(clpar_last_error(), "forward ran outside")) fail_msg("%s", clpar_last_error());
+  clpar_tensor_free(loss);
+  clpar_tensor_free(out);
+  tu_ok(step(&r)); /* eager steps go on */
+  run_free(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpt),
       cmocka_unit_test(test_gpt_dropout),
+      cmocka_unit_test(test_gpt_checkpoint_dropout),
+      cmocka_unit_test(test_recompute_outside_forward_refused),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
