@@ -431,6 +431,8 @@ float clpar_rng_uniform01(uint64_t seed, uint64_t index);
  * recompute replays them, so it sees the same masks (src/nn/recompute.c). */
 void clpar_rng_draw(uint64_t seed, uint64_t *counter, uint64_t n, uint64_t *seed_out,
                     uint64_t *offset_out);
+/* 1 when this thread's last clpar_rng_draw replayed a recorded draw (a recompute's). */
+int clpar_rng_draw_replayed(void);
 /* The same tape for another recompute (ZeRO-3's units, src/dist/zero3.c): start records this
  * thread's draws into t (replay 0; t emptied first; inside a replay, the replayed draws) or
  * replays them (1), keeping the outer state in saved; stop restores it and returns 0 when

@@ -42,6 +42,28 @@ static void test_async_error_surfaces_at_next_call(void **state) {
   clpar_tensor_free(t);
 }
 
+/* The worker takes commands from its queue in chunks: a failure among many commands is still
+ * the one reported (the first), by the wait that follows it, and the commands after it ran. */
+static void test_async_error_among_many(void **state) {
+  (void)state;
+  clpar_device *host = tu_host();
+  clpar_tensor *t;
+  tu_ok(clpar_tensor_zeros(host, 1, (int64_t[]){4}, &t));
+  tu_ok(clpar_device_synchronize(host));
+  for (int i = 0; i < 100; i++) tu_ok(clpar_fill(t, (float)i));
+  assert_int_equal(clpar_dev_profile(host, 1), CLPAR_OK); /* fails on the worker */
+  clpar_status s = CLPAR_OK;
+  for (int i = 0; s == CLPAR_OK && i < 100; i++) s = clpar_fill(t, 100.0f + (float)i);
+  if (s == CLPAR_OK) s = clpar_device_synchronize(host);
+  assert_int_equal(s, CLPAR_ERROR_UNSUPPORTED);
+  assert_non_null(strstr(clpar_last_error(), "host: profile failed on the device's queue"));
+  tu_ok(clpar_fill(t, 7.0f));
+  float v[4] = {0};
+  tu_ok(clpar_tensor_read(t, v, 4));
+  assert_true(v[0] == 7.0f && v[3] == 7.0f);
+  clpar_tensor_free(t);
+}
+
 /* A copy between two devices is posted to both workers: the caller does not wait, and the
  * values arrive, also behind work already queued on the destination. */
 static void test_copy_between_devices_does_not_block(void **state) {
@@ -277,6 +299,7 @@ static void test_deep_graph_release(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_async_error_surfaces_at_next_call),
+      cmocka_unit_test(test_async_error_among_many),
       cmocka_unit_test(test_copy_between_devices_does_not_block),
       cmocka_unit_test(test_copy_in_two_halves),
       cmocka_unit_test(test_allocator_across_queues),

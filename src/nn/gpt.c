@@ -37,23 +37,21 @@ static clpar_status check_ids(const gpt_state *st, const clpar_tensor *idx) {
   return CLPAR_OK;
 }
 
-/* wte(idx) + wpe(0 .. T-1), [B, T, C]. */
+/* wte(idx) + wpe(0 .. T-1), [B, T, C]. The positions' embeddings are wpe's first T rows, a
+ * view (its backward adds into those rows of wpe's gradient, the others stay zero, as
+ * wpe(arange(T))'s does): nothing is uploaded per forward, so a captured step can hold it. */
 static clpar_status embed(clpar_module *tr, clpar_tensor *idx, int64_t c, clpar_tensor **out) {
   int64_t b = idx->shape[0], t = idx->shape[1], row[2] = {b, t * c}, flat = t * c;
-  int64_t *pos = malloc((size_t)t * sizeof *pos);
-  if (!pos) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "GPT: out of host memory");
-  for (int64_t i = 0; i < t; i++) pos[i] = i;
-  clpar_tensor *pt = NULL, *tok = NULL, *pe = NULL, *tok2 = NULL, *pe1 = NULL, *sum = NULL;
-  clpar_status s = clpar_tensor_from_host_dtype(idx->storage->dev, CLPAR_INT64, 1, &t, pos, &pt);
-  free(pos);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(tr, "wte"), idx, &tok);
-  if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(tr, "wpe"), pt, &pe);
+  clpar_tensor *wpe = clpar_module_parameter(clpar_module_child(tr, "wpe"), "weight");
+  clpar_tensor *tok = NULL, *pe = NULL, *tok2 = NULL, *pe1 = NULL, *sum = NULL;
+  clpar_status s = clpar_module_forward(clpar_module_child(tr, "wte"), idx, &tok);
+  if (s == CLPAR_OK) s = clpar_tensor_rows(wpe, 0, t, &pe);
   if (s == CLPAR_OK) s = clpar_tensor_reshape(tok, 2, row, &tok2);
   if (s == CLPAR_OK) s = clpar_tensor_reshape(pe, 1, &flat, &pe1);
   if (s == CLPAR_OK) s = clpar_add(tok2, pe1, &sum); /* the positions broadcast over B */
   if (s == CLPAR_OK) s = clpar_tensor_reshape(sum, 3, (int64_t[]){b, t, c}, out);
-  clpar_tensor *all[] = {pt, tok, pe, tok2, pe1, sum};
-  for (int i = 0; i < 6; i++) clpar_tensor_free(all[i]);
+  clpar_tensor *all[] = {tok, pe, tok2, pe1, sum};
+  for (int i = 0; i < 5; i++) clpar_tensor_free(all[i]);
   return s;
 }
 

@@ -33,11 +33,17 @@ typedef struct clpar_rng_tape {
 } rng_tape;
 
 static _Thread_local rng_tape *recording, *replaying;
+static _Thread_local int last_replayed; /* the thread's last draw came from a tape */
+
+int clpar_rng_draw_replayed(void) {
+  return last_replayed;
+}
 
 void clpar_rng_draw(uint64_t seed, uint64_t *counter, uint64_t n, uint64_t *seed_out,
                     uint64_t *offset_out) {
   rng_tape *r = replaying, *w = recording;
-  if (r && r->next + 2 <= r->n) {
+  last_replayed = r && r->next + 2 <= r->n;
+  if (last_replayed) {
     *seed_out = r->items[r->next++];
     *offset_out = r->items[r->next++];
   } else {

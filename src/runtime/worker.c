@@ -142,33 +142,62 @@ static clpar_status run_command(clpar_device *dev, command *c) {
   }
 }
 
+/* Commands the worker takes from the ring per acquisition of its lock. */
+enum { CHUNK = 32 };
+
+/* After command c ran with s: its caller's result (a _sync post), or the device's first
+ * asynchronous error; under the lock. */
+static void finish_locked(clpar_worker *w, const command *c, clpar_status s) {
+  if (c->result) {
+    c->result->status = s;
+    if (s != CLPAR_OK)
+      snprintf(c->result->message, sizeof c->result->message, "%s", clpar_last_error());
+  } else if (s != CLPAR_OK && w->error == CLPAR_OK) {
+    w->error = s;
+    snprintf(w->error_message, sizeof w->error_message, "%s failed on the device's queue: %s",
+             op_names[c->op], clpar_last_error());
+  }
+}
+
+/* Runs up to CHUNK commands taken under one lock. A _sync post's result and a failure are
+ * published (and the executed count with them) as soon as the command ran, so a caller waiting
+ * for it, or for an event signalled after a failed command, sees them as before; the others'
+ * count at the chunk's end. Called and returning with the lock held. */
+static void run_chunk(clpar_worker *w, command *chunk) {
+  size_t k = w->count < CHUNK ? w->count : CHUNK, done = 0;
+  for (size_t i = 0; i < k; i++) chunk[i] = w->ring[(w->head + i) % w->capacity];
+  w->head = (w->head + k) % w->capacity;
+  w->count -= k;
+  pthread_mutex_unlock(&w->lock);
+  for (size_t i = 0; i < k; i++) {
+    clpar_clear_error();
+    clpar_status s = run_command(w->dev, &chunk[i]);
+    if (!chunk[i].result && s == CLPAR_OK) continue;
+    pthread_mutex_lock(&w->lock);
+    finish_locked(w, &chunk[i], s);
+    w->executed += i + 1 - done;
+    done = i + 1;
+    pthread_cond_broadcast(&w->ran);
+    pthread_mutex_unlock(&w->lock);
+  }
+  pthread_mutex_lock(&w->lock);
+  if (done < k) {
+    w->executed += k - done;
+    pthread_cond_broadcast(&w->ran);
+  }
+}
+
 static void *worker_main(void *arg) {
   clpar_worker *w = arg;
   current_device = w->dev;
   entry_device = w->dev;
   if (w->thread_init) w->thread_init();
+  command chunk[CHUNK];
   pthread_mutex_lock(&w->lock);
   for (;;) {
     while (w->count == 0 && !w->stop) pthread_cond_wait(&w->work, &w->lock);
     if (w->count == 0) break;
-    command c = w->ring[w->head];
-    w->head = (w->head + 1) % w->capacity;
-    w->count--;
-    pthread_mutex_unlock(&w->lock);
-    clpar_clear_error();
-    clpar_status s = run_command(w->dev, &c);
-    pthread_mutex_lock(&w->lock);
-    if (c.result) {
-      c.result->status = s;
-      if (s != CLPAR_OK)
-        snprintf(c.result->message, sizeof c.result->message, "%s", clpar_last_error());
-    } else if (s != CLPAR_OK && w->error == CLPAR_OK) {
-      w->error = s;
-      snprintf(w->error_message, sizeof w->error_message, "%s failed on the device's queue: %s",
-               op_names[c.op], clpar_last_error());
-    }
-    w->executed++;
-    pthread_cond_broadcast(&w->ran);
+    run_chunk(w, chunk);
   }
   pthread_mutex_unlock(&w->lock);
   return NULL;
