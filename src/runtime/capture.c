@@ -37,6 +37,7 @@ struct clpar_capture { /* one device's recording */
   size_t n, cap;
   patch *patches;
   size_t n_patches, cap_patches;
+  clpar_fused *fused; /* the chains its ew_chain commands run (capture_fuse.c) */
 };
 
 typedef struct {
@@ -573,6 +574,7 @@ static void graph_free(clpar_graph *g) {
       if (c->patches[i].free_user) c->patches[i].free_user(c->patches[i].user);
     free(c->patches);
     free(c->cmds);
+    clpar_capture_fused_free(c->fused);
   }
   for (size_t i = 0; i < g->n_stage; i++) free(g->stage[i]);
   clpar_event_release(g->done_ev);
@@ -583,6 +585,23 @@ static void graph_free(clpar_graph *g) {
   free(g->pool);
   free(g->ext);
   free(g);
+}
+
+/* Fuses each device's runs of element-wise commands (capture_fuse.c); the patches and the
+ * waits and signals keep pointing at their commands. */
+static clpar_status fuse_commands(clpar_graph *g) {
+  for (int d = 0; d < g->n_recs; d++) {
+    clpar_capture *c = &g->recs[d];
+    size_t *map = NULL;
+    clpar_status s = clpar_capture_fuse(c->dev, c->cmds, &c->n, &map, &c->fused);
+    if (s != CLPAR_OK) return s;
+    if (!map) continue;
+    for (size_t i = 0; i < c->n_patches; i++) c->patches[i].index = map[c->patches[i].index];
+    for (size_t i = 0; i < g->n_uses; i++)
+      if (g->uses[i].dev == d) g->uses[i].index = map[g->uses[i].index];
+    free(map);
+  }
+  return CLPAR_OK;
 }
 
 /* After the capture run: the pool sorted, the external buffers and the events listed. */
@@ -620,6 +639,8 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
   memcpy(message, g->message, sizeof message);
   pthread_mutex_unlock(&graphs_lock);
   release_captured_events(g);
+  if (s == CLPAR_OK && (s = fuse_commands(g)) != CLPAR_OK)
+    snprintf(message, sizeof message, "%s", clpar_last_error());
   if (s != CLPAR_OK) {
     graph_release(g);
     graph_free(g);
