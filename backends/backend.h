@@ -52,7 +52,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 17
+#define CLPAR_BACKEND_ABI_VERSION 18
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -181,6 +181,34 @@ typedef struct clpar_strided_geom {
   int64_t shape[8], in_stride[8], out_stride[8];
 } clpar_strided_geom;
 
+/* A run of element-wise commands fused into one kernel at capture end (ew_chain,
+ * src/runtime/capture_fuse.c): every op is computed per element i < n, in order, and each op
+ * stores its output as its command would have. An op's input in[k] >= 0 reads refs[in[k]] at
+ * element i; in[k] < 0 takes the result of op -1 - in[k] (same element). The expressions are
+ * the single commands' own, so the results are the same bits. */
+enum { CLPAR_EW_MAX_OPS = 16 };
+typedef enum clpar_ew_type {
+  CLPAR_EW_FILL = 0,           /* p */
+  CLPAR_EW_BINARY = 1,         /* in[0] (op kind) in[1], kind a clpar_binary_kind */
+  CLPAR_EW_SCALE = 2,          /* p * in[0] */
+  CLPAR_EW_UNARY = 3,          /* kind a clpar_unary_kind of in[0] */
+  CLPAR_EW_UNARY_BACKWARD = 4, /* in[0] g, in[1] saved */
+  CLPAR_EW_POINTWISE = 5       /* in[0] x, in[1] g when has_g; kind a clpar_pointwise_kind */
+} clpar_ew_type;
+typedef struct clpar_ew_op {
+  int type, kind, has_g;
+  float p;
+  int in[2];
+  int out; /* in refs */
+} clpar_ew_op;
+typedef struct clpar_ew_chain {
+  size_t n;
+  int n_ops, n_refs;
+  clpar_ew_op ops[CLPAR_EW_MAX_OPS];
+  clpar_bref refs[3 * CLPAR_EW_MAX_OPS];
+  void *kernel; /* the backend's, set by ew_chain_prepare, valid while the device lives */
+} clpar_ew_chain;
+
 /* Called once an event has completed, from any thread (a driver's, or the one that asked).
  * It must not call into clpar or the driver; it may take a lock and signal. */
 typedef void (*clpar_event_fn)(void *user, clpar_status status);
@@ -264,7 +292,9 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(layernorm, QUEUE, 1)           \
   X(layernorm_backward, QUEUE, 1)  \
   X(dropout_mask, QUEUE, 1)        \
-  X(half_convert, QUEUE, 1)
+  X(half_convert, QUEUE, 1)        \
+  X(ew_chain_prepare, DIRECT, 0)   \
+  X(ew_chain, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -623,6 +653,13 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * for bit (a NaN's payload aside). */
 #define CLPAR_BE_ARGS_half_convert(F) \
   F(int, to_half) F(int, bf16) F(size_t, n) F(clpar_bref, x) F(clpar_bref, out)
+
+/* ---- element-wise chains (clpar_ew_chain) ----
+ * ew_chain_prepare builds the chain's kernel (once per distinct chain, kept in the program
+ * cache) and sets chain->kernel; ew_chain runs it. Both optional: without them a captured
+ * graph keeps the single commands. */
+#define CLPAR_BE_ARGS_ew_chain_prepare(F) F(clpar_ew_chain *, chain)
+#define CLPAR_BE_ARGS_ew_chain(F) F(const clpar_ew_chain *, chain)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

@@ -125,9 +125,18 @@ static void tiny_cost(clpar_device *dev, double post_us[2], double run_us[2]) {
   int64_t one = 1;
   clpar_graph *g = NULL;
   if (!bench_ok(clpar_tensor_zeros(dev, 1, &one, &t), "tensor")) return;
+  /* one command per fill: the fills are not fused into element-wise chains */
+  const char *fuse = getenv("CLPAR_GRAPH_FUSE");
+  char *saved = fuse ? strdup(fuse) : NULL;
+  setenv("CLPAR_GRAPH_FUSE", "0", 1);
   clpar_status s = clpar_graph_capture_begin(&dev, 1);
   for (int i = 0; s == CLPAR_OK && i < TINY; i++) s = clpar_fill(t, (float)i);
   clpar_status e = clpar_graph_capture_end(&g);
+  if (saved)
+    setenv("CLPAR_GRAPH_FUSE", saved, 1);
+  else
+    unsetenv("CLPAR_GRAPH_FUSE");
+  free(saved);
   if (!bench_ok(s, "capture") || !bench_ok(e, "capture")) return;
   for (int mode = 0; mode < 2; mode++) {
     double best_post = 1e30, best_run = 1e30;

@@ -144,6 +144,9 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 /* Every optional entry is implemented on every CUDA device. */
 #define cuda_supports_op NULL
 #define cuda_tune_gemm NULL
+/* Element-wise chains stay single commands. */
+#define cuda_ew_chain_prepare NULL
+#define cuda_ew_chain NULL
 
 /* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL, and the comm_
  * entries without NCCL). */

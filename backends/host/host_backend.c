@@ -95,6 +95,9 @@ static clpar_status host_event_free(void *dev, void *ev) {
 #define host_peer_access NULL
 #define host_copy_peer NULL
 #define host_tune_gemm NULL
+/* Element-wise chains stay single commands. */
+#define host_ew_chain_prepare NULL
+#define host_ew_chain NULL
 /* No collectives on the device: DistributedDataParallel reduces host devices over MPI. */
 #define host_comm_id NULL
 #define host_comm_init NULL

@@ -308,6 +308,10 @@ clpar_status clpar_ocl_kernel_get(clpar_ocl_device *dev, const char *file, const
                                   cl_kernel *out);
 /* Drops every program and kernel cached in memory for dev (as a new process would start). */
 void clpar_ocl_program_cache_clear(clpar_ocl_device *dev);
+clpar_status clpar_ocl_generated_kernel(clpar_ocl_device *dev, const char *name, const char *source,
+                                        size_t size, const char *kernel_name, cl_kernel *out);
+clpar_status ocl_ew_chain_prepare(void *dev, clpar_ew_chain *chain);
+clpar_status ocl_ew_chain(void *dev, const clpar_ew_chain *chain);
 /* The disk cache file a program would use; CLPAR_ERROR_IO when there is no usable cache
  * directory. */
 clpar_status clpar_ocl_cache_file(clpar_ocl_device *dev, const char *source, size_t size,

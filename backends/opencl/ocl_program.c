@@ -535,6 +535,35 @@ clpar_status clpar_ocl_kernel_get(clpar_ocl_device *dev, const char *file, const
   return s;
 }
 
+/* A kernel of a program made from generated source (element-wise chains): built once per
+ * distinct source, kept with the program in the cache like an embedded file's kernels. */
+clpar_status clpar_ocl_generated_kernel(clpar_ocl_device *dev, const char *name, const char *source,
+                                        size_t size, const char *kernel_name, cl_kernel *out) {
+  clpar_ocl_program *p = NULL;
+  pthread_mutex_lock(&dev->prog_lock);
+  clpar_status s = get_locked(dev, name, 0, source, size, CLPAR_OCL_BUILD_OPTIONS, &p);
+  for (int i = 0; s == CLPAR_OK && i < p->nkernels; i++)
+    if (strcmp(p->kernels[i].name, kernel_name) == 0) {
+      *out = p->kernels[i].kernel;
+      pthread_mutex_unlock(&dev->prog_lock);
+      return CLPAR_OK;
+    }
+  if (s == CLPAR_OK && p->nkernels == MAX_KERNELS)
+    s = clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: too many kernels in %s", name);
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = s == CLPAR_OK ? clCreateKernel(p->program, kernel_name, &err) : NULL;
+  if (s == CLPAR_OK && err != CL_SUCCESS)
+    s = clpar_set_error(clpar_ocl_status(err), "clCreateKernel(%s): %s", kernel_name,
+                        clpar_ocl_error_name(err));
+  if (s == CLPAR_OK) {
+    snprintf(p->kernels[p->nkernels].name, sizeof p->kernels[0].name, "%s", kernel_name);
+    p->kernels[p->nkernels++].kernel = k;
+    *out = k;
+  }
+  pthread_mutex_unlock(&dev->prog_lock);
+  return s;
+}
+
 void clpar_ocl_program_cache_clear(clpar_ocl_device *dev) {
   /* lock too: no thread may be between getting a kernel and enqueueing it */
   pthread_mutex_lock(&dev->lock);

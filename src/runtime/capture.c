@@ -37,6 +37,7 @@ struct clpar_capture { /* one device's recording */
   size_t n, cap;
   patch *patches;
   size_t n_patches, cap_patches;
+  clpar_fused *fused; /* the chains its ew_chain commands run (capture_fuse.c) */
 };
 
 typedef struct {
@@ -573,6 +574,7 @@ static void graph_free(clpar_graph *g) {
       if (c->patches[i].free_user) c->patches[i].free_user(c->patches[i].user);
     free(c->patches);
     free(c->cmds);
+    clpar_capture_fused_free(c->fused);
   }
   for (size_t i = 0; i < g->n_stage; i++) free(g->stage[i]);
   clpar_event_release(g->done_ev);
@@ -583,6 +585,19 @@ static void graph_free(clpar_graph *g) {
   free(g->pool);
   free(g->ext);
   free(g);
+}
+
+/* Fuses each device's element-wise runs (capture_fuse.c); patches, waits, signals follow. */
+static void fuse_commands(clpar_graph *g) {
+  for (int d = 0; d < g->n_recs; d++) {
+    clpar_capture *c = &g->recs[d];
+    size_t *map = NULL, i;
+    clpar_capture_fuse(c->dev, c->cmds, &c->n, &map, &c->fused);
+    for (i = 0; map && i < c->n_patches; i++) c->patches[i].index = map[c->patches[i].index];
+    for (i = 0; map && i < g->n_uses; i++)
+      if (g->uses[i].dev == d) g->uses[i].index = map[g->uses[i].index];
+    free(map);
+  }
 }
 
 /* After the capture run: the pool sorted, the external buffers and the events listed. */
@@ -620,6 +635,7 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
   memcpy(message, g->message, sizeof message);
   pthread_mutex_unlock(&graphs_lock);
   release_captured_events(g);
+  if (s == CLPAR_OK) fuse_commands(g);
   if (s != CLPAR_OK) {
     graph_release(g);
     graph_free(g);

@@ -399,6 +399,12 @@ clpar_status clpar_compose_tune_gemm(clpar_device *dev, const clpar_gemm_shape *
   return refuse(dev, "tune_gemm");
 }
 
+/* Never posted: capture fuses a chain only on a device whose backend has ew_chain. */
+clpar_status clpar_compose_ew_chain(clpar_device *dev, const clpar_ew_chain *chain) {
+  (void)chain;
+  return refuse(dev, "ew_chain");
+}
+
 clpar_status clpar_compose_comm_allreduce(clpar_device *dev, void *comm, clpar_bref data, size_t n,
                                           double timeout_s) {
   (void)comm, (void)data, (void)n, (void)timeout_s;

@@ -395,6 +395,16 @@ void clpar_allocator_recache(clpar_device *dev, void *buf, size_t capacity);
 /* At clpar_shutdown, before the allocators go: every graph gives back its free blocks and can
  * only be destroyed. */
 void clpar_capture_shutdown(void);
+/* At capture end (capture_fuse.c): replaces each run of element-wise commands of cmds[0 .. *n)
+ * by one ew_chain command where dev's backend has it; *map (malloc'ed; NULL when nothing
+ * changed) gives each old command's new index, *fused the chains (free with
+ * clpar_capture_fused_free). Nothing fails: what cannot be fused (no memory, a kernel that
+ * does not build) stays as it is. Test hook: clpar_capture_fuse_disable(1) keeps every command. */
+typedef struct clpar_fused clpar_fused;
+void clpar_capture_fuse(clpar_device *dev, clpar_command *cmds, size_t *n, size_t **map,
+                        clpar_fused **fused);
+void clpar_capture_fused_free(clpar_fused *f);
+void clpar_capture_fuse_disable(int off);
 
 /* The scalar arguments a patch may rewrite before each replay, by the command's entry. */
 typedef union clpar_patch_args {
