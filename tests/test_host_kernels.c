@@ -63,12 +63,15 @@ static void test_strided_copies(void **state) {
 }
 
 /* softmax of rows of cols against exp(x - max) / sum in double, summed in the row's order:
- * equal bits. */
-static void check_softmax(int64_t rows, int64_t cols) {
+ * equal bits. causal: row r's columns after r % cols are -inf (a causal mask's rows). */
+static void check_softmax(int64_t rows, int64_t cols, int causal) {
   clpar_scope *scope = clpar_scope_begin();
   size_t n = (size_t)(rows * cols);
   float *h = tu_rand(n, 7);
-  for (size_t i = 0; i < n; i++) h[i] *= 20.0f;
+  for (size_t i = 0; i < n; i++)
+    h[i] = causal && (int64_t)(i % (size_t)cols) > (int64_t)(i / (size_t)cols) % cols
+               ? -INFINITY
+               : h[i] * 20.0f;
   clpar_tensor *x, *y;
   tu_ok(clpar_tensor_from_host(tu_host(), 2, (int64_t[]){rows, cols}, h, &x));
   tu_ok(clpar_softmax(x, &y));
@@ -92,9 +95,13 @@ static void check_softmax(int64_t rows, int64_t cols) {
 
 static void test_softmax_rows(void **state) {
   (void)state;
-  check_softmax(5, 64);
-  check_softmax(3, 1024);
-  check_softmax(2, 1500);
+  check_softmax(5, 64, 0);
+  check_softmax(3, 1024, 0);
+  check_softmax(2, 1500, 0);
+  check_softmax(4, 67, 0); /* groups of four and a tail */
+  check_softmax(2, 3, 0);  /* shorter than a group */
+  check_softmax(64, 64, 1);
+  check_softmax(70, 35, 1);
 }
 
 /* GELU (erf form) and its derivative over n elements from -8 to 8 (some exact values among
