@@ -541,16 +541,10 @@ static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t co
   (void)dev;
   const float *pa = at(a);
   float *po = at(out);
-  int vec = !take_log && cols <= SOFTMAX_KEEP && clpar_host_softmax_vec_ok();
 #pragma omp parallel for if (rows * cols > CLPAR_HOST_PAR) schedule(static)
   for (size_t r = 0; r < rows; r++) {
     const float *x = pa + r * cols;
     float *y = po + r * cols;
-    if (vec) {
-      double e[SOFTMAX_KEEP];
-      clpar_host_softmax_row_vec(x, y, cols, e);
-      continue;
-    }
     float max = x[0];
     for (size_t c = 1; c < cols; c++) max = x[c] > max ? x[c] : max;
     double sum = 0.0, e[SOFTMAX_KEEP]; /* a short row's exps, kept for the second pass */

@@ -29,10 +29,6 @@ CLPAR_HOST_TOPS_DECL_(half_convert)
  * first elements of [0, n) in whole vector groups; returns how many it did (0 where the CPU
  * or the build has no vector math). */
 size_t clpar_host_gelu_erf_vec(const float *x, const float *g, float *out, size_t n);
-/* host_vmath.c: 1 when clpar_host_softmax_row_vec runs here; it writes softmax(x) over one row
- * of cols into y, in double (e: cols doubles of scratch). */
-int clpar_host_softmax_vec_ok(void);
-void clpar_host_softmax_row_vec(const float *x, float *y, size_t cols, double *e);
 
 #define host_strided_copy clpar_host_strided_copy
 #define host_pointwise clpar_host_pointwise
