@@ -549,8 +549,8 @@ static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t co
     for (size_t c = 1; c < cols; c++) max = x[c] > max ? x[c] : max;
     double sum = 0.0, e[SOFTMAX_KEEP]; /* a short row's exps, kept for the second pass */
     int keep = !take_log && cols <= SOFTMAX_KEEP;
-    for (size_t c = 0; c < cols; c++) {
-      double v = exp((double)x[c] - max);
+    for (size_t c = 0; c < cols; c++) { /* a masked (-inf) entry's exp is 0: no call */
+      double v = x[c] == -INFINITY ? 0.0 : exp((double)x[c] - max);
       if (keep) e[c] = v;
       sum += v;
     }
