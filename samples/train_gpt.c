@@ -6,8 +6,9 @@
  * every --log-interval iterations; every --eval-interval iterations (and at the end) the
  * validation loss over --eval-batches fixed batches is printed and a training checkpoint is
  * saved to --ckpt (and at the end the wall time, what evaluations and checkpoints took of it
- * and the process's CPU time go to stderr); --resume continues from it (model, AdamW state, iteration, and from those
- * the learning rate and the loader's position, so the run continues bit for bit). At the end
+ * and the process's CPU time go to stderr); --resume continues from it (model, AdamW state,
+ * iteration, and from those the learning rate and the loader's position, so the run continues
+ * bit for bit). At the end
  * the model writes --sample-len characters after a newline: greedy with --temperature 0, else
  * sampled from softmax(logits / temperature) restricted to the --top-k likeliest characters.
  *
