@@ -12,22 +12,51 @@ timed the same way, printed as one JSON object on stdout.
        clipped to a global norm of 1, AdamW in nanoGPT's decay groups (lr 1e-3, beta2 0.99,
        weight decay 0.1), as nanoGPT's train.py steps
 
-Each round times `steps` back-to-back steps (zero_grad, forward, loss, backward, step) after
+Each round times `steps` back-to-back steps (zero_grad, forward, loss, backward, step; the GPT
+as nanoGPT's train.py: forward, loss, backward, clip, step, zero_grad(set_to_none=True)) after
 warm-up; the best round counts, as in the C bench. PyTorch's own default thread count is kept
-(what a user gets) and reported.
+(what a user gets) and reported. --threads N holds N for every pool this PyTorch computes on:
+Debian's links the pthread build of OpenBLAS, whose threads torch.set_num_threads does not
+size (it starts one per core, or OPENBLAS_NUM_THREADS / OMP_NUM_THREADS read at load), so N is
+also put in those variables before torch is imported. The JSON gives the threads found
+("threads": intra-op, "openblas_threads") and the process's CPU seconds per wall second over
+the timed rounds ("cpu_per_wall": about 1 when one core was busy).
 
   python3 bench/torch_step.py --model mlp --steps 10 --rounds 3
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
 import time
 
-import torch
+torch = None  # imported by pin_threads, after the thread variables are set
 
 RESNET_BATCH, RESNET_SIZE, RESNET_CLASSES = 16, 64, 1000
 GPT_BATCH, GPT_BLOCK, GPT_VOCAB = 12, 64, 65
+
+
+def pin_threads(n):
+    """Imports torch with n threads in every pool it computes on (n <= 0: its defaults)."""
+    global torch
+    if n > 0:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(n)
+    import torch as imported
+    torch = imported
+    if n > 0:
+        torch.set_num_threads(n)
+        torch.set_num_interop_threads(n)
+
+
+def openblas_threads():
+    """The thread count of the OpenBLAS torch loaded, or None when it is not OpenBLAS."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD)
+        return int(lib.openblas_get_num_threads())
+    except (OSError, AttributeError):
+        return None
 
 
 def make(model):
@@ -80,22 +109,27 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     args = ap.parse_args()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    pin_threads(args.threads)
     net, x, y, opt, loss_fn = make(args.model)
 
     def step():
+        if args.model == "gpt":  # nanoGPT's train.py
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
         opt.zero_grad()
         loss = loss_fn(net(x), y)
         loss.backward()
-        if args.model == "gpt":
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         return loss
 
     for _ in range(max(2, args.steps // 10)):
         step()
     best = None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(args.rounds):
         t0 = time.perf_counter()
         for _ in range(args.steps):
@@ -103,8 +137,10 @@ def main():
         loss.item()  # the step's work is done (CPU tensors compute eagerly)
         t = (time.perf_counter() - t0) / args.steps
         best = t if best is None else min(best, t)
+    cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     out = {"bench": "torch_step", "model": args.model, "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "steps": args.steps,
+           "threads": torch.get_num_threads(), "openblas_threads": openblas_threads(),
+           "cpu_per_wall": round(cpu_per_wall, 3), "steps": args.steps,
            "rounds": args.rounds, "ms_per_step": round(best * 1e3, 4)}
     if args.model == "resnet50":
         out.update({"batch": RESNET_BATCH, "image_size": RESNET_SIZE,

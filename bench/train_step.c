@@ -22,7 +22,10 @@
  * training loop that reads its loss only now and then would. clpar runs `rounds` rounds, then
  * PyTorch its rounds, then clpar again; the best round of each counts. Prints one JSON object;
  * "torch_ms_per_step" and "ratio_to_torch" (clpar / PyTorch: below 1 is faster) are there when
- * PyTorch ran, "torch": "missing" when it could not be imported.
+ * PyTorch ran, "torch": "missing" when it could not be imported. --torch-threads N holds
+ * PyTorch to N threads in every pool (its OpenBLAS's too); "torch_openblas_threads" and
+ * "torch_cpu_per_wall" (its CPU seconds per wall second) show what held, as "cpu_per_wall"
+ * does for clpar's first rounds (--model gpt): about 1 means one core was busy.
  *
  *   POCL_DEVICES=pthread ./bench_train_step [device-index] [steps]
  *                        [--model mlp|small|resnet50|gpt] [--rounds R] [--no-torch]
@@ -146,6 +149,13 @@ static int best_of(bench_case *c, int steps, int rounds, double *best) {
   return 1;
 }
 
+/* CPU seconds of every thread of this process: over a wall second, the cores kept busy. */
+static double cpu_seconds(void) {
+  struct timespec t;
+  return clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) == 0 ? (double)t.tv_sec + 1e-9 * t.tv_nsec
+                                                          : 0.0;
+}
+
 /* An interpreter that imports torch, or NULL. */
 static const char *find_python(void) {
   static char chosen[512];
@@ -164,9 +174,16 @@ static const char *find_python(void) {
   return NULL;
 }
 
-/* Runs bench/torch_step.py; fills ms per step and PyTorch's thread count. 1 on success. */
+/* What bench/torch_step.py reported: ms per step, PyTorch's intra-op and OpenBLAS threads (-1:
+not OpenBLAS), and CPU seconds per wall second over its rounds. */
+typedef struct {
+  double ms, cpu_per_wall;
+  int threads, openblas_threads;
+} torch_run;
+
+/* Runs bench/torch_step.py and fills *r. 1 on success. */
 static int run_torch(const char *python, const char *model, int steps, int rounds, int want_threads,
-                     double *ms, int *threads) {
+                     torch_run *r) {
   char cmd[1200], line[1024] = "";
   snprintf(cmd, sizeof cmd, "'%s' '%s' --model %s --steps %d --rounds %d --threads %d", python,
            BENCH_TORCH_SCRIPT, model, steps, rounds, want_threads);
@@ -175,7 +192,11 @@ static int run_torch(const char *python, const char *model, int steps, int round
   int got = 0;
   while (fgets(line, sizeof line, f)) {
     const char *m = strstr(line, "\"ms_per_step\": "), *t = strstr(line, "\"threads\": ");
-    if (m && t && sscanf(m + 15, "%lf", ms) == 1 && sscanf(t + 11, "%d", threads) == 1) got = 1;
+    const char *b = strstr(line, "\"openblas_threads\": "), *c = strstr(line, "\"cpu_per_wall\": ");
+    if (m && t && sscanf(m + 15, "%lf", &r->ms) == 1 && sscanf(t + 11, "%d", &r->threads) == 1)
+      got = 1;
+    if (!b || sscanf(b + 20, "%d", &r->openblas_threads) != 1) r->openblas_threads = -1;
+    if (!c || sscanf(c + 16, "%lf", &r->cpu_per_wall) != 1) r->cpu_per_wall = -1;
   }
   return pclose(f) == 0 && got;
 }
@@ -224,14 +245,16 @@ static int mlp_case(bench_case *c) {
 /* The JSON fields of PyTorch's run into out: its time per step and threads, or why there is
  * none. The host backend's OpenMP threads spin between ops unless told not to; on a machine
  * shared with other work that decides its speed (docs/DESIGN.md), so they say which. */
-static void torch_fields(char *out, size_t size, double torch_ms, int torch_threads, double plain,
-                         int use_torch, const char *python) {
+static void torch_fields(char *out, size_t size, const torch_run *t, double plain, int use_torch,
+                         const char *python) {
   const char *wait = getenv("OMP_WAIT_POLICY");
-  if (torch_ms > 0)
+  if (t->ms > 0)
     snprintf(out, size,
-             "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"ratio_to_torch\": %.3f, "
+             "\"torch_ms_per_step\": %.4f, \"torch_threads\": %d, \"torch_openblas_threads\": "
+             "%d, \"torch_cpu_per_wall\": %.3f, \"ratio_to_torch\": %.3f, "
              "\"omp_wait_policy\": \"%.20s\"",
-             torch_ms, torch_threads, plain * 1e3 / torch_ms, wait ? wait : "default");
+             t->ms, t->threads, t->openblas_threads, t->cpu_per_wall, plain * 1e3 / t->ms,
+             wait ? wait : "default");
   else
     snprintf(out, size, "\"torch\": \"%s\", \"omp_wait_policy\": \"%.20s\"",
              !use_torch ? "not run"
@@ -279,16 +302,15 @@ int main(int argc, char **argv) {
   good = good && timed(&c, small ? 100 : kind == MODEL_RESNET ? 1 : 2) > 0;
   clpar_memory_stats m0, m1;
   clpar_device_memory_stats(c.dev, &m0);
-  double plain = -1;
+  double plain = -1, cpu0 = cpu_seconds(), wall0 = now_seconds();
   good = good && best_of(&c, steps, rounds, &plain);
+  double cpu_per_wall = (cpu_seconds() - cpu0) / (now_seconds() - wall0);
   clpar_device_memory_stats(c.dev, &m1);
   const char *python = use_torch && good ? find_python() : NULL;
-  double torch_ms = -1;
-  int torch_threads = 0;
-  if (python && !run_torch(python, model_names[kind], steps, rounds, torch_threads_want, &torch_ms,
-                           &torch_threads)) {
+  torch_run tr = {.ms = -1};
+  if (python && !run_torch(python, model_names[kind], steps, rounds, torch_threads_want, &tr)) {
     fprintf(stderr, "bench/torch_step.py failed under %s\n", python);
-    torch_ms = -1;
+    tr.ms = -1;
   }
   if (use_torch && !python) fprintf(stderr, "PyTorch is missing: no python3 here imports torch\n");
   good = good && best_of(&c, steps, rounds, &plain); /* clpar again, after PyTorch */
@@ -301,11 +323,11 @@ int main(int argc, char **argv) {
     clpar_device_profile_stop(c.dev);
   }
   if (good) {
-    char torch_part[256], torch_ips[64] = "";
-    if (torch_ms > 0 && kind == MODEL_RESNET)
+    char torch_part[384], torch_ips[64] = "";
+    if (tr.ms > 0 && kind == MODEL_RESNET)
       snprintf(torch_ips, sizeof torch_ips, ", \"torch_images_per_s\": %.2f",
-               RESNET_BATCH * 1e3 / torch_ms);
-    torch_fields(torch_part, sizeof torch_part, torch_ms, torch_threads, plain, use_torch, python);
+               RESNET_BATCH * 1e3 / tr.ms);
+    torch_fields(torch_part, sizeof torch_part, &tr, plain, use_torch, python);
     if (kind == MODEL_RESNET) {
       printf(
           "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"ResNet-50\", "
@@ -318,8 +340,9 @@ int main(int argc, char **argv) {
       printf(
           "{\"bench\": \"train_step\", \"device\": \"%s\", \"model\": \"GPT 4x4x128\", "
           "\"block\": %d, \"batch\": %d, \"optimizer\": \"AdamW\", \"steps\": %d, "
-          "\"rounds\": %d, \"ms_per_step\": %.2f, \"peak_bytes_in_use\": %llu, %s}\n",
-          clpar_device_id(c.dev), GPT_BLOCK, GPT_BATCH, steps, rounds, plain * 1e3,
+          "\"rounds\": %d, \"ms_per_step\": %.2f, \"cpu_per_wall\": %.3f, "
+          "\"peak_bytes_in_use\": %llu, %s}\n",
+          clpar_device_id(c.dev), GPT_BLOCK, GPT_BATCH, steps, rounds, plain * 1e3, cpu_per_wall,
           (unsigned long long)m1.peak_bytes_in_use, torch_part);
     } else if (small) {
       printf(

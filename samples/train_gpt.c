@@ -5,8 +5,10 @@
  * clipped to a global norm of 1. A progress line (loss, learning rate, tokens/s) goes to stderr
  * every --log-interval iterations; every --eval-interval iterations (and at the end) the
  * validation loss over --eval-batches fixed batches is printed and a training checkpoint is
- * saved to --ckpt; --resume continues from it (model, AdamW state, iteration, and from those
- * the learning rate and the loader's position, so the run continues bit for bit). At the end
+ * saved to --ckpt (and at the end the wall time, what evaluations and checkpoints took of it
+ * and the process's CPU time go to stderr); --resume continues from it (model, AdamW state,
+ * iteration, and from those the learning rate and the loader's position, so the run continues
+ * bit for bit). At the end
  * the model writes --sample-len characters after a newline: greedy with --temperature 0, else
  * sampled from softmax(logits / temperature) restricted to the --top-k likeliest characters.
  *
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loss_plot.h"
@@ -294,10 +297,12 @@ static int generate(run *r, const options *o) {
   return ok;
 }
 
-/* Iterations from *it to the end (or --stop-at): progress lines, evaluations, checkpoints. */
+/* Iterations from *it to the end (or --stop-at): progress lines, evaluations, checkpoints;
+ * at the end, where the wall time went and the CPU time of the process (every thread). */
 static int train(run *r, options *o, int64_t it) {
   int64_t end = o->stop_at > 0 && o->stop_at < o->iters ? o->stop_at : o->iters;
-  double t0 = now_seconds();
+  double t0 = now_seconds(), eval_s = 0, ckpt_s = 0;
+  clock_t cpu0 = clock();
   int64_t t0_it = it;
   int ok = 1;
   while (ok && it < end) {
@@ -314,14 +319,22 @@ static int train(run *r, options *o, int64_t it) {
       if (it == end) printf("iter %lld train loss %.9g\n", (long long)it, loss);
     }
     if (it % o->eval_interval == 0 || it == end) {
-      double val;
-      ok = evaluate(r, o->eval_batches, &val) &&
-           (!leader() ||
-            check(clpar_checkpoint_save(o->ckpt, r->model, r->opt, it, 0), "checkpoint"));
+      double val, te = now_seconds();
+      ok = evaluate(r, o->eval_batches, &val);
+      double tc = now_seconds();
+      ok = ok && (!leader() ||
+                  check(clpar_checkpoint_save(o->ckpt, r->model, r->opt, it, 0), "checkpoint"));
+      eval_s += tc - te, ckpt_s += now_seconds() - tc;
       if (ok && leader()) printf("iter %lld val loss %.9g\n", (long long)it, val);
       fflush(stdout);
     }
   }
+  if (ok && leader())
+    fprintf(stderr,
+            "wall %.1f s for %lld iterations (evaluations %.1f s, checkpoints %.1f s), CPU %.1f "
+            "s\n",
+            now_seconds() - t0, (long long)(it - t0_it), eval_s, ckpt_s,
+            (double)(clock() - cpu0) / CLOCKS_PER_SEC);
   return ok;
 }
 

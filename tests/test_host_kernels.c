@@ -63,12 +63,15 @@ static void test_strided_copies(void **state) {
 }
 
 /* softmax of rows of cols against exp(x - max) / sum in double, summed in the row's order:
- * equal bits. */
-static void check_softmax(int64_t rows, int64_t cols) {
+ * equal bits. causal: row r's columns after r % cols are -inf (a causal mask's rows). */
+static void check_softmax(int64_t rows, int64_t cols, int causal) {
   clpar_scope *scope = clpar_scope_begin();
   size_t n = (size_t)(rows * cols);
   float *h = tu_rand(n, 7);
-  for (size_t i = 0; i < n; i++) h[i] *= 20.0f;
+  for (size_t i = 0; i < n; i++)
+    h[i] = causal && (int64_t)(i % (size_t)cols) > (int64_t)(i / (size_t)cols) % cols
+               ? -INFINITY
+               : h[i] * 20.0f;
   clpar_tensor *x, *y;
   tu_ok(clpar_tensor_from_host(tu_host(), 2, (int64_t[]){rows, cols}, h, &x));
   tu_ok(clpar_softmax(x, &y));
@@ -92,9 +95,13 @@ static void check_softmax(int64_t rows, int64_t cols) {
 
 static void test_softmax_rows(void **state) {
   (void)state;
-  check_softmax(5, 64);
-  check_softmax(3, 1024);
-  check_softmax(2, 1500);
+  check_softmax(5, 64, 0);
+  check_softmax(3, 1024, 0);
+  check_softmax(2, 1500, 0);
+  check_softmax(4, 67, 0); /* groups of four and a tail */
+  check_softmax(2, 3, 0);  /* shorter than a group */
+  check_softmax(64, 64, 1);
+  check_softmax(70, 35, 1);
 }
 
 /* GELU (erf form) and its derivative over n elements from -8 to 8 (some exact values among
@@ -149,26 +156,73 @@ static void test_layernorm_param_grads(void **state) {
   tu_ok(clpar_backward(s));
   float *dw = tu_read(clpar_tensor_grad(clpar_module_parameter(ln, "weight")));
   float *db = tu_read(clpar_tensor_grad(clpar_module_parameter(ln, "bias")));
-  float m[R], rs[R];
+  float m[R], rs[R]; /* the row statistics in double, rounded (the kernel sums in lanes) */
   for (int r = 0; r < R; r++) {
-    float sum = 0.0f, v = 0.0f;
+    double sum = 0.0, v = 0.0;
     for (int c = 0; c < C; c++) sum += h[r * C + c];
-    m[r] = sum / (float)C;
-    for (int c = 0; c < C; c++) v += (h[r * C + c] - m[r]) * (h[r * C + c] - m[r]);
-    rs[r] = 1.0f / sqrtf(v / (float)C + 1e-5f);
+    m[r] = (float)(sum / C);
+    for (int c = 0; c < C; c++) v += ((double)h[r * C + c] - m[r]) * ((double)h[r * C + c] - m[r]);
+    rs[r] = (float)(1.0 / sqrt(v / C + 1e-5));
   }
-  for (int c = 0; c < C; c++) {
-    float sw = 0.0f, sb = 0.0f;
+  for (int c = 0; c < C; c++) { /* db: equal bits; dw within the statistics' rounding */
+    float sw = 0.0f, sb = 0.0f, size = 0.0f;
     for (int r = 0; r < R; r++) {
       sw += gh[r * C + c] * ((h[r * C + c] - m[r]) * rs[r]);
+      size += fabsf(gh[r * C + c] * ((h[r * C + c] - m[r]) * rs[r]));
       sb += gh[r * C + c];
     }
-    if (dw[c] != sw || db[c] != sb)
+    if (fabsf(dw[c] - sw) > 1e-5f * size || db[c] != sb)
       fail_msg("layernorm column %d: dw %.9g db %.9g, want %.9g and %.9g", c, dw[c], db[c], sw, sb);
   }
   free(h), free(gh), free(dw), free(db);
   clpar_module_free(ln);
   clpar_scope_end(scope);
+}
+
+/* LayerNorm over rows of cols (mean far from 0) against the formulas in double: y and the
+ * input's gradient within a few float roundings. */
+static void check_layernorm(int64_t rows, int64_t cols) {
+  clpar_scope *scope = clpar_scope_begin();
+  size_t n = (size_t)(rows * cols);
+  float *h = tu_rand(n, 13), *gh = tu_rand(n, 14);
+  for (size_t i = 0; i < n; i++) h[i] = 3.0f * h[i] + 5.0f;
+  clpar_module *ln;
+  clpar_tensor *x, *g, *y, *yg, *s;
+  tu_ok(clpar_layernorm_create(cols, 1e-5f, 0, tu_host(), &ln));
+  tu_ok(clpar_tensor_from_host(tu_host(), 2, (int64_t[]){rows, cols}, h, &x));
+  tu_ok(clpar_tensor_set_requires_grad(x, 1));
+  tu_ok(clpar_tensor_from_host(tu_host(), 2, (int64_t[]){rows, cols}, gh, &g));
+  tu_ok(clpar_module_forward(ln, x, &y));
+  tu_ok(clpar_mul(y, g, &yg)); /* d(sum(y g))/dy = g */
+  tu_ok(clpar_sum(yg, &s));
+  tu_ok(clpar_backward(s));
+  float *got = tu_read(y), *dx = tu_read(clpar_tensor_grad(x));
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = h + r * cols, *gr = gh + r * cols;
+    double m = 0, v = 0, sg = 0, sgx = 0;
+    for (int64_t c = 0; c < cols; c++) m += xr[c];
+    m /= (double)cols;
+    for (int64_t c = 0; c < cols; c++) v += (xr[c] - m) * (xr[c] - m);
+    double rs = 1.0 / sqrt(v / (double)cols + 1e-5);
+    for (int64_t c = 0; c < cols; c++) sg += gr[c], sgx += gr[c] * (xr[c] - m) * rs;
+    for (int64_t c = 0; c < cols; c++) {
+      double xh = (xr[c] - m) * rs, want_dx = rs * (gr[c] - sg / cols - xh * sgx / cols);
+      if (fabs(got[r * cols + c] - xh) > 1e-5 || fabs(dx[r * cols + c] - want_dx) > 1e-5 * rs)
+        fail_msg("layernorm of rows of %lld at [%lld, %lld]: y %.9g dx %.9g, want %.9g and %.9g",
+                 (long long)cols, (long long)r, (long long)c, got[r * cols + c], dx[r * cols + c],
+                 xh, want_dx);
+    }
+  }
+  free(h), free(gh), free(got), free(dx);
+  clpar_module_free(ln);
+  clpar_scope_end(scope);
+}
+
+static void test_layernorm_rows(void **state) {
+  (void)state;
+  check_layernorm(9, 128); /* the GPT's width */
+  check_layernorm(5, 67);  /* lanes and a tail */
+  check_layernorm(3, 3);   /* shorter than a lane group */
 }
 
 /* The host's Adam entry, both kinds of weight decay, two steps over a length with a vector
@@ -231,6 +285,7 @@ int main(void) {
       cmocka_unit_test_setup(test_softmax_rows, grad_on),
       cmocka_unit_test_setup(test_gelu_erf, grad_on),
       cmocka_unit_test_setup(test_layernorm_param_grads, grad_on),
+      cmocka_unit_test_setup(test_layernorm_rows, grad_on),
       cmocka_unit_test_setup(test_adam_step, grad_on),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);

@@ -172,11 +172,37 @@ static void binary_row(clpar_binary_kind kind, size_t cols, const float *x, cons
   }
 }
 
+/* x op v over n elements: a one-column broadcast (a tensor scaled by a factor on the device)
+ * without a call per element. */
+static void binary_scalar(clpar_binary_kind kind, size_t n, const float *x, float v, float *o) {
+  switch (kind) {
+    case CLPAR_BINARY_ADD:
+      for (size_t i = 0; i < n; i++) o[i] = x[i] + v;
+      break;
+    case CLPAR_BINARY_SUB:
+      for (size_t i = 0; i < n; i++) o[i] = x[i] - v;
+      break;
+    case CLPAR_BINARY_MUL:
+      for (size_t i = 0; i < n; i++) o[i] = x[i] * v;
+      break;
+    case CLPAR_BINARY_DIV:
+      for (size_t i = 0; i < n; i++) o[i] = x[i] / v;
+      break;
+  }
+}
+
 static clpar_status host_binary(void *dev, clpar_binary_kind kind, size_t rows, size_t cols,
                                 clpar_bref a, clpar_bref b, size_t b_rows, clpar_bref out) {
   (void)dev;
   const float *pa = at(a), *pb = at(b);
   float *po = at(out);
+  if (b_rows == 1 && cols == 1) {
+    float v = pb[0]; /* read before out (which may be b) is written */
+#pragma omp parallel for if (rows > CLPAR_HOST_PAR) schedule(static)
+    for (size_t i = 0; i < rows; i += 4096)
+      binary_scalar(kind, rows - i < 4096 ? rows - i : 4096, pa + i, v, po + i);
+    return CLPAR_OK;
+  }
   if (b_rows != 1) { /* same shape: one flat loop, however the rows fall */
     size_t n = rows * cols;
 #pragma omp parallel for if (n > CLPAR_HOST_PAR) schedule(static)
@@ -526,8 +552,8 @@ static clpar_status host_softmax(void *dev, int take_log, size_t rows, size_t co
     for (size_t c = 1; c < cols; c++) max = x[c] > max ? x[c] : max;
     double sum = 0.0, e[SOFTMAX_KEEP]; /* a short row's exps, kept for the second pass */
     int keep = !take_log && cols <= SOFTMAX_KEEP;
-    for (size_t c = 0; c < cols; c++) {
-      double v = exp((double)x[c] - max);
+    for (size_t c = 0; c < cols; c++) { /* a masked (-inf) entry's exp is 0: no call */
+      double v = x[c] == -INFINITY ? 0.0 : exp((double)x[c] - max);
       if (keep) e[c] = v;
       sum += v;
     }

@@ -56,9 +56,11 @@ clpar_status clpar_host_layernorm(void *dev, size_t rows, size_t cols, float eps
 #pragma omp parallel for if (rows * cols > HOST_PAR) schedule(static)
   for (size_t r = 0; r < rows; r++) {
     const float *row = px + r * cols;
-    float s = 0.0f, v = 0.0f;
+    float s = 0.0f, v = 0.0f; /* the row's sums in vector lanes, not one chain of adds */
+#pragma omp simd reduction(+ : s)
     for (size_t c = 0; c < cols; c++) s += row[c];
     float m = s / (float)cols;
+#pragma omp simd reduction(+ : v)
     for (size_t c = 0; c < cols; c++) v += (row[c] - m) * (row[c] - m);
     float rs = 1.0f / sqrtf(v / (float)cols + eps);
     pm[r] = m;
@@ -99,16 +101,17 @@ clpar_status clpar_host_layernorm_backward(void *dev, size_t rows, size_t cols, 
 #pragma omp parallel for if (rows * cols > HOST_PAR) schedule(static)
     for (size_t r = 0; r < rows; r++) {
       const float *row = px + r * cols, *grow = pg + r * cols;
-      float sh = 0.0f, shx = 0.0f;
+      float sh = 0.0f, shx = 0.0f, m = pm[r], rs = pr[r];
+#pragma omp simd reduction(+ : sh, shx)
       for (size_t c = 0; c < cols; c++) {
         float h = pw ? grow[c] * pw[c] : grow[c];
         sh += h;
-        shx += h * (row[c] - pm[r]) * pr[r];
+        shx += h * (row[c] - m) * rs;
       }
       float mh = sh / (float)cols, mhx = shx / (float)cols;
       for (size_t c = 0; c < cols; c++) {
         float h = pw ? grow[c] * pw[c] : grow[c];
-        pdx[r * cols + c] = pr[r] * (h - mh - (row[c] - pm[r]) * pr[r] * mhx);
+        pdx[r * cols + c] = rs * (h - mh - (row[c] - m) * rs * mhx);
       }
     }
   }

@@ -31,14 +31,25 @@ static clpar_status forward_2d(clpar_module *self, const char *child, clpar_tens
   return s;
 }
 
-/* [B, T, C] to [B, H, T, D]. */
-static clpar_status split_heads(clpar_tensor *t, int64_t h, clpar_tensor **out) {
-  int64_t b = t->shape[0], tt = t->shape[1], c = t->shape[2], s4[4] = {b, tt, h, c / h};
-  static const int perm[4] = {0, 2, 1, 3};
-  clpar_tensor *v = NULL;
-  clpar_status s = clpar_tensor_reshape(t, 4, s4, &v);
-  if (s == CLPAR_OK) s = clpar_permute(v, perm, 4, out);
+/* The fused QKV projection [B, T, 3C] to q, k and v, each [B, H, T, D]: one permute to
+ * [3, B, H, T, D], then views of its three blocks. One copy each way (the blocks' gradients
+ * land in the permuted gradient's rows in place), where a split along C and a permute per
+ * part would copy twice and, in backward, zero-fill and add a [B, T, 3C] gradient per part. */
+static clpar_status split_heads(clpar_tensor *qkv, int64_t h, clpar_tensor **heads) {
+  int64_t b = qkv->shape[0], t = qkv->shape[1], d = qkv->shape[2] / 3 / h;
+  int64_t s5[5] = {b, t, 3, h, d}, s4[4] = {b, h, t, d};
+  static const int perm[5] = {2, 0, 3, 1, 4};
+  clpar_tensor *v = NULL, *p = NULL;
+  clpar_status s = clpar_tensor_reshape(qkv, 5, s5, &v);
+  if (s == CLPAR_OK) s = clpar_permute(v, perm, 5, &p);
+  for (int i = 0; i < 3 && s == CLPAR_OK; i++) {
+    clpar_tensor *part = NULL;
+    s = clpar_tensor_rows(p, i, 1, &part);
+    if (s == CLPAR_OK) s = clpar_tensor_reshape(part, 4, s4, &heads[i]);
+    clpar_tensor_free(part);
+  }
   clpar_tensor_free(v);
+  clpar_tensor_free(p);
   return s;
 }
 
@@ -73,13 +84,12 @@ static clpar_status attn_forward(clpar_module *self, clpar_tensor *x, clpar_tens
   int64_t c = st->c.n_embd, h = st->c.n_head;
   clpar_status s = check_btc("CausalSelfAttention", x, c);
   if (s != CLPAR_OK) return s;
-  clpar_tensor *qkv = NULL, *parts[3] = {NULL, NULL, NULL}, *heads[3] = {NULL, NULL, NULL};
+  clpar_tensor *qkv = NULL, *heads[3] = {NULL, NULL, NULL};
   clpar_tensor *o = NULL, *ot = NULL, *proj = NULL;
-  int64_t sizes[3] = {c, c, c}, s3[3] = {x->shape[0], x->shape[1], c};
+  int64_t s3[3] = {x->shape[0], x->shape[1], c};
   static const int perm[4] = {0, 2, 1, 3};
   s = forward_2d(self, "c_attn", x, &qkv);
-  if (s == CLPAR_OK) s = clpar_split_dim(qkv, 2, sizes, 3, parts);
-  for (int i = 0; i < 3 && s == CLPAR_OK; i++) s = split_heads(parts[i], h, &heads[i]);
+  if (s == CLPAR_OK) s = split_heads(qkv, h, heads);
   if (s == CLPAR_OK) s = attend(self, heads[0], heads[1], heads[2], &o);
   if (s == CLPAR_OK) s = clpar_permute(o, perm, 4, &ot);
   clpar_tensor *merged = NULL;
@@ -88,7 +98,7 @@ static clpar_status attn_forward(clpar_module *self, clpar_tensor *x, clpar_tens
   if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "resid_dropout"), proj, y);
   clpar_tensor_free(qkv), clpar_tensor_free(o), clpar_tensor_free(ot);
   clpar_tensor_free(merged), clpar_tensor_free(proj);
-  for (int i = 0; i < 3; i++) clpar_tensor_free(parts[i]), clpar_tensor_free(heads[i]);
+  for (int i = 0; i < 3; i++) clpar_tensor_free(heads[i]);
   return s;
 }
 

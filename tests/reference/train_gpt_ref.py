@@ -7,18 +7,40 @@ data/shakespeare.txt.gz with train_gpt's vocabulary (the sorted distinct bytes) 
 (the first 90% for training). Batches are random windows (torch.randint, seeded: nanoGPT's
 get_batch); the validation loss is the mean over --eval-batches batches, the same ones at
 every evaluation (as train_gpt's). Prints "iter N val loss X" every --eval-interval
-iterations and at the end, and the wall time of the training loop (evaluations included).
+iterations and at the end, and the wall time of the training loop (evaluations included), of
+its evaluations, and the process's CPU seconds over it. --threads N holds PyTorch to N
+threads in every pool it computes on: Debian's torch links the pthread build of OpenBLAS,
+whose thread count torch.set_num_threads does not set (one per core unless OPENBLAS_NUM_THREADS
+or OMP_NUM_THREADS says otherwise when it loads), so N goes into those variables before torch
+is imported.
 
   /usr/bin/python3 tests/reference/train_gpt_ref.py --iters 2000 --eval-batches 200
 """
 import argparse
+import ctypes
 import gzip
 import os
 import time
 
-import torch
 
-from gpt_model import GPT, GPTConfig, get_lr
+def pin_threads(n):
+    """Imports torch with n threads in every pool it computes on (n <= 0: its defaults)."""
+    if n > 0:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(n)
+    import torch
+    if n > 0:
+        torch.set_num_threads(n)
+        torch.set_num_interop_threads(n)
+    return torch
+
+
+def openblas_threads():
+    """The thread count of the OpenBLAS torch loaded, or None when it is not OpenBLAS."""
+    try:
+        return int(ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD).openblas_get_num_threads())
+    except (OSError, AttributeError):
+        return None
 
 
 def main():
@@ -32,8 +54,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     args = ap.parse_args()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    torch = pin_threads(args.threads)
+    from gpt_model import GPT, GPTConfig, get_lr
     with open(args.data, "rb") as f:
         raw = f.read()
     data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
@@ -60,16 +82,21 @@ def main():
     for _ in range(args.eval_batches):
         val_batches.append(get_batch(val, val_gen))
 
+    eval_s = [0.0]
+
     @torch.no_grad()
     def evaluate():
+        t = time.perf_counter()
         model.eval()
         loss = sum(model(x, y)[1].item() for x, y in val_batches) / len(val_batches)
         model.train()
+        eval_s[0] += time.perf_counter() - t
         return loss
 
-    print("%d characters, vocabulary %d; torch %s, %d threads" % (
-        len(tokens), len(vocab), torch.__version__, torch.get_num_threads()), flush=True)
-    t0 = time.perf_counter()
+    print("%d characters, vocabulary %d; torch %s, %d threads, OpenBLAS %s threads" % (
+        len(tokens), len(vocab), torch.__version__, torch.get_num_threads(), openblas_threads()),
+        flush=True)
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for it in range(args.iters):
         for g in opt.param_groups:
             g["lr"] = get_lr(it, 1e-3, 100, args.iters, 1e-4)
@@ -85,7 +112,9 @@ def main():
                   flush=True)
         if done % args.eval_interval == 0 or done == args.iters:
             print("iter %d val loss %.9g" % (done, evaluate()), flush=True)
-    print("wall %.1f s for %d iterations" % (time.perf_counter() - t0, args.iters), flush=True)
+    wall = time.perf_counter() - t0
+    print("wall %.1f s for %d iterations (evaluations %.1f s), CPU %.1f s" % (
+        wall, args.iters, eval_s[0], time.process_time() - cpu0), flush=True)
 
 
 if __name__ == "__main__":
