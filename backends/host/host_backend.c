@@ -711,6 +711,11 @@ static clpar_status host_linear_act_backward(void *dev, clpar_act_kind act, size
   return s;
 }
 
+/* No prepared launches: a replay calls the entries (docs/graphs.md). */
+#define host_prepare_begin NULL
+#define host_prepare_end NULL
+#define host_prepare_run NULL
+#define host_prepare_free NULL
 #define CLPAR_BE_PREFIX_ host
 static const clpar_backend_iface host_iface = CLPAR_BACKEND_TABLE("host");
 

@@ -37,6 +37,7 @@ struct clpar_capture { /* one device's recording */
   size_t n, cap;
   patch *patches;
   size_t n_patches, cap_patches;
+  clpar_prepared_list prep; /* the backend's prepared launches for cmds (capture_prepared.c) */
 };
 
 typedef struct {
@@ -111,7 +112,11 @@ void clpar_capture_allow(int on) {
   allowed = on;
 }
 
-void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
+clpar_prepared_list *clpar_capture_prepared(clpar_capture *c) {
+  return &c->prep;
+}
+
+size_t clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
   if (c->n == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 256;
     clpar_command *grown = realloc(c->cmds, cap * sizeof *grown);
@@ -120,7 +125,7 @@ void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
       fail_locked(c->graph, CLPAR_ERROR_OUT_OF_MEMORY,
                   "clpar_graph_capture: out of host memory for the commands");
       pthread_mutex_unlock(&graphs_lock);
-      return;
+      return SIZE_MAX;
     }
     c->cmds = grown;
     c->cap = cap;
@@ -128,6 +133,7 @@ void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
   c->cmds[c->n++] = *cmd;
   if (cmd->op == CLPAR_OP_WAIT || cmd->op == CLPAR_OP_SIGNAL) /* ids are given by address */
     clpar_event_retain(cmd->u.event);
+  return c->n - 1;
 }
 
 int clpar_capture_active(const clpar_device *dev) {
@@ -572,6 +578,7 @@ static void graph_free(clpar_graph *g) {
     for (size_t i = 0; i < c->n_patches; i++)
       if (c->patches[i].free_user) c->patches[i].free_user(c->patches[i].user);
     free(c->patches);
+    clpar_prepared_release(&c->prep, c->dev);
     free(c->cmds);
   }
   for (size_t i = 0; i < g->n_stage; i++) free(g->stage[i]);
@@ -588,6 +595,11 @@ static void graph_free(clpar_graph *g) {
 /* After the capture run: the pool sorted, the external buffers and the events listed. */
 static void finish_locked(clpar_graph *g) {
   g->capturing = 0;
+  for (int d = 0; d < g->n_recs; d++) { /* patched commands keep the entry: their args change */
+    clpar_capture *c = &g->recs[d];
+    clpar_prepared_apply(&c->prep, c->cmds, c->n);
+    for (size_t i = 0; i < c->n_patches; i++) c->cmds[c->patches[i].index].prepared = NULL;
+  }
   qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
   clpar_status s = list_external_locked(g);
   if (s == CLPAR_OK) s = number_events(g);
@@ -777,6 +789,9 @@ void clpar_capture_shutdown(void) {
       if (!g->pool[i].in_use)
         clpar_allocator_recache(g->pool[i].dev, g->pool[i].buf, g->pool[i].size);
     g->n_pool = 0;
-    for (int d = 0; d < g->n_recs; d++) g->recs[d].dev = NULL;
+    for (int d = 0; d < g->n_recs; d++) { /* stale: the commands are never posted again */
+      clpar_prepared_release(&g->recs[d].prep, g->recs[d].dev);
+      g->recs[d].dev = NULL;
+    }
   }
 }

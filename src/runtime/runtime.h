@@ -79,6 +79,7 @@ struct clpar_device {
    * per entry, entry e at bit e % 64 of word e / 64 (clpar_entry_set). */
   uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
   uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
+  uint64_t prepared_runs;  /* atomic: a graph's prepared launches run (tests check the path) */
   /* the recording this device's posts join while a graph is captured (src/runtime/capture.c),
    * NULL otherwise; atomic */
   struct clpar_capture *capture;
@@ -154,6 +155,11 @@ typedef struct clpar_sync_result clpar_sync_result; /* where a waited-for comman
 typedef struct clpar_command {
   int op;
   clpar_sync_result *result; /* NULL: errors go to the device's first error */
+  /* The ring's copy of a command posted while its device captures: the worker asks the backend
+   * to prepare its launch for the graph's command capture_index (capture_prepared.c). */
+  struct clpar_capture *capture;
+  size_t capture_index;
+  void *prepared; /* a graph's command: the backend's prepared launch, run instead of the entry */
   union {
 #define CLPAR_ARGS_MEMBER_(name, kind, required) clpar_args_##name name;
     CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_MEMBER_)
@@ -369,7 +375,8 @@ extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
  * device come from the graph's pool, and buffers freed there go back to it (allocator.c asks
  * clpar_capture_take and clpar_capture_give first). */
 typedef struct clpar_capture clpar_capture;
-void clpar_capture_record(clpar_capture *c, const clpar_command *cmd);
+/* Appends cmd to c's list; its index there, or SIZE_MAX when out of memory (the capture fails). */
+size_t clpar_capture_record(clpar_capture *c, const clpar_command *cmd);
 /* CLPAR_OK when dev is not capturing or op may be recorded; else the refusal (the capture
  * fails with it). */
 clpar_status clpar_capture_check_op(clpar_device *dev, int op);
@@ -395,6 +402,33 @@ void clpar_allocator_recache(clpar_device *dev, void *buf, size_t capacity);
 /* At clpar_shutdown, before the allocators go: every graph gives back its free blocks and can
  * only be destroyed. */
 void clpar_capture_shutdown(void);
+
+/* ---- prepared launches (src/runtime/capture_prepared.c) ----
+ * On a backend with the prepare_* entries, each command of a capture run is run between
+ * prepare_begin and prepare_end, and the launch the backend prepares (its kernels with their
+ * arguments set) is kept for the graph's command; a replay runs it instead of the entry.
+ * Patched commands (their arguments change per replay) keep the entry path. */
+typedef struct clpar_prepared_list {
+  size_t *index; /* of the command in its device's list */
+  void **launch;
+  size_t n, cap;
+} clpar_prepared_list;
+/* The list of c's prepared launches (guarded by the capture's own lock in capture_prepared.c). */
+clpar_prepared_list *clpar_capture_prepared(clpar_capture *c);
+/* Whether commands posted to dev while it captures are to be prepared. */
+int clpar_prepared_wanted(const clpar_device *dev);
+/* The worker's run of a command of a capture run: run(dev, c) between the backend's
+ * prepare_begin and prepare_end, its launch kept in the capture's list. */
+clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
+                                   clpar_status (*run)(clpar_device *, clpar_command *));
+/* Runs a replayed command's prepared launch (counted in dev->prepared_runs). */
+clpar_status clpar_prepared_run(clpar_device *dev, void *launch);
+/* Sets cmds[index].prepared from the list, once the capture run has run. */
+void clpar_prepared_apply(clpar_prepared_list *l, clpar_command *cmds, size_t n);
+/* Releases the list's launches on dev's backend. */
+void clpar_prepared_release(clpar_prepared_list *l, clpar_device *dev);
+/* For tests only: 1 captures without prepared launches (replays call every entry), 0 restores. */
+void clpar_prepared_force_off(int off);
 
 /* The scalar arguments a patch may rewrite before each replay, by the command's entry. */
 typedef union clpar_patch_args {

@@ -138,6 +138,8 @@ static clpar_status run_command(clpar_device *dev, command *c) {
       return s;
     }
     default:
+      if (c->prepared) return clpar_prepared_run(dev, c->prepared); /* a replay's */
+      if (c->capture) return clpar_prepared_record(dev, c, run_entry);
       return run_entry(dev, c);
   }
 }
@@ -197,11 +199,16 @@ static clpar_status post(clpar_device *dev, const command *c, uint64_t *ticket) 
   pthread_mutex_lock(&w->lock);
   clpar_status s = w->count == w->capacity ? ring_grow(w) : CLPAR_OK;
   if (s == CLPAR_OK) {
-    w->ring[(w->head + w->count) % w->capacity] = *c;
+    command *slot = &w->ring[(w->head + w->count) % w->capacity];
+    *slot = *c;
     w->count++;
     *ticket = ++w->posted;
     clpar_capture *cap = __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE);
-    if (cap) clpar_capture_record(cap, c); /* in the order the worker runs them */
+    size_t index = cap ? clpar_capture_record(cap, c) : SIZE_MAX; /* in the order run */
+    if (index != SIZE_MAX && clpar_prepared_wanted(dev)) {
+      slot->capture = cap;
+      slot->capture_index = index;
+    }
     pthread_cond_signal(&w->work);
   }
   pthread_mutex_unlock(&w->lock);
@@ -380,6 +387,8 @@ static int compose_now(clpar_device *dev, int entry) {
   static void pack_##name(command *cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {                  \
     cmd_->op = OP_##name;                                                                         \
     cmd_->result = NULL;                                                                          \
+    cmd_->capture = NULL;                                                                         \
+    cmd_->prepared = NULL;                                                                        \
     args_##name *args_ = &cmd_->u.name;                                                           \
     (void)args_;                                                                                  \
     CLPAR_BE_ARGS_##name(CLPAR_BE_STORE_)                                                         \

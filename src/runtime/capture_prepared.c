@@ -1,0 +1,81 @@
+/* capture_prepared.c — prepared launches for a captured graph's commands.
+ *
+ * A replay posts the graph's commands to the worker as they were recorded; for each command
+ * the backend could prepare during the capture run (its kernels made with their arguments
+ * already set: backend.h's prepare_* entries), the worker runs the prepared launch instead of
+ * calling the entry, which would set every argument again. Ordering is unchanged: the
+ * prepared launch takes its command's place in the list. Commands the backend cannot prepare
+ * (CLBlast's GEMMs, transfers, events) and patched ones run through their entry as ever. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "runtime.h"
+
+static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER; /* every capture's list */
+static int forced_off;                                        /* atomic */
+
+void clpar_prepared_force_off(int off) {
+  __atomic_store_n(&forced_off, off != 0, __ATOMIC_RELAXED);
+}
+
+int clpar_prepared_wanted(const clpar_device *dev) {
+  const clpar_backend_iface *f = dev->bd.iface;
+  return !__atomic_load_n(&forced_off, __ATOMIC_RELAXED) && f->prepare_begin && f->prepare_end &&
+         f->prepare_run && f->prepare_free;
+}
+
+static int list_add(clpar_prepared_list *l, size_t index, void *launch) {
+  pthread_mutex_lock(&list_lock);
+  int ok = l->n < l->cap;
+  if (!ok) {
+    size_t cap = l->cap ? 2 * l->cap : 256;
+    size_t *grown_i = realloc(l->index, cap * sizeof *grown_i);
+    if (grown_i) l->index = grown_i;
+    void **grown_l = grown_i ? realloc(l->launch, cap * sizeof *grown_l) : NULL;
+    if (grown_l) {
+      l->launch = grown_l;
+      l->cap = cap;
+      ok = 1;
+    }
+  }
+  if (ok) {
+    l->index[l->n] = index;
+    l->launch[l->n++] = launch;
+  }
+  pthread_mutex_unlock(&list_lock);
+  return ok;
+}
+
+clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
+                                   clpar_status (*run)(clpar_device *, clpar_command *)) {
+  const clpar_backend_iface *f = dev->bd.iface;
+  if (f->prepare_begin(dev->bd.ctx) != CLPAR_OK) return run(dev, c);
+  clpar_status s = run(dev, c);
+  void *launch = NULL;
+  clpar_status e = f->prepare_end(dev->bd.ctx, clpar_op_name(c->op), &launch);
+  if (launch && (s != CLPAR_OK || e != CLPAR_OK ||
+                 !list_add(clpar_capture_prepared(c->capture), c->capture_index, launch)))
+    f->prepare_free(dev->bd.ctx, launch); /* the replay calls the entry */
+  return s;
+}
+
+clpar_status clpar_prepared_run(clpar_device *dev, void *launch) {
+  __atomic_add_fetch(&dev->prepared_runs, 1, __ATOMIC_RELAXED);
+  return dev->bd.iface->prepare_run(dev->bd.ctx, launch);
+}
+
+void clpar_prepared_apply(clpar_prepared_list *l, clpar_command *cmds, size_t n) {
+  pthread_mutex_lock(&list_lock);
+  for (size_t i = 0; i < l->n; i++)
+    if (l->index[i] < n) cmds[l->index[i]].prepared = l->launch[i];
+  pthread_mutex_unlock(&list_lock);
+}
+
+void clpar_prepared_release(clpar_prepared_list *l, clpar_device *dev) {
+  pthread_mutex_lock(&list_lock);
+  for (size_t i = 0; dev && i < l->n; i++) dev->bd.iface->prepare_free(dev->bd.ctx, l->launch[i]);
+  free(l->index);
+  free(l->launch);
+  *l = (clpar_prepared_list){NULL, NULL, 0, 0};
+  pthread_mutex_unlock(&list_lock);
+}
