@@ -148,9 +148,8 @@ CLPAR_OCL_ENTRY_DECL_(prepare_free)
 #define ocl_prepare_run clpar_ocl_prepare_run
 #define ocl_prepare_free clpar_ocl_prepare_free
 /* Records the launch just enqueued (clpar_ocl_launch_locked) while the thread prepares one. */
-void clpar_ocl_prepare_launch(clpar_ocl_device *d, cl_kernel k, const char *name,
-                              const karg *args, int nargs, cl_uint dims, const size_t *global,
-                              const size_t *local);
+void clpar_ocl_prepare_launch(clpar_ocl_device *d, cl_kernel k, const char *name, const karg *args,
+                              int nargs, cl_uint dims, const size_t *global, const size_t *local);
 /* Marks the recording of d's entry as not preparable (an enqueue it cannot hold: CLBlast). */
 void clpar_ocl_prepare_foreign(clpar_ocl_device *d);
 /* ocl_launch.c */
