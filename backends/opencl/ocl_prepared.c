@@ -37,7 +37,8 @@ typedef struct {
 static _Thread_local recording rec; /* the worker's: entries run on one thread per device */
 
 /* Entries whose OpenCL implementation enqueues through clpar_ocl_launch_locked only (or
- * CLBlast, which marks the recording foreign). */
+ * CLBlast, which marks the recording foreign). The core keeps the commands it patches per
+ * replay (the optimizers' steps, dropout's masks) on the entry path. */
 static const char *const recordable[] = {"fill",
                                          "binary",
                                          "scale",
@@ -70,7 +71,10 @@ static const char *const recordable[] = {"fill",
                                          "embedding_backward",
                                          "layernorm",
                                          "layernorm_backward",
-                                         "half_convert"};
+                                         "half_convert",
+                                         "sgd_step",
+                                         "adam_step",
+                                         "dropout_mask"};
 
 static int is_recordable(const char *op) {
   for (size_t i = 0; op && i < sizeof recordable / sizeof *recordable; i++)
