@@ -243,7 +243,7 @@ static int cmp_voidp(const void *a, const void *b) {
 static pool_block *pool_find_locked(clpar_graph *g, const void *buf) {
   if (!g->capturing) {
     pool_block key = {(void *)buf, 0, NULL, 0};
-    return bsearch(&key, g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
+    return g->n_pool ? bsearch(&key, g->pool, g->n_pool, sizeof *g->pool, cmp_ptr) : NULL;
   }
   for (size_t i = 0; i < g->n_pool; i++)
     if (g->pool[i].buf == buf) return &g->pool[i];
@@ -271,7 +271,7 @@ int clpar_capture_give(clpar_device *dev, void *buf, size_t capacity, clpar_busy
   if (cg) /* made before the capture, freed in it: the graph's from now on */
     taken = pool_add_locked(cg, dev, buf, capacity, 0);
   for (clpar_graph *g = live; g && !taken; g = g->next)
-    if (!g->capturing && bsearch(&buf, g->ext, g->n_ext, sizeof *g->ext, cmp_voidp))
+    if (!g->capturing && g->n_ext && bsearch(&buf, g->ext, g->n_ext, sizeof *g->ext, cmp_voidp))
       mark_stale_locked(g,
                         "a buffer its commands use (a parameter, an input, optimizer state) "
                         "was freed after the capture");
@@ -600,7 +600,7 @@ static void finish_locked(clpar_graph *g) {
     clpar_prepared_apply(&c->prep, c->cmds, c->n);
     for (size_t i = 0; i < c->n_patches; i++) c->cmds[c->patches[i].index].prepared = NULL;
   }
-  qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
+  if (g->n_pool) qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr); /* NULL when empty */
   clpar_status s = list_external_locked(g);
   if (s == CLPAR_OK) s = number_events(g);
   if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
