@@ -713,8 +713,10 @@ static clpar_status post_all(clpar_graph *g) {
   if (s == CLPAR_OK) s = fresh_events(g);
   if (s != CLPAR_OK) return s;
   for (int d = 0; d < g->n_recs; d++) {
-    clpar_status e =
-        s == CLPAR_OK ? clpar_worker_post_batch(g->recs[d].dev, g->recs[d].cmds, g->recs[d].n) : s;
+    clpar_capture *c = &g->recs[d];
+    const clpar_command *cmds;
+    size_t n = clpar_prepared_pack(&c->prep, c->cmds, c->n, &cmds);
+    clpar_status e = s == CLPAR_OK ? clpar_worker_post_batch(c->dev, cmds, n) : s;
     if (e != CLPAR_OK) unposted(g, d, e);
     s = e;
   }

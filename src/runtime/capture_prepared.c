@@ -59,16 +59,41 @@ clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
   return s;
 }
 
-clpar_status clpar_prepared_run(clpar_device *dev, void *launch) {
-  __atomic_add_fetch(&dev->prepared_runs, 1, __ATOMIC_RELAXED);
-  return dev->bd.iface->prepare_run(dev->bd.ctx, launch);
+clpar_status clpar_prepared_run(clpar_device *dev, void *const *launch, size_t n) {
+  __atomic_add_fetch(&dev->prepared_runs, n, __ATOMIC_RELAXED);
+  clpar_status s = CLPAR_OK;
+  for (size_t i = 0; i < n && s == CLPAR_OK; i++)
+    s = dev->bd.iface->prepare_run(dev->bd.ctx, launch[i]);
+  return s;
 }
 
 void clpar_prepared_apply(clpar_prepared_list *l, clpar_command *cmds, size_t n) {
   pthread_mutex_lock(&list_lock);
   for (size_t i = 0; i < l->n; i++)
-    if (l->index[i] < n) cmds[l->index[i]].prepared = l->launch[i];
+    if (l->index[i] < n) cmds[l->index[i]].prepared = &l->launch[i];
   pthread_mutex_unlock(&list_lock);
+}
+
+size_t clpar_prepared_pack(clpar_prepared_list *l, const clpar_command *cmds, size_t n,
+                           const clpar_command **out) {
+  *out = cmds;
+  if (l->n < 2) return n;
+  if (!l->packed && !(l->packed = malloc(n * sizeof *l->packed))) return n;
+  size_t k = 0;
+  for (size_t i = 0; i < n; k++) {
+    size_t run = 1; /* consecutive commands' launches are consecutive in the list */
+    while (cmds[i].prepared && i + run < n && cmds[i + run].prepared == cmds[i].prepared + run)
+      run++;
+    l->packed[k] = cmds[i];
+    if (run > 1) {
+      l->packed[k].op = CLPAR_OP_PREPARED;
+      l->packed[k].u.prepared_run.launch = cmds[i].prepared;
+      l->packed[k].u.prepared_run.n = run;
+    }
+    i += run;
+  }
+  *out = l->packed;
+  return k;
 }
 
 void clpar_prepared_release(clpar_prepared_list *l, clpar_device *dev) {
@@ -76,6 +101,7 @@ void clpar_prepared_release(clpar_prepared_list *l, clpar_device *dev) {
   for (size_t i = 0; dev && i < l->n; i++) dev->bd.iface->prepare_free(dev->bd.ctx, l->launch[i]);
   free(l->index);
   free(l->launch);
-  *l = (clpar_prepared_list){NULL, NULL, 0, 0};
+  free(l->packed);
+  *l = (clpar_prepared_list){NULL, NULL, 0, 0, NULL};
   pthread_mutex_unlock(&list_lock);
 }

@@ -148,7 +148,8 @@ CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_STRUCT_)
 /* A command's op: a backend entry (CLPAR_ENTRY_<name>), or one of these. */
 enum {
   CLPAR_OP_WAIT = CLPAR_ENTRY_COUNT, /* u.event: wait for another device's event */
-  CLPAR_OP_SIGNAL /* u.event: record, complete the core event when the device has */
+  CLPAR_OP_SIGNAL,  /* u.event: record, complete the core event when the device has */
+  CLPAR_OP_PREPARED /* u.prepared_run: a replay's run of consecutive prepared launches */
 };
 
 typedef struct clpar_sync_result clpar_sync_result; /* where a waited-for command reports */
@@ -159,12 +160,17 @@ typedef struct clpar_command {
    * to prepare its launch for the graph's command capture_index (capture_prepared.c). */
   struct clpar_capture *capture;
   size_t capture_index;
-  void *prepared; /* a graph's command: the backend's prepared launch, run instead of the entry */
+  /* a graph's command: its prepared launch in the capture's list, run instead of the entry */
+  void **prepared;
   union {
 #define CLPAR_ARGS_MEMBER_(name, kind, required) clpar_args_##name name;
     CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_MEMBER_)
 #undef CLPAR_ARGS_MEMBER_
     clpar_event *event;
+    struct {
+      void **launch;
+      size_t n;
+    } prepared_run;
   } u;
 } clpar_command;
 
@@ -410,8 +416,9 @@ void clpar_capture_shutdown(void);
  * Patched commands (their arguments change per replay) keep the entry path. */
 typedef struct clpar_prepared_list {
   size_t *index; /* of the command in its device's list */
-  void **launch;
+  void **launch; /* in the order of the commands */
   size_t n, cap;
+  clpar_command *packed; /* what a replay posts (clpar_prepared_pack) */
 } clpar_prepared_list;
 /* The list of c's prepared launches (guarded by the capture's own lock in capture_prepared.c). */
 clpar_prepared_list *clpar_capture_prepared(clpar_capture *c);
@@ -421,10 +428,15 @@ int clpar_prepared_wanted(const clpar_device *dev);
  * prepare_begin and prepare_end, its launch kept in the capture's list. */
 clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
                                    clpar_status (*run)(clpar_device *, clpar_command *));
-/* Runs a replayed command's prepared launch (counted in dev->prepared_runs). */
-clpar_status clpar_prepared_run(clpar_device *dev, void *launch);
+/* Runs n prepared launches in order (counted in dev->prepared_runs). */
+clpar_status clpar_prepared_run(clpar_device *dev, void *const *launch, size_t n);
 /* Sets cmds[index].prepared from the list, once the capture run has run. */
 void clpar_prepared_apply(clpar_prepared_list *l, clpar_command *cmds, size_t n);
+/* What a replay posts for cmds[0 .. n): each run of consecutive prepared commands as one
+ * CLPAR_OP_PREPARED command (one pass of the worker's loop), the others as they are; *out
+ * and the count (cmds itself and n when nothing is merged or out of memory). */
+size_t clpar_prepared_pack(clpar_prepared_list *l, const clpar_command *cmds, size_t n,
+                           const clpar_command **out);
 /* Releases the list's launches on dev's backend. */
 void clpar_prepared_release(clpar_prepared_list *l, clpar_device *dev);
 /* For tests only: 1 captures without prepared launches (replays call every entry), 0 restores. */

@@ -29,7 +29,8 @@ enum {
   CLPAR_BACKEND_ENTRIES(OP_ENUM_)
 #undef OP_ENUM_
       OP_WAIT = CLPAR_OP_WAIT,
-  OP_SIGNAL = CLPAR_OP_SIGNAL
+  OP_SIGNAL = CLPAR_OP_SIGNAL,
+  OP_PREPARED = CLPAR_OP_PREPARED
 };
 
 static const char *const op_names[] = {
@@ -37,10 +38,10 @@ static const char *const op_names[] = {
     CLPAR_BACKEND_ENTRIES(OP_NAME_)
 #undef OP_NAME_
         "wait",
-    "signal"};
+    "signal", "prepared launches"};
 
 const char *clpar_op_name(int op) {
-  return op >= 0 && op <= OP_SIGNAL ? op_names[op] : "unknown";
+  return op >= 0 && op <= OP_PREPARED ? op_names[op] : "unknown";
 }
 
 /* Where a posted-and-waited command puts its result. */
@@ -137,8 +138,10 @@ static clpar_status run_command(clpar_device *dev, command *c) {
       clpar_event_release(c->u.event);
       return s;
     }
+    case OP_PREPARED: /* a replay's */
+      return clpar_prepared_run(dev, c->u.prepared_run.launch, c->u.prepared_run.n);
     default:
-      if (c->prepared) return clpar_prepared_run(dev, c->prepared); /* a replay's */
+      if (c->prepared) return clpar_prepared_run(dev, c->prepared, 1); /* a replay's */
       if (c->capture) return clpar_prepared_record(dev, c, run_entry);
       return run_entry(dev, c);
   }
