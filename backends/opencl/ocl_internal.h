@@ -72,6 +72,9 @@ typedef struct clpar_ocl_device {
   size_t scratch_bytes;
   /* The convolution's choices per shape and the implicit GEMM's kernels (ocl_conv_cache.c). */
   struct clpar_ocl_conv_state *conv;
+  /* The launches of the entry being prepared for a graph (ocl_prepared.c), NULL otherwise;
+   * used on the worker's thread only, as the entries are. */
+  struct clpar_ocl_recording *recording;
   /* Appended to every program's build options (ocl_program.c); guarded by prog_lock. */
   char options_suffix[64];
   int options_suffix_set;

@@ -28,13 +28,10 @@ typedef struct {
   cl_mem scratch; /* d->scratch when recorded (retained: a larger one may replace it) */
 } prepared;
 
-typedef struct {
-  clpar_ocl_device *d; /* NULL: not recording */
-  int foreign;         /* something the recording cannot hold was enqueued */
+typedef struct clpar_ocl_recording {
+  int foreign; /* something the recording cannot hold was enqueued */
   prepared p;
 } recording;
-
-static _Thread_local recording rec; /* the worker's: entries run on one thread per device */
 
 /* Entries whose OpenCL implementation enqueues through clpar_ocl_launch_locked only (or
  * CLBlast, which marks the recording foreign). The core keeps the commands it patches per
@@ -88,14 +85,17 @@ static void release_launches(prepared *p) {
 }
 
 clpar_status ocl_prepare_begin(void *dev) {
-  release_launches(&rec.p); /* an earlier recording left open */
-  rec.d = dev;
-  rec.foreign = 0;
+  clpar_ocl_device *d = dev;
+  recording *r = d->recording ? d->recording : calloc(1, sizeof *r);
+  if (!r) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl prepare_begin: no memory");
+  release_launches(&r->p); /* an earlier recording left open */
+  r->foreign = 0;
+  d->recording = r;
   return CLPAR_OK;
 }
 
 void clpar_ocl_prepare_foreign(clpar_ocl_device *d) {
-  if (rec.d == d) rec.foreign = 1;
+  if (d->recording) d->recording->foreign = 1;
 }
 
 /* A kernel of the graph's own for the launch just enqueued, its arguments set as k's. */
@@ -114,13 +114,14 @@ static cl_kernel kernel_copy(cl_kernel k, const char *name, const karg *args, in
 
 void clpar_ocl_prepare_launch(clpar_ocl_device *d, cl_kernel k, const char *name, const karg *args,
                               int nargs, cl_uint dims, const size_t *global, const size_t *local) {
-  if (rec.d != d || rec.foreign) return;
-  cl_kernel copy = rec.p.n < PREP_MAX && dims <= 3 ? kernel_copy(k, name, args, nargs) : NULL;
+  recording *r = d->recording;
+  if (!r || r->foreign) return;
+  cl_kernel copy = r->p.n < PREP_MAX && dims <= 3 ? kernel_copy(k, name, args, nargs) : NULL;
   if (!copy) {
-    rec.foreign = 1;
+    r->foreign = 1;
     return;
   }
-  prep_launch *l = &rec.p.l[rec.p.n++];
+  prep_launch *l = &r->p.l[r->p.n++];
   *l = (prep_launch){copy, dims, local != NULL, {0}, {0}};
   memcpy(l->global, global, dims * sizeof *global);
   if (local) memcpy(l->local, local, dims * sizeof *local);
@@ -128,16 +129,19 @@ void clpar_ocl_prepare_launch(clpar_ocl_device *d, cl_kernel k, const char *name
 
 clpar_status ocl_prepare_end(void *dev, const char *op, void **launch) {
   clpar_ocl_device *d = dev;
+  recording *r = d->recording;
   *launch = NULL;
-  int keep = rec.d == d && !rec.foreign && rec.p.n > 0 && is_recordable(op);
-  rec.d = NULL;
+  d->recording = NULL;
+  if (!r) return CLPAR_OK;
+  int keep = !r->foreign && r->p.n > 0 && is_recordable(op);
   prepared *p = keep ? malloc(sizeof *p) : NULL;
-  if (!p) {
-    release_launches(&rec.p);
-    return CLPAR_OK;
+  if (p) {
+    *p = r->p;
+    r->p.n = 0;
   }
-  *p = rec.p;
-  rec.p.n = 0;
+  release_launches(&r->p);
+  free(r);
+  if (!p) return CLPAR_OK;
   pthread_mutex_lock(&d->lock);
   p->scratch = d->scratch;
   if (p->scratch) clRetainMemObject(p->scratch);
