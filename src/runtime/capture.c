@@ -112,10 +112,6 @@ void clpar_capture_allow(int on) {
   allowed = on;
 }
 
-clpar_prepared_list *clpar_capture_prepared(clpar_capture *c) {
-  return &c->prep;
-}
-
 size_t clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
   if (c->n == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 256;
@@ -430,7 +426,10 @@ clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int n) {
   g->next = live;
   live = g;
   __atomic_add_fetch(&n_live, 1, __ATOMIC_RELEASE);
-  for (int i = 0; i < n; i++) __atomic_store_n(&devs[i]->capture, &g->recs[i], __ATOMIC_RELEASE);
+  for (int i = 0; i < n; i++) {
+    __atomic_store_n(&devs[i]->preparing, &g->recs[i].prep, __ATOMIC_RELEASE);
+    __atomic_store_n(&devs[i]->capture, &g->recs[i], __ATOMIC_RELEASE);
+  }
   pthread_mutex_unlock(&graphs_lock);
   return CLPAR_OK;
 }
@@ -595,11 +594,9 @@ static void graph_free(clpar_graph *g) {
 /* After the capture run: the pool sorted, the external buffers and the events listed. */
 static void finish_locked(clpar_graph *g) {
   g->capturing = 0;
-  for (int d = 0; d < g->n_recs; d++) { /* patched commands keep the entry: their args change */
-    clpar_capture *c = &g->recs[d];
-    clpar_prepared_apply(&c->prep, c->cmds, c->n);
-    for (size_t i = 0; i < c->n_patches; i++) c->cmds[c->patches[i].index].prepared = NULL;
-  }
+  for (int d = 0; d < g->n_recs; d++) /* patched commands keep the entry: their args change */
+    for (size_t i = 0; i < g->recs[d].n_patches; i++)
+      clpar_prepared_drop(&g->recs[d].prep, g->recs[d].dev, g->recs[d].patches[i].index);
   if (g->n_pool) qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr); /* NULL when empty */
   clpar_status s = list_external_locked(g);
   if (s == CLPAR_OK) s = number_events(g);
@@ -621,6 +618,7 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
                            "clpar_graph_capture_end: no capture in progress");
   for (int d = 0; d < g->n_recs; d++) { /* the capture run, and its errors */
     clpar_status s = clpar_device_synchronize(g->recs[d].dev);
+    __atomic_store_n(&g->recs[d].dev->preparing, NULL, __ATOMIC_RELEASE); /* all prepared */
     pthread_mutex_lock(&graphs_lock);
     if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
     pthread_mutex_unlock(&graphs_lock);

@@ -8,6 +8,7 @@
  * (CLBlast's GEMMs, transfers, events) and patched ones run through their entry as ever. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime.h"
 
@@ -53,8 +54,9 @@ clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
   clpar_status s = run(dev, c);
   void *launch = NULL;
   clpar_status e = f->prepare_end(dev->bd.ctx, clpar_op_name(c->op), &launch);
-  if (launch && (s != CLPAR_OK || e != CLPAR_OK ||
-                 !list_add(clpar_capture_prepared(c->capture), c->capture_index, launch)))
+  clpar_prepared_list *l = __atomic_load_n(&dev->preparing, __ATOMIC_ACQUIRE);
+  if (launch &&
+      (s != CLPAR_OK || e != CLPAR_OK || !l || !list_add(l, c->capture_index - 1, launch)))
     f->prepare_free(dev->bd.ctx, launch); /* the replay calls the entry */
   return s;
 }
@@ -67,30 +69,38 @@ clpar_status clpar_prepared_run(clpar_device *dev, void *const *launch, size_t n
   return s;
 }
 
-void clpar_prepared_apply(clpar_prepared_list *l, clpar_command *cmds, size_t n) {
+void clpar_prepared_drop(clpar_prepared_list *l, clpar_device *dev, size_t index) {
   pthread_mutex_lock(&list_lock);
   for (size_t i = 0; i < l->n; i++)
-    if (l->index[i] < n) cmds[l->index[i]].prepared = &l->launch[i];
+    if (l->index[i] == index) {
+      dev->bd.iface->prepare_free(dev->bd.ctx, l->launch[i]);
+      memmove(l->index + i, l->index + i + 1, (l->n - i - 1) * sizeof *l->index);
+      memmove(l->launch + i, l->launch + i + 1, (l->n - i - 1) * sizeof *l->launch);
+      l->n--;
+      break;
+    }
   pthread_mutex_unlock(&list_lock);
 }
 
 size_t clpar_prepared_pack(clpar_prepared_list *l, const clpar_command *cmds, size_t n,
                            const clpar_command **out) {
   *out = cmds;
-  if (l->n < 2) return n;
+  if (l->n == 0) return n;
   if (!l->packed && !(l->packed = malloc(n * sizeof *l->packed))) return n;
-  size_t k = 0;
+  size_t k = 0, j = 0; /* l->index[j]: the next prepared command */
   for (size_t i = 0; i < n; k++) {
-    size_t run = 1; /* consecutive commands' launches are consecutive in the list */
-    while (cmds[i].prepared && i + run < n && cmds[i + run].prepared == cmds[i].prepared + run)
-      run++;
     l->packed[k] = cmds[i];
-    if (run > 1) {
-      l->packed[k].op = CLPAR_OP_PREPARED;
-      l->packed[k].u.prepared_run.launch = cmds[i].prepared;
-      l->packed[k].u.prepared_run.n = run;
+    if (j == l->n || l->index[j] != i) {
+      i++;
+      continue;
     }
+    size_t run = 1; /* consecutive commands' launches are consecutive in the list */
+    while (i + run < n && j + run < l->n && l->index[j + run] == i + run) run++;
+    l->packed[k].op = CLPAR_OP_PREPARED;
+    l->packed[k].u.prepared_run.launch = &l->launch[j];
+    l->packed[k].u.prepared_run.n = run;
     i += run;
+    j += run;
   }
   *out = l->packed;
   return k;

@@ -80,6 +80,9 @@ struct clpar_device {
   uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
   uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
   uint64_t prepared_runs;  /* atomic: a graph's prepared launches run (tests check the path) */
+  /* the prepared launches of the capture that commands posted since capture_begin join, until
+   * capture_end has waited for them (src/runtime/capture.c); atomic */
+  struct clpar_prepared_list *preparing;
   /* the recording this device's posts join while a graph is captured (src/runtime/capture.c),
    * NULL otherwise; atomic */
   struct clpar_capture *capture;
@@ -155,13 +158,11 @@ enum {
 typedef struct clpar_sync_result clpar_sync_result; /* where a waited-for command reports */
 typedef struct clpar_command {
   int op;
+  /* The ring's copy of a command posted while its device captures: 1 + its index in the
+   * graph's list, whose launch the worker asks the backend to prepare (capture_prepared.c);
+   * 0 otherwise. */
+  uint32_t capture_index;
   clpar_sync_result *result; /* NULL: errors go to the device's first error */
-  /* The ring's copy of a command posted while its device captures: the worker asks the backend
-   * to prepare its launch for the graph's command capture_index (capture_prepared.c). */
-  struct clpar_capture *capture;
-  size_t capture_index;
-  /* a graph's command: its prepared launch in the capture's list, run instead of the entry */
-  void **prepared;
   union {
 #define CLPAR_ARGS_MEMBER_(name, kind, required) clpar_args_##name name;
     CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_MEMBER_)
@@ -415,26 +416,24 @@ void clpar_capture_shutdown(void);
  * arguments set) is kept for the graph's command; a replay runs it instead of the entry.
  * Patched commands (their arguments change per replay) keep the entry path. */
 typedef struct clpar_prepared_list {
-  size_t *index; /* of the command in its device's list */
-  void **launch; /* in the order of the commands */
+  size_t *index; /* of the command in its device's list, increasing */
+  void **launch;
   size_t n, cap;
   clpar_command *packed; /* what a replay posts (clpar_prepared_pack) */
 } clpar_prepared_list;
-/* The list of c's prepared launches (guarded by the capture's own lock in capture_prepared.c). */
-clpar_prepared_list *clpar_capture_prepared(clpar_capture *c);
 /* Whether commands posted to dev while it captures are to be prepared. */
 int clpar_prepared_wanted(const clpar_device *dev);
 /* The worker's run of a command of a capture run: run(dev, c) between the backend's
- * prepare_begin and prepare_end, its launch kept in the capture's list. */
+ * prepare_begin and prepare_end, its launch kept in dev->preparing. */
 clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
                                    clpar_status (*run)(clpar_device *, clpar_command *));
 /* Runs n prepared launches in order (counted in dev->prepared_runs). */
 clpar_status clpar_prepared_run(clpar_device *dev, void *const *launch, size_t n);
-/* Sets cmds[index].prepared from the list, once the capture run has run. */
-void clpar_prepared_apply(clpar_prepared_list *l, clpar_command *cmds, size_t n);
+/* Drops (releases) the launch of the command at index, if any: it keeps the entry path. */
+void clpar_prepared_drop(clpar_prepared_list *l, clpar_device *dev, size_t index);
 /* What a replay posts for cmds[0 .. n): each run of consecutive prepared commands as one
  * CLPAR_OP_PREPARED command (one pass of the worker's loop), the others as they are; *out
- * and the count (cmds itself and n when nothing is merged or out of memory). */
+ * and the count (cmds itself and n when none is prepared or out of memory). */
 size_t clpar_prepared_pack(clpar_prepared_list *l, const clpar_command *cmds, size_t n,
                            const clpar_command **out);
 /* Releases the list's launches on dev's backend. */

@@ -141,8 +141,7 @@ static clpar_status run_command(clpar_device *dev, command *c) {
     case OP_PREPARED: /* a replay's */
       return clpar_prepared_run(dev, c->u.prepared_run.launch, c->u.prepared_run.n);
     default:
-      if (c->prepared) return clpar_prepared_run(dev, c->prepared, 1); /* a replay's */
-      if (c->capture) return clpar_prepared_record(dev, c, run_entry);
+      if (c->capture_index) return clpar_prepared_record(dev, c, run_entry);
       return run_entry(dev, c);
   }
 }
@@ -208,10 +207,7 @@ static clpar_status post(clpar_device *dev, const command *c, uint64_t *ticket) 
     *ticket = ++w->posted;
     clpar_capture *cap = __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE);
     size_t index = cap ? clpar_capture_record(cap, c) : SIZE_MAX; /* in the order run */
-    if (index != SIZE_MAX && clpar_prepared_wanted(dev)) {
-      slot->capture = cap;
-      slot->capture_index = index;
-    }
+    if (index < UINT32_MAX && clpar_prepared_wanted(dev)) slot->capture_index = 1 + (uint32_t)index;
     pthread_cond_signal(&w->work);
   }
   pthread_mutex_unlock(&w->lock);
@@ -390,8 +386,7 @@ static int compose_now(clpar_device *dev, int entry) {
   static void pack_##name(command *cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {                  \
     cmd_->op = OP_##name;                                                                         \
     cmd_->result = NULL;                                                                          \
-    cmd_->capture = NULL;                                                                         \
-    cmd_->prepared = NULL;                                                                        \
+    cmd_->capture_index = 0;                                                                      \
     args_##name *args_ = &cmd_->u.name;                                                           \
     (void)args_;                                                                                  \
     CLPAR_BE_ARGS_##name(CLPAR_BE_STORE_)                                                         \
