@@ -294,7 +294,11 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(dropout_mask, QUEUE, 1)        \
   X(half_convert, QUEUE, 1)        \
   X(ew_chain_prepare, DIRECT, 0)   \
-  X(ew_chain, QUEUE, 0)
+  X(ew_chain, QUEUE, 0)          \
+  X(prepare_begin, DIRECT, 0)      \
+  X(prepare_end, DIRECT, 0)        \
+  X(prepare_run, DIRECT, 0)        \
+  X(prepare_free, DIRECT, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -660,6 +664,19 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
  * graph keeps the single commands. */
 #define CLPAR_BE_ARGS_ew_chain_prepare(F) F(clpar_ew_chain *, chain)
 #define CLPAR_BE_ARGS_ew_chain(F) F(const clpar_ew_chain *, chain)
+
+/* ---- prepared launches for captured graphs (src/runtime/capture_prepared.c) ----
+ * Optional, all four or none. While a graph is captured, the device's worker runs each QUEUE
+ * entry between prepare_begin and prepare_end; prepare_end gives *launch, a handle that
+ * enqueues again exactly what the entry op enqueued (its kernels, their arguments already set),
+ * or NULL where the entry did anything the backend cannot record (a library call, a transfer,
+ * host memory, state that changes). Each replay then calls prepare_run(launch) in place of the
+ * entry (in the same order); prepare_free releases it with the graph (any thread). begin, end
+ * and run are called on the device's worker thread only, like a QUEUE entry. */
+#define CLPAR_BE_ARGS_prepare_begin(F)
+#define CLPAR_BE_ARGS_prepare_end(F) F(const char *, op) F(void **, launch)
+#define CLPAR_BE_ARGS_prepare_run(F) F(void *, launch)
+#define CLPAR_BE_ARGS_prepare_free(F) F(void *, launch)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

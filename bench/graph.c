@@ -164,9 +164,10 @@ static const char *fill_src =
     "  size_t i = get_global_id(0); if (i < n) o[off + i] = v; }\n";
 
 /* The same 1-element fill as bare OpenCL on the device behind opencl:ordinal, in a context
- * of its own, its arguments set once: microseconds per kernel for TINY enqueues (host time)
- * and until clFinish returned (best of 5); 0 when it cannot run. */
-static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
+ * of its own, its arguments set once, over wg work-items in one group (1: as a bare kernel
+ * would; 256: as clpar_fill launches it): microseconds per kernel for TINY enqueues (host
+ * time) and until clFinish returned (best of 5); 0 when it cannot run. */
+static void bare_enqueue(int ordinal, size_t wg, double *post_us, double *run_us) {
   cl_device_id d = bench_cl_device(ordinal);
   cl_int e = d ? CL_SUCCESS : CL_INVALID_DEVICE;
   cl_context ctx = d ? clCreateContext(NULL, 1, &d, NULL, NULL, &e) : NULL;
@@ -177,7 +178,7 @@ static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
   cl_mem m = e == CL_SUCCESS ? clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4, NULL, &e) : NULL;
   cl_ulong off = 0, n = 1;
   float v = 1.0f;
-  size_t global = 1;
+  size_t global = wg, local = wg;
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof m, &m);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof off, &off);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof n, &n);
@@ -187,7 +188,7 @@ static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
     clFinish(q);
     double t0 = now_seconds();
     for (int i = 0; e == CL_SUCCESS && i < TINY; i++)
-      e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
+      e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, wg > 1 ? &local : NULL, 0, NULL, NULL);
     double t1 = now_seconds();
     clFinish(q);
     double t2 = now_seconds();
@@ -203,8 +204,9 @@ static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
   if (ctx) clReleaseContext(ctx);
 }
 #else
-static void bare_enqueue(int ordinal, double *post_us, double *run_us) {
+static void bare_enqueue(int ordinal, size_t wg, double *post_us, double *run_us) {
   (void)ordinal;
+  (void)wg;
   *post_us = *run_us = 0;
 }
 #endif
@@ -222,11 +224,13 @@ static int run_setup(bench_run *r, int steps, int rounds) {
       if (ms < best[mode]) best[mode] = ms;
       if (ms > worst[mode]) worst[mode] = ms;
     }
-  double eager_cmds = good ? eager_commands(r) : -1, post[3] = {0, 0, 0}, run[3] = {0, 0, 0};
+  double eager_cmds = good ? eager_commands(r) : -1, post[4] = {0}, run[4] = {0};
   if (good && r->n == 1) tiny_cost(r->devs[0], post, run);
   const char *id = clpar_device_id(r->devs[0]);
-  if (good && r->n == 1 && strncmp(id, "opencl:", 7) == 0)
-    bare_enqueue(atoi(id + 7), &post[2], &run[2]);
+  if (good && r->n == 1 && strncmp(id, "opencl:", 7) == 0) {
+    bare_enqueue(atoi(id + 7), 1, &post[2], &run[2]);
+    bare_enqueue(atoi(id + 7), 256, &post[3], &run[3]);
+  }
   if (good)
     printf(
         "{\"model\": \"latency-bound MLP 48 x Linear(64, 64), batch 32, flat SGD\", "
@@ -235,10 +239,11 @@ static int run_setup(bench_run *r, int steps, int rounds) {
         "\"speedup_best\": %.2f, \"host_ms_per_step\": {\"eager\": %.3f, \"replay\": %.3f}, "
         "\"commands_per_step\": {\"eager\": %.1f, \"replay\": %zu}, "
         "\"tiny_fill_post_us\": {\"eager\": %.3f, \"replay\": %.3f, \"bare_opencl\": %.3f}, "
-        "\"tiny_fill_run_us\": {\"eager\": %.3f, \"replay\": %.3f, \"bare_opencl\": %.3f}}\n",
+        "\"tiny_fill_run_us\": {\"eager\": %.3f, \"replay\": %.3f, \"bare_opencl\": %.3f, "
+        "\"bare_opencl_wg256\": %.3f}}\n",
         r->n, r->n == 2 ? "true" : "false", steps, rounds, best[0], worst[0], best[1], worst[1],
         best[0] / best[1], host[0], host[1], eager_cmds, clpar_graph_command_count(r->graph),
-        post[0], post[1], post[2], run[0], run[1], run[2]);
+        post[0], post[1], post[2], run[0], run[1], run[2], run[3]);
   return good;
 }
 

@@ -178,6 +178,11 @@ static clpar_status cuda_linear_act(void *dev, clpar_act_kind act, size_t m, siz
   return s;
 }
 
+/* No prepared launches: a replay calls the entries (docs/graphs.md). */
+#define cuda_prepare_begin NULL
+#define cuda_prepare_end NULL
+#define cuda_prepare_run NULL
+#define cuda_prepare_free NULL
 #define CLPAR_BE_PREFIX_ cuda
 static const clpar_backend_iface cuda_iface = CLPAR_BACKEND_TABLE("cuda");
 #undef CLPAR_BE_PREFIX_

@@ -23,6 +23,9 @@ CLPAR_HOST_TOPS_DECL_(layernorm_backward)
 CLPAR_HOST_TOPS_DECL_(dropout_mask)
 /* host_half.c */
 CLPAR_HOST_TOPS_DECL_(half_convert)
+/* host_optim.c */
+CLPAR_HOST_TOPS_DECL_(sgd_step)
+CLPAR_HOST_TOPS_DECL_(adam_step)
 #undef CLPAR_HOST_TOPS_DECL_
 
 /* host_vmath.c: GELU (erf form) of x, or g times its derivative when g is not NULL, over the
@@ -38,6 +41,8 @@ size_t clpar_host_gelu_erf_vec(const float *x, const float *g, float *out, size_
 #define host_nll_ignore_backward clpar_host_nll_ignore_backward
 #define host_xent clpar_host_xent
 #define host_xent_backward clpar_host_xent_backward
+#define host_sgd_step clpar_host_sgd_step
+#define host_adam_step clpar_host_adam_step
 #define host_embedding clpar_host_embedding
 #define host_embedding_backward clpar_host_embedding_backward
 #define host_layernorm clpar_host_layernorm

@@ -21,6 +21,7 @@ typedef struct {
 } blast_call;
 
 static void blast_begin(clpar_ocl_device *d, blast_call *b) {
+  clpar_ocl_prepare_foreign(d); /* CLBlast's launches are its own: not prepared */
   b->marker = NULL;
   if (clpar_ocl_profile_slot(d, &b->ev) &&
       clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &b->marker) != CL_SUCCESS)

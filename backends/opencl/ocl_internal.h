@@ -72,6 +72,9 @@ typedef struct clpar_ocl_device {
   size_t scratch_bytes;
   /* The convolution's choices per shape and the implicit GEMM's kernels (ocl_conv_cache.c). */
   struct clpar_ocl_conv_state *conv;
+  /* The launches of the entry being prepared for a graph (ocl_prepared.c), NULL otherwise;
+   * used on the worker's thread only, as the entries are. */
+  struct clpar_ocl_recording *recording;
   /* Appended to every program's build options (ocl_program.c); guarded by prog_lock. */
   char options_suffix[64];
   int options_suffix_set;
@@ -138,6 +141,20 @@ void clpar_ocl_shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t gl
 /* ---- the table's entries defined outside ocl_backend.c (which builds the table) ---- */
 #define CLPAR_OCL_ENTRY_DECL_(name) \
   clpar_status clpar_ocl_##name(void *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+/* ocl_prepared.c: the prepared launches of captured graphs */
+CLPAR_OCL_ENTRY_DECL_(prepare_begin)
+CLPAR_OCL_ENTRY_DECL_(prepare_end)
+CLPAR_OCL_ENTRY_DECL_(prepare_run)
+CLPAR_OCL_ENTRY_DECL_(prepare_free)
+#define ocl_prepare_begin clpar_ocl_prepare_begin
+#define ocl_prepare_end clpar_ocl_prepare_end
+#define ocl_prepare_run clpar_ocl_prepare_run
+#define ocl_prepare_free clpar_ocl_prepare_free
+/* Records the launch just enqueued (clpar_ocl_launch_locked) while the thread prepares one. */
+void clpar_ocl_prepare_launch(clpar_ocl_device *d, cl_kernel k, const char *name, const karg *args,
+                              int nargs, cl_uint dims, const size_t *global, const size_t *local);
+/* Marks the recording of d's entry as not preparable (an enqueue it cannot hold: CLBlast). */
+void clpar_ocl_prepare_foreign(clpar_ocl_device *d);
 /* ocl_launch.c */
 CLPAR_OCL_ENTRY_DECL_(profile)
 CLPAR_OCL_ENTRY_DECL_(profile_read)

@@ -61,6 +61,7 @@ clpar_status clpar_ocl_launch_locked(clpar_ocl_device *d, const char *file, cons
                                       clpar_ocl_profile_slot(d, &ev));
   if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clEnqueueNDRangeKernel", name);
   clpar_ocl_profile_keep(d, ev);
+  clpar_ocl_prepare_launch(d, k, name, args, nargs, dims, global, local); /* when recording */
   return CLPAR_OK;
 }
 

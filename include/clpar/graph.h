@@ -4,10 +4,11 @@
  * Between clpar_graph_capture_begin and clpar_graph_capture_end every command the step posts to
  * the capturing devices is recorded while it runs as ever (the capture run is an eager step).
  * A replay posts each device's recorded commands to its worker at once: no autograd, no
- * allocation, no per-op host work. What changes per step is patched at each replay as the
- * eager step would compute it: the optimizers' learning rate (read from their options, so
- * schedulers work), Adam's step count and bias corrections, Dropout modules' RNG offsets,
- * BatchNorm2d's num_batches_tracked. Copies between capturing devices (DataParallel's) go
+ * allocation, no per-op host work; on OpenCL the plain kernel launches run prepared (kernel
+ * objects of the graph's own, their arguments set at capture). What changes per step is patched at
+ * each replay as the eager step would compute it: the optimizers' learning rate (read from their
+ * options, so schedulers work), Adam's step count and bias corrections, Dropout modules' RNG
+ * offsets, BatchNorm2d's num_batches_tracked. Copies between capturing devices (DataParallel's) go
  * through host memory the graph owns, and their events are made fresh at each replay.
  *
  * Static inputs: a replay reads the buffers the capture read. Write each step's inputs and

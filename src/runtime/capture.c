@@ -37,7 +37,8 @@ struct clpar_capture { /* one device's recording */
   size_t n, cap;
   patch *patches;
   size_t n_patches, cap_patches;
-  clpar_fused *fused; /* the chains its ew_chain commands run (capture_fuse.c) */
+  clpar_fused *fused;       /* the chains its ew_chain commands run (capture_fuse.c) */
+  clpar_prepared_list prep; /* the backend's prepared launches for cmds (capture_prepared.c) */
 };
 
 typedef struct {
@@ -112,7 +113,7 @@ void clpar_capture_allow(int on) {
   allowed = on;
 }
 
-void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
+size_t clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
   if (c->n == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 256;
     clpar_command *grown = realloc(c->cmds, cap * sizeof *grown);
@@ -121,7 +122,7 @@ void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
       fail_locked(c->graph, CLPAR_ERROR_OUT_OF_MEMORY,
                   "clpar_graph_capture: out of host memory for the commands");
       pthread_mutex_unlock(&graphs_lock);
-      return;
+      return SIZE_MAX;
     }
     c->cmds = grown;
     c->cap = cap;
@@ -129,6 +130,7 @@ void clpar_capture_record(clpar_capture *c, const clpar_command *cmd) {
   c->cmds[c->n++] = *cmd;
   if (cmd->op == CLPAR_OP_WAIT || cmd->op == CLPAR_OP_SIGNAL) /* ids are given by address */
     clpar_event_retain(cmd->u.event);
+  return c->n - 1;
 }
 
 int clpar_capture_active(const clpar_device *dev) {
@@ -238,7 +240,7 @@ static int cmp_voidp(const void *a, const void *b) {
 static pool_block *pool_find_locked(clpar_graph *g, const void *buf) {
   if (!g->capturing) {
     pool_block key = {(void *)buf, 0, NULL, 0};
-    return bsearch(&key, g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
+    return g->n_pool ? bsearch(&key, g->pool, g->n_pool, sizeof *g->pool, cmp_ptr) : NULL;
   }
   for (size_t i = 0; i < g->n_pool; i++)
     if (g->pool[i].buf == buf) return &g->pool[i];
@@ -266,7 +268,7 @@ int clpar_capture_give(clpar_device *dev, void *buf, size_t capacity, clpar_busy
   if (cg) /* made before the capture, freed in it: the graph's from now on */
     taken = pool_add_locked(cg, dev, buf, capacity, 0);
   for (clpar_graph *g = live; g && !taken; g = g->next)
-    if (!g->capturing && bsearch(&buf, g->ext, g->n_ext, sizeof *g->ext, cmp_voidp))
+    if (!g->capturing && g->n_ext && bsearch(&buf, g->ext, g->n_ext, sizeof *g->ext, cmp_voidp))
       mark_stale_locked(g,
                         "a buffer its commands use (a parameter, an input, optimizer state) "
                         "was freed after the capture");
@@ -279,28 +281,6 @@ int clpar_capture_give(clpar_device *dev, void *buf, size_t capacity, clpar_busy
 }
 
 /* ---- patches ---- */
-
-static void patch_get(const clpar_command *c, clpar_patch_args *a) {
-  if (c->op == CLPAR_ENTRY_sgd_step)
-    a->sgd = c->u.sgd_step.args;
-  else if (c->op == CLPAR_ENTRY_adam_step)
-    a->adam = c->u.adam_step.args;
-  else {
-    a->rng.seed = c->u.dropout_mask.seed;
-    a->rng.offset = c->u.dropout_mask.offset;
-  }
-}
-
-static void patch_set(clpar_command *c, const clpar_patch_args *a) {
-  if (c->op == CLPAR_ENTRY_sgd_step)
-    c->u.sgd_step.args = a->sgd;
-  else if (c->op == CLPAR_ENTRY_adam_step)
-    c->u.adam_step.args = a->adam;
-  else {
-    c->u.dropout_mask.seed = a->rng.seed;
-    c->u.dropout_mask.offset = a->rng.offset;
-  }
-}
 
 /* The last command of entry recorded on c (the capturing thread is the one that posts). */
 static int last_of(const clpar_capture *c, int entry, size_t *index) {
@@ -425,7 +405,10 @@ clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int n) {
   g->next = live;
   live = g;
   __atomic_add_fetch(&n_live, 1, __ATOMIC_RELEASE);
-  for (int i = 0; i < n; i++) __atomic_store_n(&devs[i]->capture, &g->recs[i], __ATOMIC_RELEASE);
+  for (int i = 0; i < n; i++) {
+    __atomic_store_n(&devs[i]->preparing, &g->recs[i].prep, __ATOMIC_RELEASE);
+    __atomic_store_n(&devs[i]->capture, &g->recs[i], __ATOMIC_RELEASE);
+  }
   pthread_mutex_unlock(&graphs_lock);
   return CLPAR_OK;
 }
@@ -573,6 +556,7 @@ static void graph_free(clpar_graph *g) {
     for (size_t i = 0; i < c->n_patches; i++)
       if (c->patches[i].free_user) c->patches[i].free_user(c->patches[i].user);
     free(c->patches);
+    clpar_prepared_release(&c->prep, c->dev);
     free(c->cmds);
     clpar_capture_fused_free(c->fused);
   }
@@ -596,6 +580,7 @@ static void fuse_commands(clpar_graph *g) {
     for (i = 0; map && i < c->n_patches; i++) c->patches[i].index = map[c->patches[i].index];
     for (i = 0; map && i < g->n_uses; i++)
       if (g->uses[i].dev == d) g->uses[i].index = map[g->uses[i].index];
+    if (map) clpar_prepared_remap(&c->prep, c->dev, map, c->cmds);
     free(map);
   }
 }
@@ -603,7 +588,10 @@ static void fuse_commands(clpar_graph *g) {
 /* After the capture run: the pool sorted, the external buffers and the events listed. */
 static void finish_locked(clpar_graph *g) {
   g->capturing = 0;
-  qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr);
+  for (int d = 0; d < g->n_recs; d++) /* patched commands keep the entry: their args change */
+    for (size_t i = 0; i < g->recs[d].n_patches; i++)
+      clpar_prepared_drop(&g->recs[d].prep, g->recs[d].dev, g->recs[d].patches[i].index);
+  if (g->n_pool) qsort(g->pool, g->n_pool, sizeof *g->pool, cmp_ptr); /* NULL when empty */
   clpar_status s = list_external_locked(g);
   if (s == CLPAR_OK) s = number_events(g);
   if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
@@ -624,6 +612,7 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
                            "clpar_graph_capture_end: no capture in progress");
   for (int d = 0; d < g->n_recs; d++) { /* the capture run, and its errors */
     clpar_status s = clpar_device_synchronize(g->recs[d].dev);
+    __atomic_store_n(&g->recs[d].dev->preparing, NULL, __ATOMIC_RELEASE); /* all prepared */
     pthread_mutex_lock(&graphs_lock);
     if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
     pthread_mutex_unlock(&graphs_lock);
@@ -671,7 +660,7 @@ static clpar_status run_patches(clpar_graph *g) {
     for (size_t i = 0; i < c->n_patches; i++) {
       patch *p = &c->patches[i];
       clpar_patch_args a;
-      patch_get(&c->cmds[p->index], &a);
+      clpar_capture_patch_get(&c->cmds[p->index], &a);
       clpar_status s = p->fn(p->user, &a);
       if (s != CLPAR_OK) {
         pthread_mutex_lock(&graphs_lock);
@@ -679,7 +668,7 @@ static clpar_status run_patches(clpar_graph *g) {
         pthread_mutex_unlock(&graphs_lock);
         return s;
       }
-      patch_set(&c->cmds[p->index], &a);
+      clpar_capture_patch_set(&c->cmds[p->index], &a);
     }
   }
   return CLPAR_OK;
@@ -717,8 +706,10 @@ static clpar_status post_all(clpar_graph *g) {
   if (s == CLPAR_OK) s = fresh_events(g);
   if (s != CLPAR_OK) return s;
   for (int d = 0; d < g->n_recs; d++) {
-    clpar_status e =
-        s == CLPAR_OK ? clpar_worker_post_batch(g->recs[d].dev, g->recs[d].cmds, g->recs[d].n) : s;
+    clpar_capture *c = &g->recs[d];
+    const clpar_command *cmds;
+    size_t n = clpar_prepared_pack(&c->prep, c->cmds, c->n, &cmds);
+    clpar_status e = s == CLPAR_OK ? clpar_worker_post_batch(c->dev, cmds, n) : s;
     if (e != CLPAR_OK) unposted(g, d, e);
     s = e;
   }
@@ -793,6 +784,9 @@ void clpar_capture_shutdown(void) {
       if (!g->pool[i].in_use)
         clpar_allocator_recache(g->pool[i].dev, g->pool[i].buf, g->pool[i].size);
     g->n_pool = 0;
-    for (int d = 0; d < g->n_recs; d++) g->recs[d].dev = NULL;
+    for (int d = 0; d < g->n_recs; d++) { /* stale: the commands are never posted again */
+      clpar_prepared_release(&g->recs[d].prep, g->recs[d].dev);
+      g->recs[d].dev = NULL;
+    }
   }
 }

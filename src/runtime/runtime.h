@@ -79,6 +79,10 @@ struct clpar_device {
    * per entry, entry e at bit e % 64 of word e / 64 (clpar_entry_set). */
   uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
   uint64_t composed_calls; /* atomic: fused entries composed so far (tests check the path) */
+  uint64_t prepared_runs;  /* atomic: a graph's prepared launches run (tests check the path) */
+  /* the prepared launches of the capture that commands posted since capture_begin join, until
+   * capture_end has waited for them (src/runtime/capture.c); atomic */
+  struct clpar_prepared_list *preparing;
   /* the recording this device's posts join while a graph is captured (src/runtime/capture.c),
    * NULL otherwise; atomic */
   struct clpar_capture *capture;
@@ -147,18 +151,27 @@ CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_STRUCT_)
 /* A command's op: a backend entry (CLPAR_ENTRY_<name>), or one of these. */
 enum {
   CLPAR_OP_WAIT = CLPAR_ENTRY_COUNT, /* u.event: wait for another device's event */
-  CLPAR_OP_SIGNAL /* u.event: record, complete the core event when the device has */
+  CLPAR_OP_SIGNAL,  /* u.event: record, complete the core event when the device has */
+  CLPAR_OP_PREPARED /* u.prepared_run: a replay's run of consecutive prepared launches */
 };
 
 typedef struct clpar_sync_result clpar_sync_result; /* where a waited-for command reports */
 typedef struct clpar_command {
   int op;
+  /* The ring's copy of a command posted while its device captures: 1 + its index in the
+   * graph's list, whose launch the worker asks the backend to prepare (capture_prepared.c);
+   * 0 otherwise. */
+  uint32_t capture_index;
   clpar_sync_result *result; /* NULL: errors go to the device's first error */
   union {
 #define CLPAR_ARGS_MEMBER_(name, kind, required) clpar_args_##name name;
     CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_MEMBER_)
 #undef CLPAR_ARGS_MEMBER_
     clpar_event *event;
+    struct {
+      void **launch;
+      size_t n;
+    } prepared_run;
   } u;
 } clpar_command;
 
@@ -369,7 +382,8 @@ extern void (*clpar_atomic_write_hook)(clpar_write_stage stage);
  * device come from the graph's pool, and buffers freed there go back to it (allocator.c asks
  * clpar_capture_take and clpar_capture_give first). */
 typedef struct clpar_capture clpar_capture;
-void clpar_capture_record(clpar_capture *c, const clpar_command *cmd);
+/* Appends cmd to c's list; its index there, or SIZE_MAX when out of memory (the capture fails). */
+size_t clpar_capture_record(clpar_capture *c, const clpar_command *cmd);
 /* CLPAR_OK when dev is not capturing or op may be recorded; else the refusal (the capture
  * fails with it). */
 clpar_status clpar_capture_check_op(clpar_device *dev, int op);
@@ -406,6 +420,41 @@ void clpar_capture_fuse(clpar_device *dev, clpar_command *cmds, size_t *n, size_
 void clpar_capture_fused_free(clpar_fused *f);
 void clpar_capture_fuse_disable(int off);
 
+/* ---- prepared launches (src/runtime/capture_prepared.c) ----
+ * On a backend with the prepare_* entries, each command of a capture run is run between
+ * prepare_begin and prepare_end, and the launch the backend prepares (its kernels with their
+ * arguments set) is kept for the graph's command; a replay runs it instead of the entry.
+ * Patched commands (their arguments change per replay) keep the entry path. */
+typedef struct clpar_prepared_list {
+  size_t *index; /* of the command in its device's list, increasing */
+  void **launch;
+  size_t n, cap;
+  clpar_command *packed; /* what a replay posts (clpar_prepared_pack) */
+} clpar_prepared_list;
+/* Whether commands posted to dev while it captures are to be prepared. */
+int clpar_prepared_wanted(const clpar_device *dev);
+/* The worker's run of a command of a capture run: run(dev, c) between the backend's
+ * prepare_begin and prepare_end, its launch kept in dev->preparing. */
+clpar_status clpar_prepared_record(clpar_device *dev, clpar_command *c,
+                                   clpar_status (*run)(clpar_device *, clpar_command *));
+/* Runs n prepared launches in order (counted in dev->prepared_runs). */
+clpar_status clpar_prepared_run(clpar_device *dev, void *const *launch, size_t n);
+/* Drops (releases) the launch of the command at index, if any: it keeps the entry path. */
+void clpar_prepared_drop(clpar_prepared_list *l, clpar_device *dev, size_t index);
+/* After fusion (capture_fuse.c) rewrote the list: index i is now map[i]; a launch whose command
+ * was fused into an ew_chain command is freed (the chain runs instead). */
+void clpar_prepared_remap(clpar_prepared_list *l, clpar_device *dev, const size_t *map,
+                          const clpar_command *cmds);
+/* What a replay posts for cmds[0 .. n): each run of consecutive prepared commands as one
+ * CLPAR_OP_PREPARED command (one pass of the worker's loop), the others as they are; *out
+ * and the count (cmds itself and n when none is prepared or out of memory). */
+size_t clpar_prepared_pack(clpar_prepared_list *l, const clpar_command *cmds, size_t n,
+                           const clpar_command **out);
+/* Releases the list's launches on dev's backend. */
+void clpar_prepared_release(clpar_prepared_list *l, clpar_device *dev);
+/* For tests only: 1 captures without prepared launches (replays call every entry), 0 restores. */
+void clpar_prepared_force_off(int off);
+
 /* The scalar arguments a patch may rewrite before each replay, by the command's entry. */
 typedef union clpar_patch_args {
   clpar_sgd_args sgd;   /* sgd_step */
@@ -414,6 +463,10 @@ typedef union clpar_patch_args {
     uint64_t seed, offset;
   } rng; /* dropout_mask */
 } clpar_patch_args;
+/* The scalars of a patched command (sgd_step, adam_step, dropout_mask) into and from a
+ * (src/runtime/capture_args.c). */
+void clpar_capture_patch_get(const clpar_command *c, clpar_patch_args *a);
+void clpar_capture_patch_set(clpar_command *c, const clpar_patch_args *a);
 typedef clpar_status (*clpar_patch_fn)(void *user, clpar_patch_args *a);
 /* 1 while dev captures (for the layers above, which then register patches). */
 int clpar_capture_active(const clpar_device *dev);

@@ -29,7 +29,8 @@ enum {
   CLPAR_BACKEND_ENTRIES(OP_ENUM_)
 #undef OP_ENUM_
       OP_WAIT = CLPAR_OP_WAIT,
-  OP_SIGNAL = CLPAR_OP_SIGNAL
+  OP_SIGNAL = CLPAR_OP_SIGNAL,
+  OP_PREPARED = CLPAR_OP_PREPARED
 };
 
 static const char *const op_names[] = {
@@ -37,10 +38,10 @@ static const char *const op_names[] = {
     CLPAR_BACKEND_ENTRIES(OP_NAME_)
 #undef OP_NAME_
         "wait",
-    "signal"};
+    "signal", "prepared launches"};
 
 const char *clpar_op_name(int op) {
-  return op >= 0 && op <= OP_SIGNAL ? op_names[op] : "unknown";
+  return op >= 0 && op <= OP_PREPARED ? op_names[op] : "unknown";
 }
 
 /* Where a posted-and-waited command puts its result. */
@@ -137,7 +138,10 @@ static clpar_status run_command(clpar_device *dev, command *c) {
       clpar_event_release(c->u.event);
       return s;
     }
+    case OP_PREPARED: /* a replay's */
+      return clpar_prepared_run(dev, c->u.prepared_run.launch, c->u.prepared_run.n);
     default:
+      if (c->capture_index) return clpar_prepared_record(dev, c, run_entry);
       return run_entry(dev, c);
   }
 }
@@ -226,11 +230,13 @@ static clpar_status post(clpar_device *dev, const command *c, uint64_t *ticket) 
   pthread_mutex_lock(&w->lock);
   clpar_status s = w->count == w->capacity ? ring_grow(w) : CLPAR_OK;
   if (s == CLPAR_OK) {
-    w->ring[(w->head + w->count) % w->capacity] = *c;
+    command *slot = &w->ring[(w->head + w->count) % w->capacity];
+    *slot = *c;
     w->count++;
     *ticket = ++w->posted;
     clpar_capture *cap = __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE);
-    if (cap) clpar_capture_record(cap, c); /* in the order the worker runs them */
+    size_t index = cap ? clpar_capture_record(cap, c) : SIZE_MAX; /* in the order run */
+    if (index < UINT32_MAX && clpar_prepared_wanted(dev)) slot->capture_index = 1 + (uint32_t)index;
     pthread_cond_signal(&w->work);
   }
   pthread_mutex_unlock(&w->lock);
@@ -409,6 +415,7 @@ static int compose_now(clpar_device *dev, int entry) {
   static void pack_##name(command *cmd_ CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_)) {                  \
     cmd_->op = OP_##name;                                                                         \
     cmd_->result = NULL;                                                                          \
+    cmd_->capture_index = 0;                                                                      \
     args_##name *args_ = &cmd_->u.name;                                                           \
     (void)args_;                                                                                  \
     CLPAR_BE_ARGS_##name(CLPAR_BE_STORE_)                                                         \
