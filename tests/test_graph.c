@@ -207,6 +207,22 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
     clpar_graph_destroy(g);
 }
 
+/* The replayed run's losses and state equal the eager run's, bit for bit. */
+static void expect_same_runs(const run *eager, const run *replayed, const float *le,
+                             const float *lr) {
+  for (int i = 0; i < STEPS; i++)
+    if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
+      fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
+  size_t ne, nr;
+  float *pe = state_of(eager, &ne), *pr = state_of(replayed, &nr);
+  assert_int_equal(ne, nr);
+  for (size_t i = 0; i < ne; i++)
+    if (memcmp(&pe[i], &pr[i], sizeof pe[i]) != 0)
+      fail_msg("state element %zu: %.9g replayed, %.9g eager", i, (double)pr[i], (double)pe[i]);
+  free(pe);
+  free(pr);
+}
+
 static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat, start_kind start) {
   run eager, replayed;
   float le[STEPS], lr[STEPS];
@@ -214,18 +230,8 @@ static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat, 
   train(&eager, 0, start, le);
   run_make(&replayed, dev, kind, ok, flat);
   train(&replayed, 1, start, lr);
-  for (int i = 0; i < STEPS; i++)
-    if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
-      fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
-  size_t ne, nr;
-  float *pe = state_of(&eager, &ne), *pr = state_of(&replayed, &nr);
-  assert_int_equal(ne, nr);
-  for (size_t i = 0; i < ne; i++)
-    if (memcmp(&pe[i], &pr[i], sizeof pe[i]) != 0)
-      fail_msg("state element %zu: %.9g replayed, %.9g eager", i, (double)pr[i], (double)pe[i]);
+  expect_same_runs(&eager, &replayed, le, lr);
   assert_true(le[STEPS - 1] != le[0]); /* it trained */
-  free(pe);
-  free(pr);
   run_free(&eager);
   run_free(&replayed);
 }
@@ -236,24 +242,16 @@ static void check_replay_equals_eager(model_kind kind, opt_kind ok, int flat) {
     check_on(clpar_device_get(d), kind, ok, flat, COMPILED);
 }
 
-static void test_mlp_sgd(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_SGD, 0);
-}
+/* One replay-equals-eager case, its test's prestate. */
+typedef struct {
+  model_kind model;
+  opt_kind opt;
+  int flat;
+} replay_case;
 
-static void test_mlp_sgd_flat(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_SGD, 1);
-}
-
-static void test_mlp_adam(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_ADAM, 0);
-}
-
-static void test_mlp_adamw_flat(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_ADAMW, 1);
+static void test_replay_case(void **state) {
+  const replay_case *c = *state;
+  check_replay_equals_eager(c->model, c->opt, c->flat);
 }
 
 /* The first step captured: the gradients are made inside the capture (the graph's pool) and
@@ -306,21 +304,6 @@ static void test_composed_step_refused(void **state) {
   run_free(&r);
 }
 
-static void test_toy_model(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_TOY, OPT_SGD, 0);
-}
-
-static void test_conv_batchnorm(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_CONV, OPT_ADAM, 0);
-}
-
-static void test_dropout(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_DROPOUT, OPT_SGD, 0);
-}
-
 /* A captured run r (warm-up, capture): its graph, ready to replay. */
 static clpar_graph *capture(run *r) {
   write_inputs(r, 0);
@@ -370,16 +353,20 @@ static void test_upload_refused(void **state) {
   clpar_tensor_free(t);
 }
 
+/* g refuses to replay, naming what: its message holds what; g destroyed. */
+static void expect_replay_refused(clpar_graph *g, const char *what) {
+  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
+  if (!strstr(clpar_last_error(), what)) fail_msg("%s", clpar_last_error());
+  clpar_graph_destroy(g);
+}
+
 static void test_stale_after_flatten(void **state) {
   (void)state;
   run r;
   run_make(&r, clpar_device_get(0), MODEL_MLP, OPT_SGD, 1);
   clpar_graph *g = capture(&r);
   tu_ok(clpar_module_flatten(r.m));
-  clpar_status s = clpar_graph_replay(g);
-  assert_int_not_equal(s, CLPAR_OK);
-  if (!strstr(clpar_last_error(), "clpar_module_flatten")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
+  expect_replay_refused(g, "clpar_module_flatten");
   tu_ok(step(&r)); /* eager steps go on */
   run_free(&r);
 }
@@ -391,9 +378,7 @@ static void test_stale_after_module_to(void **state) {
   run_make(&r, dev, MODEL_MLP, OPT_ADAM, 0);
   clpar_graph *g = capture(&r);
   tu_ok(clpar_module_to(r.m, dev));
-  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
-  if (!strstr(clpar_last_error(), "clpar_module_to")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
+  expect_replay_refused(g, "clpar_module_to");
   run_free(&r);
 }
 
@@ -407,9 +392,7 @@ static void test_stale_after_free(void **state) {
   r.loss = NULL;
   clpar_tensor_free(r.x);
   tu_ok(clpar_tensor_zeros(r.dev, r.xdim, r.xshape, &r.x));
-  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
-  if (!strstr(clpar_last_error(), "freed after the capture")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
+  expect_replay_refused(g, "freed after the capture");
   run_free(&r);
 }
 
@@ -422,9 +405,7 @@ static void test_stale_after_optimizer_free(void **state) {
   clpar_graph *g = capture(&r);
   clpar_optimizer_free(r.opt);
   r.opt = NULL;
-  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
-  if (!strstr(clpar_last_error(), "clpar_optimizer_free")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
+  expect_replay_refused(g, "clpar_optimizer_free");
   run_free(&r);
 }
 
@@ -516,15 +497,7 @@ static void check_two_devices(void (*make)(run *, clpar_device *, clpar_device *
     train(&eager, 0, DATA_PARALLEL, le);
     make(&replayed, d0, d1, k ? OPT_ADAM : OPT_SGD);
     train(&replayed, 1, k ? DATA_PARALLEL : COMPILED, lr); /* both ways to capture */
-    for (int i = 0; i < STEPS; i++)
-      if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
-        fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
-    size_t ne, nr;
-    float *pe = state_of(&eager, &ne), *pr = state_of(&replayed, &nr);
-    assert_int_equal(ne, nr);
-    assert_memory_equal(pe, pr, ne * sizeof *pe);
-    free(pe);
-    free(pr);
+    expect_same_runs(&eager, &replayed, le, lr);
     run_free(&eager);
     run_free(&replayed);
   }
@@ -599,18 +572,26 @@ static void test_pipeline_1f1b(void **state) {
   check_two_devices(pipe_make);
 }
 
+/* test_replay_case under the name of the case it runs. */
+#define REPLAY_CASE(name, ...)                            \
+  {                                                       \
+#name, test_replay_case, NULL, NULL, &(replay_case) { \
+      __VA_ARGS__                                         \
+    }                                                     \
+  }
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mlp_sgd),
-      cmocka_unit_test(test_mlp_sgd_flat),
-      cmocka_unit_test(test_mlp_adam),
-      cmocka_unit_test(test_mlp_adamw_flat),
+      REPLAY_CASE(test_mlp_sgd, MODEL_MLP, OPT_SGD, 0),
+      REPLAY_CASE(test_mlp_sgd_flat, MODEL_MLP, OPT_SGD, 1),
+      REPLAY_CASE(test_mlp_adam, MODEL_MLP, OPT_ADAM, 0),
+      REPLAY_CASE(test_mlp_adamw_flat, MODEL_MLP, OPT_ADAMW, 1),
       cmocka_unit_test(test_first_step_captured),
       cmocka_unit_test(test_first_step_state_refused),
       cmocka_unit_test(test_composed_step_refused),
-      cmocka_unit_test(test_toy_model),
-      cmocka_unit_test(test_conv_batchnorm),
-      cmocka_unit_test(test_dropout),
+      REPLAY_CASE(test_toy_model, MODEL_TOY, OPT_SGD, 0),
+      REPLAY_CASE(test_conv_batchnorm, MODEL_CONV, OPT_ADAM, 0),
+      REPLAY_CASE(test_dropout, MODEL_DROPOUT, OPT_SGD, 0),
       cmocka_unit_test(test_host_read_refused),
       cmocka_unit_test(test_upload_refused),
       cmocka_unit_test(test_stale_after_flatten),
