@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "test_act_ref.h"
 #include "test_util.h"
 
 #define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
@@ -26,20 +27,6 @@
 static const char *act_name(clpar_act_kind act) {
   static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
   return names[act];
-}
-
-static double act_fn(clpar_act_kind act, double z) {
-  return act == CLPAR_ACT_RELU      ? (z > 0 ? z : 0)
-         : act == CLPAR_ACT_SIGMOID ? 1.0 / (1.0 + exp(-z))
-         : act == CLPAR_ACT_TANH    ? tanh(z)
-                                    : z;
-}
-
-static double act_grad(clpar_act_kind act, double y) {
-  return act == CLPAR_ACT_RELU      ? (y > 0 ? 1.0 : 0.0)
-         : act == CLPAR_ACT_SIGMOID ? y * (1.0 - y)
-         : act == CLPAR_ACT_TANH    ? 1.0 - y * y
-                                    : 1.0;
 }
 
 /* ---- the entry ---- */
@@ -68,7 +55,7 @@ static void reference(const problem *p, clpar_act_kind act, int acc, float *dx, 
   int64_t m = p->m, n = p->n, k = p->k;
   double *d = malloc((size_t)(m * n) * sizeof *d);
   assert_non_null(d);
-  for (int64_t i = 0; i < m * n; i++) d[i] = p->g[i] * act_grad(act, p->y[i]);
+  for (int64_t i = 0; i < m * n; i++) d[i] = p->g[i] * tu_act_grad(act, p->y[i]);
   for (int64_t r = 0; r < m; r++)
     for (int64_t j = 0; j < k; j++) {
       double s = acc & CLPAR_ACC_DX ? p->dx0[r * k + j] : 0;
@@ -200,34 +187,6 @@ static void test_entry_refuses_bad_arguments(void **state) {
 
 enum { ROWS = 3, IN = 8, OUT = 8, MOST = OUT * IN }; /* MOST: the largest leaf */
 
-/* sum(R * act(x W^T + b)) in float64. */
-static double loss_of(clpar_act_kind act, const double *x, const double *w, const double *b,
-                      const float *r) {
-  double sum = 0;
-  for (int i = 0; i < ROWS; i++)
-    for (int o = 0; o < OUT; o++) {
-      double z = b ? b[o] : 0;
-      for (int k = 0; k < IN; k++) z += x[i * IN + k] * w[o * IN + k];
-      sum += r[i * OUT + o] * act_fn(act, z);
-    }
-  return sum;
-}
-
-/* Central differences of loss_of with respect to v[0 .. n), into out. */
-static void fd(clpar_act_kind act, double *x, double *w, double *b, const float *r, double *v,
-               int n, float *out) {
-  const double h = 1e-6;
-  for (int i = 0; i < n; i++) {
-    double keep = v[i];
-    v[i] = keep + h;
-    double up = loss_of(act, x, w, b, r);
-    v[i] = keep - h;
-    double down = loss_of(act, x, w, b, r);
-    v[i] = keep;
-    out[i] = (float)((up - down) / (2 * h));
-  }
-}
-
 static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias) {
   int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs = OUT, rs[2] = {ROWS, OUT};
   clpar_tensor *x = tu_make(dev, 2, xs, 61), *w = tu_make(dev, 2, ws, 62);
@@ -251,7 +210,8 @@ static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias
   for (int i = 0; i < 3; i++) {
     if (!leaves[i]) continue;
     float want[MOST];
-    fd(act, v[0], v[1], b ? v[2] : NULL, fr, v[i], sizes[i], want);
+    tu_act_fd(act, (tu_linear_dims){ROWS, IN, OUT}, v[0], v[1], b ? v[2] : NULL, fr, v[i], sizes[i],
+              want);
     float *got = tu_read(clpar_tensor_grad(leaves[i]));
     static const char *leaf[] = {"x", "W", "b"};
     char what[160];

@@ -23,23 +23,10 @@
 #include <string.h>
 
 #include "internal.h"
+#include "test_act_ref.h"
 #include "test_util.h"
 
 #define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
-
-static double act_d(clpar_act_kind act, double x) {
-  return act == CLPAR_ACT_RELU      ? (x > 0 ? x : 0)
-         : act == CLPAR_ACT_SIGMOID ? 1.0 / (1.0 + exp(-x))
-         : act == CLPAR_ACT_TANH    ? tanh(x)
-                                    : x;
-}
-
-static double act_grad_d(clpar_act_kind act, double y) {
-  return act == CLPAR_ACT_RELU      ? (y > 0 ? 1.0 : 0.0)
-         : act == CLPAR_ACT_SIGMOID ? y * (1.0 - y)
-         : act == CLPAR_ACT_TANH    ? 1.0 - y * y
-                                    : 1.0;
-}
 
 static const char *act_name(clpar_act_kind act) {
   static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
@@ -67,12 +54,12 @@ static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, i
   assert_non_null(want_d);
   assert_non_null(want_sum);
   assert_non_null(want_acc);
-  for (size_t i = 0; i < n; i++) want_y[i] = (float)act_d(act, (double)(pa[i] + pb[i % cols]));
+  for (size_t i = 0; i < n; i++) want_y[i] = (float)tu_act(act, (double)(pa[i] + pb[i % cols]));
   for (int64_t c = 0; c < cols; c++) {
     double s = 0;
     for (int64_t r = 0; r < rows; r++) {
       size_t i = (size_t)(r * cols + c);
-      want_d[i] = (float)((double)pg[i] * act_grad_d(act, want_y[i]));
+      want_d[i] = (float)((double)pg[i] * tu_act_grad(act, want_y[i]));
       s += want_d[i];
     }
     want_sum[c] = (float)s;
@@ -164,34 +151,7 @@ static void test_entries_against_reference(void **state) {
 /* ---- gradients against finite differences ---- */
 
 enum { ROWS = 4, IN = 5, OUT = 3 };
-
-/* sum(R * act(x W^T + b)) in float64 from float data. */
-static double loss_d(clpar_act_kind act, const double *x, const double *w, const double *b,
-                     const float *r) {
-  double sum = 0;
-  for (int i = 0; i < ROWS; i++)
-    for (int o = 0; o < OUT; o++) {
-      double z = b ? b[o] : 0;
-      for (int k = 0; k < IN; k++) z += x[i * IN + k] * w[o * IN + k];
-      sum += r[i * OUT + o] * act_d(act, z);
-    }
-  return sum;
-}
-
-/* Central differences of loss_d with respect to each element of v (n of them). */
-static void fd(clpar_act_kind act, double *x, double *w, double *b, const float *r, double *v,
-               int n, float *out) {
-  const double h = 1e-6;
-  for (int i = 0; i < n; i++) {
-    double keep = v[i];
-    v[i] = keep + h;
-    double up = loss_d(act, x, w, b, r);
-    v[i] = keep - h;
-    double down = loss_d(act, x, w, b, r);
-    v[i] = keep;
-    out[i] = (float)((up - down) / (2 * h));
-  }
-}
+#define LDIMS ((tu_linear_dims){ROWS, IN, OUT})
 
 static void to_double(const float *f, double *d, int n) {
   for (int i = 0; i < n; i++) d[i] = f[i];
@@ -220,9 +180,9 @@ static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias
   if (fb) to_double(fb, dbias, OUT);
   float want_x[ROWS * IN], want_w[OUT * IN], want_b[OUT];
   double *bp = fb ? dbias : NULL;
-  fd(act, dx, dw, bp, fr, dx, ROWS * IN, want_x);
-  fd(act, dx, dw, bp, fr, dw, OUT * IN, want_w);
-  if (fb) fd(act, dx, dw, bp, fr, dbias, OUT, want_b);
+  tu_act_fd(act, LDIMS, dx, dw, bp, fr, dx, ROWS * IN, want_x);
+  tu_act_fd(act, LDIMS, dx, dw, bp, fr, dw, OUT * IN, want_w);
+  if (fb) tu_act_fd(act, LDIMS, dx, dw, bp, fr, dbias, OUT, want_b);
   char label[160];
   snprintf(label, sizeof label, "clpar_linear_act %s%s on %s: d/dx", act_name(act),
            with_bias ? "" : " (no bias)", clpar_device_id(dev));
@@ -388,7 +348,7 @@ static void check_linear_act(clpar_device *dev, clpar_act_kind act, int64_t m, i
     for (int64_t j = 0; j < n; j++) {
       double acc = 0;
       for (int64_t p = 0; p < k; p++) acc += (double)px[i * k + p] * pw[j * k + p];
-      want[i * n + j] = (float)act_d(act, (double)(float)acc + (with_bias ? pb[j] : 0.0f));
+      want[i * n + j] = (float)tu_act(act, (double)(float)acc + (with_bias ? pb[j] : 0.0f));
     }
   clpar_bref none = {NULL, 0};
   for (int way = 0; way < 2; way++) {
