@@ -18,26 +18,17 @@
 
 #include "internal.h"
 #include "opencl/ocl_conv_algo.h"
+#include "ocl_test_util.h"
 #include "test_util.h"
 
 static char cache_dir[256];
-
-static clpar_device *ocl_device(void) {
-  for (int i = 0; i < clpar_device_count(); i++) {
-    clpar_device *d = clpar_device_get(i);
-    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
-  }
-  return NULL;
-}
 
 static clpar_ocl_device *ocl_of(clpar_device *dev) {
   return dev->bd.ctx;
 }
 
 static int setup(void **state) {
-  snprintf(cache_dir, sizeof cache_dir, "/tmp/clpar-test-ocl-conv-XXXXXX");
-  if (!mkdtemp(cache_dir)) return -1;
-  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  if (tu_ocl_cache_dir_make(cache_dir, sizeof cache_dir, "ocl-conv") != 0) return -1;
   unsetenv("CLPAR_TUNE");
   unsetenv("CLPAR_OCL_CONV");
   return tu_setup(state);
@@ -161,21 +152,21 @@ static void check_forced(clpar_device *dev, int algo) {
 
 static void test_im2col_path(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_IM2COL);
 }
 
 static void test_winograd_path(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
 }
 
 static void test_implicit_path(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_IMPLICIT);
 }
@@ -184,7 +175,7 @@ static void test_implicit_path(void **state) {
  * last chunk). */
 static void test_chunks(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   const size_t floats[] = {1, 7000};
   for (size_t f = 0; f < 2; f++) {
@@ -206,7 +197,7 @@ static void test_chunks(void **state) {
 /* Tiles other than the defaults: narrow, one work-item per column, deep K steps. */
 static void test_implicit_tiles(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   clpar_ocl_device *d = ocl_of(dev);
   const clpar_ocl_conv_tiles tiles[] = {{16, 32, 4, 2, 4}, {8, 8, 1, 1, 1}, {32, 16, 32, 8, 2}};
@@ -231,7 +222,7 @@ static void test_implicit_tiles(void **state) {
  * are in force, saved when they changed, and convolve correctly. */
 static void test_tile_tuning(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   clpar_ocl_device *d = ocl_of(dev);
   char path[4096];
@@ -296,7 +287,7 @@ static clpar_ocl_conv_stats run_probe(clpar_device *dev) {
 
 static void test_saved_choice_is_taken(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   clpar_ocl_device *d = ocl_of(dev);
   char text[4096], h[2048];
@@ -328,7 +319,7 @@ static void test_saved_choice_is_taken(void **state) {
 
 static void test_unknown_shape_is_measured_and_saved(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   clpar_ocl_device *d = ocl_of(dev);
   char path[4096];
@@ -372,7 +363,7 @@ static void expect_refused(clpar_device *dev, const char *body, size_t len, cons
 
 static void test_hostile_entries_are_refused(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   clpar_ocl_device *d = ocl_of(dev);
   char h[2048], text[8192];
