@@ -5,6 +5,9 @@
 
 #include "internal.h" /* clpar_act_kind */
 
+/* "none", "relu", "sigmoid" or "tanh". */
+const char *tu_act_name(clpar_act_kind act);
+
 /* act(z). */
 double tu_act(clpar_act_kind act, double z);
 
@@ -20,5 +23,11 @@ typedef struct {
  * respect to v[0 .. n), v one of x, w, b; into out. */
 void tu_act_fd(clpar_act_kind act, tu_linear_dims d, double *x, double *w, double *b,
                const float *r, double *v, int n, float *out);
+
+/* On the host and every selected device, for each activation, with and without a bias:
+ * y = linear_act(x, W, b) (clpar_linear for CLPAR_ACT_NONE where plain_none), loss =
+ * sum(y * R), x, W, b and R made from seed .. seed + 3, x, W and b requiring gradients: their
+ * gradients against tu_act_fd's within 1e-3 relative, 1e-4 absolute. */
+void tu_act_check_gradients(tu_linear_dims d, uint64_t seed, int plain_none);
 
 #endif

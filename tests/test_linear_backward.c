@@ -24,11 +24,6 @@
 
 #define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
 
-static const char *act_name(clpar_act_kind act) {
-  static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
-  return names[act];
-}
-
 /* ---- the entry ---- */
 
 typedef struct {
@@ -127,8 +122,8 @@ static void check_shape(clpar_device *dev, int64_t m, int64_t n, int64_t k) {
         if (!(outs & (1 << i))) continue;
         char what[160];
         snprintf(what, sizeof what, "linear_act_backward %s %s [%lld x %lld x %lld] acc %d on %s",
-                 act_name((clpar_act_kind)act), names[i], (long long)m, (long long)n, (long long)k,
-                 acc, clpar_device_id(dev));
+                 tu_act_name((clpar_act_kind)act), names[i], (long long)m, (long long)n,
+                 (long long)k, acc, clpar_device_id(dev));
         tu_assert_close(fused[i], want[i], sizes[i], 1e-4f, 1e-4f, what);
         if (memcmp(fused[i], composed[i], sizes[i] * sizeof(float)) != 0) {
           tu_assert_close(fused[i], composed[i], sizes[i], 0.0f, 0.0f, what);
@@ -185,54 +180,9 @@ static void test_entry_refuses_bad_arguments(void **state) {
 
 /* ---- gradients against finite differences ---- */
 
-enum { ROWS = 3, IN = 8, OUT = 8, MOST = OUT * IN }; /* MOST: the largest leaf */
-
-static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias) {
-  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs = OUT, rs[2] = {ROWS, OUT};
-  clpar_tensor *x = tu_make(dev, 2, xs, 61), *w = tu_make(dev, 2, ws, 62);
-  clpar_tensor *b = with_bias ? tu_make(dev, 1, &bs, 63) : NULL, *r = tu_make(dev, 2, rs, 64);
-  clpar_tensor *leaves[3] = {x, w, b}, *y, *yr, *loss;
-  for (int i = 0; i < 3; i++)
-    if (leaves[i]) tu_ok(clpar_tensor_set_requires_grad(leaves[i], 1));
-  tu_ok(clpar_linear_act(x, w, b, act, &y));
-  tu_ok(clpar_mul(y, r, &yr));
-  tu_ok(clpar_sum(yr, &loss));
-  tu_ok(clpar_backward(loss));
-  int sizes[3] = {ROWS * IN, OUT * IN, OUT};
-  double v[3][MOST];
-  float *fr = tu_read(r);
-  for (int i = 0; i < 3; i++) {
-    if (!leaves[i]) continue;
-    float *f = tu_read(leaves[i]);
-    for (int j = 0; j < sizes[i]; j++) v[i][j] = f[j];
-    free(f);
-  }
-  for (int i = 0; i < 3; i++) {
-    if (!leaves[i]) continue;
-    float want[MOST];
-    tu_act_fd(act, (tu_linear_dims){ROWS, IN, OUT}, v[0], v[1], b ? v[2] : NULL, fr, v[i], sizes[i],
-              want);
-    float *got = tu_read(clpar_tensor_grad(leaves[i]));
-    static const char *leaf[] = {"x", "W", "b"};
-    char what[160];
-    snprintf(what, sizeof what, "clpar_linear_act %s%s on %s: gradient of %s", act_name(act),
-             with_bias ? "" : " (no bias)", clpar_device_id(dev), leaf[i]);
-    tu_assert_close(got, want, (size_t)sizes[i], 1e-3f, 1e-4f, what);
-    free(got);
-  }
-  free(fr);
-  clpar_tensor *all[] = {loss, yr, y, x, w, b, r};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) clpar_tensor_free(all[i]);
-}
-
 static void test_gradients_finite_differences(void **state) {
   (void)state;
-  for (int d = -1; d < clpar_device_count(); d++) {
-    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
-    for (int act = CLPAR_ACT_NONE; act <= CLPAR_ACT_TANH; act++)
-      for (int with_bias = 0; with_bias < 2; with_bias++)
-        check_gradients(dev, (clpar_act_kind)act, with_bias);
-  }
+  tu_act_check_gradients((tu_linear_dims){3, 8, 8}, 61, 0);
 }
 
 /* ---- training ---- */

@@ -28,11 +28,6 @@
 
 #define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
 
-static const char *act_name(clpar_act_kind act) {
-  static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
-  return names[act];
-}
-
 /* ---- the entries ---- */
 
 /* One shape through both entries on dev, checked against the float64 reference. */
@@ -71,8 +66,8 @@ static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, i
   tu_ok(clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
                            clpar_tensor_bref(bias), clpar_tensor_bref(y)));
   float *got = tu_read(y);
-  snprintf(label, sizeof label, "bias_act %s %lldx%lld on %s (%s)", act_name(act), (long long)rows,
-           (long long)cols, clpar_device_id(dev), way);
+  snprintf(label, sizeof label, "bias_act %s %lldx%lld on %s (%s)", tu_act_name(act),
+           (long long)rows, (long long)cols, clpar_device_id(dev), way);
   tu_assert_close(got, want_y, n, 1e-5f, 1e-6f, label);
   free(got);
   tu_ok(clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
@@ -82,7 +77,7 @@ static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, i
   free(got);
   /* the backward reads the output y the forward wrote (as clpar_linear_act's node does) */
   clpar_bref yref = act == CLPAR_ACT_NONE ? none : clpar_tensor_bref(y);
-  snprintf(label, sizeof label, "bias_act_backward %s %lldx%lld on %s (%s)", act_name(act),
+  snprintf(label, sizeof label, "bias_act_backward %s %lldx%lld on %s (%s)", tu_act_name(act),
            (long long)rows, (long long)cols, clpar_device_id(dev), way);
   /* out and db, db overwritten */
   tu_ok(clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(g),
@@ -150,76 +145,9 @@ static void test_entries_against_reference(void **state) {
 
 /* ---- gradients against finite differences ---- */
 
-enum { ROWS = 4, IN = 5, OUT = 3 };
-#define LDIMS ((tu_linear_dims){ROWS, IN, OUT})
-
-static void to_double(const float *f, double *d, int n) {
-  for (int i = 0; i < n; i++) d[i] = f[i];
-}
-
-/* y = linear_act(x, W, b) on dev, loss = sum(y * R); x, W, b require gradients. */
-static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias) {
-  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs = OUT, rs[2] = {ROWS, OUT};
-  clpar_tensor *x = tu_make(dev, 2, xs, 21), *w = tu_make(dev, 2, ws, 22);
-  clpar_tensor *b = with_bias ? tu_make(dev, 1, &bs, 23) : NULL, *r = tu_make(dev, 2, rs, 24);
-  tu_ok(clpar_tensor_set_requires_grad(x, 1));
-  tu_ok(clpar_tensor_set_requires_grad(w, 1));
-  if (b) tu_ok(clpar_tensor_set_requires_grad(b, 1));
-  clpar_tensor *y, *yr, *loss;
-  if (act == CLPAR_ACT_NONE)
-    tu_ok(clpar_linear(x, w, b, &y));
-  else
-    tu_ok(clpar_linear_act(x, w, b, act, &y));
-  tu_ok(clpar_mul(y, r, &yr));
-  tu_ok(clpar_sum(yr, &loss));
-  tu_ok(clpar_backward(loss));
-  float *fx = tu_read(x), *fw = tu_read(w), *fb = b ? tu_read(b) : NULL, *fr = tu_read(r);
-  double dx[ROWS * IN], dw[OUT * IN], dbias[OUT];
-  to_double(fx, dx, ROWS * IN);
-  to_double(fw, dw, OUT * IN);
-  if (fb) to_double(fb, dbias, OUT);
-  float want_x[ROWS * IN], want_w[OUT * IN], want_b[OUT];
-  double *bp = fb ? dbias : NULL;
-  tu_act_fd(act, LDIMS, dx, dw, bp, fr, dx, ROWS * IN, want_x);
-  tu_act_fd(act, LDIMS, dx, dw, bp, fr, dw, OUT * IN, want_w);
-  if (fb) tu_act_fd(act, LDIMS, dx, dw, bp, fr, dbias, OUT, want_b);
-  char label[160];
-  snprintf(label, sizeof label, "clpar_linear_act %s%s on %s: d/dx", act_name(act),
-           with_bias ? "" : " (no bias)", clpar_device_id(dev));
-  float *got = tu_read(clpar_tensor_grad(x));
-  tu_assert_close(got, want_x, ROWS * IN, 1e-3f, 1e-4f, label);
-  free(got);
-  label[strlen(label) - 1] = 'W';
-  got = tu_read(clpar_tensor_grad(w));
-  tu_assert_close(got, want_w, OUT * IN, 1e-3f, 1e-4f, label);
-  free(got);
-  if (b) {
-    label[strlen(label) - 1] = 'b';
-    got = tu_read(clpar_tensor_grad(b));
-    tu_assert_close(got, want_b, OUT, 1e-3f, 1e-4f, label);
-    free(got);
-  }
-  free(fx);
-  free(fw);
-  free(fb);
-  free(fr);
-  clpar_tensor_free(loss);
-  clpar_tensor_free(yr);
-  clpar_tensor_free(y);
-  clpar_tensor_free(x);
-  clpar_tensor_free(w);
-  clpar_tensor_free(b);
-  clpar_tensor_free(r);
-}
-
 static void test_gradients_finite_differences(void **state) {
   (void)state;
-  for (int d = -1; d < clpar_device_count(); d++) {
-    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
-    for (int act = CLPAR_ACT_NONE; act <= CLPAR_ACT_TANH; act++)
-      for (int with_bias = 0; with_bias < 2; with_bias++)
-        check_gradients(dev, (clpar_act_kind)act, with_bias);
-  }
+  tu_act_check_gradients((tu_linear_dims){4, 5, 3}, 21, 1);
 }
 
 /* ---- the slots ---- */
@@ -359,7 +287,7 @@ static void check_linear_act(clpar_device *dev, clpar_act_kind act, int64_t m, i
     tu_ok(clpar_tensor_read(y, got, count));
     char what[160];
     snprintf(what, sizeof what, "linear_act %s [%lld x %lld x %lld] bias %d %s on %s",
-             act_name(act), (long long)m, (long long)n, (long long)k, with_bias,
+             tu_act_name(act), (long long)m, (long long)n, (long long)k, with_bias,
              way ? "composed" : "fused", clpar_device_id(dev));
     tu_assert_close(got, want, count, 1e-4f, 1e-5f, what);
   }
