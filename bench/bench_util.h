@@ -52,6 +52,26 @@ static inline int bench_train_step(clpar_module *model, clpar_optimizer *opt, cl
   return good;
 }
 
+/* One training step on static inputs (capturable: nothing uploaded or read): zero the
+ * gradients, forward, cross-entropy against the int32 targets y (mean, CLPAR_IGNORE_INDEX),
+ * backward, clipping to a global norm of clip where clip > 0, optimizer step. *loss (freed
+ * first) holds the loss after, read after the step; the logits are freed. */
+static inline clpar_status bench_xent_step(clpar_module *m, clpar_optimizer *opt, clpar_tensor *x,
+                                           clpar_tensor *y, float clip, clpar_tensor **loss) {
+  clpar_tensor_free(*loss);
+  *loss = NULL;
+  clpar_tensor *logits = NULL;
+  clpar_status s = clpar_optimizer_zero_grad(opt);
+  if (s == CLPAR_OK) s = clpar_module_forward(m, x, &logits);
+  if (s == CLPAR_OK)
+    s = clpar_cross_entropy_targets(logits, y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, loss);
+  if (s == CLPAR_OK) s = clpar_backward(*loss);
+  if (s == CLPAR_OK && clip > 0) s = clpar_clip_grad_norm_module(m, clip, NULL);
+  if (s == CLPAR_OK) s = clpar_optimizer_step(opt);
+  clpar_tensor_free(logits);
+  return s;
+}
+
 #ifdef BENCH_HAVE_OPENCL
 #include <CL/cl.h>
 /* The cl_device_id behind "opencl:N" (for raw CLBlast calls on clpar's device): the backend

@@ -35,17 +35,7 @@ typedef struct {
 
 static clpar_status step(void *ctx) {
   bench_run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
-  clpar_tensor *logits = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &logits);
-  if (s == CLPAR_OK)
-    s = clpar_cross_entropy_targets(logits, r->y, -100, CLPAR_REDUCTION_MEAN, &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
-  clpar_tensor_free(logits); /* the loss stays: read after the step */
-  return s;
+  return bench_xent_step(r->m, r->opt, r->x, r->y, 0.0f, &r->loss);
 }
 
 /* The MLP on devs[0], wrapped in DataParallel over both devices when n is 2, its optimizer

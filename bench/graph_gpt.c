@@ -30,19 +30,7 @@ typedef struct {
 
 static clpar_status step(void *ctx) {
   gpt_run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
-  clpar_tensor *logits = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &logits);
-  if (s == CLPAR_OK)
-    s = clpar_cross_entropy_targets(logits, r->y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN,
-                                    &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
-  if (s == CLPAR_OK) s = clpar_clip_grad_norm_module(r->m, 1.0f, NULL);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
-  clpar_tensor_free(logits); /* the loss stays: read after the rounds */
-  return s;
+  return bench_xent_step(r->m, r->opt, r->x, r->y, 1.0f, &r->loss);
 }
 
 /* The GPT, AdamW and the token ids ((i * 37) % 65, as bench_train_step's); two steps, the
