@@ -1,5 +1,6 @@
-/* ocl_test_util.h — helpers shared by the OpenCL backend's own tests (program building and
- * the kernel cache): running the one-kernel test program and checking what it computed. */
+/* ocl_test_util.h — helpers shared by the OpenCL backend's own tests (program building, the
+ * kernel cache, the tuners): the device and a fresh cache directory, running the one-kernel
+ * test program and checking what it computed. */
 #ifndef CLPAR_OCL_TEST_UTIL_H
 #define CLPAR_OCL_TEST_UTIL_H
 
