@@ -52,6 +52,58 @@ static inline int bench_train_step(clpar_module *model, clpar_optimizer *opt, cl
   return good;
 }
 
+/* One training step on static inputs (capturable: nothing uploaded or read): zero the
+ * gradients, forward, cross-entropy against the int32 targets y (mean, CLPAR_IGNORE_INDEX),
+ * backward, clipping to a global norm of clip where clip > 0, optimizer step. *loss (freed
+ * first) holds the loss after, read after the step; the logits are freed. */
+static inline clpar_status bench_xent_step(clpar_module *m, clpar_optimizer *opt, clpar_tensor *x,
+                                           clpar_tensor *y, float clip, clpar_tensor **loss) {
+  clpar_tensor_free(*loss);
+  *loss = NULL;
+  clpar_tensor *logits = NULL;
+  clpar_status s = clpar_optimizer_zero_grad(opt);
+  if (s == CLPAR_OK) s = clpar_module_forward(m, x, &logits);
+  if (s == CLPAR_OK)
+    s = clpar_cross_entropy_targets(logits, y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, loss);
+  if (s == CLPAR_OK) s = clpar_backward(*loss);
+  if (s == CLPAR_OK && clip > 0) s = clpar_clip_grad_norm_module(m, clip, NULL);
+  if (s == CLPAR_OK) s = clpar_optimizer_step(opt);
+  clpar_tensor_free(logits);
+  return s;
+}
+
+/* A captured-step bench's model, optimizer, static inputs (token ids or features, int32
+ * targets), last loss, its graph once captured, and bench_xent_step's clip. */
+typedef struct {
+  clpar_module *m;
+  clpar_optimizer *opt;
+  clpar_tensor *x, *y, *loss;
+  clpar_graph *graph;
+  float clip;
+} bench_step_run;
+
+/* bench_xent_step on a bench_step_run (ctx), as clpar_step_fn. */
+static inline clpar_status bench_step(void *ctx) {
+  bench_step_run *r = ctx;
+  return bench_xent_step(r->m, r->opt, r->x, r->y, r->clip, &r->loss);
+}
+
+/* One step of r captured on devs[0 .. n) into r->graph. Returns 1 on success. */
+static inline int bench_step_capture(bench_step_run *r, clpar_device **devs, int n) {
+  clpar_status ran = CLPAR_OK;
+  return bench_ok(clpar_graph_capture_begin(devs, n), "capture") && (ran = bench_step(r), 1) &&
+         bench_ok(clpar_graph_capture_end(&r->graph), "capture") && bench_ok(ran, "captured step");
+}
+
+static inline void bench_step_run_free(bench_step_run *r) {
+  clpar_graph_destroy(r->graph);
+  clpar_tensor_free(r->loss);
+  clpar_tensor_free(r->x);
+  clpar_tensor_free(r->y);
+  clpar_optimizer_free(r->opt);
+  clpar_module_free(r->m);
+}
+
 #ifdef BENCH_HAVE_OPENCL
 #include <CL/cl.h>
 /* The cl_device_id behind "opencl:N" (for raw CLBlast calls on clpar's device): the backend

@@ -27,26 +27,8 @@ enum { LAYERS = 48, WIDTH = 64, BATCH = 32, TINY = 1000 };
 typedef struct {
   clpar_device *devs[2];
   int n;
-  clpar_module *m;
-  clpar_optimizer *opt;
-  clpar_tensor *x, *y, *loss;
-  clpar_graph *graph;
+  bench_step_run s;
 } bench_run;
-
-static clpar_status step(void *ctx) {
-  bench_run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
-  clpar_tensor *logits = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &logits);
-  if (s == CLPAR_OK)
-    s = clpar_cross_entropy_targets(logits, r->y, -100, CLPAR_REDUCTION_MEAN, &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
-  clpar_tensor_free(logits); /* the loss stays: read after the step */
-  return s;
-}
 
 /* The MLP on devs[0], wrapped in DataParallel over both devices when n is 2, its optimizer
  * and static inputs; then a warm-up step and the captured one. */
@@ -64,30 +46,18 @@ static int make_run(bench_run *r) {
   int64_t xs[2] = {BATCH, WIDTH}, ys = BATCH;
   clpar_sgd_options sgd = {.lr = 0.01f};
   clpar_data_parallel_options o = {.devices = r->devs, .n_devices = 2};
-  good = good && bench_ok(clpar_sequential_create(l, n, &r->m), "Sequential") &&
-         bench_ok(clpar_module_flatten(r->m), "flatten");
+  good = good && bench_ok(clpar_sequential_create(l, n, &r->s.m), "Sequential") &&
+         bench_ok(clpar_module_flatten(r->s.m), "flatten");
   if (good && r->n == 2) {
-    good = bench_ok(clpar_data_parallel_create(r->m, &o, &dp), "DataParallel");
-    r->m = good ? dp : NULL;
+    good = bench_ok(clpar_data_parallel_create(r->s.m, &o, &dp), "DataParallel");
+    r->s.m = good ? dp : NULL;
   }
-  clpar_status ran = CLPAR_OK;
-  good =
-      good && bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD") &&
-      bench_ok(clpar_tensor_from_host(r->devs[0], 2, xs, x, &r->x), "input") &&
-      bench_ok(clpar_tensor_from_host_dtype(r->devs[0], CLPAR_INT32, 1, &ys, y, &r->y), "labels") &&
-      bench_ok(step(r), "warm-up") &&
-      bench_ok(clpar_graph_capture_begin(r->devs, r->n), "capture") && (ran = step(r), 1) &&
-      bench_ok(clpar_graph_capture_end(&r->graph), "capture") && bench_ok(ran, "captured step");
+  good = good && bench_ok(clpar_sgd_create_for(r->s.m, &sgd, &r->s.opt), "SGD") &&
+         bench_ok(clpar_tensor_from_host(r->devs[0], 2, xs, x, &r->s.x), "input") &&
+         bench_ok(clpar_tensor_from_host_dtype(r->devs[0], CLPAR_INT32, 1, &ys, y, &r->s.y),
+                  "labels") &&
+         bench_ok(bench_step(&r->s), "warm-up") && bench_step_capture(&r->s, r->devs, r->n);
   return good;
-}
-
-static void free_run(bench_run *r) {
-  clpar_graph_destroy(r->graph);
-  clpar_tensor_free(r->loss);
-  clpar_tensor_free(r->x);
-  clpar_tensor_free(r->y);
-  clpar_optimizer_free(r->opt);
-  clpar_module_free(r->m);
 }
 
 /* ms per step of one round of steps (eager or replayed), waiting once at the end; *host_ms:
@@ -95,7 +65,7 @@ static void free_run(bench_run *r) {
 static double round_ms(bench_run *r, int replay, int steps, double *host_ms) {
   double t0 = now_seconds();
   for (int i = 0; i < steps; i++)
-    if (!bench_ok(replay ? clpar_graph_replay(r->graph) : step(r), "step")) return -1;
+    if (!bench_ok(replay ? clpar_graph_replay(r->s.graph) : bench_step(&r->s), "step")) return -1;
   *host_ms = (now_seconds() - t0) * 1e3 / steps;
   for (int d = 0; d < r->n; d++)
     if (!bench_ok(clpar_device_synchronize(r->devs[d]), "synchronize")) return -1;
@@ -108,7 +78,7 @@ static double eager_commands(bench_run *r) {
   int good = 1;
   for (int d = 0; good && d < r->n; d++)
     good = bench_ok(clpar_device_profile_start(r->devs[d]), "profile");
-  for (int i = 0; good && i < 10; i++) good = bench_ok(step(r), "step");
+  for (int i = 0; good && i < 10; i++) good = bench_ok(bench_step(&r->s), "step");
   for (int d = 0; good && d < r->n; d++) {
     clpar_profile pr = {0, 0};
     good = bench_ok(clpar_device_profile_read(r->devs[d], &pr), "profile");
@@ -242,7 +212,7 @@ static int run_setup(bench_run *r, int steps, int rounds) {
         "\"tiny_fill_run_us\": {\"eager\": %.3f, \"replay\": %.3f, \"bare_opencl\": %.3f, "
         "\"bare_opencl_wg256\": %.3f}}\n",
         r->n, r->n == 2 ? "true" : "false", steps, rounds, best[0], worst[0], best[1], worst[1],
-        best[0] / best[1], host[0], host[1], eager_cmds, clpar_graph_command_count(r->graph),
+        best[0] / best[1], host[0], host[1], eager_cmds, clpar_graph_command_count(r->s.graph),
         post[0], post[1], post[2], run[0], run[1], run[2], run[3]);
   return good;
 }
@@ -254,7 +224,7 @@ int main(int argc, char **argv) {
   for (int n = 1; good && n <= 2 && n <= clpar_device_count(); n++) {
     bench_run r = {.devs = {clpar_device_get(0), n == 2 ? clpar_device_get(1) : NULL}, .n = n};
     good = run_setup(&r, steps, rounds);
-    free_run(&r);
+    bench_step_run_free(&r.s);
   }
   clpar_shutdown();
   return good ? 0 : 1;

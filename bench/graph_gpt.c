@@ -22,28 +22,8 @@ enum { BATCH = 12, BLOCK = 64, VOCAB = 65, MAX_ROUNDS = 64 };
 
 typedef struct {
   clpar_device *dev;
-  clpar_module *m;
-  clpar_optimizer *opt;
-  clpar_tensor *x, *y, *loss;
-  clpar_graph *graph;
+  bench_step_run s;
 } gpt_run;
-
-static clpar_status step(void *ctx) {
-  gpt_run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
-  clpar_tensor *logits = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &logits);
-  if (s == CLPAR_OK)
-    s = clpar_cross_entropy_targets(logits, r->y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN,
-                                    &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
-  if (s == CLPAR_OK) s = clpar_clip_grad_norm_module(r->m, 1.0f, NULL);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
-  clpar_tensor_free(logits); /* the loss stays: read after the rounds */
-  return s;
-}
 
 /* The GPT, AdamW and the token ids ((i * 37) % 65, as bench_train_step's); two steps, the
  * second captured when capture is set. */
@@ -57,34 +37,25 @@ static int make_run(gpt_run *r, int capture) {
   clpar_adam_options adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.99f, .weight_decay = 0.1f};
   int64_t shape[2] = {BATCH, BLOCK};
   clpar_manual_seed(3);
+  r->s.clip = 1.0f; /* nanoGPT's grad_clip */
   int good =
-      bench_ok(clpar_gpt_create(&cfg, r->dev, &r->m), "GPT") &&
-      bench_ok(clpar_adamw_create_decay_groups(r->m, &adam, &r->opt), "AdamW") &&
-      bench_ok(clpar_tensor_from_host_dtype(r->dev, CLPAR_INT32, 2, shape, ids, &r->x), "ids") &&
+      bench_ok(clpar_gpt_create(&cfg, r->dev, &r->s.m), "GPT") &&
+      bench_ok(clpar_adamw_create_decay_groups(r->s.m, &adam, &r->s.opt), "AdamW") &&
+      bench_ok(clpar_tensor_from_host_dtype(r->dev, CLPAR_INT32, 2, shape, ids, &r->s.x), "ids") &&
       bench_ok(
-          clpar_tensor_from_host_dtype(r->dev, CLPAR_INT32, 2, shape, ids + BATCH * BLOCK, &r->y),
+          clpar_tensor_from_host_dtype(r->dev, CLPAR_INT32, 2, shape, ids + BATCH * BLOCK, &r->s.y),
           "targets") &&
-      bench_ok(step(r), "warm-up");
-  if (good && !capture) return bench_ok(step(r), "step");
-  clpar_status ran = CLPAR_OK;
-  return good && bench_ok(clpar_graph_capture_begin(&r->dev, 1), "capture") && (ran = step(r), 1) &&
-         bench_ok(clpar_graph_capture_end(&r->graph), "capture") && bench_ok(ran, "captured step");
-}
-
-static void free_run(gpt_run *r) {
-  clpar_graph_destroy(r->graph);
-  clpar_tensor_free(r->loss);
-  clpar_tensor_free(r->x);
-  clpar_tensor_free(r->y);
-  clpar_optimizer_free(r->opt);
-  clpar_module_free(r->m);
+      bench_ok(bench_step(&r->s), "warm-up");
+  if (good && !capture) return bench_ok(bench_step(&r->s), "step");
+  return good && bench_step_capture(&r->s, &r->dev, 1);
 }
 
 /* ms per step of one round, waiting once at the end; *host_ms until the last was posted. */
 static double round_ms(gpt_run *r, int steps, double *host_ms) {
   double t0 = now_seconds();
   for (int i = 0; i < steps; i++)
-    if (!bench_ok(r->graph ? clpar_graph_replay(r->graph) : step(r), "step")) return -1;
+    if (!bench_ok(r->s.graph ? clpar_graph_replay(r->s.graph) : bench_step(&r->s), "step"))
+      return -1;
   *host_ms = (now_seconds() - t0) * 1e3 / steps;
   if (!bench_ok(clpar_device_synchronize(r->dev), "synchronize")) return -1;
   return (now_seconds() - t0) * 1e3 / steps;
@@ -111,7 +82,7 @@ int main(int argc, char **argv) {
     }
   float loss[2] = {0, 0};
   for (int mode = 0; good && mode < 2; mode++)
-    good = bench_ok(clpar_tensor_read(runs[mode].loss, &loss[mode], 1), "loss");
+    good = bench_ok(clpar_tensor_read(runs[mode].s.loss, &loss[mode], 1), "loss");
   if (good) {
     for (int mode = 0; mode < 2; mode++)
       qsort(ms[mode], (size_t)rounds, sizeof(double), cmp_double);
@@ -124,11 +95,11 @@ int main(int argc, char **argv) {
         "\"replay_commands_per_step\": %zu, \"same_loss\": %s}\n",
         clpar_device_id(runs[0].dev), BLOCK, BATCH, steps, rounds, ms[0][0], ms[0][rounds / 2],
         ms[0][rounds - 1], ms[1][0], ms[1][rounds / 2], ms[1][rounds - 1], ms[0][0] / ms[1][0],
-        host[0], host[1], clpar_graph_command_count(runs[1].graph),
+        host[0], host[1], clpar_graph_command_count(runs[1].s.graph),
         memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0 ? "true" : "false");
   }
-  free_run(&runs[0]);
-  free_run(&runs[1]);
+  bench_step_run_free(&runs[0].s);
+  bench_step_run_free(&runs[1].s);
   clpar_shutdown();
   return good ? 0 : 1;
 }

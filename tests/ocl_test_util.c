@@ -2,9 +2,25 @@
 #include "ocl_test_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "test_util.h"
+
+clpar_device *tu_ocl_device(void) {
+  for (int i = 0; i < clpar_device_count(); i++) {
+    clpar_device *d = clpar_device_get(i);
+    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
+  }
+  return NULL;
+}
+
+int tu_ocl_cache_dir_make(char *dir, size_t size, const char *tag) {
+  snprintf(dir, size, "/tmp/clpar-test-%s-XXXXXX", tag);
+  if (!mkdtemp(dir)) return -1;
+  return setenv("CLPAR_CACHE_DIR", dir, 1) == 0 ? 0 : -1;
+}
 
 clpar_ocl_program_stats tu_ocl_stats(void) {
   clpar_ocl_program_stats s;

@@ -1,9 +1,26 @@
-/* ocl_test_util.h — helpers shared by the OpenCL backend's own tests (program building and
- * the kernel cache): running the one-kernel test program and checking what it computed. */
+/* ocl_test_util.h — helpers shared by the OpenCL backend's own tests (program building, the
+ * kernel cache, the tuners): the device and a fresh cache directory, running the one-kernel
+ * test program and checking what it computed. */
 #ifndef CLPAR_OCL_TEST_UTIL_H
 #define CLPAR_OCL_TEST_UTIL_H
 
 #include "opencl/ocl_internal.h"
+
+/* The first selected OpenCL device, or NULL. */
+clpar_device *tu_ocl_device(void);
+
+/* Declares d, the backend context of that device, or skips the test. */
+#define NEED_DEVICE(d)                             \
+  clpar_device *d##_dev = tu_ocl_device();         \
+  if (!d##_dev) {                                  \
+    print_message("no OpenCL device: skipping\n"); \
+    skip();                                        \
+  }                                                \
+  clpar_ocl_device *d = d##_dev->bd.ctx
+
+/* A fresh directory dir (from the mkdtemp template /tmp/clpar-test-<tag>-XXXXXX) made the
+ * kernel and tuning cache (CLPAR_CACHE_DIR); 0, or -1 where it could not be made. */
+int tu_ocl_cache_dir_make(char *dir, size_t size, const char *tag);
 
 /* The program cache's counters now. */
 clpar_ocl_program_stats tu_ocl_stats(void);

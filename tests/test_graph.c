@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h" /* clpar_tensor_unscope, clpar_compose_force */
-#include "test_util.h"
+#include "internal.h" /* clpar_compose_force */
+#include "test_graph_util.h"
 
 enum { STEPS = 100, LR_CHANGE = 40 };
 
@@ -25,14 +25,11 @@ typedef struct {
   clpar_device *devs[2]; /* DataParallel's, when n_devs is 2 */
   int n_devs;
   tu_toy_devices toy;
-  clpar_module *m;
-  clpar_optimizer *opt;
-  clpar_tensor *x, *y; /* the static inputs, written before each step */
-  clpar_tensor *loss;  /* the last step's (the capture run's, once captured) */
+  tgu_train t;
   int64_t xshape[4], yshape[2];
   int xdim;
   int host_read; /* reads the loss inside the step (refused at capture) */
-  int pipe;      /* r->m is a pipeline: its train step, 1F1B */
+  int pipe;      /* r->t.m is a pipeline: its train step, 1F1B */
 } run;
 
 static clpar_module *make_mlp(clpar_device *dev, float dropout) {
@@ -72,102 +69,61 @@ static void run_make(run *r, clpar_device *dev, model_kind kind, opt_kind ok, in
   r->xshape[1] = 8;
   r->yshape[1] = 4;
   if (kind == MODEL_MLP || kind == MODEL_DROPOUT)
-    r->m = make_mlp(dev, kind == MODEL_DROPOUT ? 0.5f : 0);
+    r->t.m = make_mlp(dev, kind == MODEL_DROPOUT ? 0.5f : 0);
   if (kind == MODEL_TOY) {
     r->toy = (tu_toy_devices){dev, dev};
-    r->m = tu_toy_create(&r->toy, 7);
+    r->t.m = tu_toy_create(&r->toy, 7);
     r->xshape[1] = 10;
     r->yshape[1] = 5;
   }
   if (kind == MODEL_CONV) {
-    r->m = make_conv(dev);
+    r->t.m = make_conv(dev);
     r->xdim = 4;
     memcpy(r->xshape, (int64_t[]){b, 3, 5, 5}, sizeof r->xshape);
   }
   r->devs[0] = dev;
   r->n_devs = 1;
-  if (flat) tu_ok(clpar_module_flatten(r->m));
+  if (flat) tu_ok(clpar_module_flatten(r->t.m));
   if (ok == OPT_SGD || ok == OPT_SGD_PLAIN)
     tu_ok(clpar_sgd_create_for(
-        r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = ok == OPT_SGD ? 0.9f : 0.0f}, &r->opt));
+        r->t.m, &(clpar_sgd_options){.lr = 0.05f, .momentum = ok == OPT_SGD ? 0.9f : 0.0f},
+        &r->t.opt));
   else if (ok == OPT_ADAM)
-    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+    tu_ok(clpar_adam_create_for(r->t.m, &(clpar_adam_options){.lr = 0.01f}, &r->t.opt));
   else
-    tu_ok(clpar_adamw_create_for(r->m, &(clpar_adam_options){.lr = 0.01f, .weight_decay = 0.05f},
-                                 &r->opt));
-  tu_ok(clpar_tensor_zeros(dev, r->xdim, r->xshape, &r->x));
-  tu_ok(clpar_tensor_zeros(dev, 2, r->yshape, &r->y));
+    tu_ok(clpar_adamw_create_for(r->t.m, &(clpar_adam_options){.lr = 0.01f, .weight_decay = 0.05f},
+                                 &r->t.opt));
+  tu_ok(clpar_tensor_zeros(dev, r->xdim, r->xshape, &r->t.x));
+  tu_ok(clpar_tensor_zeros(dev, 2, r->yshape, &r->t.y));
 }
 
-static void run_free(run *r) {
-  clpar_tensor_free(r->loss);
-  clpar_tensor_free(r->x);
-  clpar_tensor_free(r->y);
-  clpar_optimizer_free(r->opt);
-  clpar_module_free(r->m);
-}
-
-static clpar_status mse_fn(clpar_tensor *out, clpar_tensor *target, int64_t first_row, void *user,
-                           clpar_tensor **loss) {
-  (void)first_row;
-  (void)user;
-  return clpar_mse_loss(out, target, CLPAR_REDUCTION_MEAN, loss);
-}
-
-/* The step: zero_grad, forward, MSE, backward, optimizer step; the loss stays in r->loss. */
+/* The step: zero_grad, forward, MSE, backward, optimizer step; the loss stays in r->t.loss. */
 static clpar_status step(void *ctx) {
   run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *out = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK && r->pipe)
-    s = clpar_pipeline_train_step(r->m, r->x, r->y, mse_fn, NULL, &r->loss);
-  if (s == CLPAR_OK && !r->pipe) s = clpar_module_forward(r->m, r->x, &out);
-  if (s == CLPAR_OK && !r->pipe) s = clpar_mse_loss(out, r->y, CLPAR_REDUCTION_MEAN, &r->loss);
-  if (s == CLPAR_OK && !r->pipe) s = clpar_backward(r->loss);
+  clpar_scope *scope = tgu_step_begin(&r->t);
+  clpar_status s;
+  if (r->pipe) {
+    s = clpar_optimizer_zero_grad(r->t.opt);
+    if (s == CLPAR_OK)
+      s = clpar_pipeline_train_step(r->t.m, r->t.x, r->t.y, tgu_mse, NULL, &r->t.loss);
+  } else {
+    s = tgu_forward_backward(&r->t, tgu_mse);
+  }
   float v;
-  if (s == CLPAR_OK && r->host_read) s = clpar_tensor_read(r->loss, &v, 1);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
-  if (r->loss) clpar_tensor_unscope(r->loss); /* kept: read after the step */
-  clpar_scope_end(scope);
+  if (s == CLPAR_OK && r->host_read) s = clpar_tensor_read(r->t.loss, &v, 1);
+  if (s == CLPAR_OK) s = clpar_optimizer_step(r->t.opt);
+  tgu_step_end(&r->t, scope);
   return s;
 }
 
 /* Step i's inputs, written into the static input tensors. */
 static void write_inputs(run *r, int i) {
-  size_t nx = (size_t)clpar_tensor_numel(r->x), ny = (size_t)clpar_tensor_numel(r->y);
+  size_t nx = (size_t)clpar_tensor_numel(r->t.x), ny = (size_t)clpar_tensor_numel(r->t.y);
   float *x = tu_rand(nx, 1000 + (uint64_t)i), *y = tu_rand(ny, 5000 + (uint64_t)i);
-  tu_ok(clpar_tensor_write(r->x, x, nx));
-  tu_ok(clpar_tensor_write(r->y, y, ny));
+  tu_ok(clpar_tensor_write(r->t.x, x, nx));
+  tu_ok(clpar_tensor_write(r->t.y, y, ny));
   free(x);
   free(y);
-}
-
-/* Every parameter and float buffer of r->m, concatenated (malloc'ed), *n floats. */
-static float *state_of(const run *r, size_t *n) {
-  size_t at = 0, cap = 0;
-  float *all = NULL;
-  int np = clpar_module_parameter_count(r->m), nb = clpar_module_buffer_count(r->m);
-  for (int i = 0; i < np + nb; i++) {
-    clpar_tensor *t;
-    if (i < np)
-      tu_ok(clpar_module_parameter_at(r->m, i, NULL, &t));
-    else
-      tu_ok(clpar_module_buffer_at(r->m, i - np, NULL, &t));
-    if (clpar_tensor_dtype(t) != CLPAR_FLOAT32) continue;
-    size_t k = (size_t)clpar_tensor_numel(t);
-    if (at + k > cap) {
-      cap = 2 * (at + k);
-      all = realloc(all, cap * sizeof *all);
-      assert_non_null(all);
-    }
-    tu_ok(clpar_tensor_read(t, all + at, k));
-    at += k;
-  }
-  *n = at;
-  return all;
 }
 
 /* Trains STEPS steps, eagerly or through clpar_step_run, the learning rate scaled by 0.3 at
@@ -178,7 +134,7 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
   if (compiled && start == COMPILED) tu_ok(clpar_step_compile(step, r, r->devs, r->n_devs, &st));
   for (int i = 0; i < STEPS; i++) {
     if (i == LR_CHANGE)
-      tu_ok(clpar_optimizer_set_lr(r->opt, 0, 0.3f * clpar_optimizer_lr(r->opt, 0)));
+      tu_ok(clpar_optimizer_set_lr(r->t.opt, 0, 0.3f * clpar_optimizer_lr(r->t.opt, 0)));
     write_inputs(r, i);
     if (!compiled) {
       tu_ok(step(r));
@@ -194,7 +150,7 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
     } else {
       tu_ok(clpar_graph_replay(g));
     }
-    tu_ok(clpar_tensor_read(r->loss, &losses[i], 1));
+    tu_ok(clpar_tensor_read(r->t.loss, &losses[i], 1));
   }
   if (st) g = clpar_step_graph(st);
   if (compiled) {
@@ -207,6 +163,18 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
     clpar_graph_destroy(g);
 }
 
+/* The replayed run's losses and state equal the eager run's, bit for bit. */
+static void expect_same_runs(const run *eager, const run *replayed, const float *le,
+                             const float *lr) {
+  tgu_expect_bits("loss at step", le, lr, STEPS);
+  size_t ne, nr;
+  float *pe = tgu_floats_of(eager->t.m, 1, &ne), *pr = tgu_floats_of(replayed->t.m, 1, &nr);
+  assert_int_equal(ne, nr);
+  tgu_expect_bits("state element", pe, pr, ne);
+  free(pe);
+  free(pr);
+}
+
 static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat, start_kind start) {
   run eager, replayed;
   float le[STEPS], lr[STEPS];
@@ -214,20 +182,10 @@ static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat, 
   train(&eager, 0, start, le);
   run_make(&replayed, dev, kind, ok, flat);
   train(&replayed, 1, start, lr);
-  for (int i = 0; i < STEPS; i++)
-    if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
-      fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
-  size_t ne, nr;
-  float *pe = state_of(&eager, &ne), *pr = state_of(&replayed, &nr);
-  assert_int_equal(ne, nr);
-  for (size_t i = 0; i < ne; i++)
-    if (memcmp(&pe[i], &pr[i], sizeof pe[i]) != 0)
-      fail_msg("state element %zu: %.9g replayed, %.9g eager", i, (double)pr[i], (double)pe[i]);
+  expect_same_runs(&eager, &replayed, le, lr);
   assert_true(le[STEPS - 1] != le[0]); /* it trained */
-  free(pe);
-  free(pr);
-  run_free(&eager);
-  run_free(&replayed);
+  tgu_train_free(&eager.t);
+  tgu_train_free(&replayed.t);
 }
 
 /* On every selected device. */
@@ -236,24 +194,16 @@ static void check_replay_equals_eager(model_kind kind, opt_kind ok, int flat) {
     check_on(clpar_device_get(d), kind, ok, flat, COMPILED);
 }
 
-static void test_mlp_sgd(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_SGD, 0);
-}
+/* One replay-equals-eager case, its test's prestate. */
+typedef struct {
+  model_kind model;
+  opt_kind opt;
+  int flat;
+} replay_case;
 
-static void test_mlp_sgd_flat(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_SGD, 1);
-}
-
-static void test_mlp_adam(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_ADAM, 0);
-}
-
-static void test_mlp_adamw_flat(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_MLP, OPT_ADAMW, 1);
+static void test_replay_case(void **state) {
+  const replay_case *c = *state;
+  check_replay_equals_eager(c->model, c->opt, c->flat);
 }
 
 /* The first step captured: the gradients are made inside the capture (the graph's pool) and
@@ -280,7 +230,7 @@ static void test_first_step_state_refused(void **state) {
     if (!strstr(clpar_last_error(), "first step")) fail_msg("%s", clpar_last_error());
     (void)ran;
     tu_ok(step(&r)); /* eager steps go on */
-    run_free(&r);
+    tgu_train_free(&r.t);
   }
 }
 
@@ -303,22 +253,7 @@ static void test_composed_step_refused(void **state) {
   assert_int_not_equal(s, CLPAR_OK);
   assert_null(g);
   if (!strstr(clpar_last_error(), "no sgd_step command")) fail_msg("%s", clpar_last_error());
-  run_free(&r);
-}
-
-static void test_toy_model(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_TOY, OPT_SGD, 0);
-}
-
-static void test_conv_batchnorm(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_CONV, OPT_ADAM, 0);
-}
-
-static void test_dropout(void **state) {
-  (void)state;
-  check_replay_equals_eager(MODEL_DROPOUT, OPT_SGD, 0);
+  tgu_train_free(&r.t);
 }
 
 /* A captured run r (warm-up, capture): its graph, ready to replay. */
@@ -353,7 +288,7 @@ static void test_host_read_refused(void **state) {
     fail_msg("message does not name the host read: %s", msg);
   r.host_read = 0; /* the device still works eagerly */
   tu_ok(step(&r));
-  run_free(&r);
+  tgu_train_free(&r.t);
 }
 
 static void test_upload_refused(void **state) {
@@ -370,18 +305,22 @@ static void test_upload_refused(void **state) {
   clpar_tensor_free(t);
 }
 
+/* g refuses to replay, naming what: its message holds what; g destroyed. */
+static void expect_replay_refused(clpar_graph *g, const char *what) {
+  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
+  if (!strstr(clpar_last_error(), what)) fail_msg("%s", clpar_last_error());
+  clpar_graph_destroy(g);
+}
+
 static void test_stale_after_flatten(void **state) {
   (void)state;
   run r;
   run_make(&r, clpar_device_get(0), MODEL_MLP, OPT_SGD, 1);
   clpar_graph *g = capture(&r);
-  tu_ok(clpar_module_flatten(r.m));
-  clpar_status s = clpar_graph_replay(g);
-  assert_int_not_equal(s, CLPAR_OK);
-  if (!strstr(clpar_last_error(), "clpar_module_flatten")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
+  tu_ok(clpar_module_flatten(r.t.m));
+  expect_replay_refused(g, "clpar_module_flatten");
   tu_ok(step(&r)); /* eager steps go on */
-  run_free(&r);
+  tgu_train_free(&r.t);
 }
 
 static void test_stale_after_module_to(void **state) {
@@ -390,11 +329,9 @@ static void test_stale_after_module_to(void **state) {
   clpar_device *dev = clpar_device_get(0);
   run_make(&r, dev, MODEL_MLP, OPT_ADAM, 0);
   clpar_graph *g = capture(&r);
-  tu_ok(clpar_module_to(r.m, dev));
-  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
-  if (!strstr(clpar_last_error(), "clpar_module_to")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
-  run_free(&r);
+  tu_ok(clpar_module_to(r.t.m, dev));
+  expect_replay_refused(g, "clpar_module_to");
+  tgu_train_free(&r.t);
 }
 
 /* An input freed (and its buffer free for others) after the capture: never replayed. */
@@ -403,14 +340,12 @@ static void test_stale_after_free(void **state) {
   run r;
   run_make(&r, clpar_device_get(0), MODEL_MLP, OPT_SGD, 0);
   clpar_graph *g = capture(&r);
-  clpar_tensor_free(r.loss); /* its autograd record holds the input too */
-  r.loss = NULL;
-  clpar_tensor_free(r.x);
-  tu_ok(clpar_tensor_zeros(r.dev, r.xdim, r.xshape, &r.x));
-  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
-  if (!strstr(clpar_last_error(), "freed after the capture")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
-  run_free(&r);
+  clpar_tensor_free(r.t.loss); /* its autograd record holds the input too */
+  r.t.loss = NULL;
+  clpar_tensor_free(r.t.x);
+  tu_ok(clpar_tensor_zeros(r.dev, r.xdim, r.xshape, &r.t.x));
+  expect_replay_refused(g, "freed after the capture");
+  tgu_train_free(&r.t);
 }
 
 /* The graph's patches point at the optimizer (and Dropout's at the module): freed, the graph
@@ -420,12 +355,10 @@ static void test_stale_after_optimizer_free(void **state) {
   run r;
   run_make(&r, clpar_device_get(0), MODEL_DROPOUT, OPT_SGD, 0);
   clpar_graph *g = capture(&r);
-  clpar_optimizer_free(r.opt);
-  r.opt = NULL;
-  assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
-  if (!strstr(clpar_last_error(), "clpar_optimizer_free")) fail_msg("%s", clpar_last_error());
-  clpar_graph_destroy(g);
-  run_free(&r);
+  clpar_optimizer_free(r.t.opt);
+  r.t.opt = NULL;
+  expect_replay_refused(g, "clpar_optimizer_free");
+  tgu_train_free(&r.t);
 }
 
 /* The pool: the capture's temporaries are reused within it, the graph's blocks never go to the
@@ -444,13 +377,13 @@ static void test_pool(void **state) {
   tu_ok(clpar_device_memory_stats(dev, &after));
   assert_int_equal(after.driver_allocs, before.driver_allocs); /* a replay allocates nothing */
   assert_int_equal(after.bytes_in_use, before.bytes_in_use);
-  clpar_tensor *loss = r.loss; /* the graph's: freed, it goes back to the graph's pool */
-  r.loss = NULL;
+  clpar_tensor *loss = r.t.loss; /* the graph's: freed, it goes back to the graph's pool */
+  r.t.loss = NULL;
   clpar_tensor_free(loss);
   tu_ok(clpar_graph_replay(g));
   clpar_graph_destroy(g);
   tu_ok(step(&r)); /* eagerly again, with the pool's blocks back in the cache */
-  run_free(&r);
+  tgu_train_free(&r.t);
 }
 
 static void test_device_twice_refused(void **state) {
@@ -466,17 +399,18 @@ static void test_device_twice_refused(void **state) {
  * host memory the graph owns, their events made fresh at each replay. */
 static void dp_make(run *r, clpar_device *d0, clpar_device *d1, opt_kind ok) {
   run_make(r, d0, MODEL_MLP, ok, 0);
-  clpar_optimizer_free(r->opt);
+  clpar_optimizer_free(r->t.opt);
   r->devs[1] = d1;
   r->n_devs = 2;
   clpar_module *dp;
   clpar_data_parallel_options o = {.devices = r->devs, .n_devices = 2};
-  tu_ok(clpar_data_parallel_create(r->m, &o, &dp));
-  r->m = dp;
+  tu_ok(clpar_data_parallel_create(r->t.m, &o, &dp));
+  r->t.m = dp;
   if (ok == OPT_SGD)
-    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
+    tu_ok(clpar_sgd_create_for(r->t.m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f},
+                               &r->t.opt));
   else
-    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+    tu_ok(clpar_adam_create_for(r->t.m, &(clpar_adam_options){.lr = 0.01f}, &r->t.opt));
 }
 
 /* A pipeline of two stages on the two devices, 1F1B over 3 micro-batches (its train step). */
@@ -497,13 +431,14 @@ static void pipe_make(run *r, clpar_device *d0, clpar_device *d1, opt_kind ok) {
   tu_ok(clpar_sequential_create(l, 2, &stages[0]));
   tu_ok(clpar_linear_create(16, 4, 1, d0, &stages[1]));
   clpar_pipeline_options o = {.chunks = 3, .schedule = CLPAR_PIPELINE_1F1B};
-  tu_ok(clpar_pipeline_create(stages, r->devs, 2, &o, &r->m));
+  tu_ok(clpar_pipeline_create(stages, r->devs, 2, &o, &r->t.m));
   if (ok == OPT_SGD)
-    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
+    tu_ok(clpar_sgd_create_for(r->t.m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f},
+                               &r->t.opt));
   else
-    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
-  tu_ok(clpar_tensor_zeros(d0, 2, r->xshape, &r->x));
-  tu_ok(clpar_tensor_zeros(d1, 2, r->yshape, &r->y));
+    tu_ok(clpar_adam_create_for(r->t.m, &(clpar_adam_options){.lr = 0.01f}, &r->t.opt));
+  tu_ok(clpar_tensor_zeros(d0, 2, r->xshape, &r->t.x));
+  tu_ok(clpar_tensor_zeros(d1, 2, r->yshape, &r->t.y));
 }
 
 static void check_two_devices(void (*make)(run *, clpar_device *, clpar_device *, opt_kind)) {
@@ -516,17 +451,9 @@ static void check_two_devices(void (*make)(run *, clpar_device *, clpar_device *
     train(&eager, 0, DATA_PARALLEL, le);
     make(&replayed, d0, d1, k ? OPT_ADAM : OPT_SGD);
     train(&replayed, 1, k ? DATA_PARALLEL : COMPILED, lr); /* both ways to capture */
-    for (int i = 0; i < STEPS; i++)
-      if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
-        fail_msg("step %d: loss %.9g replayed, %.9g eager", i, (double)lr[i], (double)le[i]);
-    size_t ne, nr;
-    float *pe = state_of(&eager, &ne), *pr = state_of(&replayed, &nr);
-    assert_int_equal(ne, nr);
-    assert_memory_equal(pe, pr, ne * sizeof *pe);
-    free(pe);
-    free(pr);
-    run_free(&eager);
-    run_free(&replayed);
+    expect_same_runs(&eager, &replayed, le, lr);
+    tgu_train_free(&eager.t);
+    tgu_train_free(&replayed.t);
   }
 }
 
@@ -591,7 +518,7 @@ static void test_copy_out_of_capture_refused(void **state) {
   assert_null(g);
   if (!strstr(clpar_last_error(), "one outside the capture")) fail_msg("%s", clpar_last_error());
   tu_ok(step(&r)); /* eager steps go on */
-  run_free(&r);
+  tgu_train_free(&r.t);
 }
 
 static void test_pipeline_1f1b(void **state) {
@@ -599,18 +526,21 @@ static void test_pipeline_1f1b(void **state) {
   check_two_devices(pipe_make);
 }
 
+/* test_replay_case under the name of the case it runs. */
+#define REPLAY_CASE(name, ...) TGU_CASE(name, test_replay_case, replay_case, __VA_ARGS__)
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mlp_sgd),
-      cmocka_unit_test(test_mlp_sgd_flat),
-      cmocka_unit_test(test_mlp_adam),
-      cmocka_unit_test(test_mlp_adamw_flat),
+      REPLAY_CASE(test_mlp_sgd, MODEL_MLP, OPT_SGD, 0),
+      REPLAY_CASE(test_mlp_sgd_flat, MODEL_MLP, OPT_SGD, 1),
+      REPLAY_CASE(test_mlp_adam, MODEL_MLP, OPT_ADAM, 0),
+      REPLAY_CASE(test_mlp_adamw_flat, MODEL_MLP, OPT_ADAMW, 1),
       cmocka_unit_test(test_first_step_captured),
       cmocka_unit_test(test_first_step_state_refused),
       cmocka_unit_test(test_composed_step_refused),
-      cmocka_unit_test(test_toy_model),
-      cmocka_unit_test(test_conv_batchnorm),
-      cmocka_unit_test(test_dropout),
+      REPLAY_CASE(test_toy_model, MODEL_TOY, OPT_SGD, 0),
+      REPLAY_CASE(test_conv_batchnorm, MODEL_CONV, OPT_ADAM, 0),
+      REPLAY_CASE(test_dropout, MODEL_DROPOUT, OPT_SGD, 0),
       cmocka_unit_test(test_host_read_refused),
       cmocka_unit_test(test_upload_refused),
       cmocka_unit_test(test_stale_after_flatten),

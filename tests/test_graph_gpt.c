@@ -8,55 +8,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h" /* clpar_tensor_unscope */
+#include "test_graph_util.h"
 #include "tiny_gpt.h"
 
 enum { STEPS = 20, WARMUP = 4 };
 
 typedef struct {
-  clpar_module *m;
-  clpar_optimizer *opt;
+  tgu_train t; /* x, y: token ids and targets, int32, written before each step */
   clpar_lr_scheduler *sched;
-  clpar_tensor *x, *y; /* token ids and targets, int32, written before each step */
-  clpar_tensor *loss;
 } run;
 
 static void run_make(run *r, clpar_device *dev, float dropout, int checkpoint) {
   memset(r, 0, sizeof *r);
   clpar_gpt_config c = tg_config(dropout);
   clpar_manual_seed(7);
-  tu_ok(clpar_gpt_create(&c, dev, &r->m));
-  if (checkpoint) tu_ok(clpar_gpt_checkpoint_blocks(r->m));
+  tu_ok(clpar_gpt_create(&c, dev, &r->t.m));
+  if (checkpoint) tu_ok(clpar_gpt_checkpoint_blocks(r->t.m));
   clpar_adam_options ad = {.lr = TG_LR, .beta2 = 0.99f, .weight_decay = 0.1f};
-  tu_ok(clpar_adamw_create_decay_groups(r->m, &ad, &r->opt));
-  tu_ok(clpar_warmup_cosine_lr_create(r->opt, WARMUP, STEPS, TG_LR / 10, &r->sched));
-  tg_batch(dev, 0, TG_B, &r->x, &r->y);
+  tu_ok(clpar_adamw_create_decay_groups(r->t.m, &ad, &r->t.opt));
+  tu_ok(clpar_warmup_cosine_lr_create(r->t.opt, WARMUP, STEPS, TG_LR / 10, &r->sched));
+  tg_batch(dev, 0, TG_B, &r->t.x, &r->t.y);
 }
 
 static void run_free(run *r) {
-  clpar_tensor_free(r->loss);
-  clpar_tensor_free(r->x);
-  clpar_tensor_free(r->y);
   clpar_lr_scheduler_free(r->sched);
-  clpar_optimizer_free(r->opt);
-  clpar_module_free(r->m);
+  tgu_train_free(&r->t);
 }
 
-/* zero_grad, forward, cross-entropy, backward, clip to 1, AdamW; the loss stays in r->loss. */
+/* zero_grad, forward, cross-entropy, backward, clip to 1, AdamW; the loss stays in r->t.loss. */
 static clpar_status step(void *ctx) {
   run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
-  clpar_scope *scope = clpar_scope_begin();
-  clpar_tensor *out = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &out);
-  if (s == CLPAR_OK) s = tg_loss_fn(out, r->y, 0, NULL, &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
-  if (s == CLPAR_OK) s = clpar_clip_grad_norm_module(r->m, 1.0f, NULL);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
-  if (r->loss) clpar_tensor_unscope(r->loss); /* kept: read after the step */
-  clpar_scope_end(scope);
+  clpar_scope *scope = tgu_step_begin(&r->t);
+  clpar_status s = tgu_forward_backward(&r->t, tg_loss_fn);
+  if (s == CLPAR_OK) s = clpar_clip_grad_norm_module(r->t.m, 1.0f, NULL);
+  if (s == CLPAR_OK) s = clpar_optimizer_step(r->t.opt);
+  tgu_step_end(&r->t, scope);
   return s;
 }
 
@@ -69,8 +55,8 @@ static void write_batch(run *r, int i) {
       ids[b * TG_T + t] = (7 * row + 13 * t + row * t * t) % TG_V;
       next[b * TG_T + t] = (7 * row + 13 * (t + 1) + row * (t + 1) * (t + 1)) % TG_V;
     }
-  tu_ok(clpar_tensor_write_raw(r->x, ids, sizeof ids));
-  tu_ok(clpar_tensor_write_raw(r->y, next, sizeof next));
+  tu_ok(clpar_tensor_write_raw(r->t.x, ids, sizeof ids));
+  tu_ok(clpar_tensor_write_raw(r->t.y, next, sizeof next));
 }
 
 /* STEPS steps, eagerly or through clpar_step_run, the scheduler stepped after each; the
@@ -78,34 +64,17 @@ static void write_batch(run *r, int i) {
 static void train(run *r, int compiled, float *losses) {
   clpar_step *st = NULL;
   if (compiled)
-    tu_ok(clpar_step_compile(step, r, (clpar_device *[]){clpar_tensor_device(r->x)}, 1, &st));
+    tu_ok(clpar_step_compile(step, r, (clpar_device *[]){clpar_tensor_device(r->t.x)}, 1, &st));
   for (int i = 0; i < STEPS; i++) {
     write_batch(r, i);
     tu_ok(compiled ? clpar_step_run(st) : step(r));
-    tu_ok(clpar_tensor_read(r->loss, &losses[i], 1));
+    tu_ok(clpar_tensor_read(r->t.loss, &losses[i], 1));
     tu_ok(clpar_lr_scheduler_step(r->sched));
   }
   if (compiled) {
     assert_non_null(clpar_step_graph(st));
     clpar_step_free(st);
   }
-}
-
-/* Every parameter of r->m, concatenated (malloc'ed), *n floats. */
-static float *params_of(const run *r, size_t *n) {
-  size_t at = 0;
-  float *all = NULL;
-  for (int i = 0; i < clpar_module_parameter_count(r->m); i++) {
-    clpar_tensor *t;
-    tu_ok(clpar_module_parameter_at(r->m, i, NULL, &t));
-    size_t k = (size_t)clpar_tensor_numel(t);
-    all = realloc(all, (at + k) * sizeof *all);
-    assert_non_null(all);
-    tu_ok(clpar_tensor_read(t, all + at, k));
-    at += k;
-  }
-  *n = at;
-  return all;
 }
 
 static void check_on(int d, float dropout, int checkpoint) {
@@ -116,17 +85,14 @@ static void check_on(int d, float dropout, int checkpoint) {
   train(&eager, 0, le);
   run_make(&replayed, dev, dropout, checkpoint);
   train(&replayed, 1, lr);
-  for (int i = 0; i < STEPS; i++)
-    if (memcmp(&le[i], &lr[i], sizeof le[i]) != 0)
-      fail_msg("device %d: step %d: loss %.9g replayed, %.9g eager", d, i, (double)lr[i],
-               (double)le[i]);
+  char what[64];
+  snprintf(what, sizeof what, "device %d: loss at step", d);
+  tgu_expect_bits(what, le, lr, STEPS);
   size_t ne, nr;
-  float *pe = params_of(&eager, &ne), *pr = params_of(&replayed, &nr);
+  float *pe = tgu_floats_of(eager.t.m, 0, &ne), *pr = tgu_floats_of(replayed.t.m, 0, &nr);
   assert_int_equal(ne, nr);
-  for (size_t i = 0; i < ne; i++)
-    if (memcmp(&pe[i], &pr[i], sizeof pe[i]) != 0)
-      fail_msg("device %d: parameter element %zu: %.9g replayed, %.9g eager", d, i, (double)pr[i],
-               (double)pe[i]);
+  snprintf(what, sizeof what, "device %d: parameter element", d);
+  tgu_expect_bits(what, pe, pr, ne);
   assert_true(le[STEPS - 1] < le[0]); /* it trained */
   free(pe);
   free(pr);
@@ -138,21 +104,17 @@ static void check_all(float dropout, int checkpoint) {
   for (int d = 0; d < clpar_device_count(); d++) check_on(d, dropout, checkpoint);
 }
 
-static void test_gpt(void **state) {
-  (void)state;
-  check_all(0.0f, 0);
-}
+/* One replay-equals-eager case, its test's prestate. The checkpointed blocks' recomputed
+ * Dropout masks at each replay take the offsets their forward drew at the same replay, as the
+ * eager recompute replays the forward's draws. */
+typedef struct {
+  float dropout;
+  int checkpoint;
+} gpt_case;
 
-static void test_gpt_dropout(void **state) {
-  (void)state;
-  check_all(0.1f, 0);
-}
-
-/* The blocks checkpointed: each recompute's Dropout masks take the offsets its forward drew at
- * the same replay, as the eager recompute replays the forward's draws. */
-static void test_gpt_checkpoint_dropout(void **state) {
-  (void)state;
-  check_all(0.1f, 1);
+static void test_gpt_case(void **state) {
+  const gpt_case *c = *state;
+  check_all(c->dropout, c->checkpoint);
 }
 
 /* A checkpointed Dropout whose forward ran before the capture and whose recompute runs in it:
@@ -165,9 +127,9 @@ static void test_recompute_outside_forward_refused(void **state) {
   write_batch(&r, 0);
   tu_ok(step(&r));
   clpar_tensor *out = NULL, *loss = NULL;
-  tu_ok(clpar_optimizer_zero_grad(r.opt));
-  tu_ok(clpar_module_forward(r.m, r.x, &out));
-  tu_ok(tg_loss_fn(out, r.y, 0, NULL, &loss));
+  tu_ok(clpar_optimizer_zero_grad(r.t.opt));
+  tu_ok(clpar_module_forward(r.t.m, r.t.x, &out));
+  tu_ok(tg_loss_fn(out, r.t.y, 0, NULL, &loss));
   tu_ok(clpar_graph_capture_begin(&dev, 1));
   clpar_status ran = clpar_backward(loss);
   clpar_graph *g;
@@ -183,9 +145,9 @@ static void test_recompute_outside_forward_refused(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_gpt),
-      cmocka_unit_test(test_gpt_dropout),
-      cmocka_unit_test(test_gpt_checkpoint_dropout),
+      TGU_CASE(test_gpt, test_gpt_case, gpt_case, 0.0f, 0),
+      TGU_CASE(test_gpt_dropout, test_gpt_case, gpt_case, 0.1f, 0),
+      TGU_CASE(test_gpt_checkpoint_dropout, test_gpt_case, gpt_case, 0.1f, 1),
       cmocka_unit_test(test_recompute_outside_forward_refused),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);

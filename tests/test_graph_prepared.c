@@ -9,15 +9,13 @@
 #include <string.h>
 
 #include "internal.h" /* clpar_prepared_force_off, the device's prepared_runs */
-#include "test_util.h"
+#include "test_graph_util.h"
 
 enum { STEPS = 30, LR_CHANGE = 12, FILLS = 50 };
 
 typedef struct {
   clpar_device *dev;
-  clpar_module *m;
-  clpar_optimizer *opt;
-  clpar_tensor *x, *y, *loss;
+  tgu_train t;
 } run;
 
 static void run_make(run *r, clpar_device *dev, int adam, int64_t batch) {
@@ -28,33 +26,26 @@ static void run_make(run *r, clpar_device *dev, int adam, int64_t batch) {
   tu_ok(clpar_linear_create(8, 16, 1, dev, &c[0]));
   tu_ok(clpar_relu_create(&c[1]));
   tu_ok(clpar_linear_create(16, 8, 1, dev, &c[2]));
-  tu_ok(clpar_sequential_create(c, 3, &r->m));
+  tu_ok(clpar_sequential_create(c, 3, &r->t.m));
   if (adam)
-    tu_ok(clpar_adam_create_for(r->m, &(clpar_adam_options){.lr = 0.01f}, &r->opt));
+    tu_ok(clpar_adam_create_for(r->t.m, &(clpar_adam_options){.lr = 0.01f}, &r->t.opt));
   else
-    tu_ok(clpar_sgd_create_for(r->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &r->opt));
-  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){batch, 8}, &r->x));
-  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){batch, 8}, &r->y));
-}
-
-static void run_free(run *r) {
-  clpar_tensor_free(r->loss);
-  clpar_tensor_free(r->x);
-  clpar_tensor_free(r->y);
-  clpar_optimizer_free(r->opt);
-  clpar_module_free(r->m);
+    tu_ok(clpar_sgd_create_for(r->t.m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f},
+                               &r->t.opt));
+  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){batch, 8}, &r->t.x));
+  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){batch, 8}, &r->t.y));
 }
 
 static clpar_status step(void *ctx) {
   run *r = ctx;
-  clpar_tensor_free(r->loss);
-  r->loss = NULL;
+  clpar_tensor_free(r->t.loss);
+  r->t.loss = NULL;
   clpar_tensor *out = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(r->opt);
-  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &out);
-  if (s == CLPAR_OK) s = clpar_mse_loss(out, r->y, CLPAR_REDUCTION_MEAN, &r->loss);
-  if (s == CLPAR_OK) s = clpar_backward(r->loss);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(r->opt);
+  clpar_status s = clpar_optimizer_zero_grad(r->t.opt);
+  if (s == CLPAR_OK) s = clpar_module_forward(r->t.m, r->t.x, &out);
+  if (s == CLPAR_OK) s = clpar_mse_loss(out, r->t.y, CLPAR_REDUCTION_MEAN, &r->t.loss);
+  if (s == CLPAR_OK) s = clpar_backward(r->t.loss);
+  if (s == CLPAR_OK) s = clpar_optimizer_step(r->t.opt);
   clpar_tensor_free(out);
   return s;
 }
@@ -66,30 +57,26 @@ static float *train(run *r, int compiled, size_t *n) {
   if (compiled) tu_ok(clpar_step_compile(step, r, &r->dev, 1, &st));
   float *out = malloc(STEPS * sizeof *out);
   assert_non_null(out);
-  size_t nx = (size_t)clpar_tensor_numel(r->x);
+  size_t nx = (size_t)clpar_tensor_numel(r->t.x);
   for (int i = 0; i < STEPS; i++) {
     if (i == LR_CHANGE)
-      tu_ok(clpar_optimizer_set_lr(r->opt, 0, 0.3f * clpar_optimizer_lr(r->opt, 0)));
+      tu_ok(clpar_optimizer_set_lr(r->t.opt, 0, 0.3f * clpar_optimizer_lr(r->t.opt, 0)));
     float *x = tu_rand(nx, 100 + (uint64_t)i), *y = tu_rand(nx, 900 + (uint64_t)i);
-    tu_ok(clpar_tensor_write(r->x, x, nx));
-    tu_ok(clpar_tensor_write(r->y, y, nx));
+    tu_ok(clpar_tensor_write(r->t.x, x, nx));
+    tu_ok(clpar_tensor_write(r->t.y, y, nx));
     free(x);
     free(y);
     tu_ok(compiled ? clpar_step_run(st) : step(r));
-    tu_ok(clpar_tensor_read(r->loss, &out[i], 1));
+    tu_ok(clpar_tensor_read(r->t.loss, &out[i], 1));
   }
   clpar_step_free(st);
-  size_t at = STEPS;
-  for (int p = 0; p < clpar_module_parameter_count(r->m); p++) {
-    clpar_tensor *t;
-    tu_ok(clpar_module_parameter_at(r->m, p, NULL, &t));
-    size_t k = (size_t)clpar_tensor_numel(t);
-    out = realloc(out, (at + k) * sizeof *out);
-    assert_non_null(out);
-    tu_ok(clpar_tensor_read(t, out + at, k));
-    at += k;
-  }
-  *n = at;
+  size_t np;
+  float *params = tgu_floats_of(r->t.m, 0, &np);
+  out = realloc(out, (STEPS + np) * sizeof *out);
+  assert_non_null(out);
+  memcpy(out + STEPS, params, np * sizeof *out);
+  free(params);
+  *n = STEPS + np;
   return out;
 }
 
@@ -109,7 +96,7 @@ static uint64_t check_on(clpar_device *dev, int adam, int64_t batch) {
     clpar_prepared_force_off(0);
     if (mode == 1) prepared = ran;
     if (mode != 1) assert_int_equal(ran, 0);
-    run_free(&r);
+    tgu_train_free(&r.t);
   }
   for (int mode = 1; mode < 3; mode++) {
     assert_int_equal(n[mode], n[0]);
@@ -140,20 +127,16 @@ static void check_all(int adam, int64_t batch) {
   }
 }
 
-static void test_sgd(void **state) {
-  (void)state;
-  check_all(0, 6);
-}
+/* One eager-equals-replayed case, its test's prestate: 6 rows, or 300, where the bias
+ * gradients' column sums take two passes through the backend's scratch. */
+typedef struct {
+  int adam;
+  int64_t batch;
+} prepared_case;
 
-static void test_adam(void **state) {
-  (void)state;
-  check_all(1, 6);
-}
-
-/* 300 rows: the bias gradients' column sums take two passes through the backend's scratch. */
-static void test_two_pass_sums(void **state) {
-  (void)state;
-  check_all(0, 300);
+static void test_prepared_case(void **state) {
+  const prepared_case *c = *state;
+  check_all(c->adam, c->batch);
 }
 
 /* A graph of FILLS fills on an OpenCL device runs one prepared launch each per replay, and
@@ -189,9 +172,9 @@ static void test_fills_counted(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fills_counted),
-      cmocka_unit_test(test_sgd),
-      cmocka_unit_test(test_adam),
-      cmocka_unit_test(test_two_pass_sums),
+      TGU_CASE(test_sgd, test_prepared_case, prepared_case, 0, 6),
+      TGU_CASE(test_adam, test_prepared_case, prepared_case, 1, 6),
+      TGU_CASE(test_two_pass_sums, test_prepared_case, prepared_case, 0, 300),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

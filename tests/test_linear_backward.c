@@ -19,28 +19,10 @@
 #include <string.h>
 
 #include "internal.h"
+#include "test_act_ref.h"
 #include "test_util.h"
 
 #define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
-
-static const char *act_name(clpar_act_kind act) {
-  static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
-  return names[act];
-}
-
-static double act_fn(clpar_act_kind act, double z) {
-  return act == CLPAR_ACT_RELU      ? (z > 0 ? z : 0)
-         : act == CLPAR_ACT_SIGMOID ? 1.0 / (1.0 + exp(-z))
-         : act == CLPAR_ACT_TANH    ? tanh(z)
-                                    : z;
-}
-
-static double act_grad(clpar_act_kind act, double y) {
-  return act == CLPAR_ACT_RELU      ? (y > 0 ? 1.0 : 0.0)
-         : act == CLPAR_ACT_SIGMOID ? y * (1.0 - y)
-         : act == CLPAR_ACT_TANH    ? 1.0 - y * y
-                                    : 1.0;
-}
 
 /* ---- the entry ---- */
 
@@ -68,7 +50,7 @@ static void reference(const problem *p, clpar_act_kind act, int acc, float *dx, 
   int64_t m = p->m, n = p->n, k = p->k;
   double *d = malloc((size_t)(m * n) * sizeof *d);
   assert_non_null(d);
-  for (int64_t i = 0; i < m * n; i++) d[i] = p->g[i] * act_grad(act, p->y[i]);
+  for (int64_t i = 0; i < m * n; i++) d[i] = p->g[i] * tu_act_grad(act, p->y[i]);
   for (int64_t r = 0; r < m; r++)
     for (int64_t j = 0; j < k; j++) {
       double s = acc & CLPAR_ACC_DX ? p->dx0[r * k + j] : 0;
@@ -140,8 +122,8 @@ static void check_shape(clpar_device *dev, int64_t m, int64_t n, int64_t k) {
         if (!(outs & (1 << i))) continue;
         char what[160];
         snprintf(what, sizeof what, "linear_act_backward %s %s [%lld x %lld x %lld] acc %d on %s",
-                 act_name((clpar_act_kind)act), names[i], (long long)m, (long long)n, (long long)k,
-                 acc, clpar_device_id(dev));
+                 tu_act_name((clpar_act_kind)act), names[i], (long long)m, (long long)n,
+                 (long long)k, acc, clpar_device_id(dev));
         tu_assert_close(fused[i], want[i], sizes[i], 1e-4f, 1e-4f, what);
         if (memcmp(fused[i], composed[i], sizes[i] * sizeof(float)) != 0) {
           tu_assert_close(fused[i], composed[i], sizes[i], 0.0f, 0.0f, what);
@@ -198,81 +180,9 @@ static void test_entry_refuses_bad_arguments(void **state) {
 
 /* ---- gradients against finite differences ---- */
 
-enum { ROWS = 3, IN = 8, OUT = 8, MOST = OUT * IN }; /* MOST: the largest leaf */
-
-/* sum(R * act(x W^T + b)) in float64. */
-static double loss_of(clpar_act_kind act, const double *x, const double *w, const double *b,
-                      const float *r) {
-  double sum = 0;
-  for (int i = 0; i < ROWS; i++)
-    for (int o = 0; o < OUT; o++) {
-      double z = b ? b[o] : 0;
-      for (int k = 0; k < IN; k++) z += x[i * IN + k] * w[o * IN + k];
-      sum += r[i * OUT + o] * act_fn(act, z);
-    }
-  return sum;
-}
-
-/* Central differences of loss_of with respect to v[0 .. n), into out. */
-static void fd(clpar_act_kind act, double *x, double *w, double *b, const float *r, double *v,
-               int n, float *out) {
-  const double h = 1e-6;
-  for (int i = 0; i < n; i++) {
-    double keep = v[i];
-    v[i] = keep + h;
-    double up = loss_of(act, x, w, b, r);
-    v[i] = keep - h;
-    double down = loss_of(act, x, w, b, r);
-    v[i] = keep;
-    out[i] = (float)((up - down) / (2 * h));
-  }
-}
-
-static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias) {
-  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs = OUT, rs[2] = {ROWS, OUT};
-  clpar_tensor *x = tu_make(dev, 2, xs, 61), *w = tu_make(dev, 2, ws, 62);
-  clpar_tensor *b = with_bias ? tu_make(dev, 1, &bs, 63) : NULL, *r = tu_make(dev, 2, rs, 64);
-  clpar_tensor *leaves[3] = {x, w, b}, *y, *yr, *loss;
-  for (int i = 0; i < 3; i++)
-    if (leaves[i]) tu_ok(clpar_tensor_set_requires_grad(leaves[i], 1));
-  tu_ok(clpar_linear_act(x, w, b, act, &y));
-  tu_ok(clpar_mul(y, r, &yr));
-  tu_ok(clpar_sum(yr, &loss));
-  tu_ok(clpar_backward(loss));
-  int sizes[3] = {ROWS * IN, OUT * IN, OUT};
-  double v[3][MOST];
-  float *fr = tu_read(r);
-  for (int i = 0; i < 3; i++) {
-    if (!leaves[i]) continue;
-    float *f = tu_read(leaves[i]);
-    for (int j = 0; j < sizes[i]; j++) v[i][j] = f[j];
-    free(f);
-  }
-  for (int i = 0; i < 3; i++) {
-    if (!leaves[i]) continue;
-    float want[MOST];
-    fd(act, v[0], v[1], b ? v[2] : NULL, fr, v[i], sizes[i], want);
-    float *got = tu_read(clpar_tensor_grad(leaves[i]));
-    static const char *leaf[] = {"x", "W", "b"};
-    char what[160];
-    snprintf(what, sizeof what, "clpar_linear_act %s%s on %s: gradient of %s", act_name(act),
-             with_bias ? "" : " (no bias)", clpar_device_id(dev), leaf[i]);
-    tu_assert_close(got, want, (size_t)sizes[i], 1e-3f, 1e-4f, what);
-    free(got);
-  }
-  free(fr);
-  clpar_tensor *all[] = {loss, yr, y, x, w, b, r};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) clpar_tensor_free(all[i]);
-}
-
 static void test_gradients_finite_differences(void **state) {
   (void)state;
-  for (int d = -1; d < clpar_device_count(); d++) {
-    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
-    for (int act = CLPAR_ACT_NONE; act <= CLPAR_ACT_TANH; act++)
-      for (int with_bias = 0; with_bias < 2; with_bias++)
-        check_gradients(dev, (clpar_act_kind)act, with_bias);
-  }
+  tu_act_check_gradients((tu_linear_dims){3, 8, 8}, 61, 0);
 }
 
 /* ---- training ---- */

@@ -23,28 +23,10 @@
 #include <string.h>
 
 #include "internal.h"
+#include "test_act_ref.h"
 #include "test_util.h"
 
 #define BIT(entry) ((uint64_t)1 << CLPAR_ENTRY_##entry)
-
-static double act_d(clpar_act_kind act, double x) {
-  return act == CLPAR_ACT_RELU      ? (x > 0 ? x : 0)
-         : act == CLPAR_ACT_SIGMOID ? 1.0 / (1.0 + exp(-x))
-         : act == CLPAR_ACT_TANH    ? tanh(x)
-                                    : x;
-}
-
-static double act_grad_d(clpar_act_kind act, double y) {
-  return act == CLPAR_ACT_RELU      ? (y > 0 ? 1.0 : 0.0)
-         : act == CLPAR_ACT_SIGMOID ? y * (1.0 - y)
-         : act == CLPAR_ACT_TANH    ? 1.0 - y * y
-                                    : 1.0;
-}
-
-static const char *act_name(clpar_act_kind act) {
-  static const char *names[] = {"none", "relu", "sigmoid", "tanh"};
-  return names[act];
-}
 
 /* ---- the entries ---- */
 
@@ -67,12 +49,12 @@ static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, i
   assert_non_null(want_d);
   assert_non_null(want_sum);
   assert_non_null(want_acc);
-  for (size_t i = 0; i < n; i++) want_y[i] = (float)act_d(act, (double)(pa[i] + pb[i % cols]));
+  for (size_t i = 0; i < n; i++) want_y[i] = (float)tu_act(act, (double)(pa[i] + pb[i % cols]));
   for (int64_t c = 0; c < cols; c++) {
     double s = 0;
     for (int64_t r = 0; r < rows; r++) {
       size_t i = (size_t)(r * cols + c);
-      want_d[i] = (float)((double)pg[i] * act_grad_d(act, want_y[i]));
+      want_d[i] = (float)((double)pg[i] * tu_act_grad(act, want_y[i]));
       s += want_d[i];
     }
     want_sum[c] = (float)s;
@@ -84,8 +66,8 @@ static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, i
   tu_ok(clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
                            clpar_tensor_bref(bias), clpar_tensor_bref(y)));
   float *got = tu_read(y);
-  snprintf(label, sizeof label, "bias_act %s %lldx%lld on %s (%s)", act_name(act), (long long)rows,
-           (long long)cols, clpar_device_id(dev), way);
+  snprintf(label, sizeof label, "bias_act %s %lldx%lld on %s (%s)", tu_act_name(act),
+           (long long)rows, (long long)cols, clpar_device_id(dev), way);
   tu_assert_close(got, want_y, n, 1e-5f, 1e-6f, label);
   free(got);
   tu_ok(clpar_dev_bias_act(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(a),
@@ -95,7 +77,7 @@ static void check_entries(clpar_device *dev, clpar_act_kind act, int64_t rows, i
   free(got);
   /* the backward reads the output y the forward wrote (as clpar_linear_act's node does) */
   clpar_bref yref = act == CLPAR_ACT_NONE ? none : clpar_tensor_bref(y);
-  snprintf(label, sizeof label, "bias_act_backward %s %lldx%lld on %s (%s)", act_name(act),
+  snprintf(label, sizeof label, "bias_act_backward %s %lldx%lld on %s (%s)", tu_act_name(act),
            (long long)rows, (long long)cols, clpar_device_id(dev), way);
   /* out and db, db overwritten */
   tu_ok(clpar_dev_bias_act_backward(dev, act, (size_t)rows, (size_t)cols, clpar_tensor_bref(g),
@@ -163,103 +145,9 @@ static void test_entries_against_reference(void **state) {
 
 /* ---- gradients against finite differences ---- */
 
-enum { ROWS = 4, IN = 5, OUT = 3 };
-
-/* sum(R * act(x W^T + b)) in float64 from float data. */
-static double loss_d(clpar_act_kind act, const double *x, const double *w, const double *b,
-                     const float *r) {
-  double sum = 0;
-  for (int i = 0; i < ROWS; i++)
-    for (int o = 0; o < OUT; o++) {
-      double z = b ? b[o] : 0;
-      for (int k = 0; k < IN; k++) z += x[i * IN + k] * w[o * IN + k];
-      sum += r[i * OUT + o] * act_d(act, z);
-    }
-  return sum;
-}
-
-/* Central differences of loss_d with respect to each element of v (n of them). */
-static void fd(clpar_act_kind act, double *x, double *w, double *b, const float *r, double *v,
-               int n, float *out) {
-  const double h = 1e-6;
-  for (int i = 0; i < n; i++) {
-    double keep = v[i];
-    v[i] = keep + h;
-    double up = loss_d(act, x, w, b, r);
-    v[i] = keep - h;
-    double down = loss_d(act, x, w, b, r);
-    v[i] = keep;
-    out[i] = (float)((up - down) / (2 * h));
-  }
-}
-
-static void to_double(const float *f, double *d, int n) {
-  for (int i = 0; i < n; i++) d[i] = f[i];
-}
-
-/* y = linear_act(x, W, b) on dev, loss = sum(y * R); x, W, b require gradients. */
-static void check_gradients(clpar_device *dev, clpar_act_kind act, int with_bias) {
-  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs = OUT, rs[2] = {ROWS, OUT};
-  clpar_tensor *x = tu_make(dev, 2, xs, 21), *w = tu_make(dev, 2, ws, 22);
-  clpar_tensor *b = with_bias ? tu_make(dev, 1, &bs, 23) : NULL, *r = tu_make(dev, 2, rs, 24);
-  tu_ok(clpar_tensor_set_requires_grad(x, 1));
-  tu_ok(clpar_tensor_set_requires_grad(w, 1));
-  if (b) tu_ok(clpar_tensor_set_requires_grad(b, 1));
-  clpar_tensor *y, *yr, *loss;
-  if (act == CLPAR_ACT_NONE)
-    tu_ok(clpar_linear(x, w, b, &y));
-  else
-    tu_ok(clpar_linear_act(x, w, b, act, &y));
-  tu_ok(clpar_mul(y, r, &yr));
-  tu_ok(clpar_sum(yr, &loss));
-  tu_ok(clpar_backward(loss));
-  float *fx = tu_read(x), *fw = tu_read(w), *fb = b ? tu_read(b) : NULL, *fr = tu_read(r);
-  double dx[ROWS * IN], dw[OUT * IN], dbias[OUT];
-  to_double(fx, dx, ROWS * IN);
-  to_double(fw, dw, OUT * IN);
-  if (fb) to_double(fb, dbias, OUT);
-  float want_x[ROWS * IN], want_w[OUT * IN], want_b[OUT];
-  double *bp = fb ? dbias : NULL;
-  fd(act, dx, dw, bp, fr, dx, ROWS * IN, want_x);
-  fd(act, dx, dw, bp, fr, dw, OUT * IN, want_w);
-  if (fb) fd(act, dx, dw, bp, fr, dbias, OUT, want_b);
-  char label[160];
-  snprintf(label, sizeof label, "clpar_linear_act %s%s on %s: d/dx", act_name(act),
-           with_bias ? "" : " (no bias)", clpar_device_id(dev));
-  float *got = tu_read(clpar_tensor_grad(x));
-  tu_assert_close(got, want_x, ROWS * IN, 1e-3f, 1e-4f, label);
-  free(got);
-  label[strlen(label) - 1] = 'W';
-  got = tu_read(clpar_tensor_grad(w));
-  tu_assert_close(got, want_w, OUT * IN, 1e-3f, 1e-4f, label);
-  free(got);
-  if (b) {
-    label[strlen(label) - 1] = 'b';
-    got = tu_read(clpar_tensor_grad(b));
-    tu_assert_close(got, want_b, OUT, 1e-3f, 1e-4f, label);
-    free(got);
-  }
-  free(fx);
-  free(fw);
-  free(fb);
-  free(fr);
-  clpar_tensor_free(loss);
-  clpar_tensor_free(yr);
-  clpar_tensor_free(y);
-  clpar_tensor_free(x);
-  clpar_tensor_free(w);
-  clpar_tensor_free(b);
-  clpar_tensor_free(r);
-}
-
 static void test_gradients_finite_differences(void **state) {
   (void)state;
-  for (int d = -1; d < clpar_device_count(); d++) {
-    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
-    for (int act = CLPAR_ACT_NONE; act <= CLPAR_ACT_TANH; act++)
-      for (int with_bias = 0; with_bias < 2; with_bias++)
-        check_gradients(dev, (clpar_act_kind)act, with_bias);
-  }
+  tu_act_check_gradients((tu_linear_dims){4, 5, 3}, 21, 1);
 }
 
 /* ---- the slots ---- */
@@ -388,7 +276,7 @@ static void check_linear_act(clpar_device *dev, clpar_act_kind act, int64_t m, i
     for (int64_t j = 0; j < n; j++) {
       double acc = 0;
       for (int64_t p = 0; p < k; p++) acc += (double)px[i * k + p] * pw[j * k + p];
-      want[i * n + j] = (float)act_d(act, (double)(float)acc + (with_bias ? pb[j] : 0.0f));
+      want[i * n + j] = (float)tu_act(act, (double)(float)acc + (with_bias ? pb[j] : 0.0f));
     }
   clpar_bref none = {NULL, 0};
   for (int way = 0; way < 2; way++) {
@@ -399,7 +287,7 @@ static void check_linear_act(clpar_device *dev, clpar_act_kind act, int64_t m, i
     tu_ok(clpar_tensor_read(y, got, count));
     char what[160];
     snprintf(what, sizeof what, "linear_act %s [%lld x %lld x %lld] bias %d %s on %s",
-             act_name(act), (long long)m, (long long)n, (long long)k, with_bias,
+             tu_act_name(act), (long long)m, (long long)n, (long long)k, with_bias,
              way ? "composed" : "fused", clpar_device_id(dev));
     tu_assert_close(got, want, count, 1e-4f, 1e-5f, what);
   }

@@ -18,26 +18,31 @@
 
 #include "internal.h"
 #include "opencl/ocl_conv_algo.h"
+#include "ocl_test_util.h"
 #include "test_util.h"
 
 static char cache_dir[256];
-
-static clpar_device *ocl_device(void) {
-  for (int i = 0; i < clpar_device_count(); i++) {
-    clpar_device *d = clpar_device_get(i);
-    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
-  }
-  return NULL;
-}
 
 static clpar_ocl_device *ocl_of(clpar_device *dev) {
   return dev->bd.ctx;
 }
 
+/* The first OpenCL device, or the test skipped; its backend context into *d. */
+static clpar_device *need_ocl(clpar_ocl_device **d) {
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  *d = ocl_of(dev);
+  return dev;
+}
+
+/* The path of d's convolution entry file into path, the file removed. */
+static void entry_removed(clpar_ocl_device *d, char *path, size_t size) {
+  assert_int_equal(clpar_ocl_conv_path(d, path, size), 0);
+  unlink(path);
+}
+
 static int setup(void **state) {
-  snprintf(cache_dir, sizeof cache_dir, "/tmp/clpar-test-ocl-conv-XXXXXX");
-  if (!mkdtemp(cache_dir)) return -1;
-  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  if (tu_ocl_cache_dir_make(cache_dir, sizeof cache_dir, "ocl-conv") != 0) return -1;
   unsetenv("CLPAR_TUNE");
   unsetenv("CLPAR_OCL_CONV");
   return tu_setup(state);
@@ -161,21 +166,21 @@ static void check_forced(clpar_device *dev, int algo) {
 
 static void test_im2col_path(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_IM2COL);
 }
 
 static void test_winograd_path(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
 }
 
 static void test_implicit_path(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_IMPLICIT);
 }
@@ -184,7 +189,7 @@ static void test_implicit_path(void **state) {
  * last chunk). */
 static void test_chunks(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   const size_t floats[] = {1, 7000};
   for (size_t f = 0; f < 2; f++) {
@@ -206,9 +211,8 @@ static void test_chunks(void **state) {
 /* Tiles other than the defaults: narrow, one work-item per column, deep K steps. */
 static void test_implicit_tiles(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = need_ocl(&d);
   const clpar_ocl_conv_tiles tiles[] = {{16, 32, 4, 2, 4}, {8, 8, 1, 1, 1}, {32, 16, 32, 8, 2}};
   for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
     tu_ok(clpar_ocl_conv_set_tiles(d, &tiles[t], 0));
@@ -231,12 +235,10 @@ static void test_implicit_tiles(void **state) {
  * are in force, saved when they changed, and convolve correctly. */
 static void test_tile_tuning(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = need_ocl(&d);
   char path[4096];
-  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
-  unlink(path);
+  entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_tiles was = clpar_ocl_conv_tiles_of(d);
   clpar_ocl_conv_tune_result r;
@@ -264,8 +266,7 @@ static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
 
 static void write_entry(clpar_ocl_device *d, const char *body, size_t len) {
   char path[4096];
-  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
-  unlink(path);
+  entry_removed(d, path, sizeof path);
   FILE *f = fopen(path, "wb");
   assert_non_null(f);
   assert_int_equal(fwrite(body, 1, len, f), len);
@@ -296,9 +297,8 @@ static clpar_ocl_conv_stats run_probe(clpar_device *dev) {
 
 static void test_saved_choice_is_taken(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = need_ocl(&d);
   char text[4096], h[2048];
   header(d, h, sizeof h);
   /* the shape's own tiles (for the implicit GEMM) differ from the device's */
@@ -328,12 +328,10 @@ static void test_saved_choice_is_taken(void **state) {
 
 static void test_unknown_shape_is_measured_and_saved(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = need_ocl(&d);
   char path[4096];
-  assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
-  unlink(path);
+  entry_removed(d, path, sizeof path);
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.measured, 1);
   assert_int_equal(c.runs[CLPAR_OCL_CONV_IM2COL] + c.runs[CLPAR_OCL_CONV_IMPLICIT] +
@@ -372,9 +370,8 @@ static void expect_refused(clpar_device *dev, const char *body, size_t len, cons
 
 static void test_hostile_entries_are_refused(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = need_ocl(&d);
   char h[2048], text[8192];
   header(d, h, sizeof h);
   const char *bodies[][2] = {

@@ -304,22 +304,6 @@ static void test_entry_write_replaces_atomically(void **state) {
 
 /* ---- the OpenCL program cache ---- */
 
-static clpar_device *ocl_device(void) {
-  for (int i = 0; i < clpar_device_count(); i++) {
-    clpar_device *d = clpar_device_get(i);
-    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
-  }
-  return NULL;
-}
-
-#define NEED_DEVICE(d)                             \
-  clpar_device *d##_dev = ocl_device();            \
-  if (!d##_dev) {                                  \
-    print_message("no OpenCL device: skipping\n"); \
-    skip();                                        \
-  }                                                \
-  clpar_ocl_device *d = d##_dev->bd.ctx
-
 static void cache_file(clpar_ocl_device *d, const char *src, char *path, size_t size) {
   tu_ok(clpar_ocl_cache_file(d, src, strlen(src), CLPAR_OCL_BUILD_OPTIONS, path, size));
 }

@@ -20,29 +20,9 @@
 
 static char cache_dir[256];
 
-/* The first selected OpenCL device, or NULL. */
-static clpar_device *ocl_device(void) {
-  for (int i = 0; i < clpar_device_count(); i++) {
-    clpar_device *d = clpar_device_get(i);
-    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
-  }
-  return NULL;
-}
-
-/* Declares d, the backend context of that device, or skips the test. */
-#define NEED_DEVICE(d)                             \
-  clpar_device *d##_dev = ocl_device();            \
-  if (!d##_dev) {                                  \
-    print_message("no OpenCL device: skipping\n"); \
-    skip();                                        \
-  }                                                \
-  clpar_ocl_device *d = d##_dev->bd.ctx
-
 static int setup(void **state) {
-  snprintf(cache_dir, sizeof cache_dir, "/tmp/clpar-test-cache-XXXXXX");
-  if (!mkdtemp(cache_dir)) return -1;
   /* Read at every build, so setting it here, after nothing was built, is enough. */
-  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  if (tu_ocl_cache_dir_make(cache_dir, sizeof cache_dir, "cache") != 0) return -1;
   return tu_setup(state);
 }
 
@@ -258,7 +238,7 @@ static void test_error_names(void **state) {
 
 static void test_device_info_and_oversized_alloc(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   const clpar_device_info *in = &dev->bd.info;
   assert_string_equal(in->backend, "opencl");
@@ -281,7 +261,7 @@ typedef struct {
 } backend;
 
 static backend need_backend(void) {
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   backend b = {NULL, NULL};
   if (dev) {
     b.ifc = dev->bd.iface;

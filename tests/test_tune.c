@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ocl_test_util.h"
 #include "test_util.h"
 #include "internal.h"
 #include "opencl/ocl_internal.h"
@@ -22,18 +23,8 @@
 
 static char cache_dir[256];
 
-static clpar_device *ocl_device(void) {
-  for (int i = 0; i < clpar_device_count(); i++) {
-    clpar_device *d = clpar_device_get(i);
-    if (d && strcmp(d->bd.iface->name, "opencl") == 0) return d;
-  }
-  return NULL;
-}
-
 static int setup(void **state) {
-  snprintf(cache_dir, sizeof cache_dir, "/tmp/clpar-test-tune-XXXXXX");
-  if (!mkdtemp(cache_dir)) return -1;
-  setenv("CLPAR_CACHE_DIR", cache_dir, 1);
+  if (tu_ocl_cache_dir_make(cache_dir, sizeof cache_dir, "tune") != 0) return -1;
   unsetenv("CLPAR_TUNE");
   return tu_setup(state);
 }
@@ -55,7 +46,7 @@ static void test_tune_arguments(void **state) {
   assert_int_equal(clpar_device_tune_gemm(NULL, &ok, 1, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_device_tune_gemm(tu_host(), &ok, 1, NULL, &r), CLPAR_ERROR_UNSUPPORTED);
   assert_non_null(strstr(clpar_last_error(), "OpenCL"));
-  clpar_device *dev = ocl_device() ? ocl_device() : tu_host();
+  clpar_device *dev = tu_ocl_device() ? tu_ocl_device() : tu_host();
   assert_int_equal(clpar_device_tune_gemm(dev, NULL, 1, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(clpar_device_tune_gemm(dev, &ok, 0, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
@@ -66,7 +57,7 @@ static void test_tune_arguments(void **state) {
   /* on a CPU device, shapes that all take clpar's own small kernel leave nothing to tune */
   clpar_device_info info;
   tu_ok(clpar_device_get_info(dev, &info));
-  if (ocl_device() && info.type == CLPAR_DEVICE_CPU) {
+  if (tu_ocl_device() && info.type == CLPAR_DEVICE_CPU) {
     clpar_gemm_shape small[] = {{16, 16, 16, 0, 0}, {512, 1024, 1024, 0, 1}};
     assert_int_equal(clpar_device_tune_gemm(dev, small, 2, NULL, &r), CLPAR_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(clpar_last_error(), "nothing to tune"));
@@ -200,7 +191,7 @@ static void expect_apply(clpar_ocl_device *d, clpar_ocl_tune_applied want, const
 
 static void test_tune_run_and_entries(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) {
     print_message("no OpenCL device: skipping\n");
     skip();
@@ -340,7 +331,7 @@ static void test_tune_run_and_entries(void **state) {
  * (the reason was formatted into the buffer it was read from, and lost, before). */
 static void test_tune_unusable_cache_dir(void **state) {
   (void)state;
-  clpar_device *dev = ocl_device();
+  clpar_device *dev = tu_ocl_device();
   if (!dev) {
     print_message("no OpenCL device: skipping\n");
     skip();

@@ -86,38 +86,22 @@ static int put_choice(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape 
 
 /* ---- the entry's header and name ---- */
 
-static void clean(char *dst, size_t size, const char *src) {
-  snprintf(dst, size, "%s", src);
-  for (char *p = dst; *p; p++)
-    if (*p == '\n' || *p == '\r') *p = ' ';
-}
-
 static void entry_header(clpar_ocl_device *d, char *out, size_t size) {
-  char name[256], driver[128], pname[256], pversion[256];
-  clean(name, sizeof name, d->dev_name);
-  clean(driver, sizeof driver, d->driver_version);
-  clean(pname, sizeof pname, d->platform_name);
-  clean(pversion, sizeof pversion, d->platform_version);
-  snprintf(out, size, "%s\ndevice %s\ndriver %s\nplatform %s %s\n", CONV_FORMAT, name, driver,
-           pname, pversion);
+  char lines[960]; /* the device lines are at most 919 bytes */
+  clpar_ocl_entry_device_lines(d, lines, sizeof lines);
+  snprintf(out, size, "%s\n%s", CONV_FORMAT, lines);
 }
 
 static void entry_name(clpar_ocl_device *d, char *name, size_t size) {
   char header[1024];
   entry_header(d, header, sizeof header);
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (const char *p = header; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  snprintf(name, size, "conv-%016llx.txt", (unsigned long long)h);
+  clpar_ocl_entry_name("conv", header, name, size);
 }
 
 int clpar_ocl_conv_path(clpar_ocl_device *d, char *path, size_t size) {
-  char dir[4096], name[64];
-  int fd;
-  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) return -1;
-  close(fd);
+  char name[64];
   entry_name(d, name, sizeof name);
-  int n = snprintf(path, size, "%s/%s", dir, name);
-  return n < 0 || (size_t)n >= size ? -1 : 0;
+  return clpar_ocl_entry_path(name, path, size);
 }
 
 /* ---- parsing ---- */

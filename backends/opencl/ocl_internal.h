@@ -334,6 +334,14 @@ clpar_status ocl_ew_chain(void *dev, const clpar_ew_chain *chain);
 clpar_status clpar_ocl_cache_file(clpar_ocl_device *dev, const char *source, size_t size,
                                   const char *options, char *path, size_t path_size);
 
+/* The saved entries of the tuners (GEMM parameters, convolution choices), ocl_tune_entry.c:
+ * the header lines naming d ("device NAME\ndriver VERSION\nplatform NAME VERSION\n", line
+ * breaks in the names made spaces); an entry's file name, <prefix>-<FNV-1a of its
+ * header>.txt; and that file's path in the cache directory (0, or -1 without one). */
+void clpar_ocl_entry_device_lines(clpar_ocl_device *d, char *out, size_t size);
+void clpar_ocl_entry_name(const char *prefix, const char *header, char *name, size_t size);
+int clpar_ocl_entry_path(const char *name, char *path, size_t size);
+
 /* Process-wide counters: which path served clpar_ocl_program_get. */
 typedef struct clpar_ocl_program_stats {
   uint64_t source_builds; /* compiled from source */

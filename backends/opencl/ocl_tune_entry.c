@@ -20,34 +20,48 @@ static void clean(char *dst, size_t size, const char *src) {
     if (*p == '\n' || *p == '\r') *p = ' ';
 }
 
-/* The header lines an entry for d starts with. */
-static void entry_header(clpar_ocl_device *d, char *out, size_t size) {
+void clpar_ocl_entry_device_lines(clpar_ocl_device *d, char *out, size_t size) {
   char name[256], driver[128], pname[256], pversion[256];
   clean(name, sizeof name, d->dev_name);
   clean(driver, sizeof driver, d->driver_version);
   clean(pname, sizeof pname, d->platform_name);
   clean(pversion, sizeof pversion, d->platform_version);
-  snprintf(out, size, "%s\ndevice %s\ndriver %s\nplatform %s %s\nclblast %s\n", TUNE_FORMAT, name,
-           driver, pname, pversion, CLPAR_CLBLAST_VERSION);
+  snprintf(out, size, "device %s\ndriver %s\nplatform %s %s\n", name, driver, pname, pversion);
+}
+
+void clpar_ocl_entry_name(const char *prefix, const char *header, char *name, size_t size) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = header; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  snprintf(name, size, "%s-%016llx.txt", prefix, (unsigned long long)h);
+}
+
+int clpar_ocl_entry_path(const char *name, char *path, size_t size) {
+  char dir[4096];
+  int fd;
+  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) return -1;
+  close(fd);
+  int n = snprintf(path, size, "%s/%s", dir, name);
+  return n < 0 || (size_t)n >= size ? -1 : 0;
+}
+
+/* The header lines an entry for d starts with. */
+static void entry_header(clpar_ocl_device *d, char *out, size_t size) {
+  char lines[960]; /* the device lines are at most 919 bytes */
+  clpar_ocl_entry_device_lines(d, lines, sizeof lines);
+  snprintf(out, size, "%s\n%sclblast %s\n", TUNE_FORMAT, lines, CLPAR_CLBLAST_VERSION);
 }
 
 /* The entry's file name: tune-<hash of the header>.txt. */
 static void entry_name(clpar_ocl_device *d, char *name, size_t size) {
   char header[1200];
   entry_header(d, header, sizeof header);
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (const char *p = header; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  snprintf(name, size, "tune-%016llx.txt", (unsigned long long)h);
+  clpar_ocl_entry_name("tune", header, name, size);
 }
 
 int clpar_ocl_tune_path(clpar_ocl_device *d, char *path, size_t size) {
-  char dir[4096], name[64];
-  int fd;
-  if (clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) return -1;
-  close(fd);
+  char name[64];
   entry_name(d, name, sizeof name);
-  int n = snprintf(path, size, "%s/%s", dir, name);
-  return n < 0 || (size_t)n >= size ? -1 : 0;
+  return clpar_ocl_entry_path(name, path, size);
 }
 
 int clpar_ocl_params_apply(cl_device_id dev, int kernel, const clpar_ocl_params *p) {
