@@ -294,7 +294,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(dropout_mask, QUEUE, 1)        \
   X(half_convert, QUEUE, 1)        \
   X(ew_chain_prepare, DIRECT, 0)   \
-  X(ew_chain, QUEUE, 0)          \
+  X(ew_chain, QUEUE, 0)            \
   X(prepare_begin, DIRECT, 0)      \
   X(prepare_end, DIRECT, 0)        \
   X(prepare_run, DIRECT, 0)        \
