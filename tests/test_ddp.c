@@ -576,12 +576,6 @@ static int setup(void **state) {
   return 0;
 }
 
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matches_full_batch),
@@ -599,5 +593,5 @@ int main(void) {
       cmocka_unit_test(test_buffers_broadcast_from_rank_0),
       cmocka_unit_test(test_buffer_mismatch_fails_on_every_rank),
   };
-  return cmocka_run_group_tests_name("ddp", tests, setup, teardown);
+  return cmocka_run_group_tests_name("ddp", tests, setup, tu_dist_teardown);
 }

@@ -341,12 +341,6 @@ static int setup(void **state) {
   return 0;
 }
 
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend_variable_values),
@@ -361,5 +355,5 @@ int main(void) {
       cmocka_unit_test(test_cuda_forced_mpi_matches_full_batch),
       cmocka_unit_test(test_shared_gpu_falls_back_to_mpi),
   };
-  return cmocka_run_group_tests_name("ddp_nccl", tests, setup, teardown);
+  return cmocka_run_group_tests_name("ddp_nccl", tests, setup, tu_dist_teardown);
 }

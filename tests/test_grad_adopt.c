@@ -31,12 +31,7 @@ static void check_peak(clpar_device *dev) {
     tu_ok(clpar_tensor_from_host(dev, 2, xs, ones, &x));
     tu_ok(clpar_matmul(x, w, 0, 0, &y));
     tu_ok(clpar_sum(y, &loss));
-    tu_ok(clpar_device_synchronize(dev));
-    uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_TOTAL);
-    tu_ok(clpar_memory_mark(dev));
-    tu_ok(clpar_backward(loss));
-    tu_ok(clpar_device_synchronize(dev));
-    uint64_t peak = clpar_memory_peak(dev, CLPAR_MEM_TOTAL) - before;
+    uint64_t peak = tu_backward_peak(dev, loss);
     clpar_scope_end(scope);
     assert_true(peak < bytes + bytes / 2);
     expect_all(clpar_tensor_grad(w), (float)pass);

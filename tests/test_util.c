@@ -209,6 +209,15 @@ void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd
   clpar_module_free(m);
 }
 
+uint64_t tu_backward_peak(clpar_device *dev, clpar_tensor *loss) {
+  tu_ok(clpar_device_synchronize(dev));
+  uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_TOTAL);
+  tu_ok(clpar_memory_mark(dev));
+  tu_ok(clpar_backward(loss));
+  tu_ok(clpar_device_synchronize(dev));
+  return clpar_memory_peak(dev, CLPAR_MEM_TOTAL) - before;
+}
+
 int tu_dist_setup(void **state) {
   (void)state;
   clpar_status s = clpar_dist_init();

@@ -81,6 +81,9 @@ void tu_toy_train(tu_toy_devices *d, uint64_t seed, const clpar_sgd_options *sgd
 char *tu_slurp(const char *path, size_t *len);
 /* Group setup and teardown of the tests run under mpirun: clpar_dist_init (its failure
  * printed, the group not run) and clpar_dist_finalize. */
+/* Bytes dev's allocator held at its peak during clpar_backward(loss), over what it held before
+ * (both after the device's queue drained). */
+uint64_t tu_backward_peak(clpar_device *dev, clpar_tensor *loss);
 int tu_dist_setup(void **state);
 int tu_dist_teardown(void **state);
 

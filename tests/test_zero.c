@@ -343,12 +343,7 @@ static void test_stage2_holds_each_gradient_once(void **state) {
     tu_ok(clpar_tensor_from_host(dev, 2, (int64_t[]){ROWS, WIDE}, x, &xt));
     tu_ok(clpar_module_forward(ddp, xt, &out));
     tu_ok(clpar_mean(out, &loss));
-    tu_ok(clpar_device_synchronize(dev));
-    uint64_t before = clpar_memory_in_use(dev, CLPAR_MEM_TOTAL);
-    tu_ok(clpar_memory_mark(dev));
-    tu_ok(clpar_backward(loss));
-    tu_ok(clpar_device_synchronize(dev));
-    uint64_t peak = clpar_memory_peak(dev, CLPAR_MEM_TOTAL) - before;
+    uint64_t peak = tu_backward_peak(dev, loss);
     clpar_scope_end(scope);
     free(x);
     assert_true(peak < rounded(WIDE * WIDE) * 3 / 2);

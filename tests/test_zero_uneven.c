@@ -81,26 +81,10 @@ static void test_every_rank_joining_is_the_even_end(void **state) {
   for (int stage = 1; stage <= 3; stage++) train_then_end(stage, 1);
 }
 
-static int setup(void **state) {
-  (void)state;
-  clpar_status s = clpar_dist_init();
-  if (s != CLPAR_OK) {
-    fprintf(stderr, "clpar_dist_init: %s: %s\n", clpar_status_name(s), clpar_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  clpar_dist_finalize();
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uneven_inputs_stop_every_rank),
       cmocka_unit_test(test_every_rank_joining_is_the_even_end),
   };
-  return cmocka_run_group_tests_name("zero_uneven", tests, setup, teardown);
+  return cmocka_run_group_tests_name("zero_uneven", tests, tu_dist_setup, tu_dist_teardown);
 }
