@@ -476,6 +476,11 @@ void clpar_optimizer_group_options(const clpar_optimizer *o, int g, clpar_sgd_op
 clpar_status clpar_optimizer_set_group_options(clpar_optimizer *o, int g,
                                                const clpar_sgd_options *sgd,
                                                const clpar_adam_options *adam, int apply);
+/* Inside a capture on x's device (src/nn/dropout_graph.c): patches the dropout_mask command
+ * just posted for a draw (seed, offset) of the module whose stream is (stream, *cursor), so each
+ * replay draws the next mask as the eager forward would; CLPAR_OK outside a capture. */
+clpar_status clpar_dropout_capture(uint64_t stream, uint64_t *cursor, const clpar_tensor *x,
+                                   uint64_t seed, uint64_t offset);
 /* Inside a capture on dev (src/optim_graph.c): patches the sgd_step or adam_step command just
  * posted for group's members o->params[members[0 .. n)] (touched: the tensor it stepped) so that
  * each replay computes its scalars as an eager step would and advances the step counts. */
