@@ -73,9 +73,13 @@ static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *
              bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r.y), "labels");
   for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(&r), "warm-up");
   good = good && bench_step_capture(&r, &dev, 1);
-  double best[2] = {1e30, 1e30}, worst[2] = {0, 0};
+  double best[2] = {1e30, 1e30}, worst[2] = {0, 0}, ar[2] = {0, 0};
   for (int k = 0; good && k < 2 * ROUNDS; k++) {
+    clpar_ddp_stats a = {0}, b = {0};
+    clpar_ddp_stats_get(ddp, &a);
     double ms = round_ms(&r, ddp, dev, k % 2, steps);
+    clpar_ddp_stats_get(ddp, &b);
+    ar[k % 2] += (b.allreduce_seconds - a.allreduce_seconds) * 1e3 / (ROUNDS * steps);
     good = ms > 0;
     best[k % 2] = ms < best[k % 2] ? ms : best[k % 2];
     worst[k % 2] = ms > worst[k % 2] ? ms : worst[k % 2];
@@ -86,10 +90,11 @@ static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *
         "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s MLP "
         "%d x Linear(%lld)\", \"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
         "\"rounds\": %d, \"eager_ms_per_step\": [%.2f, %.2f], \"replay_ms_per_step\": "
-        "[%.2f, %.2f], \"speedup_best\": %.2f, \"commands_per_step\": %zu}\n",
+        "[%.2f, %.2f], \"speedup_best\": %.2f, \"allreduce_ms_per_step\": [%.2f, %.2f], "
+        "\"commands_per_step\": %zu}\n",
         clpar_dist_world_size(), clpar_device_id(dev), s->name, s->layers, (long long)s->width,
         (long long)s->batch, st.buckets, steps, ROUNDS, best[0], worst[0], best[1], worst[1],
-        best[0] / best[1], clpar_graph_command_count(r.graph));
+        best[0] / best[1], ar[0], ar[1], clpar_graph_command_count(r.graph));
   r.m = NULL; /* the caller's */
   r.opt = NULL;
   bench_step_run_free(&r);

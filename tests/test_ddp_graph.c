@@ -1,7 +1,8 @@
 /* test_ddp_graph.c — a DistributedDataParallel step captured and replayed (clpar/graph.h) over
  * MPI, run by ctest through mpirun on 2 ranks, one PoCL device each (tests/CMakeLists.txt):
  * the replayed step equals the eager DDP step bit for bit over 50 steps (the learning rate
- * changed midway) with SGD (momentum) and Adam, its hand-offs make no host wait on the calling
+ * changed midway) with SGD (momentum) and Adam, and with gradient accumulation
+ * (clpar_ddp_set_sync), its hand-offs make no host wait on the calling
  * thread and each replay all-reduces every bucket on the communication thread; what a replay
  * cannot hold is refused at capture naming it. With the argument "timeout" (run by
  * tests/ddp_graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops replaying, and rank 0's
@@ -55,6 +56,25 @@ static clpar_status step(void *ctx) {
   return s;
 }
 
+/* Gradient accumulation: two forward-backwards on the batch, the first without the
+ * all-reduce (clpar_ddp_set_sync(0)), the second with it, then the step. */
+static clpar_status accumulating_step(void *ctx) {
+  tgu_train *t = ctx;
+  clpar_scope *scope = tgu_step_begin(t);
+  clpar_tensor *out = NULL, *first = NULL;
+  clpar_status s = clpar_optimizer_zero_grad(t->opt);
+  for (int k = 0; s == CLPAR_OK && k < 2; k++) {
+    clpar_tensor **loss = k ? &t->loss : &first;
+    s = clpar_ddp_set_sync(t->m, k == 1);
+    if (s == CLPAR_OK) s = clpar_module_forward(t->m, t->x, &out);
+    if (s == CLPAR_OK) s = clpar_mse_loss(out, t->y, CLPAR_REDUCTION_MEAN, loss);
+    if (s == CLPAR_OK) s = clpar_backward(*loss);
+  }
+  if (s == CLPAR_OK) s = clpar_optimizer_step(t->opt);
+  tgu_step_end(t, scope);
+  return s;
+}
+
 /* Step i's inputs on this rank (each rank its own). */
 static void write_inputs(tgu_train *t, int i) {
   uint64_t seed = 1000 * (uint64_t)(clpar_dist_rank() + 1) + (uint64_t)i;
@@ -68,11 +88,11 @@ static void write_inputs(tgu_train *t, int i) {
 /* STEPS steps, eagerly or compiled (eager warm-up, capture, replays); the losses into losses.
  * Compiled: the replays' host waits on the calling thread (the loss reads apart) and the
  * reductions they made. */
-static void train(tgu_train *t, int compiled, float *losses, uint64_t *replay_waits,
-                  uint64_t *replay_reductions) {
+static void train(tgu_train *t, clpar_step_fn fn, int compiled, float *losses,
+                  uint64_t *replay_waits, uint64_t *replay_reductions) {
   clpar_device *dev = clpar_dist_device();
   clpar_step *st = NULL;
-  if (compiled) tu_ok(clpar_step_compile(step, t, &dev, 1, &st));
+  if (compiled) tu_ok(clpar_step_compile(fn, t, &dev, 1, &st));
   clpar_ddp_stats before = {0}, after = {0};
   uint64_t waits = 0;
   for (int i = 0; i < STEPS; i++) {
@@ -80,7 +100,7 @@ static void train(tgu_train *t, int compiled, float *losses, uint64_t *replay_wa
       tu_ok(clpar_optimizer_set_lr(t->opt, 0, 0.3f * clpar_optimizer_lr(t->opt, 0)));
     write_inputs(t, i);
     if (!compiled) {
-      tu_ok(step(t));
+      tu_ok(fn(t));
     } else {
       if (i == 2) tu_ok(clpar_ddp_stats_get(t->m, &before));
       uint64_t w0 = clpar_device_host_waits(dev);
@@ -101,14 +121,14 @@ static void train(tgu_train *t, int compiled, float *losses, uint64_t *replay_wa
   }
 }
 
-static void check_replay_equals_eager(opt_kind ok) {
+static void check_replay_equals_eager(opt_kind ok, clpar_step_fn fn) {
   tgu_train eager, replayed;
   float le[STEPS], lr[STEPS];
   uint64_t waits = 1, reductions = 0;
   make_train(&eager, ok);
-  train(&eager, 0, le, NULL, NULL);
+  train(&eager, fn, 0, le, NULL, NULL);
   make_train(&replayed, ok);
-  train(&replayed, 1, lr, &waits, &reductions);
+  train(&replayed, fn, 1, lr, &waits, &reductions);
   tgu_expect_bits("loss at step", le, lr, STEPS);
   size_t ne, nr;
   float *pe = tgu_floats_of(eager.m, 0, &ne), *pr = tgu_floats_of(replayed.m, 0, &nr);
@@ -131,17 +151,23 @@ static void check_replay_equals_eager(opt_kind ok) {
 
 static void test_sgd_momentum_replay_equals_eager(void **state) {
   (void)state;
-  check_replay_equals_eager(OPT_SGD);
+  check_replay_equals_eager(OPT_SGD, step);
 }
 
 static void test_adam_replay_equals_eager(void **state) {
   (void)state;
-  check_replay_equals_eager(OPT_ADAM);
+  check_replay_equals_eager(OPT_ADAM, step);
 }
 
-/* A forward of a DDP module made with o, under capture: refused naming want. */
-static void check_refused(const clpar_ddp_options *o, const char *want) {
-  clpar_module *ddp = make_ddp(o);
+/* clpar_ddp_set_sync keeps the bucket schedule: the micro-step without sync is captured
+ * without hand-offs, as it runs eagerly. */
+static void test_no_sync_accumulation_replay_equals_eager(void **state) {
+  (void)state;
+  check_replay_equals_eager(OPT_SGD, accumulating_step);
+}
+
+/* A forward of ddp (freed here) under capture: refused naming want. */
+static void check_refused_module(clpar_module *ddp, const char *want) {
   clpar_device *dev = clpar_dist_device();
   clpar_tensor *x, *out = NULL;
   tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){ROWS, IN}, &x));
@@ -160,8 +186,20 @@ static void check_refused(const clpar_ddp_options *o, const char *want) {
   clpar_module_free(ddp);
 }
 
+/* A forward of a DDP module made with o, under capture: refused naming want. */
+static void check_refused(const clpar_ddp_options *o, const char *want) {
+  check_refused_module(make_ddp(o), want);
+}
+
 static void test_refused_at_capture(void **state) {
   (void)state;
+  /* a module with buffers (BatchNorm's statistics, broadcast from rank 0 before a forward) */
+  clpar_module *c[2], *m, *ddp;
+  tu_ok(clpar_linear_create(IN, HID, 1, clpar_dist_device(), &c[0]));
+  tu_ok(clpar_batchnorm2d_create(4, NULL, clpar_dist_device(), &c[1]));
+  tu_ok(clpar_sequential_create(c, 2, &m));
+  tu_ok(clpar_ddp_create(m, NULL, &ddp));
+  check_refused_module(ddp, "the broadcast of the module's buffers");
   check_refused(&(clpar_ddp_options){.find_unused_parameters = 1}, "find_unused_parameters");
   check_refused(&(clpar_ddp_options){.uneven_inputs = 1}, "uneven_inputs");
   check_refused(&(clpar_ddp_options){.zero_stage = 1}, "ZeRO stage 1");
@@ -206,6 +244,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_momentum_replay_equals_eager),
       cmocka_unit_test(test_adam_replay_equals_eager),
+      cmocka_unit_test(test_no_sync_accumulation_replay_equals_eager),
       cmocka_unit_test(test_refused_at_capture),
   };
   return cmocka_run_group_tests_name("ddp_graph", tests, tu_dist_setup, tu_dist_teardown);
