@@ -9,7 +9,9 @@
  *
  * --graph: the step captured (clpar/graph.h, the bucket hand-offs included) and timed eager
  * against replayed, in rounds of steps that alternate between the two on one module (best and
- * worst round of each; the ranks' mean), on static inputs (nothing uploaded per step).
+ * worst round of each; the ranks' mean), on static inputs (nothing uploaded per step); each
+ * free-running (the device waited for once per round: replays queue up on the device) and
+ * synced (waited for after every step, so each step starts from idle ranks).
  * --model latency: 48 x Linear(64, 64) at batch 32 (bench/data_parallel's latency-bound MLP)
  * instead of the compute-bound default, 6 x Linear(512, 512) then Linear(512, 16) at batch 256.
  *
@@ -50,20 +52,24 @@ static clpar_module *make_mlp(const model_spec *s, clpar_device *dev) {
 }
 
 /* ms per step of a round: eager steps or replays, waiting for the device and the
- * communication thread once at the end; the ranks' mean. */
+ * communication thread at the end (synced: after every step too); the ranks' mean. */
 static double round_ms(bench_step_run *r, clpar_module *ddp, clpar_device *dev, int replay,
-                       int steps) {
+                       int synced, int steps) {
   double t0 = now_seconds();
   int good = 1;
-  for (int i = 0; good && i < steps; i++)
+  for (int i = 0; good && i < steps; i++) {
     good = bench_ok(replay ? clpar_graph_replay(r->graph) : bench_step(r), "step");
+    if (good && synced) good = bench_ok(clpar_device_synchronize(dev), "sync");
+  }
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
          bench_ok(clpar_ddp_synchronize(ddp), "DistributedDataParallel");
   float ms = (float)((now_seconds() - t0) * 1e3 / steps);
   return good && bench_ok(clpar_dist_all_reduce_mean(&ms, 1), "average") ? ms : -1;
 }
 
-/* --graph: eager against replayed, ROUNDS rounds of each, alternated. */
+/* --graph: eager against replayed, ROUNDS rounds of each, alternated, free-running (the
+ * device waited for at the round's end) and synced (after each step too); best and worst
+ * ms per step of each, and the all-reduce seconds per step of the free-running rounds. */
 static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *opt,
                        clpar_device *dev, const float *x, const int32_t *y, int steps) {
   enum { ROUNDS = 5 };
@@ -73,16 +79,18 @@ static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *
              bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r.y), "labels");
   for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(&r), "warm-up");
   good = good && bench_step_capture(&r, &dev, 1);
-  double best[2] = {1e30, 1e30}, worst[2] = {0, 0}, ar[2] = {0, 0};
-  for (int k = 0; good && k < 2 * ROUNDS; k++) {
+  /* [kind]: eager, replay, eager synced, replay synced */
+  double best[4] = {1e30, 1e30, 1e30, 1e30}, worst[4] = {0}, ar[2] = {0};
+  for (int k = 0; good && k < 4 * ROUNDS; k++) {
+    int kind = k % 4;
     clpar_ddp_stats a = {0}, b = {0};
     clpar_ddp_stats_get(ddp, &a);
-    double ms = round_ms(&r, ddp, dev, k % 2, steps);
+    double ms = round_ms(&r, ddp, dev, kind % 2, kind / 2, steps);
     clpar_ddp_stats_get(ddp, &b);
-    ar[k % 2] += (b.allreduce_seconds - a.allreduce_seconds) * 1e3 / (ROUNDS * steps);
+    if (kind < 2) ar[kind] += (b.allreduce_seconds - a.allreduce_seconds) * 1e3 / (ROUNDS * steps);
     good = ms > 0;
-    best[k % 2] = ms < best[k % 2] ? ms : best[k % 2];
-    worst[k % 2] = ms > worst[k % 2] ? ms : worst[k % 2];
+    best[kind] = ms < best[kind] ? ms : best[kind];
+    worst[kind] = ms > worst[kind] ? ms : worst[kind];
   }
   clpar_ddp_stats st = {0};
   if (good && clpar_dist_rank() == 0 && clpar_ddp_stats_get(ddp, &st) == CLPAR_OK)
@@ -90,11 +98,13 @@ static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *
         "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s MLP "
         "%d x Linear(%lld)\", \"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
         "\"rounds\": %d, \"eager_ms_per_step\": [%.2f, %.2f], \"replay_ms_per_step\": "
-        "[%.2f, %.2f], \"speedup_best\": %.2f, \"allreduce_ms_per_step\": [%.2f, %.2f], "
-        "\"commands_per_step\": %zu}\n",
+        "[%.2f, %.2f], \"speedup_best\": %.2f, \"synced_eager_ms_per_step\": [%.2f, %.2f], "
+        "\"synced_replay_ms_per_step\": [%.2f, %.2f], \"synced_speedup_best\": %.2f, "
+        "\"allreduce_ms_per_step\": [%.2f, %.2f], \"commands_per_step\": %zu}\n",
         clpar_dist_world_size(), clpar_device_id(dev), s->name, s->layers, (long long)s->width,
         (long long)s->batch, st.buckets, steps, ROUNDS, best[0], worst[0], best[1], worst[1],
-        best[0] / best[1], ar[0], ar[1], clpar_graph_command_count(r.graph));
+        best[0] / best[1], best[2], worst[2], best[3], worst[3], best[2] / best[3], ar[0], ar[1],
+        clpar_graph_command_count(r.graph));
   r.m = NULL; /* the caller's */
   r.opt = NULL;
   bench_step_run_free(&r);
