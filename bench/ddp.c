@@ -67,33 +67,42 @@ static double round_ms(bench_step_run *r, clpar_module *ddp, clpar_device *dev, 
   return good && bench_ok(clpar_dist_all_reduce_mean(&ms, 1), "average") ? ms : -1;
 }
 
+/* A run's static inputs, and two warm-up steps. */
+static int inputs(bench_step_run *r, const model_spec *s, clpar_device *dev, const float *x,
+                  const int32_t *y) {
+  int64_t xs[2] = {s->batch, s->width}, ys = s->batch;
+  int good = bench_ok(clpar_tensor_from_host(dev, 2, xs, x, &r->x), "input") &&
+             bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r->y), "labels");
+  for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(r), "warm-up");
+  return good;
+}
+
 /* --graph: eager against replayed, ROUNDS rounds of each, alternated, free-running (the
  * device waited for at the round's end) and synced (after each step too); best and worst
- * ms per step of each, and the all-reduce seconds per step of the free-running rounds. */
-static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *opt,
-                       clpar_device *dev, const float *x, const int32_t *y, int steps) {
+ * ms per step of each, and the all-reduce seconds per step of the free-running rounds. The
+ * replays run on a second module made alike (p): an eager step of a module that was captured
+ * first waits for the replays posted before it (ddp_graph.c), which would sync every eager
+ * step. */
+static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p, clpar_device *dev,
+                       const float *x, const int32_t *y, int steps) {
   enum { ROUNDS = 5 };
-  bench_step_run r = {.m = ddp, .opt = opt};
-  int64_t xs[2] = {s->batch, s->width}, ys = s->batch;
-  int good = bench_ok(clpar_tensor_from_host(dev, 2, xs, x, &r.x), "input") &&
-             bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r.y), "labels");
-  for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(&r), "warm-up");
-  good = good && bench_step_capture(&r, &dev, 1);
+  int good = inputs(e, s, dev, x, y) && inputs(p, s, dev, x, y) && bench_step_capture(p, &dev, 1);
   /* [kind]: eager, replay, eager synced, replay synced */
   double best[4] = {1e30, 1e30, 1e30, 1e30}, worst[4] = {0}, ar[2] = {0};
   for (int k = 0; good && k < 4 * ROUNDS; k++) {
     int kind = k % 4;
+    bench_step_run *r = kind % 2 ? p : e;
     clpar_ddp_stats a = {0}, b = {0};
-    clpar_ddp_stats_get(ddp, &a);
-    double ms = round_ms(&r, ddp, dev, kind % 2, kind / 2, steps);
-    clpar_ddp_stats_get(ddp, &b);
+    clpar_ddp_stats_get(r->m, &a);
+    double ms = round_ms(r, r->m, dev, kind % 2, kind / 2, steps);
+    clpar_ddp_stats_get(r->m, &b);
     if (kind < 2) ar[kind] += (b.allreduce_seconds - a.allreduce_seconds) * 1e3 / (ROUNDS * steps);
     good = ms > 0;
     best[kind] = ms < best[kind] ? ms : best[kind];
     worst[kind] = ms > worst[kind] ? ms : worst[kind];
   }
   clpar_ddp_stats st = {0};
-  if (good && clpar_dist_rank() == 0 && clpar_ddp_stats_get(ddp, &st) == CLPAR_OK)
+  if (good && clpar_dist_rank() == 0 && clpar_ddp_stats_get(p->m, &st) == CLPAR_OK)
     printf(
         "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s MLP "
         "%d x Linear(%lld)\", \"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
@@ -104,10 +113,7 @@ static int graph_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *
         clpar_dist_world_size(), clpar_device_id(dev), s->name, s->layers, (long long)s->width,
         (long long)s->batch, st.buckets, steps, ROUNDS, best[0], worst[0], best[1], worst[1],
         best[0] / best[1], best[2], worst[2], best[3], worst[3], best[2] / best[3], ar[0], ar[1],
-        clpar_graph_command_count(r.graph));
-  r.m = NULL; /* the caller's */
-  r.opt = NULL;
-  bench_step_run_free(&r);
+        clpar_graph_command_count(p->graph));
   return good;
 }
 
@@ -175,17 +181,21 @@ int main(int argc, char **argv) {
   int32_t *y = malloc(sizeof(int32_t) * (size_t)s->batch);
   if (!x || !y) return 1;
   bench_batch(x, y, s->batch, s->width, (int32_t)s->out);
-  clpar_module *model = make_mlp(s, dev), *ddp = NULL;
-  clpar_optimizer *opt = NULL;
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
   clpar_ddp_options o = {.bucket_cap_mb = cap};
-  int good = model && bench_ok(clpar_ddp_create(model, &o, &ddp), "clpar_ddp_create") &&
-             bench_ok(clpar_sgd_create_for(ddp, &sgd, &opt), "SGD");
+  bench_step_run e = {0}, p = {0}; /* eager, and (--graph) replayed */
+  int good = 1;
+  for (int k = 0; good && k < 1 + graph; k++) {
+    bench_step_run *r = k ? &p : &e;
+    clpar_module *model = make_mlp(s, dev);
+    good = model && bench_ok(clpar_ddp_create(model, &o, &r->m), "clpar_ddp_create") &&
+           bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD");
+  }
   if (good)
-    good = graph ? graph_bench(s, ddp, opt, dev, x, y, steps)
-                 : plain_bench(s, ddp, opt, dev, x, y, steps, cap);
-  clpar_optimizer_free(opt);
-  clpar_module_free(ddp);
+    good = graph ? graph_bench(s, &e, &p, dev, x, y, steps)
+                 : plain_bench(s, e.m, e.opt, dev, x, y, steps, cap);
+  bench_step_run_free(&p);
+  bench_step_run_free(&e);
   free(x);
   free(y);
   clpar_dist_finalize();
