@@ -204,6 +204,17 @@ static void test_refused_at_capture(void **state) {
   check_refused(&(clpar_ddp_options){.uneven_inputs = 1}, "uneven_inputs");
   check_refused(&(clpar_ddp_options){.zero_stage = 1}, "ZeRO stage 1");
   check_refused(&(clpar_ddp_options){.zero_stage = 2}, "ZeRO stage 2");
+  /* clpar_ddp_join inside a capture */
+  ddp = make_ddp(&(clpar_ddp_options){.uneven_inputs = 1});
+  clpar_device *dev = clpar_dist_device();
+  clpar_graph *g = NULL;
+  tu_ok(clpar_graph_capture_begin(&dev, 1));
+  assert_int_equal(clpar_ddp_join(ddp), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(clpar_graph_capture_end(&g), CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_null(g);
+  if (!strstr(clpar_last_error(), "clpar_ddp_join on"))
+    fail_msg("expected clpar_ddp_join's refusal, got \"%s\"", clpar_last_error());
+  clpar_module_free(ddp);
 }
 
 /* ---- the timeout scenario ---- */

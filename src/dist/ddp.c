@@ -594,6 +594,9 @@ clpar_status clpar_ddp_join(clpar_module *ddp) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_ddp_join: the module was made without the uneven_inputs option, "
                            "so the other ranks' forwards would not see that this rank joined");
+  if (clpar_capture_active(st->buckets[0].dev)) /* a host collective: no replay holds it */
+    return clpar_capture_refuse(st->buckets[0].dev, "clpar_ddp_join",
+                                "an all-reduce of the ranks' input flags on the host");
   int sync;
   return begin_step(st, 0, &sync);
 }
