@@ -166,6 +166,33 @@ static void test_no_sync_accumulation_replay_equals_eager(void **state) {
   check_replay_equals_eager(OPT_SGD, accumulating_step);
 }
 
+/* An eager step of a module right after its replays were posted (nothing waited for): its
+ * forward first lets the replays run, so its buckets do not meet the communication thread
+ * behind theirs; the result equals five eager steps. */
+static void test_eager_step_after_replays(void **state) {
+  (void)state;
+  tgu_train eager, mixed;
+  clpar_device *dev = clpar_dist_device();
+  make_train(&eager, OPT_SGD);
+  make_train(&mixed, OPT_SGD);
+  write_inputs(&eager, 0);
+  write_inputs(&mixed, 0);
+  for (int i = 0; i < 5; i++) tu_ok(step(&eager));
+  clpar_step *st;
+  tu_ok(clpar_step_compile(step, &mixed, &dev, 1, &st));
+  for (int i = 0; i < 4; i++) tu_ok(clpar_step_run(st)); /* warm-up, capture, 2 replays */
+  tu_ok(step(&mixed));
+  size_t ne, nm;
+  float *pe = tgu_floats_of(eager.m, 0, &ne), *pm = tgu_floats_of(mixed.m, 0, &nm);
+  assert_int_equal(ne, nm);
+  tgu_expect_bits("parameter element", pe, pm, ne);
+  free(pe);
+  free(pm);
+  clpar_step_free(st);
+  tgu_train_free(&eager);
+  tgu_train_free(&mixed);
+}
+
 /* A forward of ddp (freed here) under capture: refused naming want. */
 static void check_refused_module(clpar_module *ddp, const char *want) {
   clpar_device *dev = clpar_dist_device();
@@ -256,6 +283,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_sgd_momentum_replay_equals_eager),
       cmocka_unit_test(test_adam_replay_equals_eager),
       cmocka_unit_test(test_no_sync_accumulation_replay_equals_eager),
+      cmocka_unit_test(test_eager_step_after_replays),
       cmocka_unit_test(test_refused_at_capture),
   };
   return cmocka_run_group_tests_name("ddp_graph", tests, tu_dist_setup, tu_dist_teardown);

@@ -169,9 +169,10 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st) {
   clpar_device *dev = st->n_buckets ? st->buckets[0].dev : NULL;
   if (!dev) return CLPAR_OK;
   if (clpar_capture_active(dev)) return capture_forward(st, dev);
-  if (!st->graph) return CLPAR_OK;
   /* an eager step after a capture: the replays posted before it run first, so that its
-   * buckets do not wait for the thread behind theirs */
+   * buckets do not wait for the thread behind theirs (a forward whose backward hands no
+   * bucket over, without gradients or without sync, need not wait) */
+  if (!st->graph || !clpar_is_grad_enabled() || st->no_sync) return CLPAR_OK;
   return clpar_worker_drain(dev);
 }
 
