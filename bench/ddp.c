@@ -1,61 +1,136 @@
-/* ddp.c — DistributedDataParallel: samples per second of a compute-bound MLP training step
- * with a fixed batch per rank (so N ranks train N times the samples of one), and where the
- * communication thread's time goes per step: reading gradients to host memory (which waits
- * for the device to compute them), MPI_Allreduce (which includes waiting for the slowest
- * rank) and writing the averages back. "hidden" is the share of allreduce + write that ran
- * while the device still had backward work: 1 - exposed / (allreduce + write), exposed being
- * that time for the last bucket. One JSON object per run, printed by rank 0; bench/ddp.sh runs
- * 1 and 2 ranks and a bucket-size sweep and prints the scaling efficiency.
+/* ddp.c — DistributedDataParallel: samples per second of an MLP training step with a fixed
+ * batch per rank (so N ranks train N times the samples of one), and where the communication
+ * thread's time goes per step: reading gradients to host memory (which waits for the device to
+ * compute them), MPI_Allreduce (which includes waiting for the slowest rank) and writing the
+ * averages back. "hidden" is the share of allreduce + write that ran while the device still had
+ * backward work: 1 - exposed / (allreduce + write), exposed being that time for the last
+ * bucket. One JSON object per run, printed by rank 0; bench/ddp.sh runs 1 and 2 ranks and a
+ * bucket-size sweep and prints the scaling efficiency.
+ *
+ * --graph: the step captured (clpar/graph.h, the bucket hand-offs included) and timed eager
+ * against replayed, in rounds of steps that alternate between the two on one module (best and
+ * worst round of each; the ranks' mean), on static inputs (nothing uploaded per step); each
+ * free-running (the device waited for once per round: replays queue up on the device) and
+ * synced (waited for after every step, so each step starts from idle ranks).
+ * --model latency: 48 x Linear(64, 64) at batch 32 (bench/data_parallel's latency-bound MLP)
+ * instead of the compute-bound default, 6 x Linear(512, 512) then Linear(512, 16) at batch 256.
  *
  *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun -np 2 ./bench_ddp [steps] [bucket_cap_mb]
+ *       [--graph] [--model compute|latency]
  */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-enum { BATCH = 256, WIDTH = 512, LAYERS = 6, OUT = 16 };
+typedef struct {
+  const char *name;
+  int layers;
+  int64_t batch, width, out;
+} model_spec;
 
-/* LAYERS x (Linear(WIDTH, WIDTH), ReLU), then Linear(WIDTH, OUT): 1 MiB weights, so that the
- * bucket cap decides how many buckets there are. */
-static clpar_module *deep_mlp(clpar_device *dev) {
-  clpar_module *l[2 * LAYERS + 1], *m = NULL;
+static const model_spec compute = {"compute", 6, 256, 512, 16},
+                        latency = {"latency", 48, 32, 64, 64};
+
+/* layers x (Linear(width, width), ReLU), then Linear(width, out) for the compute MLP (1 MiB
+ * weights, so that the bucket cap decides how many buckets there are); the latency MLP's
+ * last layer is its 48th. */
+static clpar_module *make_mlp(const model_spec *s, clpar_device *dev) {
+  int n_lin = s == &compute ? s->layers + 1 : s->layers, n = 0, good = 1;
+  clpar_module **l = calloc((size_t)(2 * n_lin), sizeof *l), *m = NULL;
   clpar_manual_seed(3);
-  int good = 1;
-  for (int i = 0; good && i < LAYERS; i++)
-    good = bench_ok(clpar_linear_create(WIDTH, WIDTH, 1, dev, &l[2 * i]), "Linear") &&
-           bench_ok(clpar_relu_create(&l[2 * i + 1]), "ReLU");
-  if (good && bench_ok(clpar_linear_create(WIDTH, OUT, 1, dev, &l[2 * LAYERS]), "Linear"))
-    bench_ok(clpar_sequential_create(l, 2 * LAYERS + 1, &m), "Sequential");
+  for (int i = 0; good && l && i < n_lin; i++) {
+    int64_t out = i == n_lin - 1 ? s->out : s->width;
+    good = bench_ok(clpar_linear_create(s->width, out, 1, dev, &l[n++]), "Linear");
+    if (good && i < n_lin - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
+  }
+  if (good && l) bench_ok(clpar_sequential_create(l, n, &m), "Sequential");
+  free(l);
   return m;
 }
 
-int main(int argc, char **argv) {
-  int steps = argc > 1 ? atoi(argv[1]) : 10;
-  double cap = argc > 2 ? atof(argv[2]) : 0;
-  if (steps < 1) steps = 10;
-  if (!bench_ok(clpar_dist_init(), "clpar_dist_init")) return 1;
-  clpar_device *dev = clpar_dist_device();
-  float *x = malloc(sizeof(float) * BATCH * WIDTH);
-  int32_t *y = malloc(sizeof(int32_t) * BATCH);
-  if (!x || !y) return 1;
-  bench_batch(x, y, BATCH, WIDTH, OUT);
-  clpar_module *model = deep_mlp(dev), *ddp = NULL;
-  clpar_optimizer *opt = NULL;
-  clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
-  clpar_ddp_options o = {.bucket_cap_mb = cap};
-  int good = model && bench_ok(clpar_ddp_create(model, &o, &ddp), "clpar_ddp_create") &&
-             bench_ok(clpar_sgd_create_for(ddp, &sgd, &opt), "SGD");
+/* ms per step of a round: eager steps or replays, waiting for the device and the
+ * communication thread at the end (synced: after every step too); the ranks' mean. */
+static double round_ms(bench_step_run *r, clpar_module *ddp, clpar_device *dev, int replay,
+                       int synced, int steps) {
+  double t0 = now_seconds();
+  int good = 1;
+  for (int i = 0; good && i < steps; i++) {
+    good = bench_ok(replay ? clpar_graph_replay(r->graph) : bench_step(r), "step");
+    if (good && synced) good = bench_ok(clpar_device_synchronize(dev), "sync");
+  }
+  good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
+         bench_ok(clpar_ddp_synchronize(ddp), "DistributedDataParallel");
+  float ms = (float)((now_seconds() - t0) * 1e3 / steps);
+  return good && bench_ok(clpar_dist_all_reduce_mean(&ms, 1), "average") ? ms : -1;
+}
+
+/* A run's static inputs, and two warm-up steps. */
+static int inputs(bench_step_run *r, const model_spec *s, clpar_device *dev, const float *x,
+                  const int32_t *y) {
+  int64_t xs[2] = {s->batch, s->width}, ys = s->batch;
+  int good = bench_ok(clpar_tensor_from_host(dev, 2, xs, x, &r->x), "input") &&
+             bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r->y), "labels");
+  for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(r), "warm-up");
+  return good;
+}
+
+/* --graph: eager against replayed, ROUNDS rounds of each, alternated, free-running (the
+ * device waited for at the round's end) and synced (after each step too); best and worst
+ * ms per step of each, and the all-reduce seconds per step of the free-running rounds. The
+ * replays run on a second module made alike (p): an eager step of a module that was captured
+ * first waits for the replays posted before it (ddp_graph.c), which would sync every eager
+ * step. */
+static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p, clpar_device *dev,
+                       const float *x, const int32_t *y, int steps) {
+  enum { ROUNDS = 5 };
+  int good = inputs(e, s, dev, x, y) && inputs(p, s, dev, x, y) && bench_step_capture(p, &dev, 1);
+  /* [kind]: eager, replay, eager synced, replay synced */
+  double best[4] = {1e30, 1e30, 1e30, 1e30}, worst[4] = {0}, ar[2] = {0};
+  for (int k = 0; good && k < 4 * ROUNDS; k++) {
+    int kind = k % 4;
+    bench_step_run *r = kind % 2 ? p : e;
+    clpar_ddp_stats a = {0}, b = {0};
+    clpar_ddp_stats_get(r->m, &a);
+    double ms = round_ms(r, r->m, dev, kind % 2, kind / 2, steps);
+    clpar_ddp_stats_get(r->m, &b);
+    if (kind < 2) ar[kind] += (b.allreduce_seconds - a.allreduce_seconds) * 1e3 / (ROUNDS * steps);
+    good = ms > 0;
+    best[kind] = ms < best[kind] ? ms : best[kind];
+    worst[kind] = ms > worst[kind] ? ms : worst[kind];
+  }
+  clpar_ddp_stats st = {0};
+  if (good && clpar_dist_rank() == 0 && clpar_ddp_stats_get(p->m, &st) == CLPAR_OK)
+    printf(
+        "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s MLP "
+        "%d x Linear(%lld)\", \"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
+        "\"rounds\": %d, \"eager_ms_per_step\": [%.2f, %.2f], \"replay_ms_per_step\": "
+        "[%.2f, %.2f], \"speedup_best\": %.2f, \"synced_eager_ms_per_step\": [%.2f, %.2f], "
+        "\"synced_replay_ms_per_step\": [%.2f, %.2f], \"synced_speedup_best\": %.2f, "
+        "\"allreduce_ms_per_step\": [%.2f, %.2f], \"commands_per_step\": %zu}\n",
+        clpar_dist_world_size(), clpar_device_id(dev), s->name, s->layers, (long long)s->width,
+        (long long)s->batch, st.buckets, steps, ROUNDS, best[0], worst[0], best[1], worst[1],
+        best[0] / best[1], best[2], worst[2], best[3], worst[3], best[2] / best[3], ar[0], ar[1],
+        clpar_graph_command_count(p->graph));
+  return good;
+}
+
+/* The plain bench (bench/ddp.sh): uploads the batch each step; per-step stats. */
+static int plain_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *opt,
+                       clpar_device *dev, const float *x, const int32_t *y, int steps, double cap) {
+  int good = 1;
   /* two warm-up steps: kernels compile, the allocators' caches fill */
-  for (int i = 0; good && i < 2; i++) good = bench_train_step(ddp, opt, dev, x, y, BATCH, WIDTH);
+  for (int i = 0; good && i < 2; i++)
+    good = bench_train_step(ddp, opt, dev, x, y, s->batch, s->width);
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
          bench_ok(clpar_dist_barrier(), "barrier");
   clpar_ddp_stats before = {0}, after = {0};
   if (good) clpar_ddp_stats_get(ddp, &before);
   double t0 = now_seconds();
   for (int i = 0; good && i < steps; i++)
-    good = bench_train_step(ddp, opt, dev, x, y, BATCH, WIDTH);
+    good = bench_train_step(ddp, opt, dev, x, y, s->batch, s->width);
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
          bench_ok(clpar_ddp_synchronize(ddp), "DistributedDataParallel");
   double per = (now_seconds() - t0) / steps;
@@ -73,18 +148,56 @@ int main(int argc, char **argv) {
     double hidden = ar + write > 0 ? 1.0 - exposed / (ar + write) : 1.0;
     printf(
         "{\"bench\": \"ddp\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"MLP "
-        "%d x %d-%d, then %d\", \"batch_per_rank\": %d, \"steps\": %d, \"bucket_cap_mb\": %g, "
-        "\"buckets\": %d, \"ms_per_step\": %.1f, \"samples_per_s\": %.1f, "
+        "%d x %lld-%lld, then %lld\", \"batch_per_rank\": %lld, \"steps\": %d, "
+        "\"bucket_cap_mb\": %g, \"buckets\": %d, \"ms_per_step\": %.1f, \"samples_per_s\": %.1f, "
         "\"per_step_ms\": {\"read\": %.2f, \"allreduce\": %.2f, \"write\": %.2f, "
         "\"exposed\": %.2f}, \"hidden\": %.3f}\n",
-        world, clpar_device_id(dev), LAYERS, WIDTH, WIDTH, OUT, BATCH, steps, cap > 0 ? cap : 25.0,
-        after.buckets, per * 1e3, world * BATCH / per, read * 1e3, ar * 1e3, write * 1e3,
-        exposed * 1e3, hidden);
+        world, clpar_device_id(dev), s->layers, (long long)s->width, (long long)s->width,
+        (long long)s->out, (long long)s->batch, steps, cap > 0 ? cap : 25.0, after.buckets,
+        per * 1e3, world * s->batch / per, read * 1e3, ar * 1e3, write * 1e3, exposed * 1e3,
+        hidden);
   }
-  clpar_optimizer_free(opt);
-  clpar_module_free(ddp);
+  return ok_all;
+}
+
+int main(int argc, char **argv) {
+  int steps = 10, graph = 0, pos = 0;
+  double cap = 0;
+  const model_spec *s = &compute;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--graph"))
+      graph = 1;
+    else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+      s = !strcmp(argv[++i], "latency") ? &latency : &compute;
+    else if (pos++ == 0)
+      steps = atoi(argv[i]);
+    else
+      cap = atof(argv[i]);
+  }
+  if (steps < 1) steps = 10;
+  if (!bench_ok(clpar_dist_init(), "clpar_dist_init")) return 1;
+  clpar_device *dev = clpar_dist_device();
+  float *x = malloc(sizeof(float) * (size_t)(s->batch * s->width));
+  int32_t *y = malloc(sizeof(int32_t) * (size_t)s->batch);
+  if (!x || !y) return 1;
+  bench_batch(x, y, s->batch, s->width, (int32_t)s->out);
+  clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
+  clpar_ddp_options o = {.bucket_cap_mb = cap};
+  bench_step_run e = {0}, p = {0}; /* eager, and (--graph) replayed */
+  int good = 1;
+  for (int k = 0; good && k < 1 + graph; k++) {
+    bench_step_run *r = k ? &p : &e;
+    clpar_module *model = make_mlp(s, dev);
+    good = model && bench_ok(clpar_ddp_create(model, &o, &r->m), "clpar_ddp_create") &&
+           bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD");
+  }
+  if (good)
+    good = graph ? graph_bench(s, &e, &p, dev, x, y, steps)
+                 : plain_bench(s, e.m, e.opt, dev, x, y, steps, cap);
+  bench_step_run_free(&p);
+  bench_step_run_free(&e);
   free(x);
   free(y);
   clpar_dist_finalize();
-  return ok_all ? 0 : 1;
+  return good ? 0 : 1;
 }

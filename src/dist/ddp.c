@@ -109,8 +109,9 @@ static clpar_status begin_step(ddp_state *st, int has_inputs, int *sync) {
 static clpar_status ddp_forward(clpar_module *self, clpar_tensor *input, clpar_tensor **output,
                                 void *user) {
   ddp_state *st = user;
-  int sync;
-  clpar_status s = begin_step(st, 1, &sync);
+  int sync = 0;
+  clpar_status s = clpar_ddp_graph_forward(st); /* a captured step's refusals (ddp_graph.c) */
+  if (s == CLPAR_OK) s = begin_step(st, 1, &sync);
   if (s == CLPAR_OK && sync)
     s = broadcast_buffers(st, "DistributedDataParallel: broadcasting buffers from rank 0");
   if (s == CLPAR_OK) s = clpar_module_forward(clpar_module_child(self, "module"), input, output);
@@ -127,6 +128,7 @@ static clpar_status ddp_forward(clpar_module *self, clpar_tensor *input, clpar_t
 static void ddp_free(void *user) {
   ddp_state *st = user;
   if (!st) return;
+  clpar_ddp_graph_quiesce(st); /* replays in flight need the thread */
   if (st->thread_started) {
     pthread_mutex_lock(&st->lock);
     st->stop = 1;
@@ -135,6 +137,7 @@ static void ddp_free(void *user) {
     pthread_join(st->thread, NULL); /* with NCCL, after the last all-reduce completed */
   }
   if (st->nccl) clpar_ddp_nccl_free(st);
+  clpar_ddp_graph_free(st);
   clpar_zero3_free(st);
   clpar_zero_comm_free(st);
   for (int i = 0; i < st->n_params; i++) {
@@ -591,6 +594,9 @@ clpar_status clpar_ddp_join(clpar_module *ddp) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_ddp_join: the module was made without the uneven_inputs option, "
                            "so the other ranks' forwards would not see that this rank joined");
+  if (clpar_capture_active(st->buckets[0].dev)) /* a host collective: no replay holds it */
+    return clpar_capture_refuse(st->buckets[0].dev, "clpar_ddp_join",
+                                "an all-reduce of the ranks' input flags on the host");
   int sync;
   return begin_step(st, 0, &sync);
 }

@@ -99,14 +99,12 @@ void clpar_ddp_add_times(ddp_state *st, ddp_bucket *b, const double t[4]) {
   pthread_mutex_unlock(&st->lock);
 }
 
-static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
-  double t0 = clpar_clock_seconds();
-  clpar_status s = clpar_ddp_take_reads(st, b);
-  double t1 = clpar_clock_seconds();
+clpar_status clpar_ddp_allreduce(ddp_state *st, ddp_bucket *b) {
   char what[120];
   snprintf(what, sizeof what, "DistributedDataParallel's all-reduce of bucket %d (%lld floats)",
            (int)(b - st->buckets), (long long)b->numel);
   uint64_t seq = ++st->seq;
+  clpar_status s;
   if (clpar_dist_check_broken()) {
     s = CLPAR_ERROR_TIMEOUT;
   } else if ((s = clpar_dist_debug_check(st->comm, what, seq, b->numel * 4)) != CLPAR_OK) {
@@ -120,12 +118,22 @@ static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
     s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
     if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1; /* MPI may still write b->buf */
   }
-  double t2 = clpar_clock_seconds();
   if (s != CLPAR_OK) {
     clpar_ddp_record_error(st, s, "all-reducing a bucket");
-  } else {
-    float scale = 1.0f / (float)st->world;
-    for (int64_t k = 0; k < b->numel; k++) b->buf[k] *= scale;
+    return s;
+  }
+  float scale = 1.0f / (float)st->world;
+  for (int64_t k = 0; k < b->numel; k++) b->buf[k] *= scale;
+  return CLPAR_OK;
+}
+
+static void reduce_bucket(ddp_state *st, ddp_bucket *b) {
+  double t0 = clpar_clock_seconds();
+  clpar_ddp_take_reads(st, b); /* a failed read takes part with zeros (its error is kept) */
+  double t1 = clpar_clock_seconds();
+  clpar_status s = clpar_ddp_allreduce(st, b);
+  double t2 = clpar_clock_seconds();
+  if (s == CLPAR_OK) {
     for (int k = 0; s == CLPAR_OK && k < b->n_runs; k++) {
       ddp_run *r = &b->runs[k];
       s = clpar_dev_write(b->dev, r->storage->buf, r->word * CLPAR_WORD_BYTES, b->buf + r->host,
@@ -154,12 +162,21 @@ void *clpar_ddp_comm_thread(void *arg) {
   }
   pthread_mutex_lock(&st->lock);
   for (;;) {
-    while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready))
+    void *handoff = NULL; /* a captured step's bucket (ddp_graph.c) */
+    while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready) &&
+           !(handoff = clpar_ddp_graph_take(st)))
       pthread_cond_wait(&st->cv, &st->lock);
     if (st->stop) break;
-    ddp_bucket *b = &st->buckets[st->next];
     st->busy = 1;
     pthread_mutex_unlock(&st->lock);
+    if (handoff) {
+      clpar_ddp_graph_reduce(st, handoff);
+      pthread_mutex_lock(&st->lock);
+      st->busy = 0;
+      pthread_cond_broadcast(&st->cv);
+      continue;
+    }
+    ddp_bucket *b = &st->buckets[st->next];
     if (st->zero_stage)
       clpar_zero_reduce_bucket(st, b); /* a reduce-scatter (zero_comm.c) */
     else
@@ -220,6 +237,10 @@ void clpar_ddp_grad_ready(clpar_tensor *t, void *user) {
       if (st->params[i].unused && !st->params[i].ready) mark_ready(st, &st->params[i]);
   }
   mark_ready(st, p);
+  if (clpar_ddp_graph_hook(st, p)) { /* a captured step: its hand-offs are commands */
+    pthread_mutex_unlock(&st->lock);
+    return;
+  }
   if (st->nccl) { /* all-reduced on the device, in order; backward does not wait */
     if (clpar_ddp_nccl_post(st)) clpar_ddp_reset_step(st); /* the last bucket is posted */
     pthread_mutex_unlock(&st->lock);

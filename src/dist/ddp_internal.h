@@ -120,6 +120,7 @@ struct ddp_state {
   double watch_done; /* clpar_clock_seconds() when the thread last saw one complete */
   int nccl_dead;     /* the communicator was aborted: every later step fails with dead_msg */
   char dead_msg[MESSAGE_SIZE];
+  void *graph; /* captured steps' hand-offs (ddp_graph.c); NULL until a capture */
 };
 
 /* ---- shared by the files of DistributedDataParallel ---- */
@@ -140,6 +141,9 @@ void clpar_ddp_post_reads(ddp_state *st, ddp_bucket *b);
 /* On the communication thread: waits for the bucket's reads (without a counted host wait when
  * the event calls back), zeros what no gradient filled; a failed read zeros the bucket. */
 clpar_status clpar_ddp_take_reads(ddp_state *st, ddp_bucket *b);
+/* On the communication thread: b->buf summed over the ranks (collective number ++st->seq,
+ * against the deadline) and averaged; on failure the error is kept (clpar_ddp_record_error). */
+clpar_status clpar_ddp_allreduce(ddp_state *st, ddp_bucket *b);
 /* The bucket's seconds reading, reducing and writing back (t[0] .. t[3]) into the stats. */
 void clpar_ddp_add_times(ddp_state *st, ddp_bucket *b, const double t[4]);
 /* The bucket's runs of adjacent gradients, as its parameters' gradients are now. */
@@ -221,6 +225,25 @@ clpar_status clpar_ddp_find_unused(ddp_state *st, clpar_tensor *out);
 /* Collective: all-reduces this rank's flag has (1: it has inputs for a forward; 0: it
  * joined); fails every rank alike once one has run out. */
 clpar_status clpar_ddp_inputs_check(ddp_state *st, int has);
+
+/* ---- captured steps (ddp_graph.c) ---- */
+
+/* At the start of a forward: inside a capture, refuses what a replay cannot hold (naming it)
+ * and makes the record of this step's hand-offs; outside one, after a capture, waits until
+ * the devices ran every replay posted (their hand-offs must not meet an eager step's). */
+clpar_status clpar_ddp_graph_forward(ddp_state *st);
+/* The hook of p, st->lock held: 0 when p's bucket's device is not capturing; else posts, in
+ * bucket order, each complete bucket's reads and a host call, and after the last one every
+ * bucket's gate and writes, and returns 1. */
+int clpar_ddp_graph_hook(ddp_state *st, ddp_param *p);
+/* The communication thread, st->lock held: the next bucket a replay read, or NULL. */
+void *clpar_ddp_graph_take(ddp_state *st);
+/* The communication thread: that bucket all-reduced, and its gate opened (with the error). */
+void clpar_ddp_graph_reduce(ddp_state *st, void *handoff);
+/* At the module's free: before the thread stops, the replays in flight run and every graph
+ * goes stale; after it stopped, the records go. */
+void clpar_ddp_graph_quiesce(ddp_state *st);
+void clpar_ddp_graph_free(ddp_state *st);
 
 /* ---- NCCL (src/dist/ddp_nccl.c) ---- */
 

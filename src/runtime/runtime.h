@@ -151,8 +151,10 @@ CLPAR_BACKEND_ENTRIES(CLPAR_ARGS_STRUCT_)
 /* A command's op: a backend entry (CLPAR_ENTRY_<name>), or one of these. */
 enum {
   CLPAR_OP_WAIT = CLPAR_ENTRY_COUNT, /* u.event: wait for another device's event */
-  CLPAR_OP_SIGNAL,  /* u.event: record, complete the core event when the device has */
-  CLPAR_OP_PREPARED /* u.prepared_run: a replay's run of consecutive prepared launches */
+  CLPAR_OP_SIGNAL,    /* u.event: record, complete the core event when the device has */
+  CLPAR_OP_PREPARED,  /* u.prepared_run: a replay's run of consecutive prepared launches */
+  CLPAR_OP_HOST_CALL, /* u.host_call: a host function once the work before it completed */
+  CLPAR_OP_GATE       /* u.gate: wait until a host thread opens the gate (capture_host.c) */
 };
 
 typedef struct clpar_sync_result clpar_sync_result; /* where a waited-for command reports */
@@ -172,12 +174,17 @@ typedef struct clpar_command {
       void **launch;
       size_t n;
     } prepared_run;
+    struct clpar_host_call *host_call;
+    struct clpar_gate *gate;
   } u;
 } clpar_command;
 
 /* Appends cmds[0..n) to dev's ring under one lock with one wake-up (a graph's replay). An
  * earlier asynchronous failure is returned instead. */
 clpar_status clpar_worker_post_batch(clpar_device *dev, const clpar_command *cmds, size_t n);
+/* Posts c to dev's worker as the dispatch posts an entry (an earlier asynchronous failure is
+ * returned instead); recorded when dev captures. */
+clpar_status clpar_worker_post(clpar_device *dev, const clpar_command *c);
 /* Puts into list (room for 16) the buffers c's arguments name: its clpar_bref and void
  * pointer arguments (some may be host memory); returns how many. */
 size_t clpar_command_buffers(const clpar_command *c, void **list);
@@ -484,6 +491,29 @@ clpar_status clpar_capture_patch(clpar_device *dev, int entry, clpar_patch_fn fn
 typedef void (*clpar_value_fn)(void *user, void *value);
 clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                       clpar_value_fn fn, void *user, void (*free_user)(void *));
+/* ---- host calls and gates (src/runtime/capture_host.c) ----
+ * What lets a graph hold a hand-off to a host thread (DistributedDataParallel's buckets, which
+ * a communication thread all-reduces), as CUDA graphs' host nodes: a host call posted to a
+ * device runs fn(user, status) once the work posted before it completed (status: whether it
+ * did); a gate posted to a device makes its queue wait until a host thread opens it. Both are
+ * plain commands, recorded by a capture and replayed as they are: the objects are the
+ * caller's, made once and kept while a graph may replay them, so a replay allocates nothing
+ * for them. A gate counts: the n-th wait passes once it was opened n times; an opening with
+ * an error makes that wait (and every later one) fail the queue with the opening's message. */
+typedef struct clpar_host_call {
+  void (*fn)(void *user, clpar_status status);
+  void *user;
+} clpar_host_call;
+typedef struct clpar_gate clpar_gate;
+clpar_status clpar_dev_host_call(clpar_device *dev, clpar_host_call *call);
+clpar_gate *clpar_gate_new(void);
+void clpar_gate_open(clpar_gate *g, clpar_status status, const char *message);
+clpar_status clpar_dev_gate_wait(clpar_device *dev, clpar_gate *g);
+void clpar_gate_free(clpar_gate *g);
+/* The worker's run of the two commands. */
+clpar_status clpar_host_call_run(clpar_device *dev, clpar_host_call *call);
+clpar_status clpar_gate_pass(clpar_device *dev, clpar_gate *g);
+
 /* Makes every live graph refuse to replay (why: the call that moved or re-made buffers, such
  * as "clpar_module_to"); a capture in progress fails. */
 void clpar_graph_invalidate_all(const char *why);

@@ -30,7 +30,9 @@ enum {
 #undef OP_ENUM_
       OP_WAIT = CLPAR_OP_WAIT,
   OP_SIGNAL = CLPAR_OP_SIGNAL,
-  OP_PREPARED = CLPAR_OP_PREPARED
+  OP_PREPARED = CLPAR_OP_PREPARED,
+  OP_HOST_CALL = CLPAR_OP_HOST_CALL,
+  OP_GATE = CLPAR_OP_GATE
 };
 
 static const char *const op_names[] = {
@@ -38,10 +40,10 @@ static const char *const op_names[] = {
     CLPAR_BACKEND_ENTRIES(OP_NAME_)
 #undef OP_NAME_
         "wait",
-    "signal", "prepared launches"};
+    "signal", "prepared launches", "host call", "gate"};
 
 const char *clpar_op_name(int op) {
-  return op >= 0 && op <= OP_PREPARED ? op_names[op] : "unknown";
+  return op >= 0 && op <= OP_GATE ? op_names[op] : "unknown";
 }
 
 /* Where a posted-and-waited command puts its result. */
@@ -140,6 +142,10 @@ static clpar_status run_command(clpar_device *dev, command *c) {
     }
     case OP_PREPARED: /* a replay's */
       return clpar_prepared_run(dev, c->u.prepared_run.launch, c->u.prepared_run.n);
+    case OP_HOST_CALL:
+      return clpar_host_call_run(dev, c->u.host_call);
+    case OP_GATE:
+      return clpar_gate_pass(dev, c->u.gate);
     default:
       if (c->capture_index) return clpar_prepared_record(dev, c, run_entry);
       return run_entry(dev, c);
@@ -260,6 +266,10 @@ static clpar_status post_async(clpar_device *dev, const command *c) {
   if (s == CLPAR_OK) s = clpar_worker_take_error(dev);
   uint64_t ticket;
   return s != CLPAR_OK ? s : post(dev, c, &ticket);
+}
+
+clpar_status clpar_worker_post(clpar_device *dev, const clpar_command *c) {
+  return post_async(dev, c);
 }
 
 /* Posts c and waits until the worker has run it (on the worker itself: runs it at once). */
