@@ -154,8 +154,13 @@ void *clpar_ddp_comm_thread(void *arg) {
   }
   pthread_mutex_lock(&st->lock);
   for (;;) {
-    while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready))
+    while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready) &&
+           !clpar_zero3_job_ready(st))
       pthread_cond_wait(&st->cv, &st->lock);
+    if (clpar_zero3_job_ready(st)) { /* ZeRO-3's (zero3_comm.c), every one run before a stop */
+      clpar_zero3_run_job(st);
+      continue;
+    }
     if (st->stop) break;
     ddp_bucket *b = &st->buckets[st->next];
     st->busy = 1;
