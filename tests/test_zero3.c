@@ -293,6 +293,52 @@ static void test_memory_is_sharded(void **state) {
   clpar_module_free(ddp);
 }
 
+/* Forward and backward of a ZeRO-3 step only post: the reads of the shards and gradients into
+ * host memory, with events the communication thread waits for, and the writes of the gathered
+ * parameters (blocking copies made three host waits per unit and step: the shard's read in
+ * forward, the shard's and the gradient's in backward). The program's thread never waits for
+ * the device in them (clpar_device_host_waits unchanged); the parameters still match DDP's
+ * (test_adam_matches_ddp), and the device holds at most one unit's full parameters beside the
+ * shards while the next unit's all-gather is in flight. */
+static void test_step_waits_for_no_device(void **state) {
+  (void)state;
+  enum { W = 64, UNITS = 4, UNIT = W * W + W };
+  clpar_device *dev = clpar_dist_device();
+  int64_t shard = (UNIT + clpar_dist_world_size() - 1) / clpar_dist_world_size();
+  uint64_t p0 = clpar_memory_in_use(dev, CLPAR_MEM_PARAMETERS);
+  clpar_module *layers[UNITS], *mlp, *ddp;
+  clpar_manual_seed(9);
+  for (int i = 0; i < UNITS; i++) tu_ok(clpar_linear_create(W, W, 1, dev, &layers[i]));
+  tu_ok(clpar_sequential_create(layers, UNITS, &mlp));
+  tu_ok(clpar_ddp_create(mlp, &(clpar_ddp_options){.zero_stage = 3}, &ddp));
+  clpar_zero_optimizer *opt;
+  tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  tu_ok(clpar_memory_mark(dev));
+  for (int k = 0; k < 3; k++) {
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *x = tu_make(dev, 2, (int64_t[]){4, W}, 3 + (uint64_t)k), *y, *loss;
+    uint64_t w0 = clpar_device_host_waits(dev);
+    tu_ok(clpar_module_forward(ddp, x, &y));
+    uint64_t w1 = clpar_device_host_waits(dev);
+    tu_ok(clpar_mean(y, &loss));
+    uint64_t w2 = clpar_device_host_waits(dev);
+    tu_ok(clpar_backward(loss));
+    uint64_t w3 = clpar_device_host_waits(dev);
+    print_message("rank %d, step %d: host waits in forward %llu, in backward %llu\n",
+                  clpar_dist_rank(), k, (unsigned long long)(w1 - w0),
+                  (unsigned long long)(w3 - w2));
+    assert_int_equal(w1 - w0, 0);
+    assert_int_equal(w3 - w2, 0);
+    clpar_scope_end(scope);
+    tu_ok(clpar_zero_optimizer_step(opt));
+    tu_ok(clpar_zero_optimizer_zero_grad(opt));
+  }
+  uint64_t peak = clpar_memory_peak(dev, CLPAR_MEM_PARAMETERS) - p0;
+  assert_true(peak <= (UNITS * rounded(shard) + rounded(1) + rounded(UNIT)) * 5 / 4);
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
+}
+
 static void test_refused(void **state) {
   (void)state;
   clpar_module *ddp = NULL;
@@ -343,6 +389,7 @@ int main(void) {
       cmocka_unit_test(test_gpt_blocks_as_units_match_ddp),
       cmocka_unit_test(test_whole_module_unit_with_empty_shards),
       cmocka_unit_test(test_memory_is_sharded),
+      cmocka_unit_test(test_step_waits_for_no_device),
       cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests_name("zero3", tests, tu_dist_setup, tu_dist_teardown);
