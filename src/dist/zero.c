@@ -201,6 +201,7 @@ static clpar_status step_stage3(clpar_zero_optimizer *z) {
   clpar_zero3_release(z->st); /* gathered parameters would be stale after the step */
   /* the shards' gradients, which backward's reduce-scatters left on the host */
   clpar_status s = clpar_zero3_flush(z->st);
+  if (s == CLPAR_ERROR_TIMEOUT) return s; /* no more collectives: every rank times out alike */
   if (s == CLPAR_OK)
     s = clpar_zero3_has_grad(z->st)
             ? clpar_optimizer_step(z->inner)

@@ -219,8 +219,11 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
     return oom(UNIT_TYPE);
   }
   clpar_status s = clpar_z3_gather_full(u, GATHER_FORWARD, &full);
+  /* the next unit's parameters; after the last unit of a recorded forward, its own for the
+   * backward, which starts with it */
   z3_unit *after = next_forward(u);
-  if (s == CLPAR_OK && after) clpar_z3_prefetch(after, GATHER_FORWARD);
+  if (s == CLPAR_OK && (after || c))
+    clpar_z3_prefetch(after ? after : u, after ? GATHER_FORWARD : GATHER_BACKWARD);
   if (s == CLPAR_OK) s = make_views(u, full, NULL, views);
   if (s == CLPAR_OK) {
     clpar_rng_tape *saved[2];

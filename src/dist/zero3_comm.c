@@ -306,6 +306,7 @@ static void wait_idle(zero3 *z) {
 
 clpar_status clpar_zero3_flush(ddp_state *st) {
   zero3 *z = st->zero3;
+  z->epoch++; /* the step changes the shards: a gather posted before holds other values */
   pthread_mutex_lock(&st->lock);
   wait_idle(z);
   clpar_status s = st->error;
