@@ -10,16 +10,19 @@
  * shard, a device leaf that requires a gradient. The module's parameter tensors are then
  * released: each becomes a [1] tensor holding NaN until clpar_zero_gather_parameters.
  *
- * Forward of a unit: its shards are all-gathered (MPI_Allgather through host memory) into one
- * temporary device buffer, the module's parameter entries point at views of it while the
- * unit's forward runs without recording, and the buffer is freed; the output gets one node
- * whose inputs are the input and the rank's shard. Backward of that node: the shards are
- * gathered again, the forward runs again recording, on fresh leaves viewing the gathered buffer
- * whose gradients go into one zeroed buffer, a nested backward fills it, and the buffer is
- * reduce-scattered (MPI_Reduce_scatter_block) and averaged: the rank's shard of the gradient is
- * the node's gradient for the shard, which the engine accumulates into the shard's grad. Both
- * buffers are freed before the node's backward returns, so a rank holds at most one unit's
- * full parameters and gradients at a time. The optimizer (zero.c) steps the shards. */
+ * Forward of a unit: its shards are all-gathered (MPI_Iallgather through host memory, on the
+ * communication thread: zero3_comm.c) into one temporary device buffer, the module's parameter
+ * entries point at views of it while the unit's forward runs without recording, and the
+ * buffer is freed; the next unit's gather is started before (prefetch); the output gets one
+ * node whose inputs are the input and the rank's shard. Backward of that node: the shards are
+ * gathered again (prefetched by the unit after it, or by the forward's last unit), the one
+ * before's gather starts, the forward runs again recording, on fresh leaves viewing the
+ * gathered buffer whose gradients go into one zeroed buffer, a nested backward fills it, and
+ * the buffer's read into host memory is posted for the thread to reduce-scatter
+ * (MPI_Ireduce_scatter_block) and average into the unit's shard on the host, which the
+ * optimizer's step writes into the shard's grad (the node gives the engine none). Both device
+ * buffers are freed before the node's backward returns, so a rank holds at most one unit's full
+ * parameters and gradients at a time. The optimizer (zero.c) steps the shards. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
