@@ -29,9 +29,18 @@ static clpar_module *make_ddp(int stage) {
   return ddp;
 }
 
+static int extra_forward; /* 1: a forward no backward follows after each forward_backward */
+
 /* Forward and backward of MSE on this rank's rows of the batch for step k. */
 static void forward_backward(clpar_module *m, int k) {
   tu_rank_mse_backward_rand(m, k, BATCH, IN, OUT);
+  if (extra_forward) {
+    clpar_scope *scope = clpar_scope_begin();
+    int64_t shape[2] = {BATCH / clpar_dist_world_size(), IN};
+    clpar_tensor *x = tu_make(clpar_dist_device(), 2, shape, 90 + (uint64_t)k), *y;
+    tu_ok(clpar_module_forward(m, x, &y));
+    clpar_scope_end(scope);
+  }
 }
 
 /* Every parameter of m, in order, into a new host array of n floats. */
@@ -97,6 +106,25 @@ static void check(int use_sgd, int micro) {
 static void test_adam_matches_ddp(void **state) {
   (void)state;
   check(0, 1);
+}
+
+/* The collectives' host memory pinned (the device's host_alloc), as on a GPU. */
+extern int clpar_ddp_pin_cpu;
+static void test_adam_with_pinned_host_memory_matches_ddp(void **state) {
+  (void)state;
+  clpar_ddp_pin_cpu = 1;
+  check(0, 1);
+  clpar_ddp_pin_cpu = 0;
+}
+
+/* A recorded forward whose output is dropped, after each backward: its last unit's gather,
+ * prefetched for a backward that does not come, holds the values from before the step, which
+ * the next forward must not take. */
+static void test_forward_without_backward_matches_ddp(void **state) {
+  (void)state;
+  extra_forward = 1;
+  check(0, 1);
+  extra_forward = 0;
 }
 
 /* SGD's momentum per shard; two backwards a step accumulate into the shards' gradients. */
@@ -384,6 +412,8 @@ static void test_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adam_matches_ddp),
+      cmocka_unit_test(test_adam_with_pinned_host_memory_matches_ddp),
+      cmocka_unit_test(test_forward_without_backward_matches_ddp),
       cmocka_unit_test(test_sgd_and_micro_steps_match_ddp),
       cmocka_unit_test(test_dropout_in_a_unit_matches_ddp),
       cmocka_unit_test(test_gpt_blocks_as_units_match_ddp),
