@@ -422,14 +422,14 @@ clpar_status clpar_z3_comm_setup(zero3 *z) {
 
 /* After the communication thread has ended (it runs every queued slot first). */
 void clpar_z3_comm_free(zero3 *z) {
-  if (z->abandoned || (z->st && z->st->abandoned)) return; /* MPI may still use the memory */
   int live = clpar_is_initialized();
+  for (int i = 0; live && i < 2 * Z3_SLOTS; i++) { /* their callbacks write the slots */
+    watch_wait(&z->slots[i].read);
+    watch_wait(&z->slots[i].write);
+  }
+  if (z->abandoned || (z->st && z->st->abandoned)) return; /* MPI may still use the memory */
   for (int i = 0; i < 2 * Z3_SLOTS; i++) {
     z3_slot *x = &z->slots[i];
-    if (live) {
-      watch_wait(&x->read);
-      watch_wait(&x->write);
-    }
     if (live || !x->pin[0]) host_free(z, x->gather ? x->mine : x->buf, x->pin[0]);
     if (live || !x->pin[1]) host_free(z, x->host, x->pin[1]);
   }
