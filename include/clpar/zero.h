@@ -50,9 +50,8 @@
  * their memory: each is a [1] tensor holding NaN, until clpar_zero_gather_parameters.
  *
  * Limits of this version: every stage reduces through host memory over MPI, also on CUDA
- * devices (not NCCL); the module must live on one
- * device, all float32; stage 3 refuses find_unused_parameters and a parameter shared by two
- * units of zero_units.
+ * devices (not NCCL); the module must live on one device, all float32; stage 3 refuses
+ * find_unused_parameters and a parameter shared by two units of zero_units.
  * Dropout inside a unit replays in the recompute the draws of the forward (same masks). */
 #ifndef CLPAR_ZERO_H
 #define CLPAR_ZERO_H
