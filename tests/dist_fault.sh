@@ -3,7 +3,7 @@
 # job printed (ctest: test_dist_fault_<scenario>, label mpi). Each survivor prints
 # "RESULT rank R: <status>: <message>"; CLPAR_DIST_TIMEOUT is 3 s, so a run takes seconds,
 # and `timeout` makes a hang a failure rather than a stuck ctest.
-# Usage: dist_fault.sh exit|zero|zero3|skip|debug|badenv TEST_BINARY MPIEXEC [MPIEXEC FLAGS...]
+# Usage: dist_fault.sh exit|zero|zero3|zero3bwd|skip|debug|badenv TEST_BINARY MPIEXEC [MPIEXEC FLAGS...]
 scenario=$1 bin=$2
 shift 2
 out=$(mktemp)
@@ -66,6 +66,17 @@ zero3)
   for r in 0 2; do
     has "^RESULT rank $r: CLPAR_ERROR_TIMEOUT: .*FSDPUnit forward: all-gather of the parameters.*collective #[0-9]+, did not complete within 3 s.*not arrived.*: rank 1[;.]" ||
       fail "rank $r did not time out naming the all-gather and rank 1"
+  done
+  ;;
+zero3bwd)
+  # rank 1 leaves after a ZeRO-3 forward: the survivors time out in backward's all-gather or
+  # reduce-scatter (on the communication thread; whichever rank 1 did not reach), naming rank 1
+  run 3 "$@" --enable-recovery
+  has 'rank 1: exiting after 2 steps and a forward' || fail "rank 1 did not exit as planned"
+  has 'step [234] done' && fail "a rank trained past the step rank 1 left"
+  for r in 0 2; do
+    has "^RESULT rank $r: CLPAR_ERROR_TIMEOUT: .*FSDPUnit backward: (all-gather of the parameters|reduce-scatter of the gradients).*collective #[0-9]+, did not complete within 3 s.*not arrived.*: rank 1[;.]" ||
+      fail "rank $r did not time out naming backward's collective and rank 1"
   done
   ;;
 skip)

@@ -9,6 +9,9 @@
  *   zero     as exit, with a ZeRO-2 module (clpar_ddp_options.zero_stage) and its optimizer:
  *            the others time out in the step's reduce-scatter;
  *   zero3    as zero with ZeRO-3: the others time out in the forward's all-gather;
+ *   zero3bwd rank 1 _exits after the forward of its third ZeRO-3 step: the others time out in
+ *            backward's collectives, which run on the communication thread (the prefetched
+ *            all-gather of the parameters or the reduce-scatter of the gradients);
  *   badenv   CLPAR_DIST_TIMEOUT is not a number: clpar_dist_init must fail, naming it.
  * A rank that gets the error it should prints "RESULT rank R: <status>: <message>" and ends
  * the job with clpar_dist_abort; the script then finds those lines in mpirun's output. */
@@ -86,7 +89,8 @@ static void scenario_exit(void) {
   _exit(6);
 }
 
-static void scenario_zero(int stage) {
+/* stop: 0, rank 1 exits before the third step; 1, after the third step's forward. */
+static void scenario_zero(int stage, int stop) {
   clpar_device *dev = clpar_dist_device();
   clpar_module *lin, *ddp;
   clpar_zero_optimizer *opt;
@@ -97,7 +101,7 @@ static void scenario_zero(int stage) {
   float x[ROWS * IN];
   for (int i = 0; i < ROWS * IN; i++) x[i] = (float)(i % 7) - 3.0f;
   for (int step = 0; step < 5; step++) {
-    if (step == 2 && clpar_dist_rank() == 1) {
+    if (step == 2 && clpar_dist_rank() == 1 && !stop) {
       fprintf(stderr, "rank 1: exiting after 2 steps\n");
       fflush(stderr);
       _exit(0);
@@ -107,8 +111,14 @@ static void scenario_zero(int stage) {
     OK(clpar_tensor_from_host(dev, 2, (int64_t[]){ROWS, IN}, x, &xt));
     clpar_status s = clpar_module_forward(ddp, xt, &out); /* stage 3 gathers here */
     if (s != CLPAR_OK) got(s);
+    if (step == 2 && clpar_dist_rank() == 1) {
+      fprintf(stderr, "rank 1: exiting after 2 steps and a forward\n");
+      fflush(stderr);
+      _exit(0);
+    }
     OK(clpar_mean(out, &loss));
-    OK(clpar_backward(loss));
+    s = clpar_backward(loss); /* stage 3 gathers and reduce-scatters on the thread */
+    if (s != CLPAR_OK) got(s);
     clpar_scope_end(scope);
     s = clpar_zero_optimizer_step(opt);
     if (s != CLPAR_OK) got(s);
@@ -164,10 +174,11 @@ int main(int argc, char **argv) {
           clpar_dist_timeout());
   if (!strcmp(which, "exit")) scenario_exit();
   if (!strcmp(which, "skip")) scenario_skip();
-  if (!strcmp(which, "zero")) scenario_zero(2);
-  if (!strcmp(which, "zero3")) scenario_zero(3);
+  if (!strcmp(which, "zero")) scenario_zero(2, 0);
+  if (!strcmp(which, "zero3")) scenario_zero(3, 0);
+  if (!strcmp(which, "zero3bwd")) scenario_zero(3, 1);
   if (!strcmp(which, "debug")) scenario_debug();
-  fprintf(stderr, "usage: test_dist_fault exit|zero|zero3|skip|debug|badenv\n");
+  fprintf(stderr, "usage: test_dist_fault exit|zero|zero3|zero3bwd|skip|debug|badenv\n");
   clpar_dist_finalize();
   return 2;
 }

@@ -29,9 +29,18 @@ static clpar_module *make_ddp(int stage) {
   return ddp;
 }
 
+static int extra_forward; /* 1: a forward no backward follows after each forward_backward */
+
 /* Forward and backward of MSE on this rank's rows of the batch for step k. */
 static void forward_backward(clpar_module *m, int k) {
   tu_rank_mse_backward_rand(m, k, BATCH, IN, OUT);
+  if (extra_forward) {
+    clpar_scope *scope = clpar_scope_begin();
+    int64_t shape[2] = {BATCH / clpar_dist_world_size(), IN};
+    clpar_tensor *x = tu_make(clpar_dist_device(), 2, shape, 90 + (uint64_t)k), *y;
+    tu_ok(clpar_module_forward(m, x, &y));
+    clpar_scope_end(scope);
+  }
 }
 
 /* Every parameter of m, in order, into a new host array of n floats. */
@@ -97,6 +106,25 @@ static void check(int use_sgd, int micro) {
 static void test_adam_matches_ddp(void **state) {
   (void)state;
   check(0, 1);
+}
+
+/* The collectives' host memory pinned (the device's host_alloc), as on a GPU. */
+extern int clpar_ddp_pin_cpu;
+static void test_adam_with_pinned_host_memory_matches_ddp(void **state) {
+  (void)state;
+  clpar_ddp_pin_cpu = 1;
+  check(0, 1);
+  clpar_ddp_pin_cpu = 0;
+}
+
+/* A recorded forward whose output is dropped, after each backward: its last unit's gather,
+ * prefetched for a backward that does not come, holds the values from before the step, which
+ * the next forward must not take. */
+static void test_forward_without_backward_matches_ddp(void **state) {
+  (void)state;
+  extra_forward = 1;
+  check(0, 1);
+  extra_forward = 0;
 }
 
 /* SGD's momentum per shard; two backwards a step accumulate into the shards' gradients. */
@@ -293,6 +321,52 @@ static void test_memory_is_sharded(void **state) {
   clpar_module_free(ddp);
 }
 
+/* Forward and backward of a ZeRO-3 step only post: the reads of the shards and gradients into
+ * host memory, with events the communication thread waits for, and the writes of the gathered
+ * parameters (blocking copies made three host waits per unit and step: the shard's read in
+ * forward, the shard's and the gradient's in backward). The program's thread never waits for
+ * the device in them (clpar_device_host_waits unchanged); the parameters still match DDP's
+ * (test_adam_matches_ddp), and the device holds at most one unit's full parameters beside the
+ * shards while the next unit's all-gather is in flight. */
+static void test_step_waits_for_no_device(void **state) {
+  (void)state;
+  enum { W = 64, UNITS = 4, UNIT = W * W + W };
+  clpar_device *dev = clpar_dist_device();
+  int64_t shard = (UNIT + clpar_dist_world_size() - 1) / clpar_dist_world_size();
+  uint64_t p0 = clpar_memory_in_use(dev, CLPAR_MEM_PARAMETERS);
+  clpar_module *layers[UNITS], *mlp, *ddp;
+  clpar_manual_seed(9);
+  for (int i = 0; i < UNITS; i++) tu_ok(clpar_linear_create(W, W, 1, dev, &layers[i]));
+  tu_ok(clpar_sequential_create(layers, UNITS, &mlp));
+  tu_ok(clpar_ddp_create(mlp, &(clpar_ddp_options){.zero_stage = 3}, &ddp));
+  clpar_zero_optimizer *opt;
+  tu_ok(clpar_zero_adam_create(ddp, &adam, &opt));
+  tu_ok(clpar_memory_mark(dev));
+  for (int k = 0; k < 3; k++) {
+    clpar_scope *scope = clpar_scope_begin();
+    clpar_tensor *x = tu_make(dev, 2, (int64_t[]){4, W}, 3 + (uint64_t)k), *y, *loss;
+    uint64_t w0 = clpar_device_host_waits(dev);
+    tu_ok(clpar_module_forward(ddp, x, &y));
+    uint64_t w1 = clpar_device_host_waits(dev);
+    tu_ok(clpar_mean(y, &loss));
+    uint64_t w2 = clpar_device_host_waits(dev);
+    tu_ok(clpar_backward(loss));
+    uint64_t w3 = clpar_device_host_waits(dev);
+    print_message("rank %d, step %d: host waits in forward %llu, in backward %llu\n",
+                  clpar_dist_rank(), k, (unsigned long long)(w1 - w0),
+                  (unsigned long long)(w3 - w2));
+    assert_int_equal(w1 - w0, 0);
+    assert_int_equal(w3 - w2, 0);
+    clpar_scope_end(scope);
+    tu_ok(clpar_zero_optimizer_step(opt));
+    tu_ok(clpar_zero_optimizer_zero_grad(opt));
+  }
+  uint64_t peak = clpar_memory_peak(dev, CLPAR_MEM_PARAMETERS) - p0;
+  assert_true(peak <= (UNITS * rounded(shard) + rounded(1) + rounded(UNIT)) * 5 / 4);
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
+}
+
 static void test_refused(void **state) {
   (void)state;
   clpar_module *ddp = NULL;
@@ -338,11 +412,14 @@ static void test_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adam_matches_ddp),
+      cmocka_unit_test(test_adam_with_pinned_host_memory_matches_ddp),
+      cmocka_unit_test(test_forward_without_backward_matches_ddp),
       cmocka_unit_test(test_sgd_and_micro_steps_match_ddp),
       cmocka_unit_test(test_dropout_in_a_unit_matches_ddp),
       cmocka_unit_test(test_gpt_blocks_as_units_match_ddp),
       cmocka_unit_test(test_whole_module_unit_with_empty_shards),
       cmocka_unit_test(test_memory_is_sharded),
+      cmocka_unit_test(test_step_waits_for_no_device),
       cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests_name("zero3", tests, tu_dist_setup, tu_dist_teardown);

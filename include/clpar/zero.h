@@ -43,15 +43,15 @@
  * keeps ceil(numel / world_size) floats of it. A unit's forward all-gathers its parameters into
  * a temporary buffer, runs without recording and frees it; its backward all-gathers again,
  * runs the forward again recording, backpropagates, reduce-scatters the unit's gradient (the
- * rank's averaged shard becomes the shard's grad) and frees the full parameters and gradients.
+ * rank's averaged shard becomes the shard's grad at the step) and frees the full parameters
+ * and gradients. The collectives run on the communication thread: the next unit's all-gather
+ * while a unit computes, a unit's reduce-scatter while the units before it compute backward.
  * The step only steps the shards. The module's parameter tensors keep their names but give up
  * their memory: each is a [1] tensor holding NaN, until clpar_zero_gather_parameters.
  *
  * Limits of this version: every stage reduces through host memory over MPI, also on CUDA
- * devices (not NCCL); stage 3's collectives run in the forward and the backward that need them
- * (blocking copies, no prefetch of the next unit, no overlap); the module must live on one
- * device, all float32; stage 3 refuses find_unused_parameters and a parameter shared by two
- * units of zero_units.
+ * devices (not NCCL); the module must live on one device, all float32; stage 3 refuses
+ * find_unused_parameters and a parameter shared by two units of zero_units.
  * Dropout inside a unit replays in the recompute the draws of the forward (same masks). */
 #ifndef CLPAR_ZERO_H
 #define CLPAR_ZERO_H

@@ -164,8 +164,12 @@ void *clpar_ddp_comm_thread(void *arg) {
   for (;;) {
     void *handoff = NULL; /* a captured step's bucket (ddp_graph.c) */
     while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready) &&
-           !(handoff = clpar_ddp_graph_take(st)))
+           !clpar_zero3_job_ready(st) && !(handoff = clpar_ddp_graph_take(st)))
       pthread_cond_wait(&st->cv, &st->lock);
+    if (clpar_zero3_job_ready(st)) { /* ZeRO-3's (zero3_comm.c), every one run before a stop */
+      clpar_zero3_run_job(st);
+      continue;
+    }
     if (st->stop) break;
     st->busy = 1;
     pthread_mutex_unlock(&st->lock);

@@ -184,6 +184,14 @@ void clpar_zero3_free(ddp_state *st);
 int clpar_zero3_shards(ddp_state *st, clpar_tensor **out);
 /* Stage 3: 1 when a backward gave some shard a gradient. */
 int clpar_zero3_has_grad(ddp_state *st);
+/* Stage 3's collectives on the communication thread (zero3_comm.c): whether one is queued
+ * (st->lock held), and running the next (entered and left with st->lock held); the step's
+ * flush: waits for them, returns their first error, posts each unit's averaged shard into the
+ * shard's gradient; zero_grad: the next backward's shards replace what the last ones left. */
+int clpar_zero3_job_ready(ddp_state *st);
+void clpar_zero3_run_job(ddp_state *st);
+clpar_status clpar_zero3_flush(ddp_state *st);
+void clpar_zero3_zero_grad(ddp_state *st);
 /* Stage 3: parameters that clpar_zero_gather_parameters gave values give their memory back. */
 void clpar_zero3_release(ddp_state *st);
 /* Stage 3, for checkpoints (src/io/checkpoint_zero3.c): the unit holding parameter t (-1 for

@@ -195,16 +195,20 @@ static clpar_status create_stage3(clpar_zero_optimizer *z, int kind, const void 
   return s;
 }
 
-/* Stage 3: the shards' gradients are reduced already; the step is the inner one's. */
+/* Stage 3: the shards' gradients (reduced in backward) written; the step is the inner one's. */
 static clpar_status step_stage3(clpar_zero_optimizer *z) {
   const char *fn = "clpar_zero_optimizer_step";
   clpar_zero3_release(z->st); /* gathered parameters would be stale after the step */
-  clpar_status s = clpar_zero3_has_grad(z->st)
-                       ? clpar_optimizer_step(z->inner)
-                       : clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
-                                         "%s: no backward gave the module a gradient since the "
-                                         "last step",
-                                         fn);
+  /* the shards' gradients, which backward's reduce-scatters left on the host */
+  clpar_status s = clpar_zero3_flush(z->st);
+  if (s == CLPAR_ERROR_TIMEOUT) return s; /* no more collectives: every rank times out alike */
+  if (s == CLPAR_OK)
+    s = clpar_zero3_has_grad(z->st)
+            ? clpar_optimizer_step(z->inner)
+            : clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
+                              "%s: no backward gave the module a gradient since the "
+                              "last step",
+                              fn);
   return agree(z->st, s, fn);
 }
 
@@ -346,7 +350,10 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_zero_optimizer_zero_grad: opt is NULL");
-  if (z->stage == 3) return clpar_optimizer_zero_grad(z->inner);
+  if (z->stage == 3) {
+    clpar_zero3_zero_grad(z->st);
+    return clpar_optimizer_zero_grad(z->inner);
+  }
   clpar_zero_comm_reset(z->st); /* the step's read waited for its write from there */
   if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
   clpar_zero_release_grads(z->st); /* any a no_sync backward left on the device */

@@ -10,16 +10,19 @@
  * shard, a device leaf that requires a gradient. The module's parameter tensors are then
  * released: each becomes a [1] tensor holding NaN until clpar_zero_gather_parameters.
  *
- * Forward of a unit: its shards are all-gathered (MPI_Allgather through host memory) into one
- * temporary device buffer, the module's parameter entries point at views of it while the
- * unit's forward runs without recording, and the buffer is freed; the output gets one node
- * whose inputs are the input and the rank's shard. Backward of that node: the shards are
- * gathered again, the forward runs again recording, on fresh leaves viewing the gathered buffer
- * whose gradients go into one zeroed buffer, a nested backward fills it, and the buffer is
- * reduce-scattered (MPI_Reduce_scatter_block) and averaged: the rank's shard of the gradient is
- * the node's gradient for the shard, which the engine accumulates into the shard's grad. Both
- * buffers are freed before the node's backward returns, so a rank holds at most one unit's
- * full parameters and gradients at a time. The optimizer (zero.c) steps the shards. */
+ * Forward of a unit: its shards are all-gathered (MPI_Iallgather through host memory, on the
+ * communication thread: zero3_comm.c) into one temporary device buffer, the module's parameter
+ * entries point at views of it while the unit's forward runs without recording, and the
+ * buffer is freed; the next unit's gather is started before (prefetch); the output gets one
+ * node whose inputs are the input and the rank's shard. Backward of that node: the shards are
+ * gathered again (prefetched by the unit after it, or by the forward's last unit), the one
+ * before's gather starts, the forward runs again recording, on fresh leaves viewing the
+ * gathered buffer whose gradients go into one zeroed buffer, a nested backward fills it, and
+ * the buffer's read into host memory is posted for the thread to reduce-scatter
+ * (MPI_Ireduce_scatter_block) and average into the unit's shard on the host, which the
+ * optimizer's step writes into the shard's grad (the node gives the engine none). Both device
+ * buffers are freed before the node's backward returns, so a rank holds at most one unit's full
+ * parameters and gradients at a time. The optimizer (zero.c) steps the shards. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,76 +44,6 @@ static clpar_status oom(const char *fn) {
 
 static void module_retain(clpar_module *m) {
   __atomic_add_fetch(&m->refs, 1, __ATOMIC_RELAXED);
-}
-
-/* ---- collectives ---- */
-
-/* gather: mine (shard floats) from every rank into host; else host reduce-scattered into
- * mine. With the job's deadline; a timeout leaves the host memory to MPI. */
-static clpar_status z3_mpi(zero3 *z, int gather, int64_t shard, const char *what) {
-  ddp_state *st = z->st;
-  if (clpar_dist_check_broken()) return CLPAR_ERROR_TIMEOUT;
-  clpar_status s =
-      clpar_dist_debug_check(st->comm, what, st->seq + 1, shard * (gather ? 1 : z->world) * 4);
-  if (s != CLPAR_OK) return s;
-  int count = (int)shard;
-  MPI_Request req = MPI_REQUEST_NULL;
-  clpar_mpi_lock();
-  int rc =
-      gather
-          ? MPI_Iallgather(z->mine, count, MPI_FLOAT, z->host, count, MPI_FLOAT, st->comm, &req)
-          : MPI_Ireduce_scatter_block(z->host, z->mine, count, MPI_FLOAT, MPI_SUM, st->comm, &req);
-  clpar_mpi_unlock();
-  s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, ++st->seq) : clpar_mpi_error(rc, what);
-  if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;
-  return s;
-}
-
-/* The unit's full parameters in a new device buffer [numel] (counted as parameters). A rank
- * that cannot read its shard still takes part (with zeros) and fails after the collective. */
-clpar_status clpar_z3_gather_full(z3_unit *u, const char *what, clpar_tensor **full) {
-  zero3 *z = u->z;
-  *full = NULL;
-  clpar_status mine = clpar_tensor_read(u->pshard, z->mine, (size_t)u->shard);
-  if (mine != CLPAR_OK) memset(z->mine, 0, (size_t)u->shard * sizeof(float));
-  clpar_status s = z3_mpi(z, 1, u->shard, what);
-  if (s == CLPAR_OK) s = mine;
-  if (s != CLPAR_OK) return s;
-  int was = clpar_memory_category_set(CLPAR_MEM_PARAMETERS);
-  s = clpar_tensor_empty(z->dev, 1, &u->numel, full);
-  clpar_memory_category_set(was);
-  if (s == CLPAR_OK) {
-    clpar_tensor_unscope(*full);
-    s = clpar_tensor_write(*full, z->host, (size_t)u->numel);
-  }
-  if (s != CLPAR_OK) {
-    clpar_tensor_release(*full);
-    *full = NULL;
-  }
-  return s;
-}
-
-/* *grad ([numel]; NULL: zeros) summed over the ranks, this rank's shard averaged, into *out
- * ([shard], counted as a gradient); *grad is released once read, before *out is made. */
-static clpar_status reduce_scatter(z3_unit *u, clpar_tensor **grad, clpar_tensor **out) {
-  zero3 *z = u->z;
-  size_t padded = (size_t)(u->shard * z->world);
-  clpar_status mine = *grad ? clpar_tensor_read(*grad, z->host, (size_t)u->numel) : CLPAR_OK;
-  if (!*grad) memset(z->host, 0, (size_t)u->numel * sizeof(float));
-  clpar_tensor_release(*grad);
-  *grad = NULL;
-  memset(z->host + (mine == CLPAR_OK ? u->numel : 0), 0,
-         (padded - (mine == CLPAR_OK ? (size_t)u->numel : 0)) * sizeof(float));
-  clpar_status s = z3_mpi(z, 0, u->shard, UNIT_TYPE " backward: reduce-scatter of the gradients");
-  if (s == CLPAR_OK) s = mine;
-  if (s != CLPAR_OK) return s;
-  float inv = 1.0f / (float)z->world;
-  for (int64_t i = 0; i < u->shard; i++) z->mine[i] *= inv;
-  int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
-  s = clpar_tensor_from_host(z->dev, 1, &u->shard, z->mine, out);
-  clpar_memory_category_set(was);
-  if (s == CLPAR_OK) clpar_tensor_unscope(*out);
-  return s;
 }
 
 /* ---- the unit's parameter entries pointed elsewhere while its forward runs ---- */
@@ -222,11 +155,36 @@ static clpar_status unit_recompute(z3_unit *u, clpar_node *n, clpar_tensor *g, c
   return s;
 }
 
+/* ---- prefetch: the unit whose parameters come next ---- */
+
+#define GATHER_FORWARD UNIT_TYPE " forward: all-gather of the parameters"
+#define GATHER_BACKWARD UNIT_TYPE " backward: all-gather of the parameters"
+
+/* The unit after u in a forward (the root unit runs the others inside its own: its first
+ * child unit), or NULL; the units inside the root are in the order of their container. */
+static z3_unit *next_forward(const z3_unit *u) {
+  zero3 *z = u->z;
+  int k = 0, children = z->root >= 0 ? z->root : z->n_units;
+  while (z->units[k] != u) k++;
+  if (k == z->root) return children > 0 ? z->units[0] : NULL;
+  return k + 1 < children ? z->units[k + 1] : NULL;
+}
+
+/* The unit before u in a backward: the one before it in its container (the root unit's
+ * gathered already: it holds them while the others run inside its backward), or NULL. */
+static z3_unit *next_backward(const z3_unit *u) {
+  zero3 *z = u->z;
+  int k = 0;
+  while (z->units[k] != u) k++;
+  return k > 0 && k != z->root ? z->units[k - 1] : NULL;
+}
+
 static clpar_status unit_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   z3_unit *u = ((z3_ctx *)n->ctx)->wrapper->user;
   clpar_tensor *full = NULL, *grad = NULL;
-  clpar_status s =
-      clpar_z3_gather_full(u, UNIT_TYPE " backward: all-gather of the parameters", &full);
+  clpar_status s = clpar_z3_gather_full(u, GATHER_BACKWARD, &full);
+  z3_unit *before = next_backward(u);
+  if (s == CLPAR_OK && before) clpar_z3_prefetch(before, GATHER_BACKWARD);
   if (s == CLPAR_OK) {
     int was = clpar_memory_category_set(CLPAR_MEM_GRADIENTS);
     s = clpar_tensor_zeros(u->z->dev, 1, &u->numel, &grad);
@@ -235,21 +193,16 @@ static clpar_status unit_backward(clpar_node *n, clpar_tensor *g, clpar_tensor *
   }
   if (s == CLPAR_OK) s = unit_recompute(u, n, g, full, grad, &gin[0]);
   clpar_tensor_release(full);
-  /* every rank reduces (one that failed sends what it has, zeros if nothing), so that none
-   * waits; it fails after the collective */
+  /* every rank reduces (one that failed sends zeros), so that none waits; the reduction runs
+   * on the communication thread while the units before this one compute, and the shard's
+   * gradient is the step's to take (clpar_zero3_flush), not the engine's */
   if (s != CLPAR_ERROR_TIMEOUT) {
-    char msg[512] = "";
-    if (s != CLPAR_OK) snprintf(msg, sizeof msg, "%s", clpar_last_error());
-    clpar_tensor *mine = NULL;
-    clpar_status r = reduce_scatter(u, &grad, &mine);
-    if (s == CLPAR_OK)
-      s = r;
-    else if (r == CLPAR_OK)
-      clpar_set_error(s, "%s", msg);
-    if (s == CLPAR_OK)
-      gin[1] = mine;
-    else
-      clpar_tensor_release(mine);
+    if (s != CLPAR_OK) {
+      clpar_tensor_release(grad);
+      grad = NULL;
+    }
+    clpar_z3_post_scatter(u, grad);
+    grad = NULL;
   }
   clpar_tensor_release(grad);
   if (s != CLPAR_OK) clpar_prefix_error("%s backward: ", UNIT_TYPE);
@@ -268,8 +221,12 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
     ctx_free(c);
     return oom(UNIT_TYPE);
   }
-  clpar_status s =
-      clpar_z3_gather_full(u, UNIT_TYPE " forward: all-gather of the parameters", &full);
+  clpar_status s = clpar_z3_gather_full(u, GATHER_FORWARD, &full);
+  /* the next unit's parameters; after the last unit of a recorded forward, its own for the
+   * backward, which starts with it */
+  z3_unit *after = next_forward(u);
+  if (s == CLPAR_OK && (after || c))
+    clpar_z3_prefetch(after ? after : u, after ? GATHER_FORWARD : GATHER_BACKWARD);
   if (s == CLPAR_OK) s = make_views(u, full, NULL, views);
   if (s == CLPAR_OK) {
     clpar_rng_tape *saved[2];
@@ -313,6 +270,7 @@ static void unit_free(void *p) {
   if (!u) return;
   for (int i = 0; i < u->n_params; i++) clpar_tensor_release(u->params[i].param);
   free(u->params);
+  free(u->acc);
   clpar_tensor_release(u->pshard);
   if (u->inner) clpar_module_release(u->inner);
   free(u);
@@ -548,6 +506,7 @@ static clpar_status root_unit(zero3 *z, ddp_state *st, clpar_module **module) {
   module_retain(root);
   s = wrap(z, root, "clpar_ddp_create", &u);
   if (s != CLPAR_OK) return s;
+  z->root = z->n_units;
   z->units[z->n_units++] = u;
   root->adopted = 1;
   clpar_module_release(root);
@@ -558,10 +517,7 @@ static clpar_status root_unit(zero3 *z, ddp_state *st, clpar_module **module) {
 static void zero3_free(zero3 *z) {
   if (!z) return;
   clpar_tensor_release(z->placeholder);
-  if (!z->st || !z->st->abandoned) { /* else MPI may still write them: left allocated */
-    free(z->host);
-    free(z->mine);
-  }
+  clpar_z3_comm_free(z);
   free(z->units);
   free(z);
 }
@@ -589,18 +545,22 @@ clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module, const char 
                            "%s: zero_units is \"%s\", which names no module of the model", fn,
                            units);
   zero3 *z = calloc(1, sizeof *z);
+  if (z) {
+    z->st = st;
+    z->gcomm = z->rcomm = MPI_COMM_NULL;
+    z->root = -1;
+  }
   z3_unit **made = calloc((size_t)c->n_children + 1, sizeof *made);
   if (!z || !made || !(z->units = calloc((size_t)c->n_children + 2, sizeof *z->units))) {
     free(made);
     zero3_free(z);
     return oom(fn);
   }
-  z->st = st;
   z->world = st->world;
   z->rank = clpar_dist_rank();
   z->dev = st->params[0].param->storage->dev;
-  clpar_status s = CLPAR_OK;
-  for (int i = 0; i < st->n_params; i++)
+  clpar_status s = clpar_z3_comm_dup(z); /* first: collective on every rank */
+  for (int i = 0; s == CLPAR_OK && i < st->n_params; i++)
     if (st->params[i].param->storage->dev != z->dev)
       s = clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                           "%s: ZeRO shards a module that lives on one device", fn);
@@ -610,17 +570,15 @@ clpar_status clpar_zero3_setup(ddp_state *st, clpar_module **module, const char 
   free(made);
   if (s == CLPAR_OK) s = root_unit(z, st, module);
   for (int k = 0; s == CLPAR_OK && k < z->n_units; k++) s = make_shard(z, z->units[k]);
-  if (s == CLPAR_OK) {
-    z->host = malloc((size_t)(z->max_shard * z->world) * sizeof(float));
-    z->mine = malloc((size_t)z->max_shard * sizeof(float));
-    if (!z->host || !z->mine) s = oom(fn);
-  }
+  if (s == CLPAR_OK) s = clpar_z3_comm_setup(z);
   if (s != CLPAR_OK) {
     zero3_free(z);
     return s;
   }
-  clpar_z3_release_all(z); /* the flat group's memory goes with its last member */
+  clpar_z3_release_all(z);       /* the flat group's memory goes with its last member */
+  pthread_mutex_lock(&st->lock); /* the communication thread looks for ZeRO-3's slots */
   st->zero3 = z;
+  pthread_mutex_unlock(&st->lock);
   return CLPAR_OK;
 }
 

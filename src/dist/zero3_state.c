@@ -114,6 +114,7 @@ clpar_status clpar_zero3_store_shards(ddp_state *st, const char *fn) {
     if (s == CLPAR_OK)
       s = clpar_tensor_write(u->pshard, all + z->rank * u->shard, (size_t)u->shard);
     free(all);
+    z->epoch++; /* a gather posted before holds other values */
   }
   return s;
 }
@@ -133,8 +134,9 @@ clpar_status clpar_zero_gather_parameters(clpar_module *ddp) {
   for (int k = 0; first != CLPAR_ERROR_TIMEOUT && k < z->n_units; k++) {
     z3_unit *u = z->units[k];
     clpar_tensor *full = NULL;
-    s = clpar_z3_gather_full(u, "clpar_zero_gather_parameters: all-gather of the parameters",
-                             &full);
+    const char *what = "clpar_zero_gather_parameters: all-gather of the parameters";
+    s = clpar_z3_gather_full(u, what, &full);
+    if (s == CLPAR_OK && k + 1 < z->n_units) clpar_z3_prefetch(z->units[k + 1], what);
     if (s != CLPAR_OK && (first == CLPAR_OK || s == CLPAR_ERROR_TIMEOUT)) {
       first = s;
       snprintf(msg, sizeof msg, "%s", clpar_last_error());
