@@ -129,8 +129,9 @@ clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, s
 }
 
 /* A Linear's forward (backend.h's linear_act): where ocl_gemm would run gemm_small_nt, the
- * bias and activation go into its epilogue (one launch instead of two); elsewhere the GEMM,
- * then bias_act or the activation's unary. */
+ * bias and activation go into its epilogue (one launch instead of two; 2 x 8 outputs a
+ * work-item where n is a multiple of 8, the same sums); elsewhere the GEMM, then bias_act or
+ * the activation's unary. */
 clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
                             clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out) {
   clpar_ocl_device *d = dev;
@@ -143,12 +144,13 @@ clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, s
     cl_mem bm = AS_MEM(bias.buf ? bias.buf : w.buf); /* never read without a bias */
     cl_ulong m_ = m, n_ = n, k_ = k, xo = x.off, wo = w.off, bo = bias.off, oo = out.off;
     cl_int has_bias = bias.buf != NULL, a = (cl_int)act;
-    size_t global[2], local[2];
-    clpar_ocl_shape_2d(d, n, m, global, local);
+    size_t global[2], local[2], blocked = n % 8 == 0; /* 2 x 8 outputs a work-item */
+    clpar_ocl_shape_2d(d, blocked ? n / 8 : n, blocked ? (m + 1) / 2 : m, global, local);
     karg args[] = {KARG(m_), KARG(n_), KARG(k_),       KARG(xm), KARG(xo), KARG(wm), KARG(wo),
                    KARG(bm), KARG(bo), KARG(has_bias), KARG(a),  KARG(om), KARG(oo)};
-    return clpar_ocl_launch(d, "gemm_small.cl", "gemm_small_nt_bias_act", args, 13, 2, global,
-                            local);
+    return clpar_ocl_launch(d, "gemm_small.cl",
+                            blocked ? "gemm_small_nt_bias_act_2x8" : "gemm_small_nt_bias_act", args,
+                            13, 2, global, local);
   }
   clpar_status s = ocl_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
   if (s == CLPAR_OK && bias.buf) return ocl_bias_act(dev, act, m, n, out, bias, out);
