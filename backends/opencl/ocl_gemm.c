@@ -165,7 +165,7 @@ clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, s
 
 /* A Linear's backward (backend.h's linear_act_backward): where the unfused path would run
  * bias_act_backward in one pass and both GEMMs as gemm_small, and n is a multiple of 8 (dw's
- * 8 x 8 blocks), linear_backward.cl does it all in one launch with the same sums; elsewhere
+ * 8-row half blocks), linear_backward.cl does it all in one launch with the same sums; elsewhere
  * those three, d kept in the scratch. */
 static int backward_small(clpar_ocl_device *d, size_t m, size_t n, size_t k) {
   return n % 8 == 0 && m <= CLPAR_OCL_SUM_ROWS_ONE_PASS && /* bias_act_backward in one pass */
@@ -207,7 +207,7 @@ clpar_status ocl_linear_act_backward(void *dev, clpar_act_kind act, size_t m, si
   size_t k8 = k / 8;
   cl_ulong m_ = m, n_ = n, k_ = k, go = g.off, yo = act != CLPAR_ACT_NONE ? y.off : g.off,
            xo = x.off, wo = w.off, dxo = dx.off, dwo = dw.off, dbo = db.off;
-  cl_ulong n_dx = dx.buf ? (m + 3) / 4 : 0, n_dw = dw.buf ? n / 8 : 0;
+  cl_ulong n_dx = dx.buf ? (m + 3) / 4 : 0, n_dw = dw.buf ? (n + 15) / 16 : 0;
   cl_ulong n_db = db.buf ? (n / 8 + k8 - 1) / k8 : 0;
   cl_int acc = accumulate;
   karg args[] = {KARG(m_),  KARG(n_),  KARG(k_),   KARG(gm),  KARG(go),  KARG(ym),   KARG(yo),
