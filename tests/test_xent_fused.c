@@ -5,7 +5,9 @@
  *   some equal to ignore_index, mean and sum: the loss and the logits' gradient on every
  *   selected device, fused and composed (clpar_compose_force: log_softmax, nll_ignore and
  *   their backwards, the unfused path), against a float64 reference computed here and
- *   against the host backend's entries; ignored rows get a gradient of exactly 0.
+ *   against the host backend's entries; ignored rows get a gradient of exactly 0. Rows of up
+ *   to 256 classes (one work-item a row on CPU OpenCL devices, 8 columns at a time, with and
+ *   without a tail) and wider (one work-group a row).
  * - clpar_cross_entropy (labels in host memory) the same way.
  * - On devices with a profile, the commands a loss enqueues: the fused forward runs one
  *   command fewer than the composition and its backward three fewer. */
@@ -147,7 +149,7 @@ static void test_targets(void **state) {
   static const ce_case cases[] = {
       {2, {6, 11}, 0, 1, 1, 0},      {2, {6, 11}, 1, 1, 0, 0},     {3, {3, 5, 17}, 1, 1, 1, 0},
       {3, {3, 5, 17}, 0, 0, 0, 0},   {3, {2, 4, 300}, 1, 1, 1, 0}, {2, {1, 1}, 0, 0, 1, 0},
-      {3, {2, 3, 1000}, 0, 1, 0, 0},
+      {3, {2, 3, 1000}, 0, 1, 0, 0}, {2, {33, 64}, 0, 1, 1, 0},    {3, {2, 9, 256}, 1, 0, 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
 }
