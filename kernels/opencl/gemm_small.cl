@@ -115,11 +115,20 @@ inline void gsn_store8(const float8 *s, __global const float *bias, int has_bias
  * rows 2 i2 and 2 i2 + 1, columns 8 j8 .. 8 j8 + 7, so that each load of a row of a or b
  * feeds 8 or 2 products instead of one. Each element's products and sums are the ones
  * gemm_small_nt_bias_act computes for it, in the same order: the same bits. */
-__kernel void gemm_small_nt_bias_act_2x8(ulong m, ulong n, ulong k, __global const float *a,
-                                         ulong a_off, __global const float *b, ulong b_off,
-                                         __global const float *bias, ulong bias_off,
-                                         int has_bias, int act, __global float *c,
-                                         ulong c_off) {
+/* The sizes and offsets (in floats) of gemm_small_nt_bias_act_2x8, and has_bias and act, as
+ * one argument: PoCL copies each argument of each launch into memory of its own (ocl_gemm.c's
+ * gsn_sizes has the same layout). */
+typedef struct {
+  ulong m, n, k, a_off, b_off, bias_off, c_off;
+  int has_bias, act;
+} gsn_sizes;
+
+__kernel void gemm_small_nt_bias_act_2x8(__global const float *a, __global const float *b,
+                                         __global const float *bias, __global float *c,
+                                         gsn_sizes z) {
+  ulong m = z.m, n = z.n, k = z.k, a_off = z.a_off, b_off = z.b_off, bias_off = z.bias_off;
+  ulong c_off = z.c_off;
+  int has_bias = z.has_bias, act = z.act;
   ulong j8 = get_global_id(0), i = get_global_id(1) * 2;
   ulong j = min(j8, n / 8 - 1) * 8, i0 = min(i, m - 1), i1 = min(i + 1, m - 1);
   __global const float *pa0 = a + a_off + i0 * k, *pa1 = a + a_off + i1 * k;

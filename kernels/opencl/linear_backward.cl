@@ -91,13 +91,22 @@ inline float8 lab_colsum8(__global const float *g, __global const float *y, int 
  * edge is computed from the first half's data and not stored. Register blocks keep several
  * independent sums per work-item; each element's sum still adds its terms in the unfused
  * kernel's order. */
+/* The sizes, offsets (in floats), block counts and acc, as one argument: PoCL copies each
+ * argument of each launch into memory of its own, so that 14 scalars cost more to launch than
+ * one struct (ocl_gemm.c's lab_sizes has the same layout). */
+typedef struct {
+  ulong m, n, k, g_off, y_off, x_off, w_off, dx_off, n_dx, dw_off, n_dw, db_off, n_db;
+  int acc, unused;
+} lab_sizes;
+
 #define LAB_KERNEL(name, ACT)                                                                  \
-  __kernel void name(ulong m, ulong n, ulong k, __global const float *g, ulong g_off,          \
-                     __global const float *y, ulong y_off, __global const float *x,            \
-                     ulong x_off, __global const float *w, ulong w_off, __global float *dx,    \
-                     ulong dx_off, ulong n_dx, __global float *dw, ulong dw_off, ulong n_dw,   \
-                     __global float *db, ulong db_off, ulong n_db, int acc) {                  \
-    const int act = ACT;                                                                       \
+  __kernel void name(__global const float *g, __global const float *y,                         \
+                     __global const float *x, __global const float *w, __global float *dx,     \
+                     __global float *dw, __global float *db, lab_sizes z) {                    \
+    const int act = ACT, acc = z.acc;                                                          \
+    ulong m = z.m, n = z.n, k = z.k, n_dx = z.n_dx, n_dw = z.n_dw, n_db = z.n_db;              \
+    ulong dx_off = z.dx_off, dw_off = z.dw_off, db_off = z.db_off;                             \
+    ulong g_off = z.g_off, y_off = z.y_off, x_off = z.x_off, w_off = z.w_off;                  \
     ulong k8 = k / 8, j8 = get_global_id(0), row = get_global_id(1), j = j8 * 8;               \
     g += g_off, y += y_off, x += x_off, w += w_off;                                            \
     if (j8 >= k8) return;                                                                      \
