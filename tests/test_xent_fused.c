@@ -191,9 +191,9 @@ static void count_ops(clpar_device *dev, int way, uint64_t *fwd, uint64_t *bwd) 
   clpar_tensor_free(x);
 }
 
-/* Fused: xent, then the sums of losses and weights and their quotient forward; backward's
- * seed and xent_backward. Composed: log_softmax and nll_ignore forward; backward the scale,
- * log_softmax again, nll_ignore_backward and softmax_backward. */
+/* Fused: xent, then the sums of weights and losses (one reduction) and their quotient
+ * forward; backward's seed and xent_backward. Composed: log_softmax and nll_ignore forward;
+ * backward the scale, log_softmax again, nll_ignore_backward and softmax_backward. */
 static void test_commands_counted(void **state) {
   (void)state;
   int checked = 0;
@@ -206,7 +206,9 @@ static void test_commands_counted(void **state) {
     uint64_t ff, fb, cf, cb;
     count_ops(dev, 0, &ff, &fb);
     count_ops(dev, 1, &cf, &cb);
+    assert_int_equal(ff, 3);
     assert_int_equal(cf - ff, 1);
+    assert_int_equal(fb, 2);
     assert_int_equal(cb - fb, 3);
     checked++;
   }
