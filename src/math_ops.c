@@ -160,25 +160,30 @@ static clpar_status ce_check(const clpar_tensor *logits, const clpar_tensor *tar
   return CLPAR_OK;
 }
 
-/* total (and count) [1] from the per-row losses of logits [rows, cols]. */
+/* total [1] from the per-row losses of logits [rows, cols]; with count [2], the mean: the
+ * weights' and the losses' sums in one reduction (count[0], count[1]), then their quotient
+ * (count[0] is the count the backward reads). */
 static clpar_status ce_sums(clpar_tensor *logits, const clpar_tensor *t, int64_t ignore,
                             clpar_tensor *total, clpar_tensor *count) {
   clpar_device *dev = logits->storage->dev;
   int64_t rows = logits->shape[0], two[2] = {2, rows};
-  clpar_tensor *lw; /* loss and weight per row */
+  clpar_tensor *lw; /* weight and loss per row */
   clpar_status s = clpar_tensor_empty(dev, 2, two, &lw);
   if (s != CLPAR_OK) return s;
-  clpar_bref loss = clpar_tensor_bref(lw), weight = loss;
-  weight.off += (size_t)rows;
+  clpar_bref weight = clpar_tensor_bref(lw), loss = weight;
+  loss.off += (size_t)rows;
   s = clpar_dev_xent(dev, (size_t)rows, (size_t)logits->shape[1], t->dtype == CLPAR_INT64, ignore,
                      clpar_tensor_bref(logits), clpar_tensor_bref(t), loss, weight);
-  if (s == CLPAR_OK)
+  if (s == CLPAR_OK && !count)
     s = clpar_dev_reduce_sum(dev, 1, (size_t)rows, 1, loss, clpar_tensor_bref(total));
-  if (s == CLPAR_OK && count)
-    s = clpar_dev_reduce_sum(dev, 1, (size_t)rows, 1, weight, clpar_tensor_bref(count));
-  if (s == CLPAR_OK && count)
-    s = clpar_dev_binary(dev, CLPAR_BINARY_DIV, 1, 1, clpar_tensor_bref(total),
-                         clpar_tensor_bref(count), 1, clpar_tensor_bref(total));
+  if (s == CLPAR_OK && count) {
+    clpar_bref sums = clpar_tensor_bref(count), loss_sum = sums;
+    loss_sum.off += 1;
+    s = clpar_dev_reduce_sum(dev, 2, (size_t)rows, 1, weight, sums);
+    if (s == CLPAR_OK)
+      s = clpar_dev_binary(dev, CLPAR_BINARY_DIV, 1, 1, loss_sum, sums, 1,
+                           clpar_tensor_bref(total));
+  }
   clpar_tensor_free(lw);
   return s == CLPAR_OK ? s : clpar_device_fail(dev, s);
 }
@@ -196,8 +201,8 @@ clpar_status clpar_cross_entropy_targets(const clpar_tensor *logits, const clpar
   clpar_tensor *flat = NULL, *r = NULL, *count = NULL, *t = NULL;
   s = clpar_tensor_reshape((clpar_tensor *)logits, 2, shape2, &flat);
   if (s == CLPAR_OK) s = clpar_tensor_empty(dev, 1, &one, &r);
-  if (s == CLPAR_OK && reduction == CLPAR_REDUCTION_MEAN)
-    s = clpar_tensor_empty(dev, 1, &one, &count);
+  if (s == CLPAR_OK && reduction == CLPAR_REDUCTION_MEAN) /* the count, then the losses' sum */
+    s = clpar_tensor_empty(dev, 1, (int64_t[1]){2}, &count);
   if (s == CLPAR_OK) s = clpar_tensor_alias(targets, &t);
   if (s == CLPAR_OK) s = ce_sums(flat, t, ignore_index, r, count);
   if (s != CLPAR_OK) {

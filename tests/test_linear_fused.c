@@ -11,8 +11,9 @@
  *   module's gradients go straight into the flat gradient, and Sequential(Linear, ReLU) gives
  *   the unfused ops' values and gradients.
  * - The linear_act entry (the forward: GEMM, bias, activation) on every device, fused and
- *   composed, against a float64 reference: each activation, with and without a bias, k a
- *   multiple of 8 (OpenCL CPU devices' one-kernel epilogue) and not (GEMM, then bias_act).
+ *   composed, against a float64 reference and each other (the same bits): each activation,
+ *   with and without a bias, k a multiple of 8 (OpenCL CPU devices' one-kernel epilogue; n too:
+ *   its 2 x 8 register-blocked kernel) and not (GEMM, then bias_act).
  * - On devices with a profile, the ops a Linear + ReLU layer enqueues: 2 forward (1 on CPU
  *   OpenCL devices: the GEMM's epilogue), 3 backward (1 on CPU OpenCL devices:
  *   linear_act_backward's one kernel) once the parameters have gradients (no separate adds
@@ -270,8 +271,10 @@ static void check_linear_act(clpar_device *dev, clpar_act_kind act, int64_t m, i
   float *px = tu_read(x), *pw = tu_read(w), *pb = tu_read(b);
   size_t count = (size_t)(m * n);
   float *want = malloc(count * sizeof *want), *got = malloc(count * sizeof *got);
+  float *fused = malloc(count * sizeof *fused);
   assert_non_null(want);
   assert_non_null(got);
+  assert_non_null(fused);
   for (int64_t i = 0; i < m; i++)
     for (int64_t j = 0; j < n; j++) {
       double acc = 0;
@@ -290,15 +293,22 @@ static void check_linear_act(clpar_device *dev, clpar_act_kind act, int64_t m, i
              tu_act_name(act), (long long)m, (long long)n, (long long)k, with_bias,
              way ? "composed" : "fused", clpar_device_id(dev));
     tu_assert_close(got, want, count, 1e-4f, 1e-5f, what);
+    if (!way)
+      memcpy(fused, got, count * sizeof *got);
+    else if (memcmp(fused, got, count * sizeof *got) != 0) { /* the same sums: the same bits */
+      tu_assert_close(fused, got, count, 0.0f, 0.0f, what);
+      fail_msg("%s: the entry and its composition differ in bits", what);
+    }
   }
   tu_ok(clpar_compose_force(dev, 0));
-  free(px), free(pw), free(pb), free(want), free(got);
+  free(px), free(pw), free(pb), free(want), free(got), free(fused);
   clpar_tensor_free(x), clpar_tensor_free(w), clpar_tensor_free(b), clpar_tensor_free(y);
 }
 
 static void test_linear_act_entry(void **state) {
   (void)state;
-  static const int64_t shapes[][3] = {{32, 64, 64}, {5, 3, 16}, {7, 9, 13}, {1, 1, 8}};
+  static const int64_t shapes[][3] = {{32, 64, 64}, {5, 3, 16},  {7, 9, 13},
+                                      {1, 1, 8},    {5, 24, 40}, {1, 8, 8}};
   clpar_device *devs[8];
   int nd = 0;
   devs[nd++] = tu_host();

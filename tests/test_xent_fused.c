@@ -5,7 +5,9 @@
  *   some equal to ignore_index, mean and sum: the loss and the logits' gradient on every
  *   selected device, fused and composed (clpar_compose_force: log_softmax, nll_ignore and
  *   their backwards, the unfused path), against a float64 reference computed here and
- *   against the host backend's entries; ignored rows get a gradient of exactly 0.
+ *   against the host backend's entries; ignored rows get a gradient of exactly 0. Rows of up
+ *   to 256 classes (one work-item a row on CPU OpenCL devices, 8 columns at a time, with and
+ *   without a tail) and wider (one work-group a row).
  * - clpar_cross_entropy (labels in host memory) the same way.
  * - On devices with a profile, the commands a loss enqueues: the fused forward runs one
  *   command fewer than the composition and its backward three fewer. */
@@ -147,7 +149,7 @@ static void test_targets(void **state) {
   static const ce_case cases[] = {
       {2, {6, 11}, 0, 1, 1, 0},      {2, {6, 11}, 1, 1, 0, 0},     {3, {3, 5, 17}, 1, 1, 1, 0},
       {3, {3, 5, 17}, 0, 0, 0, 0},   {3, {2, 4, 300}, 1, 1, 1, 0}, {2, {1, 1}, 0, 0, 1, 0},
-      {3, {2, 3, 1000}, 0, 1, 0, 0},
+      {3, {2, 3, 1000}, 0, 1, 0, 0}, {2, {33, 64}, 0, 1, 1, 0},    {3, {2, 9, 256}, 1, 0, 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
 }
@@ -189,9 +191,9 @@ static void count_ops(clpar_device *dev, int way, uint64_t *fwd, uint64_t *bwd) 
   clpar_tensor_free(x);
 }
 
-/* Fused: xent, then the sums of losses and weights and their quotient forward; backward's
- * seed and xent_backward. Composed: log_softmax and nll_ignore forward; backward the scale,
- * log_softmax again, nll_ignore_backward and softmax_backward. */
+/* Fused: xent, then the sums of weights and losses (one reduction) and their quotient
+ * forward; backward's seed and xent_backward. Composed: log_softmax and nll_ignore forward;
+ * backward the scale, log_softmax again, nll_ignore_backward and softmax_backward. */
 static void test_commands_counted(void **state) {
   (void)state;
   int checked = 0;
@@ -204,7 +206,9 @@ static void test_commands_counted(void **state) {
     uint64_t ff, fb, cf, cb;
     count_ops(dev, 0, &ff, &fb);
     count_ops(dev, 1, &cf, &cb);
+    assert_int_equal(ff, 3);
     assert_int_equal(cf - ff, 1);
+    assert_int_equal(fb, 2);
     assert_int_equal(cb - fb, 3);
     checked++;
   }

@@ -264,6 +264,22 @@ clpar_status ocl_softmax_backward(void *dev, int log, size_t rows, size_t cols, 
   return launch_rows(dev, "softmax_backward_f32", args, 9, rows, cols);
 }
 
+/* Rows of at most this many columns on a CPU device run softmax.cl's one-work-item-a-row
+ * kernels: on 32 x 64 logits (bench_graph's MLP, `POCL_DEVICES=basic`, perf over replayed
+ * steps) xent and its backward took 10% of the step with one work-group a row, under 1% so. */
+#define XENT_ROW_COLS 256
+
+/* One work-item a row (xent_row_f32, xent_backward_row_f32), rows in the last argument. */
+static clpar_status launch_row_items(clpar_ocl_device *d, const char *name, karg *args, int nargs,
+                                     size_t rows) {
+  cl_ulong rows_ = rows;
+  args[nargs - 1] = (karg)KARG(rows_);
+  size_t local = 1;
+  while (local < rows && local < 16) local *= 2;
+  size_t global = clpar_ocl_round_up(rows, local);
+  return clpar_ocl_launch(d, "softmax.cl", name, args, nargs, 1, &global, &local);
+}
+
 clpar_status ocl_xent(void *dev, size_t rows, size_t cols, int idx64, int64_t ignore, clpar_bref a,
                       clpar_bref idx, clpar_bref loss, clpar_bref weight) {
   cl_mem am = AS_MEM(a.buf), im = AS_MEM(idx.buf), lm = AS_MEM(loss.buf), wm = AS_MEM(weight.buf);
@@ -272,6 +288,8 @@ clpar_status ocl_xent(void *dev, size_t rows, size_t cols, int idx64, int64_t ig
   cl_long ig = ignore;
   karg args[] = {KARG(am), KARG(ao), KARG(im), KARG(io), KARG(i64), KARG(ig),
                  KARG(lm), KARG(lo), KARG(wm), KARG(wo), KARG(c),   {0, NULL}};
+  clpar_ocl_device *d = dev;
+  if (d->cpu && cols <= XENT_ROW_COLS) return launch_row_items(d, "xent_row_f32", args, 12, rows);
   return launch_rows(dev, "xent_f32", args, 12, rows, cols);
 }
 
@@ -288,6 +306,9 @@ clpar_status ocl_xent_backward(void *dev, size_t rows, size_t cols, int idx64, i
   karg args[] = {KARG(am), KARG(ao), KARG(im), KARG(io), KARG(i64),       KARG(ig),
                  KARG(gm), KARG(go), KARG(cm), KARG(co), KARG(has_count), KARG(al),
                  KARG(om), KARG(oo), KARG(c),  {0, NULL}};
+  clpar_ocl_device *d = dev;
+  if (d->cpu && cols <= XENT_ROW_COLS)
+    return launch_row_items(d, "xent_backward_row_f32", args, 16, rows);
   return launch_rows(dev, "xent_backward_f32", args, 16, rows, cols);
 }
 

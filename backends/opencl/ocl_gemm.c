@@ -128,9 +128,16 @@ clpar_status ocl_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, s
   return s_;
 }
 
+/* gemm_small.cl's gsn_sizes: sizes and offsets in floats, has_bias, act. */
+typedef struct {
+  cl_ulong m, n, k, a_off, b_off, bias_off, c_off;
+  cl_int has_bias, act;
+} gsn_sizes;
+
 /* A Linear's forward (backend.h's linear_act): where ocl_gemm would run gemm_small_nt, the
- * bias and activation go into its epilogue (one launch instead of two); elsewhere the GEMM,
- * then bias_act or the activation's unary. */
+ * bias and activation go into its epilogue (one launch instead of two; 2 x 8 outputs a
+ * work-item where n is a multiple of 8, the same sums); elsewhere the GEMM, then bias_act or
+ * the activation's unary. */
 clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
                             clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out) {
   clpar_ocl_device *d = dev;
@@ -144,9 +151,16 @@ clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, s
     cl_ulong m_ = m, n_ = n, k_ = k, xo = x.off, wo = w.off, bo = bias.off, oo = out.off;
     cl_int has_bias = bias.buf != NULL, a = (cl_int)act;
     size_t global[2], local[2];
-    clpar_ocl_shape_2d(d, n, m, global, local);
+    if (n % 8 == 0) { /* 2 x 8 outputs a work-item */
+      gsn_sizes z = {m, n, k, x.off, w.off, bias.off, out.off, has_bias, a};
+      karg args[] = {KARG(xm), KARG(wm), KARG(bm), KARG(om), KARG(z)};
+      clpar_ocl_shape_2d(d, n / 8, (m + 1) / 2, global, local);
+      return clpar_ocl_launch(d, "gemm_small.cl", "gemm_small_nt_bias_act_2x8", args, 5, 2, global,
+                              local);
+    }
     karg args[] = {KARG(m_), KARG(n_), KARG(k_),       KARG(xm), KARG(xo), KARG(wm), KARG(wo),
                    KARG(bm), KARG(bo), KARG(has_bias), KARG(a),  KARG(om), KARG(oo)};
+    clpar_ocl_shape_2d(d, n, m, global, local);
     return clpar_ocl_launch(d, "gemm_small.cl", "gemm_small_nt_bias_act", args, 13, 2, global,
                             local);
   }
@@ -163,8 +177,14 @@ clpar_status ocl_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, s
 
 /* A Linear's backward (backend.h's linear_act_backward): where the unfused path would run
  * bias_act_backward in one pass and both GEMMs as gemm_small, and n is a multiple of 8 (dw's
- * 8 x 8 blocks), linear_backward.cl does it all in one launch with the same sums; elsewhere
+ * 8-row half blocks), linear_backward.cl does it all in one launch with the same sums; elsewhere
  * those three, d kept in the scratch. */
+/* linear_backward.cl's lab_sizes: sizes and offsets in floats, block counts, acc. */
+typedef struct {
+  cl_ulong m, n, k, g_off, y_off, x_off, w_off, dx_off, n_dx, dw_off, n_dw, db_off, n_db;
+  cl_int acc, unused;
+} lab_sizes;
+
 static int backward_small(clpar_ocl_device *d, size_t m, size_t n, size_t k) {
   return n % 8 == 0 && m <= CLPAR_OCL_SUM_ROWS_ONE_PASS && /* bias_act_backward in one pass */
          !clpar_ocl_gemm_takes_tile(d, 1, 0, n, k, m, n, k, k) &&
@@ -203,18 +223,15 @@ clpar_status ocl_linear_act_backward(void *dev, clpar_act_kind act, size_t m, si
   cl_mem dxm = AS_MEM(dx.buf ? dx.buf : g.buf), dwm = AS_MEM(dw.buf ? dw.buf : g.buf);
   cl_mem dbm = AS_MEM(db.buf ? db.buf : g.buf);
   size_t k8 = k / 8;
-  cl_ulong m_ = m, n_ = n, k_ = k, go = g.off, yo = act != CLPAR_ACT_NONE ? y.off : g.off,
-           xo = x.off, wo = w.off, dxo = dx.off, dwo = dw.off, dbo = db.off;
-  cl_ulong n_dx = dx.buf ? (m + 3) / 4 : 0, n_dw = dw.buf ? n / 8 : 0;
-  cl_ulong n_db = db.buf ? (n / 8 + k8 - 1) / k8 : 0;
-  cl_int acc = accumulate;
-  karg args[] = {KARG(m_),  KARG(n_),  KARG(k_),   KARG(gm),  KARG(go),  KARG(ym),   KARG(yo),
-                 KARG(xm),  KARG(xo),  KARG(wm),   KARG(wo),  KARG(dxm), KARG(dxo),  KARG(n_dx),
-                 KARG(dwm), KARG(dwo), KARG(n_dw), KARG(dbm), KARG(dbo), KARG(n_db), KARG(acc)};
+  cl_ulong yo = act != CLPAR_ACT_NONE ? y.off : g.off, n_dx = dx.buf ? (m + 3) / 4 : 0;
+  cl_ulong n_dw = dw.buf ? (n + 15) / 16 : 0, n_db = db.buf ? (n / 8 + k8 - 1) / k8 : 0;
+  lab_sizes z = {m,    n,      k,    g.off,  yo,   x.off,      w.off, dx.off,
+                 n_dx, dw.off, n_dw, db.off, n_db, accumulate, 0};
+  karg args[] = {KARG(gm), KARG(ym), KARG(xm), KARG(wm), KARG(dxm), KARG(dwm), KARG(dbm), KARG(z)};
   if (n_dx + n_dw + n_db == 0) return CLPAR_OK;
   size_t global[2], local[2];
   clpar_ocl_shape_2d(dev, k8, n_dw + n_dx + n_db, global, local);
-  return clpar_ocl_launch(dev, "linear_backward.cl", kernels[act], args, 21, 2, global, local);
+  return clpar_ocl_launch(dev, "linear_backward.cl", kernels[act], args, 8, 2, global, local);
 }
 
 clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, size_t n, size_t k,

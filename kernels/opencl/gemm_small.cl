@@ -71,3 +71,75 @@ __kernel void gemm_small_nt_bias_act(ulong m, ulong n, ulong k, __global const f
                                       : x;
   }
 }
+
+/* The 8 sums of s[0 .. 7] as one vector, lane q holding gemm_small_nt's sum of s[q]'s lanes:
+ * ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), the same additions, 8 columns at once. */
+inline float8 gsn_hsum8x8(const float8 *s) {
+  float8 h01 = (float8)(s[0].lo, s[1].lo) + (float8)(s[0].hi, s[1].hi);
+  float8 h23 = (float8)(s[2].lo, s[3].lo) + (float8)(s[2].hi, s[3].hi);
+  float8 h45 = (float8)(s[4].lo, s[5].lo) + (float8)(s[4].hi, s[5].hi);
+  float8 h67 = (float8)(s[6].lo, s[7].lo) + (float8)(s[6].hi, s[7].hi);
+  float8 q03 = (float8)(h01.s01, h01.s45, h23.s01, h23.s45) +
+               (float8)(h01.s23, h01.s67, h23.s23, h23.s67);
+  float8 q47 = (float8)(h45.s01, h45.s45, h67.s01, h67.s45) +
+               (float8)(h45.s23, h45.s67, h67.s23, h67.s67);
+  return (float8)(q03.even, q47.even) + (float8)(q03.odd, q47.odd);
+}
+
+/* c[0 .. 7] from the accumulators of 8 columns: the bias and f as gemm_small_nt_bias_act
+ * applies them (sigmoid and tanh one element at a time, as there). */
+inline void gsn_store8(const float8 *s, __global const float *bias, int has_bias, int act,
+                       __global float *c) {
+  float8 x = gsn_hsum8x8(s);
+  if (has_bias) x = x + vload8(0, bias);
+  if (act == 0 || act == 1) {
+    vstore8(act == 1 ? fmax(x, 0.0f) : x, 0, c);
+    return;
+  }
+  float e[8];
+  vstore8(x, 0, e);
+  for (int q = 0; q < 8; q++) c[q] = act == 2 ? 1.0f / (1.0f + exp(-e[q])) : tanh(e[q]);
+}
+
+/* The 8 columns' statements written out (constant indices: the sums stay in registers). */
+#define GSN_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define GSN_ZERO(Q) s0[Q] = s1[Q] = (float8)(0.0f);
+#define GSN_TERM(Q)                                                                            \
+  {                                                                                            \
+    float8 wv = vload8(0, pb + Q * k + p);                                                     \
+    s0[Q] += x0 * wv;                                                                          \
+    s1[Q] += x1 * wv;                                                                          \
+  }
+
+/* gemm_small_nt_bias_act, register-blocked for n a multiple of 8: work-item (j8, i2) computes
+ * rows 2 i2 and 2 i2 + 1, columns 8 j8 .. 8 j8 + 7, so that each load of a row of a or b
+ * feeds 8 or 2 products instead of one. Each element's products and sums are the ones
+ * gemm_small_nt_bias_act computes for it, in the same order: the same bits. */
+/* The sizes and offsets (in floats) of gemm_small_nt_bias_act_2x8, and has_bias and act, as
+ * one argument: PoCL copies each argument of each launch into memory of its own (ocl_gemm.c's
+ * gsn_sizes has the same layout). */
+typedef struct {
+  ulong m, n, k, a_off, b_off, bias_off, c_off;
+  int has_bias, act;
+} gsn_sizes;
+
+__kernel void gemm_small_nt_bias_act_2x8(__global const float *a, __global const float *b,
+                                         __global const float *bias, __global float *c,
+                                         gsn_sizes z) {
+  ulong m = z.m, n = z.n, k = z.k, a_off = z.a_off, b_off = z.b_off, bias_off = z.bias_off;
+  ulong c_off = z.c_off;
+  int has_bias = z.has_bias, act = z.act;
+  ulong j8 = get_global_id(0), i = get_global_id(1) * 2;
+  ulong j = min(j8, n / 8 - 1) * 8, i0 = min(i, m - 1), i1 = min(i + 1, m - 1);
+  __global const float *pa0 = a + a_off + i0 * k, *pa1 = a + a_off + i1 * k;
+  __global const float *pb = b + b_off + j * k;
+  float8 s0[8], s1[8];
+  GSN_ALL(GSN_ZERO)
+  for (ulong p = 0; p < k; p += 8) {
+    float8 x0 = vload8(0, pa0 + p), x1 = vload8(0, pa1 + p);
+    GSN_ALL(GSN_TERM)
+  }
+  if (j8 < n / 8 && i < m) gsn_store8(s0, bias + bias_off + j, has_bias, act, c + c_off + i * n + j);
+  if (j8 < n / 8 && i + 1 < m)
+    gsn_store8(s1, bias + bias_off + j, has_bias, act, c + c_off + (i + 1) * n + j);
+}

@@ -147,3 +147,75 @@ __kernel void xent_backward_f32(__global const float *a, ulong a_off, __global c
     o[c] = d - exp((x[c] - m) - lse) * dot;
   }
 }
+
+/* ---- the same for short rows on CPU devices: one work-item a row, 8 columns at a time ----
+ * (ocl_xent: rows of at most XENT_ROW_COLS columns.) A group-wide reduction over a short row
+ * costs more in the barriers' work-item loops than the row's arithmetic; here a work-item
+ * reads its row twice (maximum, then sum of exp) with float8 loads. The same results as the
+ * group kernels up to the order of the sums; rows past `rows` do nothing. */
+
+/* The row's maximum and log of its sum of exp(x - max). */
+static void xent_row_one(__global const float *x, ulong cols, float *m, float *lse) {
+  ulong c8 = cols & ~(ulong)7, c;
+  float8 mv = (float8)(-INFINITY);
+  for (c = 0; c < c8; c += 8) mv = fmax(mv, vload8(0, x + c));
+  float4 m4 = fmax(mv.lo, mv.hi);
+  float mx = fmax(fmax(m4.x, m4.z), fmax(m4.y, m4.w));
+  for (; c < cols; c++) mx = fmax(mx, x[c]);
+  float8 sv = (float8)(0.0f);
+  for (c = 0; c < c8; c += 8) sv += exp(vload8(0, x + c) - mx);
+  float4 s4 = sv.lo + sv.hi;
+  float sum = (s4.x + s4.z) + (s4.y + s4.w);
+  for (; c < cols; c++) sum += exp(x[c] - mx);
+  *m = mx;
+  *lse = log(sum);
+}
+
+/* xent_f32's results, one work-item a row. */
+__kernel void xent_row_f32(__global const float *a, ulong a_off, __global const int *idx,
+                           ulong idx_off, int idx64, long ignore, __global float *loss,
+                           ulong l_off, __global float *weight, ulong w_off, ulong cols,
+                           ulong rows) {
+  ulong r = get_global_id(0);
+  if (r >= rows) return;
+  __global const float *x = a + a_off + r * cols;
+  float m, lse;
+  xent_row_one(x, cols, &m, &lse);
+  long t = xent_target(idx, idx_off, idx64, r);
+  weight[w_off + r] = t == ignore ? 0.0f : 1.0f;
+  loss[l_off + r] = t == ignore                 ? 0.0f
+                    : t >= 0 && (ulong)t < cols ? -((x[t] - m) - lse)
+                                                : NAN;
+}
+
+/* xent_backward_f32's results, one work-item a row. */
+__kernel void xent_backward_row_f32(__global const float *a, ulong a_off, __global const int *idx,
+                                    ulong idx_off, int idx64, long ignore,
+                                    __global const float *g, ulong g_off,
+                                    __global const float *count, ulong c_off, int has_count,
+                                    float alpha, __global float *out, ulong out_off, ulong cols,
+                                    ulong rows) {
+  ulong r = get_global_id(0);
+  if (r >= rows) return;
+  __global const float *x = a + a_off + r * cols;
+  __global float *o = out + out_off + r * cols;
+  ulong c8 = cols & ~(ulong)7, c;
+  long t = xent_target(idx, idx_off, idx64, r);
+  if (t == ignore || t < 0 || (ulong)t >= cols) {
+    for (c = 0; c < c8; c += 8) vstore8((float8)(0.0f), 0, o + c);
+    for (; c < cols; c++) o[c] = 0.0f;
+    return;
+  }
+  float m, lse;
+  xent_row_one(x, cols, &m, &lse);
+  float sv = has_count ? g[g_off] / count[c_off] : alpha * g[g_off], dot = -sv;
+  const int8 lane = (int8)(0, 1, 2, 3, 4, 5, 6, 7);
+  for (c = 0; c < c8; c += 8) {
+    float8 d = select((float8)(0.0f), (float8)(-sv), (int8)(c - t) + lane == 0);
+    vstore8(d - exp((vload8(0, x + c) - m) - lse) * dot, 0, o + c);
+  }
+  for (; c < cols; c++) {
+    float d = (long)c == t ? -sv : 0.0f;
+    o[c] = d - exp((x[c] - m) - lse) * dot;
+  }
+}
