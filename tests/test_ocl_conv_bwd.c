@@ -389,6 +389,27 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
   unlink(path);
 }
 
+/* Every shape chosen for (each pass timed, slow ones cut short on one image): right whichever
+ * algorithm won, each shape timed once. */
+static void test_auto_choice_is_right(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char path[4096];
+  entry_removed(d, path, sizeof path);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_stats a, c;
+  clpar_ocl_conv_stats_get(d, &a);
+  const int all[3] = {1, 1, 1};
+  for (int round = 0; round < 2; round++)
+    for (size_t i = 0; i < N_SHAPES; i++) check_grads(dev, &shapes[i].s, all, shapes[i].name);
+  stats_diff(d, &a, &c);
+  assert_int_equal(c.bwd_measured, N_SHAPES);
+  clpar_ocl_conv_forget(d);
+  unlink(path);
+}
+
 static void test_saved_choice_is_taken(void **state) {
   (void)state;
   clpar_device *dev = tu_ocl_device();
@@ -497,6 +518,7 @@ int main(void) {
       cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_unknown_forced_value),
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
+      cmocka_unit_test(test_auto_choice_is_right),
       cmocka_unit_test(test_saved_choice_is_taken),
       cmocka_unit_test(test_entry_without_bwd_lines_loads),
       cmocka_unit_test(test_hostile_bwd_lines_are_refused),

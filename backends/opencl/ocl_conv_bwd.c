@@ -388,6 +388,29 @@ static double time_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
   return st == CLPAR_OK ? best : -1;
 }
 
+/* Whether algo for pass is hopeless beside a cut of seconds: its kernels built first (not
+ * counted), one run on the batch's first image takes over cut / n. Bounds what a slow algorithm
+ * costs the first step (PoCL's CPU devices run the implicit GEMMs 10 to 100 times slower than
+ * im2col) at about 1 / n of one run. 0 when it is worth timing whole or failed (timed whole,
+ * the failure then warned). */
+static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
+                    clpar_bref x, clpar_bref wt, clpar_bref gy, clpar_bref out, int pass, int algo,
+                    double cut, double *estimate) {
+  cl_kernel k;
+  if (cut <= 0 || s->n < 2) return 0;
+  if (algo == CLPAR_OCL_CONV_IMPLICIT &&
+      bwd_kernel(d, pass == PASS_DATA ? KIND_DATA : KIND_WEIGHT, t, &k) != CLPAR_OK)
+    return 0;
+  clpar_conv2d_shape one = *s;
+  one.n = 1;
+  clpar_bref dx = pass == PASS_DATA ? out : no_ref, dw = pass == PASS_WEIGHT ? out : no_ref;
+  double t0 = now();
+  clpar_status st = run_passes(d, t, &one, x, wt, gy, dx, algo, dw, algo);
+  if (st == CLPAR_OK) st = ocl_finish(d);
+  *estimate = (now() - t0) * (double)s->n;
+  return st == CLPAR_OK && *estimate > cut;
+}
+
 /* Times each algorithm pass can run on s into out and returns the fastest (im2col when every
  * other failed, each failure warned). */
 static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
@@ -399,6 +422,7 @@ static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
   double cut = ms[best] > 0 ? FAR_OFF * ms[best] : 0;
   for (int a = CLPAR_OCL_CONV_IMPLICIT; a < CLPAR_OCL_CONV_ALGOS; a++) {
     if (runnable(pass, a, s) != a) continue;
+    if (hopeless(d, t, s, x, wt, gy, out, pass, a, cut, &ms[a])) continue;
     ms[a] = time_pass(d, t, s, x, wt, gy, out, pass, a, cut);
     if (ms[a] < 0)
       clpar_log(CLPAR_LOG_WARN, "opencl: %s: backward %s by %s failed: %s", d->dev_name,
