@@ -1,6 +1,6 @@
-/* ocl_conv_algo.h — private to the OpenCL backend: its whole forward convolution (backend.h's
- * conv2d entry) and how it picks an algorithm per layer shape. Tests include it to force and
- * inspect the choice.
+/* ocl_conv_algo.h — private to the OpenCL backend: its whole forward and backward convolution
+ * (backend.h's conv2d entries) and how each picks an algorithm per layer shape. Tests include
+ * it to force and inspect the choice.
  *
  * Algorithms: im2col + GEMM (ocl_conv_algo.c: columns in a chunked buffer, CLBlast or
  * gemm_tile.cl), an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
@@ -10,7 +10,9 @@
  * algorithm that cannot run the shape falls back to im2col), else the choice cached for the
  * device, else it times each on the call's own data once and caches the fastest. Choices
  * and the implicit kernel's tiles are kept per device and driver in a trusted file of the
- * cache directory (ocl_conv_cache.c), read once when the device first convolves. */
+ * cache directory (ocl_conv_cache.c), read once when the device first convolves. The backward
+ * passes (ocl_conv_bwd.c) choose the same way among their own algorithms (CLPAR_OCL_CONV_BWD
+ * forces one), cached in the same entry. */
 #ifndef CLPAR_OCL_CONV_ALGO_H
 #define CLPAR_OCL_CONV_ALGO_H
 
