@@ -149,9 +149,10 @@ static clpar_status tiled_launch(clpar_ocl_device *d, cl_kernel k, const karg *a
   return st;
 }
 
+/* dx by the implicit GEMM; most > 0: only the first most column tiles (a probe's share). */
 static clpar_status data_implicit(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
                                   const clpar_conv2d_shape *s, clpar_bref wt, clpar_bref gy,
-                                  clpar_bref dx) {
+                                  clpar_bref dx, size_t most) {
   cl_kernel k;
   clpar_status st = bwd_kernel(d, KIND_DATA, t, &k);
   if (st != CLPAR_OK) return st;
@@ -161,19 +162,25 @@ static clpar_status data_implicit(clpar_ocl_device *d, const clpar_ocl_conv_tile
   karg args[] = {KARG(gm), KARG(go), KARG(wm), KARG(wo), KARG(xm), KARG(xo)};
   size_t L = (size_t)(s->n * s->h * s->w);
   size_t local[3] = {t->tn / t->wn, t->tm / t->wm, 1};
-  size_t global[3] = {(L + t->tn - 1) / t->tn * local[0],
-                      ((size_t)g.cg + t->tm - 1) / t->tm * local[1], (size_t)s->groups};
+  size_t cols = (L + t->tn - 1) / t->tn;
+  if (most > 0 && most < cols) cols = most;
+  size_t global[3] = {cols * local[0], ((size_t)g.cg + t->tm - 1) / t->tm * local[1],
+                      (size_t)s->groups};
   return tiled_launch(d, k, args, 6, &g, global, local);
 }
 
 /* How many spans backward weights splits the batch's positions into: enough work-groups for
  * the device's compute units (four each), each span at least SPAN_MIN positions. */
-static cl_uint weight_splits(clpar_ocl_device *d, size_t groups_wanted_per, size_t L) {
+static size_t compute_units(clpar_ocl_device *d) {
   cl_uint cu = 1;
   if (clGetDeviceInfo(d->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cu, &cu, NULL) != CL_SUCCESS ||
       cu < 1)
     cu = 1;
-  size_t want = 4 * (size_t)cu, splits = (want + groups_wanted_per - 1) / groups_wanted_per;
+  return cu;
+}
+
+static cl_uint weight_splits(clpar_ocl_device *d, size_t groups_wanted_per, size_t L) {
+  size_t want = 4 * compute_units(d), splits = (want + groups_wanted_per - 1) / groups_wanted_per;
   size_t most = L / SPAN_MIN;
   if (splits > most) splits = most;
   if (splits > MAX_SPLITS) splits = MAX_SPLITS;
@@ -353,7 +360,7 @@ static clpar_status run_passes(clpar_ocl_device *d, const clpar_ocl_conv_tiles *
     st = is_direct(s) ? im2col_direct(d, s, x, wt, gy, ix, iw)
                       : im2col_chunks(d, s, x, wt, gy, ix, iw);
   if (st == CLPAR_OK && dx.buf && da == CLPAR_OCL_CONV_IMPLICIT)
-    st = data_implicit(d, t, s, wt, gy, dx);
+    st = data_implicit(d, t, s, wt, gy, dx, 0);
   if (st == CLPAR_OK && dx.buf && da == CLPAR_OCL_CONV_WINOGRAD)
     st = data_winograd(d, s, wt, gy, dx);
   if (st == CLPAR_OK && dw.buf && wa == CLPAR_OCL_CONV_IMPLICIT)
@@ -388,26 +395,30 @@ static double time_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
   return st == CLPAR_OK ? best : -1;
 }
 
-/* Whether algo for pass is hopeless beside a cut of seconds: its kernels built first (not
- * counted), one run on the batch's first image takes over cut / n. Bounds what a slow algorithm
- * costs the first step (PoCL's CPU devices run the implicit GEMMs 10 to 100 times slower than
- * im2col) at about 1 / n of one run. 0 when it is worth timing whole or failed (timed whole,
- * the failure then warned). */
+/* Whether algo for pass is hopeless beside a cut of seconds, from a share of one run, its
+ * kernels built first (not counted): for backward data by the implicit GEMM, its first 4 column
+ * tiles per compute unit (each work-group does the same work), else the batch's first image;
+ * when that share, scaled to the whole, takes over cut. Bounds what a slow algorithm costs the
+ * first step (PoCL's CPU devices run the implicit GEMMs 10 to 100 times slower than im2col).
+ * 0 when it is worth timing whole or failed (timed whole, the failure then warned). */
 static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
                     clpar_bref x, clpar_bref wt, clpar_bref gy, clpar_bref out, int pass, int algo,
                     double cut, double *estimate) {
   cl_kernel k;
-  if (cut <= 0 || s->n < 2) return 0;
-  if (algo == CLPAR_OCL_CONV_IMPLICIT &&
-      bwd_kernel(d, pass == PASS_DATA ? KIND_DATA : KIND_WEIGHT, t, &k) != CLPAR_OK)
+  int implicit = algo == CLPAR_OCL_CONV_IMPLICIT;
+  if (implicit && bwd_kernel(d, pass == PASS_DATA ? KIND_DATA : KIND_WEIGHT, t, &k) != CLPAR_OK)
     return 0;
+  size_t cols = (size_t)(s->n * s->h * s->w + t->tn - 1) / t->tn, probe = 4 * compute_units(d);
+  int tiles = implicit && pass == PASS_DATA && cols > probe;
+  if (cut <= 0 || (!tiles && s->n < 2)) return 0;
   clpar_conv2d_shape one = *s;
   one.n = 1;
   clpar_bref dx = pass == PASS_DATA ? out : no_ref, dw = pass == PASS_WEIGHT ? out : no_ref;
   double t0 = now();
-  clpar_status st = run_passes(d, t, &one, x, wt, gy, dx, algo, dw, algo);
+  clpar_status st = tiles ? data_implicit(d, t, s, wt, gy, dx, probe)
+                          : run_passes(d, t, &one, x, wt, gy, dx, algo, dw, algo);
   if (st == CLPAR_OK) st = ocl_finish(d);
-  *estimate = (now() - t0) * (double)s->n;
+  *estimate = (now() - t0) * (tiles ? (double)cols / (double)probe : (double)s->n);
   return st == CLPAR_OK && *estimate > cut;
 }
 
