@@ -305,6 +305,26 @@ static void test_chunks(void **state) {
   clpar_ocl_conv_chunk_floats = (size_t)16 * 1024 * 1024;
 }
 
+/* Backward weights' implicit GEMM over enough positions to split them into spans (their partial
+ * sums added in order), several spans and two (partial sums bounded by the chunk size). */
+static void test_weight_spans(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  const cshape wide[] = {{4, 3, 24, 24, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},
+                         {3, 4, 20, 21, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2, 1},
+                         {5, 2, 17, 19, 70, 2, 3, 2, 1, 0, 1, 1, 2, 1, 1}};
+  const int all[3] = {1, 1, 1};
+  setenv("CLPAR_OCL_CONV_BWD", "implicit", 1);
+  for (int bound = 0; bound < 2; bound++) {
+    clpar_ocl_conv_chunk_floats = bound ? 2 * 70 * 2 * 2 * 3 : (size_t)16 * 1024 * 1024;
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
+      check_grads(dev, &wide[i], all, "wide");
+  }
+  clpar_ocl_conv_chunk_floats = (size_t)16 * 1024 * 1024;
+  unsetenv("CLPAR_OCL_CONV_BWD");
+}
+
 /* An unknown CLPAR_OCL_CONV_BWD: an error naming it (the entry runs on the device's worker: it
  * comes back by the next command that waits), nothing run; the device works on after. */
 static void test_unknown_forced_value(void **state) {
@@ -520,6 +540,7 @@ int main(void) {
       cmocka_unit_test(test_outputs_written_whole),
       cmocka_unit_test(test_gradients_accumulate),
       cmocka_unit_test(test_chunks),
+      cmocka_unit_test(test_weight_spans),
       cmocka_unit_test(test_unknown_forced_value),
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
       cmocka_unit_test(test_auto_choice_is_right),

@@ -169,8 +169,6 @@ static clpar_status data_implicit(clpar_ocl_device *d, const clpar_ocl_conv_tile
   return tiled_launch(d, k, args, 6, &g, global, local);
 }
 
-/* How many spans backward weights splits the batch's positions into: enough work-groups for
- * the device's compute units (four each), each span at least SPAN_MIN positions. */
 static size_t compute_units(clpar_ocl_device *d) {
   cl_uint cu = 1;
   if (clGetDeviceInfo(d->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cu, &cu, NULL) != CL_SUCCESS ||
@@ -179,11 +177,17 @@ static size_t compute_units(clpar_ocl_device *d) {
   return cu;
 }
 
-static cl_uint weight_splits(clpar_ocl_device *d, size_t groups_wanted_per, size_t L) {
+/* How many spans backward weights splits the batch's positions into: enough work-groups for
+ * the device's compute units (four each), each span at least SPAN_MIN positions, the partial
+ * sums (splits x total floats) within the im2col path's column buffer. */
+static cl_uint weight_splits(clpar_ocl_device *d, size_t groups_wanted_per, size_t L,
+                             size_t total) {
   size_t want = 4 * compute_units(d), splits = (want + groups_wanted_per - 1) / groups_wanted_per;
-  size_t most = L / SPAN_MIN;
+  size_t most = L / SPAN_MIN,
+         room = __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / total;
   if (splits > most) splits = most;
   if (splits > MAX_SPLITS) splits = MAX_SPLITS;
+  if (splits > room) splits = room;
   return splits < 1 ? 1 : (cl_uint)splits;
 }
 
@@ -196,8 +200,8 @@ static clpar_status weight_implicit(clpar_ocl_device *d, const clpar_ocl_conv_ti
   igeom g = geom_of(s);
   size_t L = (size_t)(s->n * s->oh * s->ow), Kc = (size_t)g.cg * g.kh * g.kw;
   size_t tiles = (Kc + t->tn - 1) / t->tn * (((size_t)g.og + t->tm - 1) / t->tm);
-  cl_uint splits = weight_splits(d, tiles * (size_t)s->groups, L);
   size_t total = (size_t)s->o * Kc;
+  cl_uint splits = weight_splits(d, tiles * (size_t)s->groups, L, total);
   cl_uint span = (cl_uint)((L + splits - 1) / splits);
   span = (span + t->tk - 1) / t->tk * t->tk;
   void *part = NULL;
@@ -427,7 +431,7 @@ static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const cl
 static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
                         const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt, clpar_bref gy,
                         clpar_bref out, int pass) {
-  double ms[CLPAR_OCL_CONV_ALGOS] = {-1, -1, -1, -1};
+  double ms[CLPAR_OCL_CONV_ALGOS] = {-1, -1, -1, -1}, t0 = now();
   int best = CLPAR_OCL_CONV_IM2COL;
   ms[best] = time_pass(d, t, s, x, wt, gy, out, pass, best, 0);
   double cut = ms[best] > 0 ? FAR_OFF * ms[best] : 0;
@@ -444,11 +448,11 @@ static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
   }
   clpar_log(CLPAR_LOG_DEBUG,
             "opencl: conv %lldx%lldx%lldx%lld -> %lld k%lldx%lld s%lld backward %s: im2col %.3f "
-            "ms, implicit %.3f ms, winograd %.3f ms: %s",
+            "ms, implicit %.3f ms, winograd %.3f ms: %s (timing took %.0f ms)",
             (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->o,
             (long long)s->kh, (long long)s->kw, (long long)s->sh,
             pass == PASS_DATA ? "data" : "weights", ms[1] * 1e3, ms[2] * 1e3, ms[3] * 1e3,
-            clpar_ocl_conv_algo_name(best));
+            clpar_ocl_conv_algo_name(best), (now() - t0) * 1e3);
   return best;
 }
 
