@@ -149,10 +149,11 @@ static clpar_status tiled_launch(clpar_ocl_device *d, cl_kernel k, const karg *a
   return st;
 }
 
-/* dx by the implicit GEMM; most > 0: only the first most column tiles (a probe's share). */
+/* dx by the implicit GEMM; most > 0: at most that many of its work-groups (a probe: the first
+ * column tiles, row tiles and groups), the share of the whole they are into *share. */
 static clpar_status data_implicit(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
                                   const clpar_conv2d_shape *s, clpar_bref wt, clpar_bref gy,
-                                  clpar_bref dx, size_t most) {
+                                  clpar_bref dx, size_t most, double *share) {
   cl_kernel k;
   clpar_status st = bwd_kernel(d, KIND_DATA, t, &k);
   if (st != CLPAR_OK) return st;
@@ -162,10 +163,14 @@ static clpar_status data_implicit(clpar_ocl_device *d, const clpar_ocl_conv_tile
   karg args[] = {KARG(gm), KARG(go), KARG(wm), KARG(wo), KARG(xm), KARG(xo)};
   size_t L = (size_t)(s->n * s->h * s->w);
   size_t local[3] = {t->tn / t->wn, t->tm / t->wm, 1};
-  size_t cols = (L + t->tn - 1) / t->tn;
-  if (most > 0 && most < cols) cols = most;
-  size_t global[3] = {cols * local[0], ((size_t)g.cg + t->tm - 1) / t->tm * local[1],
-                      (size_t)s->groups};
+  size_t grid[3] = {(L + t->tn - 1) / t->tn, ((size_t)g.cg + t->tm - 1) / t->tm, (size_t)s->groups};
+  double all = (double)grid[0] * (double)grid[1] * (double)grid[2];
+  for (int i = 0; i < 3 && most > 0; i++) { /* most >= 1 work-group left per dimension */
+    if (grid[i] > most) grid[i] = most;
+    most = most / grid[i] > 0 ? most / grid[i] : 1;
+  }
+  if (share) *share = (double)grid[0] * (double)grid[1] * (double)grid[2] / all;
+  size_t global[3] = {grid[0] * local[0], grid[1] * local[1], grid[2]};
   return tiled_launch(d, k, args, 6, &g, global, local);
 }
 
@@ -364,7 +369,7 @@ static clpar_status run_passes(clpar_ocl_device *d, const clpar_ocl_conv_tiles *
     st = is_direct(s) ? im2col_direct(d, s, x, wt, gy, ix, iw)
                       : im2col_chunks(d, s, x, wt, gy, ix, iw);
   if (st == CLPAR_OK && dx.buf && da == CLPAR_OCL_CONV_IMPLICIT)
-    st = data_implicit(d, t, s, wt, gy, dx, 0);
+    st = data_implicit(d, t, s, wt, gy, dx, 0, NULL);
   if (st == CLPAR_OK && dx.buf && da == CLPAR_OCL_CONV_WINOGRAD)
     st = data_winograd(d, s, wt, gy, dx);
   if (st == CLPAR_OK && dw.buf && wa == CLPAR_OCL_CONV_IMPLICIT)
@@ -400,9 +405,9 @@ static double time_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
 }
 
 /* Whether algo for pass is hopeless beside a cut of seconds, from a share of one run, its
- * kernels built first (not counted): for backward data by the implicit GEMM, its first 4 column
- * tiles per compute unit (each work-group does the same work), else the batch's first image;
- * when that share, scaled to the whole, takes over cut. Bounds what a slow algorithm costs the
+ * kernels built first (not counted): for backward data by the implicit GEMM, 4 of its
+ * work-groups per compute unit (each does the same work), else the batch's first image; when
+ * that share, scaled to the whole, takes over cut. Bounds what a slow algorithm costs the
  * first step (PoCL's CPU devices run the implicit GEMMs 10 to 100 times slower than im2col).
  * 0 when it is worth timing whole or failed (timed whole, the failure then warned). */
 static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
@@ -412,18 +417,18 @@ static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const cl
   int implicit = algo == CLPAR_OCL_CONV_IMPLICIT;
   if (implicit && bwd_kernel(d, pass == PASS_DATA ? KIND_DATA : KIND_WEIGHT, t, &k) != CLPAR_OK)
     return 0;
-  size_t cols = (size_t)(s->n * s->h * s->w + t->tn - 1) / t->tn, probe = 4 * compute_units(d);
-  int tiles = implicit && pass == PASS_DATA && cols > probe;
+  int tiles = implicit && pass == PASS_DATA;
   if (cut <= 0 || (!tiles && s->n < 2)) return 0;
+  double share = 1.0 / (double)s->n;
   clpar_conv2d_shape one = *s;
   one.n = 1;
   clpar_bref dx = pass == PASS_DATA ? out : no_ref, dw = pass == PASS_WEIGHT ? out : no_ref;
   double t0 = now();
-  clpar_status st = tiles ? data_implicit(d, t, s, wt, gy, dx, probe)
+  clpar_status st = tiles ? data_implicit(d, t, s, wt, gy, dx, 4 * compute_units(d), &share)
                           : run_passes(d, t, &one, x, wt, gy, dx, algo, dw, algo);
   if (st == CLPAR_OK) st = ocl_finish(d);
-  *estimate = (now() - t0) * (tiles ? (double)cols / (double)probe : (double)s->n);
-  return st == CLPAR_OK && *estimate > cut;
+  *estimate = (now() - t0) / share;
+  return st == CLPAR_OK && share < 1 && *estimate > cut;
 }
 
 /* Times each algorithm pass can run on s into out and returns the fastest (im2col when every
