@@ -22,6 +22,13 @@
  * The forward lines name the OpenCL forward's algorithm ("ocl_conv": CLPAR_OCL_CONV's im2col or
  * implicit, "auto" when chosen per shape by measurement; backends/opencl/ocl_conv_algo.c).
  *
+ * Each backward pass is also timed alone ("pass": "backward"): the graph of conv + sum built
+ * once with only x (backward data, "bwd_data_ms") or only w ("bwd_weight_ms") needing a gradient,
+ * then clpar_backward on it, synchronized, best of three after one warm-up; that includes the
+ * sum's backward and the addition into the gradient (memory-bound, small beside the
+ * convolution). "ocl_conv_bwd" names CLPAR_OCL_CONV_BWD (OpenCL's backward algorithms;
+ * backends/opencl/ocl_conv_bwd.c).
+ *
  * On the host device built with oneDNN, clpar_conv2d is oneDNN's convolution and the GEMMs
  * are what the plain path runs; CLPAR_HOST_DNNL=0 times the plain path itself ("name" says
  * which: "... + oneDNN" or not).
@@ -208,6 +215,26 @@ static int fwd_pass(bench_case *bc, clpar_device *dev, clpar_tensor **y) {
 
 #endif
 
+/* Seconds of one backward pass of the layer to x alone (data) or w alone, as the header says;
+ * negative on failure. */
+static double bwd_time(bench_case *bc, clpar_device *dev, int data) {
+  clpar_tensor *frozen = data ? bc->w : bc->x, *y, *l;
+  clpar_scope *sc = clpar_scope_begin();
+  double best = INFINITY;
+  int ok = bench_ok(clpar_tensor_set_requires_grad(frozen, 0), "grad") &&
+           bench_ok(clpar_conv2d(bc->x, bc->w, NULL, &bc->opt, &y), "conv2d") &&
+           bench_ok(clpar_sum(y, &l), "sum");
+  for (int r = 0; ok && r < 4; r++) {
+    double t0 = now_seconds();
+    ok = bench_ok(clpar_backward(l), "backward") &&
+         bench_ok(clpar_device_synchronize(dev), "synchronize");
+    if (r > 0) best = fmin(best, now_seconds() - t0);
+  }
+  clpar_scope_end(sc);
+  ok = bench_ok(clpar_tensor_set_requires_grad(frozen, 1), "grad") && ok;
+  return ok ? best : -1;
+}
+
 static int gemm_pass(bench_case *bc, clpar_device *dev) {
   return bench_ok(clpar_gemm(0, 0, 1, bc->a, bc->b, 0, bc->c), "gemm forward") &&
          bench_ok(clpar_gemm(0, 1, 1, bc->c, bc->b, 0, bc->dw), "gemm weight") &&
@@ -241,11 +268,16 @@ static int case_init(bench_case *bc, clpar_device *dev, const conv_shape *s, int
 
 /* The sums over the shapes, in seconds and floating-point operations. */
 typedef struct {
-  double conv, gemm, flop, fwd, cg;
+  double conv, gemm, flop, fwd, cg, bdata, bweight;
 } totals;
 
 static void print_totals(const clpar_device_info *info, int64_t batch, int64_t image,
-                         const totals *tot, int convgemm) {
+                         const totals *tot, int convgemm, const char *bwd) {
+  printf(
+      "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"total\", \"pass\": "
+      "\"backward\", \"ocl_conv_bwd\": \"%s\", \"batch\": %lld, \"image\": %lld, "
+      "\"bwd_data_ms\": %.3f, \"bwd_weight_ms\": %.3f}\n",
+      info->id, bwd, (long long)batch, (long long)image, 1e3 * tot->bdata, 1e3 * tot->bweight);
   printf(
       "{\"bench\": \"conv\", \"device\": \"%s\", \"name\": \"%s\", \"shape\": \"total\", "
       "\"batch\": %lld, \"image\": %lld, \"conv_ms\": %.3f, \"gemm_ms\": %.3f, "
@@ -278,6 +310,7 @@ int main(int argc, char **argv) {
   int failed = 0, convgemm = 0;
   /* the OpenCL forward's algorithm (CLPAR_OCL_CONV: im2col, implicit; unset: chosen) */
   const char *ocl_conv = getenv("CLPAR_OCL_CONV") ? getenv("CLPAR_OCL_CONV") : "auto";
+  const char *ocl_bwd = getenv("CLPAR_OCL_CONV_BWD") ? getenv("CLPAR_OCL_CONV_BWD") : "auto";
 #ifdef BENCH_HAVE_OPENCL
   cl_device_id cl = NULL;
   if (strcmp(info.backend, "opencl") == 0) {
@@ -335,6 +368,8 @@ int main(int argc, char **argv) {
 #ifdef BENCH_HAVE_OPENCL
     cg_release(&raw);
 #endif
+    double bdata = ok ? bwd_time(&bc, dev, 1) : -1, bweight = ok ? bwd_time(&bc, dev, 0) : -1;
+    ok = ok && bdata >= 0 && bweight >= 0;
     free_case(&bc);
     if (!ok) {
       failed = 1;
@@ -342,6 +377,14 @@ int main(int argc, char **argv) {
     }
     double flop = 3.0 * 2.0 * (double)s->o * (double)NP * (double)K;
     tot.conv += best_conv, tot.gemm += best_gemm, tot.flop += flop;
+    tot.bdata += bdata, tot.bweight += bweight;
+    printf(
+        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": "
+        "\"backward\", \"ocl_conv_bwd\": \"%s\", \"batch\": %lld, \"input\": %lld, "
+        "\"bwd_data_ms\": %.3f, \"bwd_weight_ms\": %.3f, \"bwd_data_gflops\": %.2f, "
+        "\"bwd_weight_gflops\": %.2f}\n",
+        info.id, s->name, ocl_bwd, (long long)batch, (long long)side, 1e3 * bdata, 1e3 * bweight,
+        flop / 3 / bdata * 1e-9, flop / 3 / bweight * 1e-9);
     printf(
         "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"batch\": %lld, "
         "\"input\": %lld, \"gemm_mnk\": [%lld, %lld, %lld], \"conv_ms\": %.3f, "
@@ -364,7 +407,7 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
   }
-  if (!failed) print_totals(&info, batch, image, &tot, convgemm);
+  if (!failed) print_totals(&info, batch, image, &tot, convgemm, ocl_bwd);
   clpar_shutdown();
   return failed;
 }

@@ -55,10 +55,10 @@ static clpar_status ocl_destroy(void *dev) {
 #define ocl_comm_abort NULL
 #define ocl_comm_free NULL
 #define ocl_comm_allreduce NULL
-/* The forward convolution picks im2col + GEMM or an implicit GEMM per shape
- * (ocl_conv_algo.c); the backward passes run as im2col and GEMMs in the core. */
+/* The forward convolution and each backward pass pick im2col + GEMM, an implicit GEMM or
+ * Winograd per shape (ocl_conv_algo.c, ocl_conv_bwd.c). */
 #define ocl_conv2d clpar_ocl_conv2d
-#define ocl_conv2d_backward NULL
+#define ocl_conv2d_backward clpar_ocl_conv2d_backward
 
 #define CLPAR_BE_PREFIX_ ocl
 static const clpar_backend_iface ocl_iface = CLPAR_BACKEND_TABLE("opencl");

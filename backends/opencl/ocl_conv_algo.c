@@ -2,7 +2,7 @@
  * im2col + GEMM or the implicit GEMM of conv_implicit.cl, chosen per layer shape by measured
  * time (ocl_conv_algo.h says how), as CLBlast chooses between its direct and indirect GEMM;
  * Winograd's F(2x2, 3x3) is a third for the layers it fits (ocl_conv_winograd.c).
- * The backward passes stay the core's im2col path (src/nn/conv.c).
+ * The backward passes choose their own algorithms the same way (ocl_conv_bwd.c).
  *
  * The im2col path is the core's: a 1x1 convolution with stride 1, no padding and at least
  * DIRECT_MIN_P pixels multiplies the images directly (one batched GEMM per group); otherwise

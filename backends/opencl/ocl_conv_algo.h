@@ -1,6 +1,6 @@
-/* ocl_conv_algo.h — private to the OpenCL backend: its whole forward convolution (backend.h's
- * conv2d entry) and how it picks an algorithm per layer shape. Tests include it to force and
- * inspect the choice.
+/* ocl_conv_algo.h — private to the OpenCL backend: its whole forward and backward convolution
+ * (backend.h's conv2d entries) and how each picks an algorithm per layer shape. Tests include
+ * it to force and inspect the choice.
  *
  * Algorithms: im2col + GEMM (ocl_conv_algo.c: columns in a chunked buffer, CLBlast or
  * gemm_tile.cl), an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
@@ -10,7 +10,9 @@
  * algorithm that cannot run the shape falls back to im2col), else the choice cached for the
  * device, else it times each on the call's own data once and caches the fastest. Choices
  * and the implicit kernel's tiles are kept per device and driver in a trusted file of the
- * cache directory (ocl_conv_cache.c), read once when the device first convolves. */
+ * cache directory (ocl_conv_cache.c), read once when the device first convolves. The backward
+ * passes (ocl_conv_bwd.c) choose the same way among their own algorithms (CLPAR_OCL_CONV_BWD
+ * forces one), cached in the same entry. */
 #ifndef CLPAR_OCL_CONV_ALGO_H
 #define CLPAR_OCL_CONV_ALGO_H
 
@@ -35,6 +37,8 @@ typedef struct {
   uint64_t runs[CLPAR_OCL_CONV_ALGOS]; /* convolutions run (their last, kept run) per algorithm */
   uint64_t disk_loads;                 /* entries read and accepted */
   uint64_t disk_rejects;               /* entries read and refused */
+  uint64_t bwd_measured;               /* shapes whose backward passes were timed */
+  uint64_t bwd_runs[2][CLPAR_OCL_CONV_ALGOS]; /* backward runs: [0] data, [1] weights */
 } clpar_ocl_conv_stats;
 
 /* The floats im2col's column buffer may take per chunk of images (16 Mi: 64 MiB, or one
@@ -62,6 +66,29 @@ int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
 int clpar_ocl_conv_winograd_fits(const clpar_conv2d_shape *s);
 clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
                                      clpar_bref wt, clpar_bref bias, clpar_bref y);
+
+/* ---- the backward passes (ocl_conv_bwd.c) ---- */
+
+/* The algorithm CLPAR_OCL_CONV_BWD forces into *algo (CLPAR_OCL_CONV_AUTO when unset or
+ * "auto"); CLPAR_ERROR_INVALID_ARGUMENT when it names none. */
+clpar_status clpar_ocl_conv_bwd_forced(int *algo);
+/* 1 when backward data of s runs as Winograd's forward on the rotated filter: s is 3x3, stride
+ * 1, undilated, ungrouped, padding at most 2, and that forward fits. */
+int clpar_ocl_conv_bwd_winograd_fits(const clpar_conv2d_shape *s);
+/* The kernels of conv_bwd.cl kept per tiles beside the forward's (kind 1 data, 2 weights). */
+cl_kernel clpar_ocl_conv_kernel_find_kind(clpar_ocl_device *d, int kind,
+                                          const clpar_ocl_conv_tiles *t);
+void clpar_ocl_conv_kernel_keep_kind(clpar_ocl_device *d, int kind, const clpar_ocl_conv_tiles *t,
+                                     cl_kernel k);
+/* The backward algorithms cached for s on d (CLPAR_OCL_CONV_AUTO each where none is). */
+void clpar_ocl_conv_bwd_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s, int *data,
+                               int *weight);
+/* Caches the backward choices for s that are not CLPAR_OCL_CONV_AUTO; save as below. */
+void clpar_ocl_conv_bwd_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int data,
+                                 int weight, int save);
+/* Counts one backward run of algo for pass (0 data, 1 weights), or one timing. */
+void clpar_ocl_conv_bwd_count(clpar_ocl_device *d, int pass, int algo, int measured);
+CLPAR_OCL_ENTRY_DECL_(conv2d_backward)
 
 /* ---- the per-device cache (ocl_conv_cache.c) ---- */
 

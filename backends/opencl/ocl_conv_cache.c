@@ -7,12 +7,17 @@
  *   tiles TM TN TK WM WN                                     (optional)
  *   shape N C H W O GROUPS KH KW SH SW PH PW DH DW ALGO      (any number: ALGO im2col,
  *                                                  winograd, or implicit TM TN TK WM WN)
+ *   bwd N C H W O GROUPS KH KW SH SW PH PW DH DW DATA WEIGHTS   (any number: the backward
+ *        passes' algorithms, DATA im2col, implicit, winograd (where ocl_conv_bwd.c can run it)
+ *        or auto, WEIGHTS im2col, implicit or auto; auto: not measured yet, not both)
  *   end
  *
  * What the file says only selects between clpar's own kernels and sizes their tiles, but it is
  * checked all the same: an entry of another format, device or driver, a line that does not
  * parse, a size out of range, tiles the device cannot run or a missing "end" make the whole
- * entry ignored with a warning (counted in disk_rejects); the device then measures again. */
+ * entry ignored with a warning (counted in disk_rejects); the device then measures again.
+ * An entry written before the bwd lines existed loads as it did (its backward shapes are
+ * measured); a program that predates them refuses an entry holding them and measures. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,12 +30,13 @@
 #define CONV_MAX_FILE ((size_t)1 << 18)
 #define CONV_MAX_SHAPES 4096
 #define CONV_MAX_DIM ((int64_t)1 << 31)
-#define CONV_MAX_KERNELS 16
+#define CONV_MAX_KERNELS 24
 
 typedef struct {
   clpar_conv2d_shape s;
-  int algo;
+  int algo;                   /* the forward's; CLPAR_OCL_CONV_AUTO: not chosen yet */
   clpar_ocl_conv_tiles tiles; /* the implicit GEMM's, when it is the algorithm */
+  int bdata, bweight;         /* the backward passes' (ocl_conv_bwd.c); AUTO likewise */
 } conv_choice;
 
 struct clpar_ocl_conv_state {
@@ -42,6 +48,7 @@ struct clpar_ocl_conv_state {
   clpar_ocl_conv_stats stats;
   /* the implicit GEMM's kernels built so far, by tiles (kept across forget) */
   int nk;
+  int kkind[CONV_MAX_KERNELS]; /* 0: the forward's conv_implicit_f32; else conv_bwd.cl's */
   clpar_ocl_conv_tiles ktiles[CONV_MAX_KERNELS];
   cl_kernel kernels[CONV_MAX_KERNELS];
 };
@@ -61,26 +68,41 @@ static int same_shape(const clpar_conv2d_shape *a, const clpar_conv2d_shape *b) 
          a->sw == b->sw && a->ph == b->ph && a->pw == b->pw && a->dh == b->dh && a->dw == b->dw;
 }
 
-/* Sets (or adds) s's choice; 0, or -1 when out of memory or full. */
-static int put_choice(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape *s, int algo,
-                      const clpar_ocl_conv_tiles *t) {
+/* s's choice, added (nothing chosen) when new; NULL when out of memory or full. */
+static conv_choice *choice_of(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape *s) {
   for (size_t i = 0; i < st->n; i++)
-    if (same_shape(&st->choices[i].s, s)) {
-      st->choices[i].algo = algo;
-      st->choices[i].tiles = *t;
-      return 0;
-    }
-  if (st->n == CONV_MAX_SHAPES) return -1;
+    if (same_shape(&st->choices[i].s, s)) return &st->choices[i];
+  if (st->n == CONV_MAX_SHAPES) return NULL;
   if (st->n == st->cap) {
     size_t cap = st->cap ? 2 * st->cap : 32;
     conv_choice *grown = realloc(st->choices, cap * sizeof *grown);
-    if (!grown) return -1;
+    if (!grown) return NULL;
     st->choices = grown;
     st->cap = cap;
   }
-  st->choices[st->n].s = *s;
-  st->choices[st->n].tiles = *t;
-  st->choices[st->n++].algo = algo;
+  conv_choice *c = &st->choices[st->n++];
+  memset(c, 0, sizeof *c);
+  c->s = *s;
+  return c;
+}
+
+/* Sets s's forward choice; 0, or -1 when out of memory or full. */
+static int put_choice(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape *s, int algo,
+                      const clpar_ocl_conv_tiles *t) {
+  conv_choice *c = choice_of(st, s);
+  if (!c) return -1;
+  c->algo = algo;
+  c->tiles = *t;
+  return 0;
+}
+
+/* Sets s's backward choices (those not CLPAR_OCL_CONV_AUTO); 0, or -1 as put_choice. */
+static int put_bwd(struct clpar_ocl_conv_state *st, const clpar_conv2d_shape *s, int data,
+                   int weight) {
+  conv_choice *c = choice_of(st, s);
+  if (!c) return -1;
+  if (data != CLPAR_OCL_CONV_AUTO) c->bdata = data;
+  if (weight != CLPAR_OCL_CONV_AUTO) c->bweight = weight;
   return 0;
 }
 
@@ -131,10 +153,11 @@ static int parse_tiles(clpar_ocl_device *d, char **p, clpar_ocl_conv_tiles *t) {
   return 0;
 }
 
-/* A shape line's fields (after "shape "): the geometry, one a convolution can have, then the
- * algorithm's name, then for the implicit GEMM its tiles. */
-static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
+/* The 14 sizes of a geometry a convolution can have, from *p into *out (*p then at the space
+ * after them); 0, or -1. */
+static int parse_geom(char **pp, clpar_conv2d_shape *out) {
   int64_t v[14];
+  char *p = *pp;
   if (parse_numbers(&p, v, 14, CONV_MAX_DIM) != 0 || *p != ' ') return -1;
   clpar_conv2d_shape r = {v[0], v[1], v[2],  v[3],  v[4],  v[5],  v[6], v[7],
                           v[8], v[9], v[10], v[11], v[12], v[13], 0,    0};
@@ -145,8 +168,16 @@ static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
   if (ekh > r.h + 2 * r.ph || ekw > r.w + 2 * r.pw) return -1;
   r.oh = (r.h + 2 * r.ph - ekh) / r.sh + 1;
   r.ow = (r.w + 2 * r.pw - ekw) / r.sw + 1;
+  *out = r;
+  *pp = p;
+  return 0;
+}
+
+/* A shape line's fields (after "shape "): the geometry, then the algorithm's name, then for the
+ * implicit GEMM its tiles. */
+static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
+  if (parse_geom(&p, &c->s) != 0) return -1;
   p++;
-  c->s = r;
   c->tiles = (clpar_ocl_conv_tiles){0, 0, 0, 0, 0};
   if (strcmp(p, "im2col") == 0) return c->algo = CLPAR_OCL_CONV_IM2COL, 0;
   if (strcmp(p, "winograd") == 0) return c->algo = CLPAR_OCL_CONV_WINOGRAD, 0;
@@ -154,6 +185,24 @@ static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
   p += 8;
   c->algo = CLPAR_OCL_CONV_IMPLICIT;
   return parse_tiles(d, &p, &c->tiles);
+}
+
+/* A bwd line's fields (after "bwd "): the geometry, then the backward data and backward weights
+ * algorithms (each one ocl_conv_bwd.c can run on the geometry, or auto; not both auto). */
+static int parse_bwd(char *p, conv_choice *c) {
+  if (parse_geom(&p, &c->s) != 0) return -1;
+  char *weight = strchr(++p, ' ');
+  if (!weight) return -1;
+  *weight++ = '\0';
+  c->bdata = c->bweight = -1;
+  for (int a = CLPAR_OCL_CONV_AUTO; a < CLPAR_OCL_CONV_ALGOS; a++) {
+    if (strcmp(p, clpar_ocl_conv_algo_name(a)) == 0) c->bdata = a;
+    if (strcmp(weight, clpar_ocl_conv_algo_name(a)) == 0) c->bweight = a;
+  }
+  if (c->bdata < 0 || c->bweight < 0 || c->bweight == CLPAR_OCL_CONV_WINOGRAD) return -1;
+  if (c->bdata == CLPAR_OCL_CONV_AUTO && c->bweight == CLPAR_OCL_CONV_AUTO) return -1;
+  if (c->bdata == CLPAR_OCL_CONV_WINOGRAD && !clpar_ocl_conv_bwd_winograd_fits(&c->s)) return -1;
+  return 0;
 }
 
 /* Parses an entry's text (NUL-terminated) into st; NULL, or why it is refused. */
@@ -176,6 +225,10 @@ static const char *entry_parse(clpar_ocl_device *d, char *text, struct clpar_ocl
       if (parse_tiles(d, &p, &st->tiles) != 0)
         return "corrupt: a tiles line does not parse or names tiles this device cannot run";
       st->has_tiles = 1;
+    } else if (strncmp(line, "bwd ", 4) == 0) {
+      if (parse_bwd(p + 1, &c) != 0)
+        return "corrupt: a bwd line does not parse or names an algorithm its shape cannot run";
+      if (put_bwd(st, &c.s, c.bdata, c.bweight) != 0) return "corrupt: too many shapes";
     } else if (strncmp(line, "shape ", 6) != 0 || parse_shape(d, p + 1, &c) != 0) {
       return "corrupt: a line does not parse or names tiles this device cannot run";
     } else if (put_choice(st, &c.s, c.algo, &c.tiles) != 0) {
@@ -228,9 +281,18 @@ static void entry_read(clpar_ocl_device *d, struct clpar_ocl_conv_state *st) {
   }
 }
 
+/* "what" and s's 14 sizes into out; the characters written. */
+static size_t geom_write(char *out, size_t size, const char *what, const clpar_conv2d_shape *s) {
+  return (size_t)snprintf(
+      out, size, "%s %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", what,
+      (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->o,
+      (long long)s->groups, (long long)s->kh, (long long)s->kw, (long long)s->sh, (long long)s->sw,
+      (long long)s->ph, (long long)s->pw, (long long)s->dh, (long long)s->dw);
+}
+
 /* Writes st as d's entry. Called with conv_lock held. */
 static void entry_write(clpar_ocl_device *d, const struct clpar_ocl_conv_state *st) {
-  size_t cap = 1024 + 160 * (st->n + 1), len;
+  size_t cap = 1024 + 320 * (st->n + 1), len;
   char *text = malloc(cap), dir[4096], name[64];
   int fd;
   if (!text || clpar_cache_dir_open(dir, sizeof dir, &fd) != CLPAR_OK) {
@@ -244,20 +306,21 @@ static void entry_write(clpar_ocl_device *d, const struct clpar_ocl_conv_state *
     len += (size_t)snprintf(text + len, cap - len, "tiles %u %u %u %u %u\n", t->tm, t->tn, t->tk,
                             t->wm, t->wn);
   for (size_t i = 0; i < st->n; i++) {
-    const clpar_conv2d_shape *s = &st->choices[i].s;
-    len += (size_t)snprintf(text + len, cap - len,
-                            "shape %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
-                            "%lld %lld %s",
-                            (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w,
-                            (long long)s->o, (long long)s->groups, (long long)s->kh,
-                            (long long)s->kw, (long long)s->sh, (long long)s->sw, (long long)s->ph,
-                            (long long)s->pw, (long long)s->dh, (long long)s->dw,
-                            clpar_ocl_conv_algo_name(st->choices[i].algo));
-    const clpar_ocl_conv_tiles *ct = &st->choices[i].tiles;
-    if (st->choices[i].algo == CLPAR_OCL_CONV_IMPLICIT)
-      len += (size_t)snprintf(text + len, cap - len, " %u %u %u %u %u", ct->tm, ct->tn, ct->tk,
-                              ct->wm, ct->wn);
-    len += (size_t)snprintf(text + len, cap - len, "\n");
+    const conv_choice *c = &st->choices[i];
+    if (c->algo != CLPAR_OCL_CONV_AUTO) {
+      len += geom_write(text + len, cap - len, "shape", &c->s);
+      len += (size_t)snprintf(text + len, cap - len, " %s", clpar_ocl_conv_algo_name(c->algo));
+      const clpar_ocl_conv_tiles *ct = &c->tiles;
+      if (c->algo == CLPAR_OCL_CONV_IMPLICIT)
+        len += (size_t)snprintf(text + len, cap - len, " %u %u %u %u %u", ct->tm, ct->tn, ct->tk,
+                                ct->wm, ct->wn);
+      len += (size_t)snprintf(text + len, cap - len, "\n");
+    }
+    if (c->bdata != CLPAR_OCL_CONV_AUTO || c->bweight != CLPAR_OCL_CONV_AUTO) {
+      len += geom_write(text + len, cap - len, "bwd", &c->s);
+      len += (size_t)snprintf(text + len, cap - len, " %s %s\n", clpar_ocl_conv_algo_name(c->bdata),
+                              clpar_ocl_conv_algo_name(c->bweight));
+    }
   }
   len += (size_t)snprintf(text + len, cap - len, "end\n");
   entry_name(d, name, sizeof name);
@@ -291,6 +354,27 @@ void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, i
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && !st->read) entry_read(d, st);
   if (st && put_choice(st, s, algo, tiles) == 0 && save) entry_write(d, st);
+  pthread_mutex_unlock(&conv_lock);
+}
+
+void clpar_ocl_conv_bwd_cached(clpar_ocl_device *d, const clpar_conv2d_shape *s, int *data,
+                               int *weight) {
+  *data = *weight = CLPAR_OCL_CONV_AUTO;
+  pthread_mutex_lock(&conv_lock);
+  struct clpar_ocl_conv_state *st = state_of(d);
+  if (st && !st->read) entry_read(d, st);
+  for (size_t i = 0; st && i < st->n; i++)
+    if (same_shape(&st->choices[i].s, s))
+      *data = st->choices[i].bdata, *weight = st->choices[i].bweight;
+  pthread_mutex_unlock(&conv_lock);
+}
+
+void clpar_ocl_conv_bwd_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, int data,
+                                 int weight, int save) {
+  pthread_mutex_lock(&conv_lock);
+  struct clpar_ocl_conv_state *st = state_of(d);
+  if (st && !st->read) entry_read(d, st);
+  if (st && put_bwd(st, s, data, weight) == 0 && save) entry_write(d, st);
   pthread_mutex_unlock(&conv_lock);
 }
 
@@ -343,26 +427,38 @@ static int same_tiles(const clpar_ocl_conv_tiles *a, const clpar_ocl_conv_tiles 
 }
 
 cl_kernel clpar_ocl_conv_kernel_find(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t) {
+  return clpar_ocl_conv_kernel_find_kind(d, 0, t);
+}
+
+void clpar_ocl_conv_kernel_keep(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, cl_kernel k) {
+  clpar_ocl_conv_kernel_keep_kind(d, 0, t, k);
+}
+
+cl_kernel clpar_ocl_conv_kernel_find_kind(clpar_ocl_device *d, int kind,
+                                          const clpar_ocl_conv_tiles *t) {
   cl_kernel k = NULL;
   pthread_mutex_lock(&conv_lock);
   struct clpar_ocl_conv_state *st = state_of(d);
   for (int i = 0; st && i < st->nk && !k; i++)
-    if (same_tiles(&st->ktiles[i], t)) k = st->kernels[i];
+    if (st->kkind[i] == kind && same_tiles(&st->ktiles[i], t)) k = st->kernels[i];
   pthread_mutex_unlock(&conv_lock);
   return k;
 }
 
-void clpar_ocl_conv_kernel_keep(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, cl_kernel k) {
+void clpar_ocl_conv_kernel_keep_kind(clpar_ocl_device *d, int kind, const clpar_ocl_conv_tiles *t,
+                                     cl_kernel k) {
   pthread_mutex_lock(&conv_lock);
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && st->nk == CONV_MAX_KERNELS) { /* the oldest goes */
     clReleaseKernel(st->kernels[0]);
     memmove(st->kernels, st->kernels + 1, (CONV_MAX_KERNELS - 1) * sizeof st->kernels[0]);
     memmove(st->ktiles, st->ktiles + 1, (CONV_MAX_KERNELS - 1) * sizeof st->ktiles[0]);
+    memmove(st->kkind, st->kkind + 1, (CONV_MAX_KERNELS - 1) * sizeof st->kkind[0]);
     st->nk--;
   }
   if (st) {
     st->ktiles[st->nk] = *t;
+    st->kkind[st->nk] = kind;
     st->kernels[st->nk++] = k;
   } else {
     clReleaseKernel(k);
@@ -385,6 +481,15 @@ void clpar_ocl_conv_count(clpar_ocl_device *d, int algo, int measured) {
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && measured) st->stats.measured++;
   if (st && !measured && algo > 0 && algo < CLPAR_OCL_CONV_ALGOS) st->stats.runs[algo]++;
+  pthread_mutex_unlock(&conv_lock);
+}
+
+void clpar_ocl_conv_bwd_count(clpar_ocl_device *d, int pass, int algo, int measured) {
+  pthread_mutex_lock(&conv_lock);
+  struct clpar_ocl_conv_state *st = state_of(d);
+  if (st && measured) st->stats.bwd_measured++;
+  if (st && !measured && (pass == 0 || pass == 1) && algo > 0 && algo < CLPAR_OCL_CONV_ALGOS)
+    st->stats.bwd_runs[pass][algo]++;
   pthread_mutex_unlock(&conv_lock);
 }
 

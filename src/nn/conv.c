@@ -17,7 +17,7 @@
  * layout change, is used).
  *
  * A backend with whole-convolution entries (conv2d and its backward entries: oneDNN on the
- * host; OpenCL's forward, which chooses its algorithm per shape) gets each pass as one call
+ * host; OpenCL's, which choose their algorithm per shape and pass) gets each pass as one call
  * instead. */
 #include <math.h>
 #include <stdio.h>
@@ -224,7 +224,7 @@ static clpar_status forward_direct(clpar_device *dev, const conv_plan *p, const 
 }
 
 /* The backend runs whole convolutions (backend.h's conv2d entries): the forward, the
- * backward, each on its own (OpenCL has the forward only). */
+ * backward, each on its own. */
 static int has_library(const clpar_device *dev, int backward) {
   const clpar_backend_iface *f = dev->bd.iface;
   return backward ? f->conv2d_backward != NULL : f->conv2d != NULL;
