@@ -478,9 +478,9 @@ clpar_status clpar_capture_patch(clpar_device *dev, int entry, clpar_patch_fn fn
                                  void (*free_user)(void *));
 /* Inside a capture on dev: posts a write of bytes (at most 16) into buf at off_bytes from host
  * memory the graph owns, which fn(user, value) fills now and again before each replay (a host
- * counter kept on the device: BatchNorm's num_batches_tracked). A graph with such writes waits,
- * at each replay, until the previous replay ran. free_user (may be NULL) frees user with the
- * graph, or at once on failure (then the capture fails). */
+ * counter kept on the device: BatchNorm's num_batches_tracked); each replay's value in memory
+ * of its own, so replays do not wait for each other (capture_writes.c). free_user (may be
+ * NULL) frees user with the graph, or at once on failure (then the capture fails). */
 typedef void (*clpar_value_fn)(void *user, void *value);
 clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                       clpar_value_fn fn, void *user, void (*free_user)(void *));
