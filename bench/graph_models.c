@@ -10,7 +10,8 @@
  * Two copies of the model, made alike (seed 3): one steps eagerly, the other replays. Each runs
  * a warm-up step, then a second (the replayed copy's is captured). Inputs and labels are
  * written once into tensors made before (neither step uploads). Rounds of steps alternate
- * between the copies, each waited for once at its end. Prints one JSON object: best, median
+ * between the copies (eager first in even rounds, replay first in odd ones), each waited for
+ * once at its end. Prints one JSON object: best, median
  * and worst round (ms per step), the best rounds' ratio, the host time per step (until the
  * round's last step was posted, best round), the host's waits for the device per step during
  * the rounds (a replay that waits for the previous one counts 1), the commands per step (eager:
@@ -205,7 +206,8 @@ int bench_model_run(const bench_model_args *given) {
            (m == 0 ? bench_ok(bench_step(&s[m]), "step") : bench_step_capture(&s[m], &dev, 1));
   double ms[2][MAX_ROUNDS], host[2] = {1e30, 1e30}, waits[2] = {0, 0}, cmds[2] = {-1, -1};
   for (int k = 0; good && k < a.rounds; k++)
-    for (int m = 0; good && m < 2; m++) {
+    for (int j = 0; good && j < 2; j++) { /* which goes first alternates between rounds */
+      int m = j ^ (k & 1);
       double h = 0, w = 0;
       ms[m][k] = round_ms(&s[m], dev, a.steps, &h, &w);
       good = ms[m][k] >= 0;
