@@ -13,11 +13,12 @@
  * between the copies (eager first in even rounds, replay first in odd ones), each waited for
  * once at its end. Prints one JSON object: best, median
  * and worst round (ms per step), the best rounds' ratio, the host time per step (until the
- * round's last step was posted, best round), the host's waits for the device per step during
- * the rounds (a replay that waits for the previous one counts 1), the commands per step (eager:
- * the device's profile over steps; replay: the profile over replays, and the graph's list;
- * null where the device has no profile, as the host backend), and whether both copies' last
- * losses and all their parameters and buffers are the same bits after the same steps. */
+ * round's last step was posted, best round), the process's CPU ms per step (best and median
+ * round), the host's waits for the device per step during the rounds (a replay that waits for the
+ * previous one counts 1), the commands per step (eager: the device's profile over steps; replay:
+ * the profile over replays, and the graph's list; null where the device has no profile, as the host
+ * backend), and whether both copies' last losses and all their parameters and buffers are the same
+ * bits after the same steps. */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { MLP_BATCH = 256, MLP_IN = 784, MLP_HIDDEN = 1024, MLP_OUT = 10 };
 enum { RN_BATCH = 16, RN_SIZE = 64, RN_CLASSES = 1000, MAX_ROUNDS = 64 };
@@ -102,18 +104,36 @@ static int make_model(bench_step_run *s, clpar_device *dev, bench_model_kind kin
   return good && make_optimizer(s, kind, adam);
 }
 
-/* ms per step of one round, waiting once at the end; *host_ms until the last was posted,
- * *waits: the host's waits for the device per step, the round's final one not counted. */
-static double round_ms(bench_step_run *s, clpar_device *dev, int steps, double *host_ms,
-                       double *waits) {
+/* What the rounds measured, by mode (0 eager, 1 replay): ms per step of each round and the
+ * process's CPU ms per step (every thread's: the caller's, the worker's, which on a PoCL
+ * basic device or the host backend with passive OpenMP threads runs the kernels; not counted
+ * while other work holds the cores, so steadier than wall time on a shared machine), the
+ * best round's host ms per step, the most host waits per step, commands per step. */
+typedef struct {
+  double ms[2][MAX_ROUNDS], cpu[2][MAX_ROUNDS], host[2], waits[2], cmds[2];
+} figures;
+
+static double cpu_ms(void) {
+  struct timespec t;
+  return clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) == 0 ? t.tv_sec * 1e3 + t.tv_nsec * 1e-6 : 0;
+}
+
+/* Round k of mode m into f, waiting once at the end: ms per step, CPU ms per step, host ms
+ * until the last step was posted, the host's waits for the device per step (the round's final
+ * one not counted). Returns 1 on success. */
+static int run_round(bench_step_run *s, clpar_device *dev, int steps, figures *f, int m, int k) {
   uint64_t w0 = clpar_device_host_waits(dev);
-  double t0 = now_seconds();
+  double t0 = now_seconds(), c0 = cpu_ms();
   for (int i = 0; i < steps; i++)
-    if (!bench_ok(s->graph ? clpar_graph_replay(s->graph) : bench_step(s), "step")) return -1;
-  *host_ms = (now_seconds() - t0) * 1e3 / steps;
-  *waits = (double)(clpar_device_host_waits(dev) - w0) / steps;
-  if (!bench_ok(clpar_device_synchronize(dev), "synchronize")) return -1;
-  return (now_seconds() - t0) * 1e3 / steps;
+    if (!bench_ok(s->graph ? clpar_graph_replay(s->graph) : bench_step(s), "step")) return 0;
+  double host = (now_seconds() - t0) * 1e3 / steps;
+  double waits = (double)(clpar_device_host_waits(dev) - w0) / steps;
+  if (!bench_ok(clpar_device_synchronize(dev), "synchronize")) return 0;
+  f->ms[m][k] = (now_seconds() - t0) * 1e3 / steps;
+  f->cpu[m][k] = (cpu_ms() - c0) / steps;
+  if (host < f->host[m]) f->host[m] = host;
+  if (waits > f->waits[m]) f->waits[m] = waits;
+  return 1;
 }
 
 /* Runs steps steps; the commands the device ran per step (its profile) into *cmds, left -1
@@ -163,23 +183,26 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The JSON object of a run: rounds' times sorted in ms[mode][0 .. rounds). */
-static void print_run(const bench_model_args *a, clpar_device *dev, int adam,
-                      double ms[2][MAX_ROUNDS], const double host[2], const double waits[2],
-                      const double cmds[2], size_t graph_cmds, int same) {
+/* The JSON object of a run, f's rounds sorted. */
+static void print_run(const bench_model_args *a, clpar_device *dev, int adam, figures *f,
+                      size_t graph_cmds, int same) {
   int steps = a->steps, rounds = a->rounds, resnet = a->kind == BENCH_MODEL_RESNET50;
   char c[2][32];
   for (int m = 0; m < 2; m++) {
-    if (cmds[m] < 0)
+    qsort(f->ms[m], (size_t)rounds, sizeof(double), cmp_double);
+    qsort(f->cpu[m], (size_t)rounds, sizeof(double), cmp_double);
+    if (f->cmds[m] < 0)
       snprintf(c[m], sizeof c[m], "null");
     else
-      snprintf(c[m], sizeof c[m], "%.1f", cmds[m]);
+      snprintf(c[m], sizeof c[m], "%.1f", f->cmds[m]);
   }
+  double(*ms)[MAX_ROUNDS] = f->ms, (*cpu)[MAX_ROUNDS] = f->cpu;
   printf(
       "{\"bench\": \"graph\", \"device\": \"%s\", \"model\": \"%s\", \"batch\": %d, "
       "\"loss\": \"%s\", \"optimizer\": \"%s\", \"steps_per_round\": %d, \"rounds\": %d, "
       "\"eager_ms_per_step\": [%.2f, %.2f, %.2f], \"replay_ms_per_step\": [%.2f, %.2f, %.2f], "
       "\"speedup_best\": %.3f, \"speedup_median\": %.3f, "
+      "\"cpu_ms_per_step\": {\"eager\": [%.2f, %.2f], \"replay\": [%.2f, %.2f]}, "
       "\"host_ms_per_step\": {\"eager\": %.3f, \"replay\": %.3f}, "
       "\"host_waits_per_step\": {\"eager\": %.2f, \"replay\": %.2f}, "
       "\"commands_per_step\": {\"eager\": %s, \"replay\": %s, \"replay_graph\": %zu}, "
@@ -187,8 +210,9 @@ static void print_run(const bench_model_args *a, clpar_device *dev, int adam,
       clpar_device_id(dev), resnet ? "ResNet-50 3x64x64" : "MLP 784-1024-1024-10",
       resnet ? RN_BATCH : MLP_BATCH, resnet ? "MSE" : "cross-entropy", adam ? "Adam" : "SGD", steps,
       rounds, ms[0][0], ms[0][rounds / 2], ms[0][rounds - 1], ms[1][0], ms[1][rounds / 2],
-      ms[1][rounds - 1], ms[0][0] / ms[1][0], ms[0][rounds / 2] / ms[1][rounds / 2], host[0],
-      host[1], waits[0], waits[1], c[0], c[1], graph_cmds, same ? "true" : "false");
+      ms[1][rounds - 1], ms[0][0] / ms[1][0], ms[0][rounds / 2] / ms[1][rounds / 2], cpu[0][0],
+      cpu[0][rounds / 2], cpu[1][0], cpu[1][rounds / 2], f->host[0], f->host[1], f->waits[0],
+      f->waits[1], c[0], c[1], graph_cmds, same ? "true" : "false");
 }
 
 int bench_model_run(const bench_model_args *given) {
@@ -204,23 +228,15 @@ int bench_model_run(const bench_model_args *given) {
   for (int m = 0; good && m < 2; m++) /* a warm-up step each; the replayed copy's second captured */
     good = make_model(&s[m], dev, a.kind, adam) && bench_ok(bench_step(&s[m]), "warm-up") &&
            (m == 0 ? bench_ok(bench_step(&s[m]), "step") : bench_step_capture(&s[m], &dev, 1));
-  double ms[2][MAX_ROUNDS], host[2] = {1e30, 1e30}, waits[2] = {0, 0}, cmds[2] = {-1, -1};
+  static figures f; /* large: off the stack */
+  f = (figures){.host = {1e30, 1e30}, .cmds = {-1, -1}};
   for (int k = 0; good && k < a.rounds; k++)
-    for (int j = 0; good && j < 2; j++) { /* which goes first alternates between rounds */
-      int m = j ^ (k & 1);
-      double h = 0, w = 0;
-      ms[m][k] = round_ms(&s[m], dev, a.steps, &h, &w);
-      good = ms[m][k] >= 0;
-      if (h < host[m]) host[m] = h;
-      if (w > waits[m]) waits[m] = w;
-    }
+    for (int j = 0; good && j < 2; j++) /* which goes first alternates between rounds */
+      good = run_round(&s[j ^ (k & 1)], dev, a.steps, &f, j ^ (k & 1), k);
   for (int m = 0; good && m < 2; m++)
-    good = commands_per_step(&s[m], dev, resnet ? 1 : 3, &cmds[m]);
-  if (good) {
-    for (int m = 0; m < 2; m++) qsort(ms[m], (size_t)a.rounds, sizeof(double), cmp_double);
-    print_run(&a, dev, adam, ms, host, waits, cmds, clpar_graph_command_count(s[1].graph),
-              same_bits(&s[0], &s[1]));
-  }
+    good = commands_per_step(&s[m], dev, resnet ? 1 : 3, &f.cmds[m]);
+  if (good)
+    print_run(&a, dev, adam, &f, clpar_graph_command_count(s[1].graph), same_bits(&s[0], &s[1]));
   bench_step_run_free(&s[0]);
   bench_step_run_free(&s[1]);
   return good;

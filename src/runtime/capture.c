@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capture_writes.h"
 #include "clpar/graph.h"
 #include "runtime.h"
 

@@ -1,4 +1,4 @@
-/* capture_writes.c — a graph's small writes from host memory (capture_writes.h).
+/* capture_writes.c — a graph's small writes from host memory (runtime.h).
  *
  * A captured write reads its value from host memory when the device runs it, which may be
  * after the host has posted the next replay. So each replay writes its values into a slot of
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capture_writes.h"
+#include "runtime.h"
 
 enum { MAX_DEVICES = 8, MAX_SLOTS = 64, VALUE_BYTES = 16 };
 

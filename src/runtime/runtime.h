@@ -484,6 +484,29 @@ clpar_status clpar_capture_patch(clpar_device *dev, int entry, clpar_patch_fn fn
 typedef void (*clpar_value_fn)(void *user, void *value);
 clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                       clpar_value_fn fn, void *user, void (*free_user)(void *));
+/* A graph's small writes from host memory (src/runtime/capture_writes.c, for capture.c): each
+ * replay's values in memory of its own, so that a replay never waits for the previous one. */
+typedef struct clpar_host_writes clpar_host_writes;
+
+/* Adds a write of bytes (at most 16) on device d (dev) to *ws (made on first use), fn(user,
+ * value) filling the value now and before each replay: the value's memory for the capture
+ * run's write, or NULL (user freed) when out of memory or bytes is over 16. */
+void *clpar_host_writes_add(clpar_host_writes **ws, clpar_device *dev, int d, size_t bytes,
+                            clpar_value_fn fn, void *user, void (*free_user)(void *));
+/* Finds the last added write's command in its device's list cmds[0 .. n), once posted: 1, or
+ * 0 when it is not there. */
+int clpar_host_writes_bind(clpar_host_writes *ws, const clpar_command *cmds, size_t n);
+/* The commands of device d moved: old index i is map[i] now. */
+void clpar_host_writes_remap(clpar_host_writes *ws, int d, const size_t *map);
+/* Before a replay: takes memory no posted replay still reads (or new memory), fills each
+ * write's value there and points its command (cmds[d][index]) at it. ws may be NULL. */
+clpar_status clpar_host_writes_prepare(clpar_host_writes *ws, clpar_command *const *cmds);
+/* After a replay was posted: records on each device with writes the event after which its
+ * values' memory may be reused. ws may be NULL. */
+clpar_status clpar_host_writes_posted(clpar_host_writes *ws);
+/* Frees ws (the devices ran every replay), its users' data with it. */
+void clpar_host_writes_free(clpar_host_writes *ws);
+
 /* Makes every live graph refuse to replay (why: the call that moved or re-made buffers, such
  * as "clpar_module_to"); a capture in progress fails. */
 void clpar_graph_invalidate_all(const char *why);
