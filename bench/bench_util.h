@@ -52,18 +52,31 @@ static inline int bench_train_step(clpar_module *model, clpar_optimizer *opt, cl
   return good;
 }
 
+/* ResNet-50 inputs as bench_train_step --model resnet50 makes them: images [batch, 3, size,
+ * size] in [-0.5, 0.5), one-hot targets [batch, classes] (class i % classes). */
+static inline void bench_images(float *x, float *target, int64_t batch, int64_t size,
+                                int64_t classes) {
+  for (int64_t i = 0; i < batch * 3 * size * size; i++)
+    x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  for (int64_t i = 0; i < batch * classes; i++) target[i] = 0;
+  for (int64_t i = 0; i < batch; i++) target[i * classes + i % classes] = 1;
+}
+
 /* One training step on static inputs (capturable: nothing uploaded or read): zero the
- * gradients, forward, cross-entropy against the int32 targets y (mean, CLPAR_IGNORE_INDEX),
- * backward, clipping to a global norm of clip where clip > 0, optimizer step. *loss (freed
- * first) holds the loss after, read after the step; the logits are freed. */
-static inline clpar_status bench_xent_step(clpar_module *m, clpar_optimizer *opt, clpar_tensor *x,
-                                           clpar_tensor *y, float clip, clpar_tensor **loss) {
+ * gradients, forward, cross-entropy against the int32 targets y (mean, CLPAR_IGNORE_INDEX) or,
+ * where mse is set, MSE against the float targets y (mean), backward, clipping to a global
+ * norm of clip where clip > 0, optimizer step. *loss (freed first) holds the loss after, read
+ * after the step; the logits are freed. */
+static inline clpar_status bench_loss_step(clpar_module *m, clpar_optimizer *opt, clpar_tensor *x,
+                                           clpar_tensor *y, float clip, int mse,
+                                           clpar_tensor **loss) {
   clpar_tensor_free(*loss);
   *loss = NULL;
   clpar_tensor *logits = NULL;
   clpar_status s = clpar_optimizer_zero_grad(opt);
   if (s == CLPAR_OK) s = clpar_module_forward(m, x, &logits);
-  if (s == CLPAR_OK)
+  if (s == CLPAR_OK && mse) s = clpar_mse_loss(logits, y, CLPAR_REDUCTION_MEAN, loss);
+  if (s == CLPAR_OK && !mse)
     s = clpar_cross_entropy_targets(logits, y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN, loss);
   if (s == CLPAR_OK) s = clpar_backward(*loss);
   if (s == CLPAR_OK && clip > 0) s = clpar_clip_grad_norm_module(m, clip, NULL);
@@ -73,19 +86,21 @@ static inline clpar_status bench_xent_step(clpar_module *m, clpar_optimizer *opt
 }
 
 /* A captured-step bench's model, optimizer, static inputs (token ids or features, int32
- * targets), last loss, its graph once captured, and bench_xent_step's clip. */
+ * targets or, with mse, float targets), last loss, its graph once captured, and
+ * bench_loss_step's clip. */
 typedef struct {
   clpar_module *m;
   clpar_optimizer *opt;
   clpar_tensor *x, *y, *loss;
   clpar_graph *graph;
   float clip;
+  int mse;
 } bench_step_run;
 
-/* bench_xent_step on a bench_step_run (ctx), as clpar_step_fn. */
+/* bench_loss_step on a bench_step_run (ctx), as clpar_step_fn. */
 static inline clpar_status bench_step(void *ctx) {
   bench_step_run *r = ctx;
-  return bench_xent_step(r->m, r->opt, r->x, r->y, r->clip, &r->loss);
+  return bench_loss_step(r->m, r->opt, r->x, r->y, r->clip, r->mse, &r->loss);
 }
 
 /* One step of r captured on devs[0 .. n) into r->graph. Returns 1 on success. */

@@ -14,10 +14,15 @@
  * (one lock for all), host time only (the posting thread's), and the time until the device
  * ran them.
  *
- *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_graph [steps [rounds]] */
+ * --model mlp784 and --model resnet50 time bench_train_step's compute-bound models instead, on
+ * device 0 (graph_models.c): the MLP 784-1024-1024-10 and ResNet-50.
+ *
+ *   POCL_DEVICES="basic basic" POCL_MAX_PTHREAD_COUNT=1 ./bench_graph [steps [rounds]]
+ *   ./bench_graph [steps [rounds]] --model latency|mlp784|resnet50 [--optim sgd|adam] */
 #include <clpar/clpar.h>
 
 #include "bench_util.h"
+#include "graph_models.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,9 +223,16 @@ static int run_setup(bench_run *r, int steps, int rounds) {
 }
 
 int main(int argc, char **argv) {
-  int steps = argc > 1 ? atoi(argv[1]) : 100, rounds = argc > 2 ? atoi(argv[2]) : 5;
-  if (steps < 1 || rounds < 1 || !bench_ok(clpar_init(), "clpar_init")) return 1;
+  bench_model_args a;
+  if (!bench_model_parse(argc, argv, &a)) return 1;
+  int steps = a.steps > 0 ? a.steps : 100, rounds = a.rounds > 0 ? a.rounds : 5;
+  if (!bench_ok(clpar_init(), "clpar_init")) return 1;
   int good = 1;
+  if (a.kind != BENCH_MODEL_LATENCY) {
+    good = bench_model_run(&a);
+    clpar_shutdown();
+    return good ? 0 : 1;
+  }
   for (int n = 1; good && n <= 2 && n <= clpar_device_count(); n++) {
     bench_run r = {.devs = {clpar_device_get(0), n == 2 ? clpar_device_get(1) : NULL}, .n = n};
     good = run_setup(&r, steps, rounds);

@@ -213,8 +213,7 @@ static int resnet_case(bench_case *c) {
   c->x = malloc(sizeof(float) * n);
   c->target = calloc((size_t)RESNET_BATCH * RESNET_CLASSES, sizeof(float));
   if (!c->x || !c->target) return 0;
-  for (size_t i = 0; i < n; i++) c->x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
-  for (int i = 0; i < RESNET_BATCH; i++) c->target[i * RESNET_CLASSES + i % RESNET_CLASSES] = 1;
+  bench_images(c->x, c->target, RESNET_BATCH, RESNET_SIZE, RESNET_CLASSES);
   clpar_manual_seed(3);
   clpar_sgd_options sgd = {.lr = 0.001f};
   return bench_ok(clpar_resnet50(RESNET_CLASSES, c->dev, &c->model), "ResNet-50") &&

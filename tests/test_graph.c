@@ -1,12 +1,16 @@
 /* test_graph.c — a training step captured and replayed (clpar/graph.h) against the same step
  * run eagerly: losses, parameters and buffers bit for bit over 100 steps (the learning rate
  * changed at step 40), for an MLP with SGD (momentum), Adam and AdamW, flat and not, the seeds'
- * ToyModel, a conv + BatchNorm block, an MLP with Dropout, a first step captured, DataParallel
- * and a 1F1B pipeline over two devices; and the refusals: a host read or upload inside the
+ * ToyModel, a conv + BatchNorm block, ResNet's stem and a Bottleneck block (conv, BatchNorm,
+ * ReLU, max pool, the residual), an MLP with Dropout, a first step captured, DataParallel and a
+ * 1F1B pipeline over two devices; replays with BatchNorm posted back to back without waiting
+ * for each other; and the refusals: a host read or upload inside the
  * capture, optimizer state made in it, a composed optimizer step, replay after clpar_module_to,
  * a re-flatten, a freed input or optimizer. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "internal.h" /* clpar_compose_force */
@@ -14,7 +18,7 @@
 
 enum { STEPS = 100, LR_CHANGE = 40 };
 
-typedef enum { MODEL_MLP, MODEL_TOY, MODEL_CONV, MODEL_DROPOUT } model_kind;
+typedef enum { MODEL_MLP, MODEL_TOY, MODEL_CONV, MODEL_DROPOUT, MODEL_RESBLOCK } model_kind;
 typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW, OPT_SGD_PLAIN } opt_kind;
 /* How the replayed run starts: clpar_step_run (eager warm-up, capture, replays), or a capture
  * of the very first step (the optimizer's state made inside it), then replays. */
@@ -58,6 +62,23 @@ static clpar_module *make_conv(clpar_device *dev) {
   return m;
 }
 
+/* ResNet's stem (conv, BatchNorm, ReLU, max pool 3x3 stride 2) and a Bottleneck block whose
+ * downsample (1x1 conv + BatchNorm) makes the residual, then a Linear: [b, 3, 5, 5] in. */
+static clpar_module *make_resblock(clpar_device *dev) {
+  clpar_module *c[7];
+  int64_t k3[2] = {3, 3}, s2[2] = {2, 2}, p1[2] = {1, 1};
+  tu_ok(clpar_conv2d_create(3, 4, 3, 3, &(clpar_conv2d_options){.padding = {1, 1}}, 0, dev, &c[0]));
+  tu_ok(clpar_batchnorm2d_create(4, NULL, dev, &c[1]));
+  tu_ok(clpar_relu_create(&c[2]));
+  tu_ok(clpar_max_pool2d_create(k3, s2, p1, &c[3]));
+  tu_ok(clpar_resnet_block_create(CLPAR_RESNET_BOTTLENECK, 4, 2, 1, dev, &c[4]));
+  tu_ok(clpar_flatten_create(1, -1, &c[5]));
+  tu_ok(clpar_linear_create(8 * 3 * 3, 4, 1, dev, &c[6]));
+  clpar_module *m;
+  tu_ok(clpar_sequential_create(c, 7, &m));
+  return m;
+}
+
 /* The model and optimizer, made the same way for the eager and the replayed run. */
 static void run_make(run *r, clpar_device *dev, model_kind kind, opt_kind ok, int flat) {
   memset(r, 0, sizeof *r);
@@ -76,8 +97,8 @@ static void run_make(run *r, clpar_device *dev, model_kind kind, opt_kind ok, in
     r->xshape[1] = 10;
     r->yshape[1] = 5;
   }
-  if (kind == MODEL_CONV) {
-    r->t.m = make_conv(dev);
+  if (kind == MODEL_CONV || kind == MODEL_RESBLOCK) {
+    r->t.m = kind == MODEL_CONV ? make_conv(dev) : make_resblock(dev);
     r->xdim = 4;
     memcpy(r->xshape, (int64_t[]){b, 3, 5, 5}, sizeof r->xshape);
   }
@@ -164,15 +185,19 @@ static void train(run *r, int compiled, start_kind start, float *losses) {
 }
 
 /* The replayed run's losses and state equal the eager run's, bit for bit. */
-static void expect_same_runs(const run *eager, const run *replayed, const float *le,
-                             const float *lr) {
-  tgu_expect_bits("loss at step", le, lr, STEPS);
+static void expect_same_state(const run *eager, const run *replayed) {
   size_t ne, nr;
   float *pe = tgu_floats_of(eager->t.m, 1, &ne), *pr = tgu_floats_of(replayed->t.m, 1, &nr);
   assert_int_equal(ne, nr);
   tgu_expect_bits("state element", pe, pr, ne);
   free(pe);
   free(pr);
+}
+
+static void expect_same_runs(const run *eager, const run *replayed, const float *le,
+                             const float *lr) {
+  tgu_expect_bits("loss at step", le, lr, STEPS);
+  expect_same_state(eager, replayed);
 }
 
 static void check_on(clpar_device *dev, model_kind kind, opt_kind ok, int flat, start_kind start) {
@@ -526,6 +551,89 @@ static void test_pipeline_1f1b(void **state) {
   check_two_devices(pipe_make);
 }
 
+/* Completes the event that holds a device's queue unless the test did first (*hold_state: 0
+ * held, 1 released): on a build where a replay waits for the previous one, the test would
+ * otherwise wait for ever. */
+typedef struct {
+  clpar_event *hold;
+  int state;
+} holder;
+
+static void release_hold(holder *h) {
+  if (__atomic_exchange_n(&h->state, 1, __ATOMIC_ACQ_REL) == 0)
+    clpar_event_complete(h->hold, CLPAR_OK);
+}
+
+static void *watchdog(void *arg) {
+  for (int i = 0; i < 200 && __atomic_load_n(&((holder *)arg)->state, __ATOMIC_ACQUIRE) == 0; i++)
+    usleep(10000);
+  release_hold(arg);
+  return NULL;
+}
+
+/* The int64 buffers (num_batches_tracked) of m, in order, into out (room for max). */
+static size_t counters_of(clpar_module *m, int64_t *out, size_t max) {
+  size_t n = 0;
+  for (int i = 0; i < clpar_module_buffer_count(m); i++) {
+    clpar_tensor *t;
+    tu_ok(clpar_module_buffer_at(m, i, NULL, &t));
+    if (clpar_tensor_dtype(t) != CLPAR_INT64) continue;
+    assert_true(n < max);
+    tu_ok(clpar_tensor_read_raw(t, &out[n++], sizeof *out));
+  }
+  return n;
+}
+
+/* Replays of a step with BatchNorm2d posted back to back while the device's queue is held (it
+ * waits for an event only the test completes): the host waits for none of them (each replay's
+ * counters are written from memory of its own), and once they ran, parameters, running
+ * statistics and num_batches_tracked equal as many eager steps bit for bit. */
+static void test_batchnorm_replays_do_not_wait(void **state) {
+  (void)state;
+  enum { REPLAYS = 6 };
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    run eager, replayed;
+    run_make(&eager, dev, MODEL_RESBLOCK, OPT_SGD, 0);
+    run_make(&replayed, dev, MODEL_RESBLOCK, OPT_SGD, 0);
+    write_inputs(&eager, 0);
+    write_inputs(&replayed, 0);
+    for (int i = 0; i < REPLAYS + 2; i++) tu_ok(step(&eager));
+    tu_ok(step(&replayed)); /* the optimizer's state, then the captured step */
+    clpar_graph *g;
+    tu_ok(clpar_graph_capture_begin(&dev, 1));
+    clpar_status ran = step(&replayed);
+    tu_ok(clpar_graph_capture_end(&g));
+    tu_ok(ran);
+    holder h = {clpar_event_new(NULL), 0};
+    assert_non_null(h.hold);
+    tu_ok(clpar_event_wait(dev, h.hold));
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, watchdog, &h), 0);
+    uint64_t w0 = clpar_device_host_waits(dev);
+    for (int i = 0; i < REPLAYS; i++) tu_ok(clpar_graph_replay(g));
+    uint64_t waited = clpar_device_host_waits(dev) - w0;
+    release_hold(&h);
+    pthread_join(t, NULL);
+    assert_int_equal(waited, 0);
+    tu_ok(clpar_device_synchronize(dev));
+    int64_t ce[8], cr[8];
+    size_t nc = counters_of(eager.t.m, ce, 8);
+    assert_int_equal(counters_of(replayed.t.m, cr, 8), nc);
+    assert_int_equal(nc, 5);
+    assert_memory_equal(ce, cr, nc * sizeof *ce);
+    assert_int_equal(ce[0], REPLAYS + 2);
+    float le, lr;
+    tu_ok(clpar_tensor_read(eager.t.loss, &le, 1));
+    tu_ok(clpar_tensor_read(replayed.t.loss, &lr, 1));
+    tgu_expect_bits("loss", &le, &lr, 1);
+    expect_same_state(&eager, &replayed);
+    clpar_graph_destroy(g);
+    tgu_train_free(&eager.t);
+    tgu_train_free(&replayed.t);
+  }
+}
+
 /* test_replay_case under the name of the case it runs. */
 #define REPLAY_CASE(name, ...) TGU_CASE(name, test_replay_case, replay_case, __VA_ARGS__)
 
@@ -541,6 +649,8 @@ int main(void) {
       REPLAY_CASE(test_toy_model, MODEL_TOY, OPT_SGD, 0),
       REPLAY_CASE(test_conv_batchnorm, MODEL_CONV, OPT_ADAM, 0),
       REPLAY_CASE(test_dropout, MODEL_DROPOUT, OPT_SGD, 0),
+      REPLAY_CASE(test_resnet_block, MODEL_RESBLOCK, OPT_SGD, 0),
+      cmocka_unit_test(test_batchnorm_replays_do_not_wait),
       cmocka_unit_test(test_host_read_refused),
       cmocka_unit_test(test_upload_refused),
       cmocka_unit_test(test_stale_after_flatten),

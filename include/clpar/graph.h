@@ -47,9 +47,9 @@ CLPAR_API clpar_status clpar_graph_capture_begin(clpar_device *const *devs, int 
  * An error the step's own code returned is not seen here: a caller whose step failed ends the
  * capture and destroys the graph (clpar_step_run does). */
 CLPAR_API clpar_status clpar_graph_capture_end(clpar_graph **out);
-/* Posts the graph's commands again (patched) and returns without waiting for them; a graph
- * with copies between devices or BatchNorm2d counters first waits until the previous replay
- * ran (their host memory is written again). */
+/* Posts the graph's commands again (patched) and returns without waiting for them; with
+ * copies between devices, each device's queue runs it after the previous replay's copies
+ * (their host memory is written again), the host not waiting. */
 CLPAR_API clpar_status clpar_graph_replay(clpar_graph *g);
 /* The commands recorded, summed over the devices (a kernel, a GEMM, a copy, a wait or signal
  * between devices each). */

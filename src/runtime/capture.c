@@ -48,15 +48,6 @@ typedef struct {
   int in_use;
 } pool_block;
 
-/* A small write from host memory the graph owns, its value set before each replay. */
-typedef struct host_write {
-  unsigned char value[16];
-  clpar_value_fn fn;
-  void *user;
-  void (*free_user)(void *);
-  struct host_write *next;
-} host_write;
-
 #define MAX_DEVICES 8
 
 /* An OP_WAIT or OP_SIGNAL command of the graph: each replay gives it a fresh event. */
@@ -69,8 +60,8 @@ typedef struct {
 struct clpar_graph {
   clpar_capture recs[MAX_DEVICES];
   int n_recs;
-  host_write *writes;
-  void **stage; /* host memory of copies between devices */
+  clpar_host_writes *writes; /* small writes from host memory (capture_writes.c) */
+  void **stage;              /* host memory of copies between devices */
   size_t n_stage, cap_stage;
   event_use *uses;
   size_t n_uses;
@@ -337,24 +328,24 @@ clpar_status clpar_capture_patch(clpar_device *dev, int entry, clpar_patch_fn fn
 clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                       clpar_value_fn fn, void *user, void (*free_user)(void *)) {
   clpar_capture *c = dev ? __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE) : NULL;
-  host_write *w = c && fn && bytes <= sizeof w->value ? calloc(1, sizeof *w) : NULL;
-  if (!w) {
-    if (free_user) free_user(user);
-    clpar_status s = clpar_set_error(
-        c ? CLPAR_ERROR_OUT_OF_MEMORY : CLPAR_ERROR_INVALID_ARGUMENT,
-        "clpar_capture_host_write: no capture on the device, a value over 16 bytes, or no memory");
-    return c ? patch_fail(c, s, NULL, NULL) : s;
-  }
-  *w = (host_write){{0}, fn, user, free_user, NULL};
-  fn(user, w->value);
+  void *value = NULL;
   pthread_mutex_lock(&graphs_lock);
-  w->next = c->graph->writes;
-  c->graph->writes = w;
+  if (c && fn)
+    value = clpar_host_writes_add(&c->graph->writes, dev, (int)(c - c->graph->recs), bytes, fn,
+                                  user, free_user);
+  else if (free_user)
+    free_user(user);
   pthread_mutex_unlock(&graphs_lock);
   allowed = 1;
-  clpar_status s = clpar_dev_write(dev, buf, off_bytes, w->value, bytes);
+  clpar_status s = value ? clpar_dev_write(dev, buf, off_bytes, value, bytes) : CLPAR_OK;
   allowed = 0;
-  return s;
+  if (value && s == CLPAR_OK && clpar_host_writes_bind(c->graph->writes, c->cmds, c->n))
+    return CLPAR_OK;
+  if (s == CLPAR_OK) /* each replay points the write's command at a value of its own */
+    s = clpar_set_error(value || c ? CLPAR_ERROR_OUT_OF_MEMORY : CLPAR_ERROR_INVALID_ARGUMENT,
+                        "clpar_capture_host_write: no capture on the device, a value over 16 "
+                        "bytes, or no memory");
+  return c ? patch_fail(c, s, NULL, NULL) : s;
 }
 
 /* ---- capture ---- */
@@ -545,11 +536,7 @@ static void graph_release(clpar_graph *g) {
 
 static void graph_free(clpar_graph *g) {
   release_captured_events(g);
-  for (host_write *w = g->writes, *next; w; w = next) {
-    next = w->next;
-    if (w->free_user) w->free_user(w->user);
-    free(w);
-  }
+  clpar_host_writes_free(g->writes);
   for (int d = 0; d < MAX_DEVICES; d++) clpar_event_release(g->done[d]);
   for (int d = 0; d < g->n_recs; d++) {
     clpar_capture *c = &g->recs[d];
@@ -578,6 +565,7 @@ static void fuse_commands(clpar_graph *g) {
     size_t *map = NULL, i;
     clpar_capture_fuse(c->dev, c->cmds, &c->n, &map, &c->fused);
     for (i = 0; map && i < c->n_patches; i++) c->patches[i].index = map[c->patches[i].index];
+    clpar_host_writes_remap(g->writes, d, map);
     for (i = 0; map && i < g->n_uses; i++)
       if (g->uses[i].dev == d) g->uses[i].index = map[g->uses[i].index];
     if (map) clpar_prepared_remap(&c->prep, c->dev, map, c->cmds);
@@ -636,17 +624,15 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
 
 /* ---- replay ---- */
 
-/* Orders this replay after the previous one where it reuses the graph's host memory: each
- * device's queue waits for the other devices' previous replay (their copies' memory is read
- * and written again, by the queues), and where the host writes values into it (BatchNorm's
- * counters), the host waits too. */
+/* Orders this replay after the previous one where it reuses the graph's host memory of copies
+ * between devices: each device's queue waits for the other devices' previous replay (their
+ * copies' memory is read and written again, by the queues). The host does not wait. */
 static clpar_status after_last(clpar_graph *g) {
   clpar_status s = CLPAR_OK;
   for (int d = 0; d < g->n_recs; d++) {
     if (!g->done[d]) continue;
     for (int e = 0; s == CLPAR_OK && e < g->n_recs; e++)
       if (e != d) s = clpar_event_wait(g->recs[e].dev, g->done[d]);
-    if (s == CLPAR_OK && g->writes) s = clpar_event_sync(g->done[d]);
     clpar_event_release(g->done[d]);
     g->done[d] = NULL;
   }
@@ -654,7 +640,10 @@ static clpar_status after_last(clpar_graph *g) {
 }
 
 static clpar_status run_patches(clpar_graph *g) {
-  for (host_write *w = g->writes; w; w = w->next) w->fn(w->user, w->value);
+  clpar_command *cmds[MAX_DEVICES];
+  for (int d = 0; d < g->n_recs; d++) cmds[d] = g->recs[d].cmds;
+  clpar_status ws = clpar_host_writes_prepare(g->writes, cmds); /* each replay's own values */
+  if (ws != CLPAR_OK) return ws;
   for (int d = 0; d < g->n_recs; d++) {
     clpar_capture *c = &g->recs[d];
     for (size_t i = 0; i < c->n_patches; i++) {
@@ -727,8 +716,12 @@ clpar_status clpar_graph_replay(clpar_graph *g) {
   pthread_mutex_unlock(&graphs_lock);
   if (s == CLPAR_OK) s = after_last(g);
   if (s == CLPAR_OK) s = run_patches(g);
-  if (s == CLPAR_OK) s = post_all(g);
-  int reuses = g->writes || g->n_stage; /* host memory the next replay writes again */
+  if (s == CLPAR_OK) {
+    s = post_all(g);
+    clpar_status w = clpar_host_writes_posted(g->writes); /* a partial post's values too */
+    if (s == CLPAR_OK) s = w;
+  }
+  int reuses = g->n_stage != 0; /* copies' host memory, which the next replay writes again */
   for (int d = 0; s == CLPAR_OK && reuses && d < g->n_recs; d++)
     s = clpar_event_record(g->recs[d].dev, &g->done[d]);
   return s;

@@ -485,9 +485,9 @@ clpar_status clpar_capture_patch(clpar_device *dev, int entry, clpar_patch_fn fn
                                  void (*free_user)(void *));
 /* Inside a capture on dev: posts a write of bytes (at most 16) into buf at off_bytes from host
  * memory the graph owns, which fn(user, value) fills now and again before each replay (a host
- * counter kept on the device: BatchNorm's num_batches_tracked). A graph with such writes waits,
- * at each replay, until the previous replay ran. free_user (may be NULL) frees user with the
- * graph, or at once on failure (then the capture fails). */
+ * counter kept on the device: BatchNorm's num_batches_tracked); each replay's value in memory
+ * of its own, so replays do not wait for each other (capture_writes.c). free_user (may be
+ * NULL) frees user with the graph, or at once on failure (then the capture fails). */
 typedef void (*clpar_value_fn)(void *user, void *value);
 clpar_status clpar_capture_host_write(clpar_device *dev, void *buf, size_t off_bytes, size_t bytes,
                                       clpar_value_fn fn, void *user, void (*free_user)(void *));
@@ -513,6 +513,29 @@ void clpar_gate_free(clpar_gate *g);
 /* The worker's run of the two commands. */
 clpar_status clpar_host_call_run(clpar_device *dev, clpar_host_call *call);
 clpar_status clpar_gate_pass(clpar_device *dev, clpar_gate *g);
+
+/* A graph's small writes from host memory (src/runtime/capture_writes.c, for capture.c): each
+ * replay's values in memory of its own, so that a replay never waits for the previous one. */
+typedef struct clpar_host_writes clpar_host_writes;
+
+/* Adds a write of bytes (at most 16) on device d (dev) to *ws (made on first use), fn(user,
+ * value) filling the value now and before each replay: the value's memory for the capture
+ * run's write, or NULL (user freed) when out of memory or bytes is over 16. */
+void *clpar_host_writes_add(clpar_host_writes **ws, clpar_device *dev, int d, size_t bytes,
+                            clpar_value_fn fn, void *user, void (*free_user)(void *));
+/* Finds the last added write's command in its device's list cmds[0 .. n), once posted: 1, or
+ * 0 when it is not there. */
+int clpar_host_writes_bind(clpar_host_writes *ws, const clpar_command *cmds, size_t n);
+/* The commands of device d moved: old index i is map[i] now. */
+void clpar_host_writes_remap(clpar_host_writes *ws, int d, const size_t *map);
+/* Before a replay: takes memory no posted replay still reads (or new memory), fills each
+ * write's value there and points its command (cmds[d][index]) at it. ws may be NULL. */
+clpar_status clpar_host_writes_prepare(clpar_host_writes *ws, clpar_command *const *cmds);
+/* After a replay was posted: records on each device with writes the event after which its
+ * values' memory may be reused. ws may be NULL. */
+clpar_status clpar_host_writes_posted(clpar_host_writes *ws);
+/* Frees ws (the devices ran every replay), its users' data with it. */
+void clpar_host_writes_free(clpar_host_writes *ws);
 
 /* Makes every live graph refuse to replay (why: the call that moved or re-made buffers, such
  * as "clpar_module_to"); a capture in progress fails. */
