@@ -85,7 +85,8 @@ void clpar_ddp_graph_reduce(ddp_state *st, void *handoff_) {
   if (s != CLPAR_OK)
     snprintf(message, sizeof message, "DistributedDataParallel: all-reducing a bucket: %s",
              clpar_last_error());
-  clpar_gate_open(h->gate, s, message); /* the queue writes the averages */
+  /* The statistics first: once the gate opens, a read on the device may return and the
+   * caller may look at them. */
   double t[4] = {t0, t1, clpar_clock_seconds(), clpar_clock_seconds()};
   clpar_ddp_add_times(st, b, t);
   if (h->k == st->n_buckets - 1) {
@@ -93,6 +94,7 @@ void clpar_ddp_graph_reduce(ddp_state *st, void *handoff_) {
     st->stats.reductions++;
     pthread_mutex_unlock(&st->lock);
   }
+  clpar_gate_open(h->gate, s, message); /* the queue writes the averages */
 }
 
 /* What a replay cannot hold, or NULL. */
