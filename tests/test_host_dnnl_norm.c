@@ -5,10 +5,12 @@
  * the gradients of x, weight and bias) with and without weight and bias, on ResNet-50's
  * batch-norm shapes, odd channel counts, batch 1, 1-D and 3-D inputs; bn_backward with sums
  * that are not x's and g's (the contract's dx uses the sums given); the same bits on a second
- * run; adaptive average pooling on sizes oneDNN takes (ResNet's global pool) and sizes left
- * to the plain loops; and CLPAR_HOST_DNNL=0, which puts the plain loops back. The gradients
- * against finite differences are test_conv's (its batch-norm cases run on the host's
+ * run (every case through oneDNN, whatever its size, then with the default split, which gives
+ * oneDNN only short rows); adaptive average pooling on sizes oneDNN takes (ResNet's global pool)
+ * and sizes left to the plain loops; and CLPAR_HOST_DNNL=0, which puts the plain loops back. The
+ * gradients against finite differences are test_conv's (its batch-norm cases run on the host's
  * default, oneDNN). Built only with oneDNN (CLPAR_HAVE_DNNL). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,10 +143,18 @@ static void bn_compare(clpar_device *dev, const bn_case *c) {
   result_free(&got), result_free(&again), result_free(&want);
 }
 
+/* The largest spatial size the host's batch norm hands to oneDNN (host_dnnl_norm.c). */
+extern size_t clpar_host_dnnl_bn_max_p;
+
+/* Every case through oneDNN, then with the default split between oneDNN and the loops. */
 static void test_batch_norm(void **state) {
   (void)state;
   clpar_device *dev = tu_host();
   assert_ptr_not_equal(dev->bd.iface->bn_stats, clpar_host_bn_stats); /* oneDNN's by default */
+  size_t keep = clpar_host_dnnl_bn_max_p;
+  clpar_host_dnnl_bn_max_p = SIZE_MAX;
+  for (size_t i = 0; i < N_BN; i++) bn_compare(dev, &bn_cases[i]);
+  clpar_host_dnnl_bn_max_p = keep;
   for (size_t i = 0; i < N_BN; i++) bn_compare(dev, &bn_cases[i]);
 }
 
@@ -175,6 +185,7 @@ static void bn_backward_given_sums(clpar_device *dev, int training, float *dx) {
 static void test_bn_backward_given_sums(void **state) {
   (void)state;
   clpar_device *dev = tu_host();
+  assert_true(clpar_host_dnnl_bn_max_p >= 12); /* p = 12 below: through oneDNN */
   const clpar_backend_iface *keep;
   clpar_backend_iface plain;
   for (int training = 0; training < 2; training++) {

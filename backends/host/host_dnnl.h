@@ -19,6 +19,9 @@ CLPAR_HOST_DNNL_DECL_(bn_backward)
 CLPAR_HOST_DNNL_DECL_(avgpool)
 CLPAR_HOST_DNNL_DECL_(avgpool_backward)
 #undef CLPAR_HOST_DNNL_DECL_
+/* The largest spatial size (values per image and channel) whose batch norm goes to oneDNN
+ * (host_dnnl_norm.c); larger ones run the plain loops, faster there. */
+extern size_t clpar_host_dnnl_bn_max_p;
 /* Frees the engine, the stream, the cached primitives and the work buffers (the host
  * device's destroy); the next call makes them again. */
 void clpar_host_dnnl_release(void);

@@ -21,7 +21,8 @@
  *                     rewrites dx when they differ (sums from the plain loops, or from other
  *                     data). The sums come out of the same kernel as bn_backward_sums' (the
  *                     scale enters dx alone), so in a training step they match.
- * Sizes oneDNN cannot take (an empty tensor) go to the plain loops. */
+ * Only short rows go to oneDNN (p <= clpar_host_dnnl_bn_max_p); the rest, and sizes oneDNN
+ * cannot take (an empty tensor), go to the plain loops. */
 #include <stdint.h>
 #include <string.h>
 
@@ -40,8 +41,18 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* The largest p (values per image and channel) that goes to oneDNN. On short rows its
+ * blocked kernels beat the plain loops, whose passes over p values at a time are short; on
+ * long rows the reorders into and out of the blocked layout cost more than the plain loops'
+ * own passes. Training forward + backward at batch 16, one thread, per call (plain against
+ * oneDNN): 2048x2x2 0.63 / 0.33 ms, 1024x4x4 0.70 / 0.53, 512x8x8 1.16 / 1.12-1.26,
+ * 2048x7x7 4.3 / 5.5, 256x16x16 2.4 / 3.4-7.4 (docs/PERFORMANCE.md has the command). Tests set
+ * it to SIZE_MAX to run every shape through oneDNN. */
+size_t clpar_host_dnnl_bn_max_p = 16;
+
 static int fits(size_t n, size_t c, size_t p) {
-  return n >= 1 && c >= 1 && p >= 1 && n <= INT64_MAX / c && n * c <= INT64_MAX / p;
+  return n >= 1 && c >= 1 && p >= 1 && p <= clpar_host_dnnl_bn_max_p && n <= INT64_MAX / c &&
+         n * c <= INT64_MAX / p;
 }
 
 /* x's layouts: clpar's NCHW (user) and the blocked one the kernels take; the per-channel
