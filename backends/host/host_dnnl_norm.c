@@ -20,7 +20,8 @@
  *                     are compared, bit for bit, with the given ones, and the plain loop
  *                     rewrites dx when they differ (sums from the plain loops, or from other
  *                     data). The sums come out of the same kernel as bn_backward_sums' (the
- *                     scale enters dx alone), so in a training step they match.
+ *                     scale enters dx alone), so in a training step they match (unless the
+ *                     thread count changed between the two calls).
  * Only short rows go to oneDNN (p <= clpar_host_dnnl_bn_max_p); the rest, and sizes oneDNN
  * cannot take (an empty tensor), go to the plain loops. */
 #include <stdint.h>
@@ -46,8 +47,8 @@ static float *at(clpar_bref r) {
  * long rows the reorders into and out of the blocked layout cost more than the plain loops'
  * own passes. Training forward + backward at batch 16, one thread, per call (plain against
  * oneDNN): 2048x2x2 0.63 / 0.33 ms, 1024x4x4 0.70 / 0.53, 512x8x8 1.16 / 1.12-1.26,
- * 2048x7x7 4.3 / 5.5, 256x16x16 2.4 / 3.4-7.4 (docs/PERFORMANCE.md has the command). Tests set
- * it to SIZE_MAX to run every shape through oneDNN. */
+ * 2048x7x7 4.3 / 5.5, 256x16x16 2.4 / 3.4-7.4 (bench/norm.c, OMP_NUM_THREADS=1). Tests set it
+ * to SIZE_MAX to run every shape through oneDNN. */
 size_t clpar_host_dnnl_bn_max_p = 16;
 
 static int fits(size_t n, size_t c, size_t p) {
