@@ -80,11 +80,26 @@ static clpar_status host_event_free(void *dev, void *ev) {
 }
 
 #define host_supports_op NULL
-/* Whole convolutions through oneDNN (host_dnnl.c) when built with it; else, or with
- * CLPAR_HOST_DNNL=0, the core's im2col and GEMMs over this file's loops. */
+/* Whole convolutions, batch norm and adaptive average pooling through oneDNN (host_dnnl*.c)
+ * when built with it; else, or with CLPAR_HOST_DNNL=0, the core's im2col and GEMMs over this
+ * file's loops, and host_conv.c's. */
 #ifdef CLPAR_HAVE_DNNL
 #define host_conv2d clpar_host_dnnl_conv2d
 #define host_conv2d_backward clpar_host_dnnl_conv2d_backward
+#define HOST_DNNL_SWAPS_(X) \
+  X(bn_stats) X(bn_apply) X(bn_backward_sums) X(bn_backward) X(avgpool) X(avgpool_backward)
+#undef host_bn_stats
+#undef host_bn_apply
+#undef host_bn_backward_sums
+#undef host_bn_backward
+#undef host_avgpool
+#undef host_avgpool_backward
+#define host_bn_stats clpar_host_dnnl_bn_stats
+#define host_bn_apply clpar_host_dnnl_bn_apply
+#define host_bn_backward_sums clpar_host_dnnl_bn_backward_sums
+#define host_bn_backward clpar_host_dnnl_bn_backward
+#define host_avgpool clpar_host_dnnl_avgpool
+#define host_avgpool_backward clpar_host_dnnl_avgpool_backward
 #else
 #define host_conv2d NULL
 #define host_conv2d_backward NULL
@@ -670,7 +685,7 @@ static clpar_status host_linear_act_backward(void *dev, clpar_act_kind act, size
 static const clpar_backend_iface host_iface = CLPAR_BACKEND_TABLE("host");
 
 #ifdef CLPAR_HAVE_DNNL
-/* host_iface without the oneDNN convolutions (CLPAR_HOST_DNNL=0). */
+/* host_iface with the plain loops in place of oneDNN (CLPAR_HOST_DNNL=0). */
 static clpar_backend_iface host_iface_plain;
 static pthread_once_t plain_once = PTHREAD_ONCE_INIT;
 
@@ -678,10 +693,14 @@ static void make_plain(void) {
   host_iface_plain = host_iface;
   host_iface_plain.conv2d = NULL;
   host_iface_plain.conv2d_backward = NULL;
+#define PLAIN_(e) host_iface_plain.e = clpar_host_##e;
+  HOST_DNNL_SWAPS_(PLAIN_)
+#undef PLAIN_
 }
 
-/* CLPAR_HOST_DNNL: unset or "1" runs convolutions through oneDNN (PyTorch's CPU convolutions
- * are oneDNN's too), "0" through the plain loops; anything else is refused. */
+/* CLPAR_HOST_DNNL: unset or "1" runs convolutions, batch norm and average pooling through oneDNN
+ * (PyTorch's CPU convolutions are oneDNN's too), "0" through the plain loops; anything else is
+ * refused. */
 static clpar_status dnnl_wanted(int *yes) {
   const char *v = getenv("CLPAR_HOST_DNNL");
   *yes = 1;
