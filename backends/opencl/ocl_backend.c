@@ -36,7 +36,8 @@ static clpar_status ocl_destroy(void *dev) {
   free(d->spans);
   pthread_mutex_destroy(&d->prof_lock);
   if (d->scratch) clReleaseMemObject(d->scratch);
-  if (d->queue) clReleaseCommandQueue(d->queue);
+  if (d->plain_queue) clReleaseCommandQueue(d->plain_queue);
+  if (d->prof_queue) clReleaseCommandQueue(d->prof_queue);
   if (d->context) clReleaseContext(d->context); /* a shared one: this device's reference */
   pthread_mutex_destroy(&d->lock);
   pthread_mutex_destroy(&d->prog_lock);
@@ -147,9 +148,8 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
     free(d);
     return NULL;
   }
-  /* Profiling costs nothing until an event is asked for (clpar_device_profile_start). */
-  d->queue = clCreateCommandQueue(d->context, device, CL_QUEUE_PROFILING_ENABLE, &err);
-  if (err != CL_SUCCESS) d->queue = clCreateCommandQueue(d->context, device, 0, &err);
+  /* Without profiling: a queue with it is made when a profile starts (ocl_profile). */
+  d->queue = d->plain_queue = clCreateCommandQueue(d->context, device, 0, &err);
   if (err != CL_SUCCESS) {
     clpar_ocl_fail(err, "clCreateCommandQueue", NULL);
     clReleaseContext(d->context);

@@ -43,7 +43,11 @@ typedef struct clpar_ocl_device {
   cl_device_id device;
   cl_context context;
   int shared_context; /* context is shared with the platform's other devices */
+  /* The queue commands go to: plain_queue, made without CL_QUEUE_PROFILING_ENABLE (PoCL reads
+   * the clock several times per command on a profiling queue), or prof_queue while a profile
+   * is recorded (made by the first clpar_device_profile_start; ocl_profile switches). */
   cl_command_queue queue;
+  cl_command_queue plain_queue, prof_queue;
   /* Held around every command on the queue (kernel arguments are shared state, and PoCL's
    * basic devices deadlocked when two threads drove one queue at once: DataParallel). */
   pthread_mutex_t lock;

@@ -121,15 +121,48 @@ static void profile_harvest(clpar_ocl_device *d) {
   d->n_spans = 0;
 }
 
+/* Sends d's next commands to q, after everything already on the queue in use: a marker there
+ * and, unless it already ran, a barrier on q that waits for it (no host wait), or a clFinish
+ * where the driver refuses. The caller holds d->lock. */
+static void queue_switch(clpar_ocl_device *d, cl_command_queue q) {
+  if (!q || q == d->queue) return;
+  cl_event last = NULL;
+  cl_int status = CL_QUEUED;
+  cl_int err = clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &last);
+  if (err == CL_SUCCESS) err = clFlush(d->queue);
+  if (err == CL_SUCCESS)
+    err = clGetEventInfo(last, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+  if (err == CL_SUCCESS && status != CL_COMPLETE)
+    err = clEnqueueBarrierWithWaitList(q, 1, &last, NULL);
+  if (last) clReleaseEvent(last);
+  if (err != CL_SUCCESS) {
+    clFinish(d->queue);
+    clpar_backend_waited();
+  }
+  d->queue = q;
+}
+
+/* The queue a profile records on: one with CL_QUEUE_PROFILING_ENABLE, made once; the plain
+ * queue where the driver refuses (the profile then counts nothing). */
+static cl_command_queue profiling_queue(clpar_ocl_device *d) {
+  cl_int err = CL_SUCCESS;
+  if (!d->prof_queue)
+    d->prof_queue = clCreateCommandQueue(d->context, d->device, CL_QUEUE_PROFILING_ENABLE, &err);
+  return err == CL_SUCCESS && d->prof_queue ? d->prof_queue : d->plain_queue;
+}
+
 clpar_status ocl_profile(void *dev, int enable) {
   clpar_ocl_device *d = dev;
+  pthread_mutex_lock(&d->lock);
   pthread_mutex_lock(&d->prof_lock);
   if (d->n_spans) clpar_backend_waited(); /* profile_harvest waits for them */
   profile_harvest(d);
   d->prof_seconds = 0;
   d->prof_ops = 0;
+  queue_switch(d, enable ? profiling_queue(d) : d->plain_queue);
   __atomic_store_n(&d->profiling, enable != 0, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&d->prof_lock);
+  pthread_mutex_unlock(&d->lock);
   return CLPAR_OK;
 }
 
