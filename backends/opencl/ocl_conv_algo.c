@@ -70,35 +70,42 @@ int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s) {
 
 /* ---- the implicit GEMM ---- */
 
-/* d's kernel for tiles t, built now if new ("-D" options on conv_implicit.cl). */
-static clpar_status implicit_kernel(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
-                                    cl_kernel *out) {
-  if ((*out = clpar_ocl_conv_kernel_find(d, t))) return CLPAR_OK;
+/* d's kernel name of the embedded file for tiles t, kept under kind (0: the forward's), built
+ * now if new ("-D" tile options); refused when the driver allows fewer work-items for it than
+ * the tiles need (registers). */
+clpar_status clpar_ocl_conv_tiled_kernel(clpar_ocl_device *d, int kind, const char *file,
+                                         const char *name, const clpar_ocl_conv_tiles *t,
+                                         cl_kernel *out) {
+  if ((*out = clpar_ocl_conv_kernel_find_kind(d, kind, t))) return CLPAR_OK;
   const clpar_embedded_source *e = clpar_opencl_sources;
-  while (e->name && strcmp(e->name, "conv_implicit.cl") != 0) e++;
-  if (!e->name) return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: no conv_implicit.cl");
+  while (e->name && strcmp(e->name, file) != 0) e++;
+  if (!e->name) return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: no %s", file);
   char options[256];
   snprintf(options, sizeof options, "%s -DCI_TM=%u -DCI_TN=%u -DCI_TK=%u -DCI_WM=%u -DCI_WN=%u",
            CLPAR_OCL_BUILD_OPTIONS, t->tm, t->tn, t->tk, t->wm, t->wn);
   cl_program prog;
-  clpar_status s = clpar_ocl_program_get(d, "conv_implicit.cl", e->source, e->size, options, &prog);
+  clpar_status s = clpar_ocl_program_get(d, file, e->source, e->size, options, &prog);
   if (s != CLPAR_OK) return s;
   cl_int err;
-  cl_kernel k = clCreateKernel(prog, "conv_implicit_f32", &err);
-  if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateKernel", "conv_implicit_f32");
-  /* a driver may allow fewer work-items for this kernel than for the device (registers) */
+  cl_kernel k = clCreateKernel(prog, name, &err);
+  if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateKernel", name);
   size_t most = 0, want = (size_t)(t->tm / t->wm) * (t->tn / t->wn);
   err = clGetKernelWorkGroupInfo(k, d->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof most, &most, NULL);
   if (err != CL_SUCCESS || most < want) {
     clReleaseKernel(k);
     return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                           "opencl: %s runs conv_implicit_f32 with tiles %u %u %u %u %u in groups "
-                           "of at most %zu work-items; they need %zu",
-                           d->dev_name, t->tm, t->tn, t->tk, t->wm, t->wn, most, want);
+                           "opencl: %s runs %s with tiles %u %u %u %u %u in groups of at most %zu "
+                           "work-items; they need %zu",
+                           d->dev_name, name, t->tm, t->tn, t->tk, t->wm, t->wn, most, want);
   }
-  clpar_ocl_conv_kernel_keep(d, t, k);
+  clpar_ocl_conv_kernel_keep_kind(d, kind, t, k);
   *out = k;
   return CLPAR_OK;
+}
+
+static clpar_status implicit_kernel(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
+                                    cl_kernel *out) {
+  return clpar_ocl_conv_tiled_kernel(d, 0, "conv_implicit.cl", "conv_implicit_f32", t, out);
 }
 
 /* The geometry as conv_implicit.cl takes it. */

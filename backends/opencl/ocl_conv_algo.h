@@ -75,6 +75,12 @@ clpar_status clpar_ocl_conv_bwd_forced(int *algo);
 /* 1 when backward data of s runs as Winograd's forward on the rotated filter: s is 3x3, stride
  * 1, undilated, ungrouped, padding at most 2, and that forward fits. */
 int clpar_ocl_conv_bwd_winograd_fits(const clpar_conv2d_shape *s);
+/* d's kernel name of the embedded OpenCL file for tiles t, kept under kind (0: the forward's
+ * implicit GEMM), built with the tiles as -D options; UNSUPPORTED when the driver allows fewer
+ * work-items for it than the tiles need (ocl_conv_algo.c). */
+clpar_status clpar_ocl_conv_tiled_kernel(clpar_ocl_device *d, int kind, const char *file,
+                                         const char *name, const clpar_ocl_conv_tiles *t,
+                                         cl_kernel *out);
 /* The kernels of conv_bwd.cl kept per tiles beside the forward's (kind 1 data, 2 weights). */
 cl_kernel clpar_ocl_conv_kernel_find_kind(clpar_ocl_device *d, int kind,
                                           const clpar_ocl_conv_tiles *t);
@@ -111,10 +117,8 @@ int clpar_ocl_conv_path(clpar_ocl_device *d, char *path, size_t size);
 void clpar_ocl_conv_stats_get(clpar_ocl_device *d, clpar_ocl_conv_stats *out);
 /* Counts one run of algo (ocl_conv_algo.c) or one timing. */
 void clpar_ocl_conv_count(clpar_ocl_device *d, int algo, int measured);
-/* The implicit GEMM's kernel with tiles t built for d earlier, or NULL; keep hands one over
- * (the cache releases it; callers use it under d->lock, which kernel_keep never takes). */
+/* The forward implicit GEMM's kernel with tiles t built for d earlier, or NULL. */
 cl_kernel clpar_ocl_conv_kernel_find(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t);
-void clpar_ocl_conv_kernel_keep(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, cl_kernel k);
 /* Frees d's convolution state (at device destroy). */
 void clpar_ocl_conv_state_free(clpar_ocl_device *d);
 

@@ -73,32 +73,8 @@ int clpar_ocl_conv_bwd_winograd_fits(const clpar_conv2d_shape *s) {
 /* d's kernel of conv_bwd.cl for kind and tiles t, built now if new. */
 static clpar_status bwd_kernel(clpar_ocl_device *d, int kind, const clpar_ocl_conv_tiles *t,
                                cl_kernel *out) {
-  if ((*out = clpar_ocl_conv_kernel_find_kind(d, kind, t))) return CLPAR_OK;
   const char *name = kind == KIND_DATA ? "conv_bwd_data_f32" : "conv_bwd_weight_f32";
-  const clpar_embedded_source *e = clpar_opencl_sources;
-  while (e->name && strcmp(e->name, "conv_bwd.cl") != 0) e++;
-  if (!e->name) return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: no conv_bwd.cl");
-  char options[256];
-  snprintf(options, sizeof options, "%s -DCI_TM=%u -DCI_TN=%u -DCI_TK=%u -DCI_WM=%u -DCI_WN=%u",
-           CLPAR_OCL_BUILD_OPTIONS, t->tm, t->tn, t->tk, t->wm, t->wn);
-  cl_program prog;
-  clpar_status s = clpar_ocl_program_get(d, "conv_bwd.cl", e->source, e->size, options, &prog);
-  if (s != CLPAR_OK) return s;
-  cl_int err;
-  cl_kernel k = clCreateKernel(prog, name, &err);
-  if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateKernel", name);
-  size_t most = 0, want = (size_t)(t->tm / t->wm) * (t->tn / t->wn);
-  err = clGetKernelWorkGroupInfo(k, d->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof most, &most, NULL);
-  if (err != CL_SUCCESS || most < want) {
-    clReleaseKernel(k);
-    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
-                           "opencl: %s runs %s with tiles %u %u %u %u %u in groups of at most %zu "
-                           "work-items; they need %zu",
-                           d->dev_name, name, t->tm, t->tn, t->tk, t->wm, t->wn, most, want);
-  }
-  clpar_ocl_conv_kernel_keep_kind(d, kind, t, k);
-  *out = k;
-  return CLPAR_OK;
+  return clpar_ocl_conv_tiled_kernel(d, kind, "conv_bwd.cl", name, t, out);
 }
 
 /* The geometry as conv_bwd.cl takes it (CI_GEOM). */

@@ -430,10 +430,6 @@ cl_kernel clpar_ocl_conv_kernel_find(clpar_ocl_device *d, const clpar_ocl_conv_t
   return clpar_ocl_conv_kernel_find_kind(d, 0, t);
 }
 
-void clpar_ocl_conv_kernel_keep(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, cl_kernel k) {
-  clpar_ocl_conv_kernel_keep_kind(d, 0, t, k);
-}
-
 cl_kernel clpar_ocl_conv_kernel_find_kind(clpar_ocl_device *d, int kind,
                                           const clpar_ocl_conv_tiles *t) {
   cl_kernel k = NULL;
