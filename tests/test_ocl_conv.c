@@ -316,12 +316,23 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
   c = run_probe(dev);
   assert_int_equal(c.measured, 0);
   assert_int_equal(c.disk_loads, 1);
-  /* an unknown CLPAR_OCL_CONV value chooses as auto does */
+  clpar_ocl_conv_forget(d);
+  /* an unknown CLPAR_OCL_CONV value is an error naming it (the entry runs on the device's
+   * worker: it comes back by the next command that waits); the device works on after */
+  tu_ok(clpar_device_synchronize(dev));
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t xs[4] = {probe.n, probe.c, probe.h, probe.w},
+          ws[4] = {probe.o, probe.c, probe.kh, probe.kw};
+  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *y;
+  clpar_conv2d_options opt = {{probe.sh, probe.sw}, {probe.ph, probe.pw}, {probe.dh, probe.dw}, 1};
   setenv("CLPAR_OCL_CONV", "winograd-please", 1);
-  unlink(path);
-  c = run_probe(dev);
+  clpar_status s = clpar_conv2d(x, w, NULL, &opt, &y);
+  if (s == CLPAR_OK) s = clpar_device_synchronize(dev);
   unsetenv("CLPAR_OCL_CONV");
-  assert_int_equal(c.measured, 1);
+  assert_int_equal(s, CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "CLPAR_OCL_CONV"));
+  clpar_scope_end(sc);
+  check_shape(dev, &probe, "after the error");
   clpar_ocl_conv_forget(d);
 }
 

@@ -31,16 +31,16 @@ const char *clpar_ocl_conv_algo_name(int algo) {
                                            : "auto";
 }
 
-int clpar_ocl_conv_forced(void) {
-  static int warned;
-  const char *v = getenv("CLPAR_OCL_CONV");
-  if (!v || !*v || strcmp(v, "auto") == 0) return CLPAR_OCL_CONV_AUTO;
+clpar_status clpar_ocl_conv_forced(const char *var, int *algo) {
+  const char *v = getenv(var);
+  *algo = CLPAR_OCL_CONV_AUTO;
+  if (!v || !*v || strcmp(v, "auto") == 0) return CLPAR_OK;
   for (int a = CLPAR_OCL_CONV_IM2COL; a < CLPAR_OCL_CONV_ALGOS; a++)
-    if (strcmp(v, clpar_ocl_conv_algo_name(a)) == 0) return a;
-  if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-    clpar_log(CLPAR_LOG_WARN,
-              "CLPAR_OCL_CONV=%.32s is not im2col, implicit, winograd or auto: choosing", v);
-  return CLPAR_OCL_CONV_AUTO;
+    if (strcmp(v, clpar_ocl_conv_algo_name(a)) == 0) return *algo = a, CLPAR_OK;
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                         "clpar_conv2d (opencl): %s is \"%.32s\"; need im2col, implicit, "
+                         "winograd or auto",
+                         var, v);
 }
 
 int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
@@ -333,7 +333,9 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
 clpar_status clpar_ocl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref x, clpar_bref weight,
                               clpar_bref bias, clpar_bref y) {
   clpar_ocl_device *d = dev;
-  int algo = clpar_ocl_conv_forced();
+  int algo;
+  clpar_status forced = clpar_ocl_conv_forced("CLPAR_OCL_CONV", &algo);
+  if (forced != CLPAR_OK) return forced;
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = clpar_ocl_conv_cached(d, &s, &t);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = measure(d, &t, s, x, weight, bias, y);

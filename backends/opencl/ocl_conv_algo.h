@@ -48,9 +48,10 @@ extern size_t clpar_ocl_conv_chunk_floats;
 
 /* "im2col", "implicit", "winograd" ("auto" for CLPAR_OCL_CONV_AUTO). */
 const char *clpar_ocl_conv_algo_name(int algo);
-/* The algorithm CLPAR_OCL_CONV forces; CLPAR_OCL_CONV_AUTO when unset, "auto", or not a name
- * (then warned once). */
-int clpar_ocl_conv_forced(void);
+/* The algorithm the environment variable var (CLPAR_OCL_CONV, CLPAR_OCL_CONV_BWD) forces into
+ * *algo (CLPAR_OCL_CONV_AUTO when unset or "auto"); CLPAR_ERROR_INVALID_ARGUMENT naming var
+ * when it names none. */
+clpar_status clpar_ocl_conv_forced(const char *var, int *algo);
 /* 0 when tiles t can be built and launched on d (divisibility, work-group size, local memory),
  * else -1 with the offending field in *bad. */
 int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
@@ -69,9 +70,6 @@ clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_sha
 
 /* ---- the backward passes (ocl_conv_bwd.c) ---- */
 
-/* The algorithm CLPAR_OCL_CONV_BWD forces into *algo (CLPAR_OCL_CONV_AUTO when unset or
- * "auto"); CLPAR_ERROR_INVALID_ARGUMENT when it names none. */
-clpar_status clpar_ocl_conv_bwd_forced(int *algo);
 /* 1 when backward data of s runs as Winograd's forward on the rotated filter: s is 3x3, stride
  * 1, undilated, ungrouped, padding at most 2, and that forward fits. */
 int clpar_ocl_conv_bwd_winograd_fits(const clpar_conv2d_shape *s);

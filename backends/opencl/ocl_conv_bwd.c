@@ -38,18 +38,6 @@ static clpar_bref plus(clpar_bref r, size_t off) {
 
 static const clpar_bref no_ref = {NULL, 0};
 
-clpar_status clpar_ocl_conv_bwd_forced(int *algo) {
-  const char *v = getenv("CLPAR_OCL_CONV_BWD");
-  *algo = CLPAR_OCL_CONV_AUTO;
-  if (!v || !*v || strcmp(v, "auto") == 0) return CLPAR_OK;
-  for (int a = CLPAR_OCL_CONV_IM2COL; a < CLPAR_OCL_CONV_ALGOS; a++)
-    if (strcmp(v, clpar_ocl_conv_algo_name(a)) == 0) return *algo = a, CLPAR_OK;
-  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                         "clpar_conv2d backward (opencl): CLPAR_OCL_CONV_BWD is \"%.32s\"; need "
-                         "im2col, implicit, winograd or auto",
-                         v);
-}
-
 /* The forward convolution whose output is dx: gy convolved with the rotated, transposed
  * filter, padding k - 1 - p (stride 1, dilation 1, one group). */
 static clpar_conv2d_shape flipped(const clpar_conv2d_shape *s) {
@@ -459,7 +447,7 @@ clpar_status clpar_ocl_conv2d_backward(void *dev, clpar_conv2d_shape s, clpar_br
   if (db.buf && !dw.buf)
     return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl conv2d_backward: db without dw");
   int forced;
-  clpar_status st = clpar_ocl_conv_bwd_forced(&forced);
+  clpar_status st = clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", &forced);
   if (st != CLPAR_OK) return st;
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   int da = forced, wa = forced;
