@@ -5,6 +5,7 @@
 
 #include <clpar/clpar.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "../samples/sample_clock.h" /* now_seconds */
 
@@ -14,18 +15,26 @@ static inline int bench_ok(clpar_status s, const char *what) {
   return s == CLPAR_OK;
 }
 
-/* Linear(in, hidden) -> ReLU -> Linear(hidden, hidden) -> ReLU -> Linear(hidden, out) on dev,
- * from a fixed seed; NULL (the reason on stderr) on failure. */
-static inline clpar_module *bench_mlp(int64_t in, int64_t hidden, int64_t out, clpar_device *dev) {
-  clpar_module *l[5], *m = NULL;
+/* layers Linear layers in -> hidden -> ... -> hidden -> out with a ReLU between each two, on
+ * dev, from a fixed seed; NULL (the reason on stderr) on failure. */
+static inline clpar_module *bench_mlp_layers(int layers, int64_t in, int64_t hidden, int64_t out,
+                                             clpar_device *dev) {
+  clpar_module **l = calloc((size_t)(2 * layers), sizeof *l), *m = NULL;
+  int n = 0, good = l != NULL;
   clpar_manual_seed(3);
-  if (bench_ok(clpar_linear_create(in, hidden, 1, dev, &l[0]), "Linear") &&
-      bench_ok(clpar_relu_create(&l[1]), "ReLU") &&
-      bench_ok(clpar_linear_create(hidden, hidden, 1, dev, &l[2]), "Linear") &&
-      bench_ok(clpar_relu_create(&l[3]), "ReLU") &&
-      bench_ok(clpar_linear_create(hidden, out, 1, dev, &l[4]), "Linear"))
-    bench_ok(clpar_sequential_create(l, 5, &m), "Sequential");
+  for (int i = 0; good && i < layers; i++) {
+    int64_t fan_in = i == 0 ? in : hidden, fan_out = i == layers - 1 ? out : hidden;
+    good = bench_ok(clpar_linear_create(fan_in, fan_out, 1, dev, &l[n++]), "Linear");
+    if (good && i < layers - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
+  }
+  if (good) bench_ok(clpar_sequential_create(l, n, &m), "Sequential");
+  free(l);
   return m;
+}
+
+/* Linear(in, hidden) -> ReLU -> Linear(hidden, hidden) -> ReLU -> Linear(hidden, out). */
+static inline clpar_module *bench_mlp(int64_t in, int64_t hidden, int64_t out, clpar_device *dev) {
+  return bench_mlp_layers(3, in, hidden, out, dev);
 }
 
 /* A fixed batch: x [batch, in] in [-0.5, 0.5), labels cycling through the classes. */

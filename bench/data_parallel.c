@@ -43,19 +43,7 @@ static const model_spec models[] = {
 
 /* layers Linear layers in -> hidden -> ... -> out with ReLU between them, on dev. */
 static clpar_module *make_model(const model_spec *m, clpar_device *dev) {
-  if (m->layers == 3) return bench_mlp(m->in, m->hidden, m->out, dev);
-  clpar_module **l = calloc((size_t)(2 * m->layers), sizeof *l);
-  clpar_module *seq = NULL;
-  int n = 0, good = l != NULL;
-  clpar_manual_seed(3);
-  for (int i = 0; good && i < m->layers; i++) {
-    int64_t in = i == 0 ? m->in : m->hidden, out = i == m->layers - 1 ? m->out : m->hidden;
-    good = bench_ok(clpar_linear_create(in, out, 1, dev, &l[n++]), "Linear");
-    if (good && i < m->layers - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
-  }
-  if (good) bench_ok(clpar_sequential_create(l, n, &seq), "Sequential");
-  free(l);
-  return seq;
+  return bench_mlp_layers(m->layers, m->in, m->hidden, m->out, dev);
 }
 
 typedef struct {

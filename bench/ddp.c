@@ -38,17 +38,8 @@ static const model_spec compute = {"compute", 6, 256, 512, 16},
  * weights, so that the bucket cap decides how many buckets there are); the latency MLP's
  * last layer is its 48th. */
 static clpar_module *make_mlp(const model_spec *s, clpar_device *dev) {
-  int n_lin = s == &compute ? s->layers + 1 : s->layers, n = 0, good = 1;
-  clpar_module **l = calloc((size_t)(2 * n_lin), sizeof *l), *m = NULL;
-  clpar_manual_seed(3);
-  for (int i = 0; good && l && i < n_lin; i++) {
-    int64_t out = i == n_lin - 1 ? s->out : s->width;
-    good = bench_ok(clpar_linear_create(s->width, out, 1, dev, &l[n++]), "Linear");
-    if (good && i < n_lin - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
-  }
-  if (good && l) bench_ok(clpar_sequential_create(l, n, &m), "Sequential");
-  free(l);
-  return m;
+  int n_lin = s == &compute ? s->layers + 1 : s->layers;
+  return bench_mlp_layers(n_lin, s->width, s->width, s->out, dev);
 }
 
 /* ms per step of a round: eager steps or replays, waiting for the device and the

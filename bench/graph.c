@@ -38,21 +38,15 @@ typedef struct {
 /* The MLP on devs[0], wrapped in DataParallel over both devices when n is 2, its optimizer
  * and static inputs; then a warm-up step and the captured one. */
 static int make_run(bench_run *r) {
-  clpar_module *l[2 * LAYERS], *dp;
-  int n = 0, good = 1;
-  clpar_manual_seed(3);
-  for (int i = 0; good && i < LAYERS; i++) {
-    good = bench_ok(clpar_linear_create(WIDTH, WIDTH, 1, r->devs[0], &l[n++]), "Linear");
-    if (good && i < LAYERS - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
-  }
+  clpar_module *dp;
   float x[BATCH * WIDTH];
   int32_t y[BATCH];
   bench_batch(x, y, BATCH, WIDTH, WIDTH);
   int64_t xs[2] = {BATCH, WIDTH}, ys = BATCH;
   clpar_sgd_options sgd = {.lr = 0.01f};
   clpar_data_parallel_options o = {.devices = r->devs, .n_devices = 2};
-  good = good && bench_ok(clpar_sequential_create(l, n, &r->s.m), "Sequential") &&
-         bench_ok(clpar_module_flatten(r->s.m), "flatten");
+  r->s.m = bench_mlp_layers(LAYERS, WIDTH, WIDTH, WIDTH, r->devs[0]);
+  int good = r->s.m && bench_ok(clpar_module_flatten(r->s.m), "flatten");
   if (good && r->n == 2) {
     good = bench_ok(clpar_data_parallel_create(r->s.m, &o, &dp), "DataParallel");
     r->s.m = good ? dp : NULL;

@@ -16,20 +16,13 @@ enum { LAYERS = 48, WIDTH = 64, BATCH = 32 };
 
 /* The MLP on dev, its optimizer and static inputs, a warm-up step and the captured one. */
 static int make_run(clpar_device *dev, bench_step_run *r) {
-  clpar_module *l[2 * LAYERS];
-  int n = 0, good = 1;
-  clpar_manual_seed(3);
-  for (int i = 0; good && i < LAYERS; i++) {
-    good = bench_ok(clpar_linear_create(WIDTH, WIDTH, 1, dev, &l[n++]), "Linear");
-    if (good && i < LAYERS - 1) good = bench_ok(clpar_relu_create(&l[n++]), "ReLU");
-  }
   float x[BATCH * WIDTH];
   int32_t y[BATCH];
   bench_batch(x, y, BATCH, WIDTH, WIDTH);
   int64_t xs[2] = {BATCH, WIDTH}, ys = BATCH;
   clpar_sgd_options sgd = {.lr = 0.01f};
-  return good && bench_ok(clpar_sequential_create(l, n, &r->m), "Sequential") &&
-         bench_ok(clpar_module_flatten(r->m), "flatten") &&
+  r->m = bench_mlp_layers(LAYERS, WIDTH, WIDTH, WIDTH, dev);
+  return r->m && bench_ok(clpar_module_flatten(r->m), "flatten") &&
          bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD") &&
          bench_ok(clpar_tensor_from_host(dev, 2, xs, x, &r->x), "input") &&
          bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r->y), "labels") &&
