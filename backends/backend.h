@@ -750,4 +750,39 @@ clpar_status clpar_trusted_file_read(int dirfd, const char *name, size_t max_byt
  * written, fsync'ed and renamed over name (a link at name is replaced, not followed). */
 clpar_status clpar_trusted_file_write(int dirfd, const char *name, const void *data, size_t size);
 
+/* linear_act_backward as the core composes it (bias_act_backward into scratch, then the two
+ * GEMMs, in that order and with the same arguments, so the bits are the composition's) through
+ * a backend's own bias_act_backward and gemm: for a backend that posts the Linear's backward as
+ * one command (host, CUDA) without a kernel of its own for it. who names the backend in
+ * errors. */
+typedef clpar_status (*clpar_be_bias_act_backward_fn)(void *dev, clpar_act_kind act, size_t rows,
+                                                      size_t cols, clpar_bref g, clpar_bref y,
+                                                      clpar_bref out, clpar_bref db,
+                                                      int accumulate);
+typedef clpar_status (*clpar_be_gemm_fn)(void *dev, int trans_a, int trans_b, size_t m, size_t n,
+                                         size_t k, float alpha, clpar_bref a, size_t lda,
+                                         clpar_bref b, size_t ldb, float beta, clpar_bref c,
+                                         size_t ldc);
+static inline clpar_status clpar_be_linear_act_backward(
+    const char *who, clpar_be_bias_act_backward_fn bias_act_backward, clpar_be_gemm_fn gemm,
+    void *dev, clpar_act_kind act, size_t m, size_t n, size_t k, clpar_bref g, clpar_bref y,
+    clpar_bref x, clpar_bref w, clpar_bref scratch, clpar_bref dx, clpar_bref dw, clpar_bref db,
+    int accumulate) {
+  clpar_bref none = {NULL, 0}, d = act == CLPAR_ACT_NONE ? g : scratch;
+  clpar_status s = CLPAR_OK;
+  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s linear_act_backward: activation %d",
+                           who, (int)act);
+  if (act != CLPAR_ACT_NONE && !scratch.buf)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s linear_act_backward: no scratch", who);
+  if (act != CLPAR_ACT_NONE || db.buf)
+    s = bias_act_backward(dev, act, m, n, g, y, act != CLPAR_ACT_NONE ? d : none, db,
+                          (accumulate & CLPAR_ACC_DB) != 0);
+  if (s == CLPAR_OK && dw.buf)
+    s = gemm(dev, 1, 0, n, k, m, 1.0f, d, n, x, k, accumulate & CLPAR_ACC_DW ? 1.0f : 0.0f, dw, k);
+  if (s == CLPAR_OK && dx.buf)
+    s = gemm(dev, 0, 0, m, k, n, 1.0f, d, n, w, k, accumulate & CLPAR_ACC_DX ? 1.0f : 0.0f, dx, k);
+  return s;
+}
+
 #endif

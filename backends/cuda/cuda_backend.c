@@ -159,8 +159,15 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 #define cuda_conv2d NULL
 #define cuda_conv2d_backward NULL
 #endif
-/* A Linear's backward is composed: bias_act_backward and two cuBLAS GEMMs. */
-#define cuda_linear_act_backward NULL
+/* A Linear's backward: bias_act_backward then two cuBLAS GEMMs, the core's composition in one
+ * posted entry. */
+static clpar_status cuda_linear_act_backward(void *dev, clpar_act_kind act, size_t m, size_t n,
+                                             size_t k, clpar_bref g, clpar_bref y, clpar_bref x,
+                                             clpar_bref w, clpar_bref scratch, clpar_bref dx,
+                                             clpar_bref dw, clpar_bref db, int accumulate) {
+  return clpar_be_linear_act_backward("cuda", cuda_bias_act_backward, cuda_gemm, dev, act, m, n, k,
+                                      g, y, x, w, scratch, dx, dw, db, accumulate);
+}
 /* Softmax cross-entropy is composed in the core from softmax and nll_ignore. */
 #define cuda_xent NULL
 #define cuda_xent_backward NULL

@@ -657,23 +657,8 @@ static clpar_status host_linear_act_backward(void *dev, clpar_act_kind act, size
                                              size_t k, clpar_bref g, clpar_bref y, clpar_bref x,
                                              clpar_bref w, clpar_bref scratch, clpar_bref dx,
                                              clpar_bref dw, clpar_bref db, int accumulate) {
-  clpar_bref none = {NULL, 0}, d = act == CLPAR_ACT_NONE ? g : scratch;
-  clpar_status s = CLPAR_OK;
-  if ((int)act < CLPAR_ACT_NONE || act > CLPAR_ACT_TANH)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host linear_act_backward: activation %d",
-                           (int)act);
-  if (act != CLPAR_ACT_NONE && !scratch.buf)
-    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "host linear_act_backward: no scratch");
-  if (act != CLPAR_ACT_NONE || db.buf)
-    s = host_bias_act_backward(dev, act, m, n, g, y, act != CLPAR_ACT_NONE ? d : none, db,
-                               (accumulate & CLPAR_ACC_DB) != 0);
-  if (s == CLPAR_OK && dw.buf)
-    s = host_gemm(dev, 1, 0, n, k, m, 1.0f, d, n, x, k, accumulate & CLPAR_ACC_DW ? 1.0f : 0.0f, dw,
-                  k);
-  if (s == CLPAR_OK && dx.buf)
-    s = host_gemm(dev, 0, 0, m, k, n, 1.0f, d, n, w, k, accumulate & CLPAR_ACC_DX ? 1.0f : 0.0f, dx,
-                  k);
-  return s;
+  return clpar_be_linear_act_backward("host", host_bias_act_backward, host_gemm, dev, act, m, n, k,
+                                      g, y, x, w, scratch, dx, dw, db, accumulate);
 }
 
 /* No prepared launches: a replay calls the entries (docs/graphs.md). */
