@@ -674,6 +674,7 @@ static void test_profiling_entries(void **state) {
     tu_ok(f->alloc(ctx, 2 * n * sizeof(float) + 64, &buf));
     clpar_bref a = {buf, 0}, b = {buf, n}, out = {buf, 2 * n};
     tu_ok(clpar_device_profile_start(dev));
+    tu_ok(clpar_device_synchronize(dev)); /* the start is posted: on before the calls below */
     tu_ok(f->write(ctx, buf, 0, h, n * sizeof(float)));
     tu_ok(f->copy(ctx, buf, n * sizeof(float), buf, 0, n * sizeof(float)));
     tu_ok(f->sum_rows(ctx, n, 1, b, out));
