@@ -3,9 +3,11 @@
  *
  * Each op is written with the very expression of its own kernel (elementwise.cl, fill.cl,
  * activation.cl, tensor_ops.cl), in a statement of its own, and the program is built with the
- * same options as those files: OpenCL's default FP_CONTRACT contracts within an expression
- * only, so an op rounds as its single kernel does and no multiply of one op is fused with an
- * add of the next. An op's result stays in a register for the later ops that read it, and is
+ * same options as those files, so an op rounds as its single kernel does. OpenCL's default
+ * FP_CONTRACT contracts within an expression only (PoCL), but some compilers also fuse a
+ * multiply of one statement with an add of the next (NVIDIA's): on those, probed once per
+ * device, each op's result goes through a volatile variable, which no contraction crosses. An
+ * op's result stays in a register (or that variable) for the later ops that read it, and is
  * stored as its command stored it. The source depends on the chain's structure only (buffers,
  * offsets and scalars are kernel arguments), so alike chains share one program, built once and
  * kept in the program cache (and its trusted disk cache). */
@@ -148,15 +150,56 @@ static clpar_status check_chain(const clpar_ew_chain *c) {
             : clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "opencl ew_chain: a malformed chain");
 }
 
-/* The kernel's source for c's structure; NULL when out of memory. */
-static char *chain_source(const clpar_ew_chain *c, size_t *size) {
+/* t = a0 a1 then t + a2, with a = {1 + 2^-12, 1 + 2^-12, -(1 + 2^-11)}: the product
+ * 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11, so the sum is 0 when each statement rounds and 2^-24
+ * when the two are fused. The inputs come from a buffer, so that nothing is folded. */
+static const char probe_source[] =
+    "__kernel void ew_contract_probe(__global const float *a, __global float *r) {\n"
+    "  float t = a[0] * a[1];\n"
+    "  float u = t + a[2];\n"
+    "  r[0] = u;\n"
+    "}\n";
+
+/* d->contracts_across, probed on first use (1 no, 2 yes). Called with d->lock held. */
+static clpar_status probe_contraction(clpar_ocl_device *d) {
+  if (d->contracts_across) return CLPAR_OK;
+  cl_kernel k = NULL;
+  clpar_status s = clpar_ocl_generated_kernel(d, "ew_contract_probe", probe_source,
+                                              sizeof probe_source - 1, "ew_contract_probe", &k);
+  if (s != CLPAR_OK) return s;
+  float a[4] = {1.0f + 0x1p-12f, 1.0f + 0x1p-12f, -(1.0f + 0x1p-11f), 1.0f}, r = 1.0f;
+  cl_int err = CL_SUCCESS;
+  cl_mem m =
+      clCreateBuffer(d->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof a, a, &err);
+  cl_mem out = NULL;
+  if (err == CL_SUCCESS) out = clCreateBuffer(d->context, CL_MEM_READ_WRITE, sizeof r, NULL, &err);
+  if (err == CL_SUCCESS) err = clSetKernelArg(k, 0, sizeof m, &m);
+  if (err == CL_SUCCESS) err = clSetKernelArg(k, 1, sizeof out, &out);
+  size_t one = 1;
+  if (err == CL_SUCCESS)
+    err = clEnqueueNDRangeKernel(d->queue, k, 1, NULL, &one, &one, 0, NULL, NULL);
+  if (err == CL_SUCCESS)
+    err = clEnqueueReadBuffer(d->queue, out, CL_TRUE, 0, sizeof r, &r, 0, NULL, NULL);
+  if (out) clReleaseMemObject(out);
+  if (m) clReleaseMemObject(m);
+  if (err != CL_SUCCESS) return clpar_ocl_fail(err, "the contraction probe", "ew_chain");
+  d->contracts_across = r != 0.0f ? 2 : 1;
+  clpar_log(CLPAR_LOG_INFO, "opencl ew_chain: the compiler %s across statements (probe %g)",
+            r != 0.0f ? "contracts" : "does not contract", (double)r);
+  return CLPAR_OK;
+}
+
+/* The kernel's source for c's structure; NULL when out of memory. volatile: each op's result
+ * goes through a volatile variable (see the top of the file). */
+static char *chain_source(const clpar_ew_chain *c, int volatile_results, size_t *size) {
   text t = {0};
   put(&t, "#define SQRT_2_OVER_PI 0.7978845608028654f\n#define GELU_C 0.044715f\n");
   put(&t, "__kernel void ew_chain(ulong n");
   for (int r = 0; r < c->n_refs; r++) put(&t, ", __global float *m%d, ulong o%d", r, r);
   for (int j = 0; j < c->n_ops; j++) put(&t, ", float p%d", j);
   put(&t, ") {\n  ulong i = get_global_id(0);\n  if (i >= n) return;\n");
-  for (int j = 0; j < c->n_ops; j++) put(&t, "  float v%d;\n", j);
+  for (int j = 0; j < c->n_ops; j++)
+    put(&t, "  %sfloat v%d;\n", volatile_results ? "volatile " : "", j);
   for (int j = 0; j < c->n_ops; j++) put_op(&t, &c->ops[j], j);
   put(&t, "}\n");
   if (t.failed) {
@@ -170,8 +213,14 @@ static char *chain_source(const clpar_ew_chain *c, size_t *size) {
 clpar_status ocl_ew_chain_prepare(void *dev, clpar_ew_chain *chain) {
   clpar_status s = check_chain(chain);
   if (s != CLPAR_OK) return s;
+  clpar_ocl_device *d = dev;
+  pthread_mutex_lock(&d->lock);
+  s = probe_contraction(d);
+  int across = d->contracts_across == 2;
+  pthread_mutex_unlock(&d->lock);
+  if (s != CLPAR_OK) return s;
   size_t size = 0;
-  char *src = chain_source(chain, &size);
+  char *src = chain_source(chain, across, &size);
   if (!src) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl ew_chain: the source");
   cl_kernel k = NULL;
   s = clpar_ocl_generated_kernel(dev, "ew_chain", src, size, "ew_chain", &k);

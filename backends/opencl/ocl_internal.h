@@ -64,6 +64,9 @@ typedef struct clpar_ocl_device {
   cl_mem_flags buffer_flags; /* tensors' buffers: see ocl_alloc */
   /* a CPU device: small GEMMs take gemm_small.cl (ocl_gemm) */
   int cpu;
+  /* whether the compiler fuses a multiply of one statement with an add of the next (ocl_fuse.c
+   * probes it once): 0 not probed yet, 1 no, 2 yes; guarded by lock */
+  int contracts_across;
   cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
   /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
    * reading the profile sums their device times. Guarded by prof_lock. */
