@@ -134,6 +134,8 @@ double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_t
 typedef struct {
   double before, after;       /* seconds over the tune shapes: the tiles in force, the kept */
   int tried, failed;          /* candidates; failed: build or launch error, or wrong results */
+  int unrunnable;             /* candidates skipped: built, their kernel needs more registers
+                                 than a work-group of their size has (a GPU's limit) */
   clpar_ocl_conv_tiles tiles; /* the device's tiles now */
 } clpar_ocl_conv_tune_result;
 /* Times up to tries tile candidates on three ResNet-50 layer shapes, checking each against

@@ -97,10 +97,29 @@ static double time_tiles(clpar_ocl_device *d, tune_bufs *b, const clpar_ocl_conv
     double dt =
         clpar_ocl_conv_time(d, CLPAR_OCL_CONV_IMPLICIT, t, tune_shapes[i], x, w, none, y, 0);
     int ok = 0;
-    if (dt < 0 || agrees(d, b, i, &ok) != CLPAR_OK || !ok) return -1;
+    if (dt >= 0 && agrees(d, b, i, &ok) == CLPAR_OK && !ok)
+      clpar_log(CLPAR_LOG_INFO, "opencl conv tuning: tiles %u %u %u %u %u: wrong results", t->tm,
+                t->tn, t->tk, t->wm, t->wn);
+    else if (dt < 0)
+      clpar_log(CLPAR_LOG_INFO, "opencl conv tuning: tiles %u %u %u %u %u: %s", t->tm, t->tn, t->tk,
+                t->wm, t->wn, clpar_last_error());
+    if (dt < 0 || !ok) return -1;
     sum += dt;
   }
   return sum;
+}
+
+/* Whether the device runs the implicit GEMM with tiles t in work-groups of their size: the
+ * kernel builds, and its compiled register use leaves room for them (CLPAR_ERROR_UNSUPPORTED
+ * otherwise, a GPU's limit, which is not a failure of the tiles). */
+static int runnable(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t) {
+  cl_kernel k;
+  clpar_status s =
+      clpar_ocl_conv_tiled_kernel(d, 0, "conv_implicit.cl", "conv_implicit_f32", t, &k);
+  if (s != CLPAR_ERROR_UNSUPPORTED) return 1; /* built, or failed: time_tiles counts that */
+  clpar_log(CLPAR_LOG_INFO, "opencl conv tuning: %s", clpar_last_error());
+  clpar_clear_error();
+  return 0;
 }
 
 clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int tries, clpar_ocl_conv_tune_result *r) {
@@ -122,6 +141,10 @@ clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int tries, clpar_ocl_conv_
     clpar_ocl_conv_tiles t = grid(i);
     const char *bad;
     if (clpar_ocl_conv_tiles_check(d, &t, &bad) != 0 || memcmp(&t, &best, sizeof t) == 0) continue;
+    if (!runnable(d, &t)) {
+      r->unrunnable++;
+      continue;
+    }
     tried++;
     r->tried++;
     double dt = time_tiles(d, &b, &t);

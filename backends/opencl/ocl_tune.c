@@ -357,10 +357,10 @@ static void tune_conv(clpar_ocl_device *d, int quick) {
               clpar_last_error());
   else
     clpar_log(CLPAR_LOG_INFO,
-              "opencl: %s: implicit-GEMM convolution tiles %u %u %u %u %u (%d tried, %d failed): "
-              "%.3f ms before, %.3f ms after",
+              "opencl: %s: implicit-GEMM convolution tiles %u %u %u %u %u (%d tried, %d failed, "
+              "%d too large for the device): %.3f ms before, %.3f ms after",
               d->dev_name, r.tiles.tm, r.tiles.tn, r.tiles.tk, r.tiles.wm, r.tiles.wn, r.tried,
-              r.failed, r.before * 1e3, r.after * 1e3);
+              r.failed, r.unrunnable, r.before * 1e3, r.after * 1e3);
 }
 
 clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shapes,
