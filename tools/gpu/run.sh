@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# run.sh — on a GPU machine, from the root of a copy of this repository with the bundle of
+# tools/gpu/bundle.sh in it: the ctest suite on each CUDA device and each NVIDIA OpenCL GPU
+# against the host (as scripts/test-gpu.sh, without building), the MPI tests with both ranks
+# on cuda:0 (NCCL's one-rank path, and its refusal of two ranks on one GPU), then the GPU
+# benchmarks. Logs go to $OUT (or /tmp/gpu-logs); a summary to stdout.
+#
+#   tools/gpu/run.sh [BUNDLE.tar.xz]      # default .gpu/bundle.tar.xz
+set -uo pipefail
+R=$PWD; bundle=${1:-.gpu/bundle.tar.xz}; L=${OUT:-/tmp/gpu-logs}; mkdir -p "$L"
+S=$(mktemp -d); tar -xJf "$bundle" -C "$S" || exit 1
+# the test files name the binaries by the absolute path of the tree they were built in
+built=$(sed -n 's/^add_test([^ ]* "\(.*\)\/build\/tests\/.*/\1/p' "$S/build/tests/CTestTestfile.cmake" | head -1)
+if [ "$built" != "$R" ]; then
+  [ -e "$built" ] && { echo "run.sh: $built exists; run from there or move it"; exit 1; }
+  mkdir -p "$(dirname "$built")" && ln -s "$R" "$built"
+fi
+rm -rf "$R/build"; mv "$S/build" "$R/build"
+libdir() { find /usr /opt -name "$1" 2>/dev/null | head -1 | xargs -r dirname; }
+nvocl=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name 'libnvidia-opencl.so*' -print 2>/dev/null | head -1)
+mpil=; command -v mpiexec >/dev/null || mpil=$S/mpilib
+export LD_LIBRARY_PATH=$S/lib:$mpil:$(libdir libcublas.so.13):$(libdir libnccl.so.2):$(libdir libcudnn.so.9)
+mkdir -p "$S/icd"; echo "$nvocl" > "$S/icd/nvidia.icd"
+export OCL_ICD_VENDORS=$S/icd CLPAR_CACHE_DIR=$S/kc OMP_NUM_THREADS=2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p -m 700 "$S/kc"; unset POCL_DEVICES CLPAR_DEVICES
+[ -e /usr/bin/cmake ] || ln -s "$(command -v cmake)" /usr/bin/cmake # ctest's -P scripts
+nvidia-smi -L; "$R/build/samples/devices" 2>&1 | head -4
+gpus=$("$R/build/samples/devices" 2>/dev/null | awk '$1 ~ /^cuda:/ || ($1 ~ /^opencl:/ && $2 == "GPU") {print $1}')
+suite() { # suite NAME CLPAR_DEVICES SECONDS ctest-args...: one ctest run in a tree of its own
+  local n=$1 d=$2 t=$3; shift 3; local w=$S/ct-$n
+  for s in . tests bench samples; do mkdir -p "$w/$s"; cp "$R/build/$s/CTestTestfile.cmake" "$w/$s/"; done
+  (cd "$w" && CLPAR_DEVICES=$d timeout "$t" ctest --timeout 200 --output-on-failure "$@" >"$L/ctest-$n.log" 2>&1)
+  echo "== $n (CLPAR_DEVICES=$d): rc $? $(grep -h 'tests passed' "$L/ctest-$n.log")"
+  grep -hE '\((Failed|Timeout|SEGFAULT|Subprocess)' "$L/ctest-$n.log" | head -20; }
+for g in $gpus; do suite "${g/:/}" "host,$g" "${SUITE_S:-300}" -LE "install|mpi" -j8 & done; wait
+command -v mpiexec >/dev/null && echo "$gpus" | grep -q '^cuda:0$' && suite mpi cuda:0 150 -L mpi -j6
+cd "$R/build/bench"
+b() { echo "== $*"; timeout 60 env "$@" 2>&1 | grep '^{' | tail -2; }
+for g in $gpus; do
+  b CLPAR_DEVICES=$g ./bench_train_step 0 10 --model resnet50 --rounds 3 --no-torch
+  b CLPAR_DEVICES=$g ./bench_graph 20 5 --model resnet50
+  b CLPAR_DEVICES=$g ./bench_graph 50 5
+  b CLPAR_DEVICES=$g ./bench_conv 0 16 64
+done
+echo "$gpus" | grep -q '^cuda:0$' &&
+  b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_train_step 0 10 --model resnet50 --rounds 3 --no-torch
+true
