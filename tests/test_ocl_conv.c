@@ -356,6 +356,37 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
   clpar_ocl_conv_forget(d);
 }
 
+/* The device ops one forward of s records in a profile (forced as CLPAR_OCL_CONV says). */
+static uint64_t profiled_ops(clpar_device *dev, const cshape *s) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
+  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *y;
+  clpar_tensor *b = s->bias ? tu_make(dev, 1, &s->o, 13) : NULL;
+  clpar_conv2d_options opt = {{s->sh, s->sw}, {s->ph, s->pw}, {s->dh, s->dw}, s->groups};
+  clpar_profile p0, p1;
+  tu_ok(clpar_device_synchronize(dev));
+  tu_ok(clpar_device_profile_start(dev));
+  tu_ok(clpar_device_profile_read(dev, &p0));
+  tu_ok(clpar_conv2d(x, w, b, &opt, &y));
+  tu_ok(clpar_device_profile_read(dev, &p1));
+  tu_ok(clpar_device_profile_stop(dev));
+  clpar_scope_end(sc);
+  return p1.ops - p0.ops;
+}
+
+/* CLBlast's convgemm is recorded in a device profile as one op, its bias as a second. */
+static void test_convgemm_profiled(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  cshape s = shapes[1].s; /* stride 2, no bias */
+  setenv("CLPAR_OCL_CONV", "convgemm", 1);
+  assert_int_equal(profiled_ops(dev, &s), 1);
+  s.bias = 1;
+  assert_int_equal(profiled_ops(dev, &s), 2);
+  unsetenv("CLPAR_OCL_CONV");
+}
+
 /* A grouped shape is measured without convgemm (CLBlast's takes one group); the variables name
  * convgemm for the forward only. */
 static void test_convgemm_measured_where_it_fits(void **state) {
@@ -461,6 +492,7 @@ int main(void) {
       cmocka_unit_test(test_winograd_path),
       cmocka_unit_test(test_convgemm_path),
       cmocka_unit_test(test_convgemm_measured_where_it_fits),
+      cmocka_unit_test(test_convgemm_profiled),
       cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_implicit_tiles),
       cmocka_unit_test(test_tile_tuning),

@@ -291,8 +291,10 @@ double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_t
                            clpar_bref y, double cut) {
   cl_kernel k;
   clpar_status st = algo == CLPAR_OCL_CONV_IMPLICIT ? implicit_kernel(d, t, &k) : CLPAR_OK;
-  /* the implicit GEMM's untimed run builds nothing (just above), so it may count */
-  int counts = algo == CLPAR_OCL_CONV_IMPLICIT && cut > 0;
+  /* the implicit GEMM's untimed run builds nothing (just above), nor does convgemm's once
+   * CLBlast has compiled it for d, so it may count */
+  int counts = cut > 0 && (algo == CLPAR_OCL_CONV_IMPLICIT ||
+                           (algo == CLPAR_OCL_CONV_CONVGEMM && atomic_load(&d->convgemm_warm)));
   double best = -1, t0 = now();
   if (st == CLPAR_OK) st = run_algo(d, algo, t, s, x, wt, bias, y);
   if (st == CLPAR_OK) st = ocl_finish(d);

@@ -136,8 +136,8 @@ void clpar_ocl_conv_state_free(clpar_ocl_device *d);
 CLPAR_OCL_ENTRY_DECL_(conv2d)
 /* Seconds one run of algo (tiles t for the implicit GEMM) takes on s into y: best of two after
  * one untimed run, or the first when that took over cut seconds (cut > 0; for the implicit
- * GEMM, whose kernel is built first, the untimed run's); negative when it failed (its error
- * set). Waits for the device. */
+ * GEMM, whose kernel is built first, and for convgemm once CLBlast has compiled it on d, the
+ * untimed run's); negative when it failed (its error set). Waits for the device. */
 double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
                            clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
                            clpar_bref y, double cut);
