@@ -19,8 +19,9 @@
  * odd case (stride, padding and dilation differing per axis) checks Xconvgemm's layouts against
  * clpar_conv2d the same way ({"check": "convgemm", ...}).
  *
- * The forward lines name the OpenCL forward's algorithm ("ocl_conv": CLPAR_OCL_CONV's im2col or
- * implicit, "auto" when chosen per shape by measurement; backends/opencl/ocl_conv_algo.c).
+ * The forward lines name the OpenCL forward's algorithm ("ocl_conv": CLPAR_OCL_CONV's im2col,
+ * implicit, winograd or convgemm, "auto" when chosen per shape by measurement;
+ * backends/opencl/ocl_conv_algo.c).
  *
  * Each backward pass is also timed alone ("pass": "backward"): the graph of conv + sum built
  * once with only x (backward data, "bwd_data_ms") or only w ("bwd_weight_ms") needing a gradient,
@@ -308,7 +309,8 @@ int main(int argc, char **argv) {
   clpar_device_get_info(dev, &info);
   totals tot = {0};
   int failed = 0, convgemm = 0;
-  /* the OpenCL forward's algorithm (CLPAR_OCL_CONV: im2col, implicit; unset: chosen) */
+  /* the OpenCL forward's algorithm (CLPAR_OCL_CONV: im2col, implicit, winograd, convgemm; unset:
+   * chosen) */
   const char *ocl_conv = getenv("CLPAR_OCL_CONV") ? getenv("CLPAR_OCL_CONV") : "auto";
   const char *ocl_bwd = getenv("CLPAR_OCL_CONV_BWD") ? getenv("CLPAR_OCL_CONV_BWD") : "auto";
 #ifdef BENCH_HAVE_OPENCL

@@ -1,13 +1,15 @@
 /* test_ocl_conv.c — the OpenCL backend's forward convolution (backends/opencl/ocl_conv_algo.c):
- * each algorithm (im2col + GEMM, the implicit GEMM, Winograd's F(2x2, 3x3) where it fits and
- * im2col where it does not), forced through CLPAR_OCL_CONV, against a float64 loop computed here
+ * each algorithm (im2col + GEMM, the implicit GEMM, Winograd's F(2x2, 3x3) and CLBlast's
+ * convgemm where they fit and im2col where they do not), forced through CLPAR_OCL_CONV (which
+ * CLPAR_OCL_CONV_BWD refuses for convgemm), against a float64 loop computed here
  * over stride, padding, dilation, groups (depthwise included), odd sizes, batch 1, bias or none,
  * tiles that do not divide the sizes, other tile sizes, and exact ResNet-50 layer shapes at
  * small spatial sizes; the tile tuner; then the choice: a saved entry picks the algorithm it names
  * without measuring (with the implicit GEMM's tiles it names), an unknown shape is measured once
- * (each algorithm, the implicit GEMM with several tile sets) and saved, and a hostile entry (other
- * format, device, an unknown algorithm, sizes out of range or that no convolution has, tiles the
- * device cannot run, truncated, a NUL byte, group-writable, a symbolic link) is refused with a
+ * (each algorithm that fits, the implicit GEMM with several tile sets) and saved, and a hostile
+ * entry (other format, device, an unknown algorithm, sizes out of range or that no convolution
+ * has, tiles the device cannot run, convgemm for a grouped shape or a backward pass, truncated, a
+ * NUL byte, group-writable, a symbolic link) is refused with a
  * warning and the shape measured instead. Skips without an OpenCL device. */
 #include <math.h>
 #include <stdio.h>
@@ -108,6 +110,14 @@ static int winograd_fits(const cshape *s) {
          s->groups == 1;
 }
 
+/* Whether forced algo runs s itself (CLBlast's convgemm takes one group; the test's sizes fit
+ * its 32-bit indices), else im2col. */
+static int algo_fits(int algo, const cshape *s) {
+  return algo == CLPAR_OCL_CONV_WINOGRAD   ? winograd_fits(s)
+         : algo == CLPAR_OCL_CONV_CONVGEMM ? s->groups == 1
+                                           : 1;
+}
+
 static void check_forced(clpar_device *dev, int algo) {
   clpar_ocl_device *d = ocl_of(dev);
   clpar_ocl_conv_stats before, after;
@@ -116,13 +126,13 @@ static void check_forced(clpar_device *dev, int algo) {
   uint64_t fit = 0;
   for (size_t i = 0; i < N_SHAPES; i++) {
     check_shape(dev, &shapes[i].s, shapes[i].name);
-    fit += algo != CLPAR_OCL_CONV_WINOGRAD || winograd_fits(&shapes[i].s);
+    fit += algo_fits(algo, &shapes[i].s);
   }
   clpar_ocl_conv_stats_get(d, &after);
   unsetenv("CLPAR_OCL_CONV");
   assert_int_equal(after.runs[algo] - before.runs[algo], fit);
-  if (algo == CLPAR_OCL_CONV_WINOGRAD) {
-    assert_true(fit >= 6);
+  if (algo == CLPAR_OCL_CONV_WINOGRAD || algo == CLPAR_OCL_CONV_CONVGEMM) {
+    assert_true(fit >= 6 && fit < N_SHAPES);
     assert_int_equal(after.runs[CLPAR_OCL_CONV_IM2COL] - before.runs[CLPAR_OCL_CONV_IM2COL],
                      N_SHAPES - fit);
   }
@@ -141,6 +151,14 @@ static void test_winograd_path(void **state) {
   clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
+}
+
+/* CLBlast's Xconvgemm (bias added after it), grouped shapes by im2col. */
+static void test_convgemm_path(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  check_forced(dev, CLPAR_OCL_CONV_CONVGEMM);
 }
 
 static void test_implicit_path(void **state) {
@@ -256,7 +274,7 @@ static clpar_ocl_conv_stats run_probe(clpar_device *dev) {
   check_shape(dev, &probe, "probe");
   clpar_ocl_conv_stats_get(d, &b);
   b.measured -= a.measured, b.disk_loads -= a.disk_loads, b.disk_rejects -= a.disk_rejects;
-  for (int i = 0; i < CLPAR_OCL_CONV_ALGOS; i++) b.runs[i] -= a.runs[i];
+  for (int i = 0; i < CLPAR_OCL_CONV_ALGOS; i++) b.runs[i] -= a.runs[i], b.timed[i] -= a.timed[i];
   return b;
 }
 
@@ -300,8 +318,10 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.measured, 1);
   assert_int_equal(c.runs[CLPAR_OCL_CONV_IM2COL] + c.runs[CLPAR_OCL_CONV_IMPLICIT] +
-                       c.runs[CLPAR_OCL_CONV_WINOGRAD],
+                       c.runs[CLPAR_OCL_CONV_WINOGRAD] + c.runs[CLPAR_OCL_CONV_CONVGEMM],
                    1);
+  for (int a = CLPAR_OCL_CONV_IM2COL; a < CLPAR_OCL_CONV_ALGOS; a++)
+    assert_int_equal(c.timed[a], 1); /* the probe fits every algorithm */
   size_t len;
   char *saved = tu_slurp(path, &len);
   assert_non_null(saved);
@@ -336,6 +356,69 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
   clpar_ocl_conv_forget(d);
 }
 
+/* The device ops one forward of s records in a profile (forced as CLPAR_OCL_CONV says). */
+static uint64_t profiled_ops(clpar_device *dev, const cshape *s) {
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
+  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *y;
+  clpar_tensor *b = s->bias ? tu_make(dev, 1, &s->o, 13) : NULL;
+  clpar_conv2d_options opt = {{s->sh, s->sw}, {s->ph, s->pw}, {s->dh, s->dw}, s->groups};
+  clpar_profile p0, p1;
+  tu_ok(clpar_device_synchronize(dev));
+  tu_ok(clpar_device_profile_start(dev));
+  tu_ok(clpar_device_profile_read(dev, &p0));
+  tu_ok(clpar_conv2d(x, w, b, &opt, &y));
+  tu_ok(clpar_device_profile_read(dev, &p1));
+  tu_ok(clpar_device_profile_stop(dev));
+  clpar_scope_end(sc);
+  return p1.ops - p0.ops;
+}
+
+/* CLBlast's convgemm is recorded in a device profile as one op, its bias as a second. */
+static void test_convgemm_profiled(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  cshape s = shapes[1].s; /* stride 2, no bias */
+  setenv("CLPAR_OCL_CONV", "convgemm", 1);
+  assert_int_equal(profiled_ops(dev, &s), 1);
+  s.bias = 1;
+  assert_int_equal(profiled_ops(dev, &s), 2);
+  unsetenv("CLPAR_OCL_CONV");
+}
+
+/* A grouped shape is measured without convgemm (CLBlast's takes one group); the variables name
+ * convgemm for the forward only. */
+static void test_convgemm_measured_where_it_fits(void **state) {
+  (void)state;
+  clpar_ocl_device *d;
+  clpar_device *dev = need_ocl(&d);
+  char path[4096];
+  entry_removed(d, path, sizeof path);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_stats a, b;
+  clpar_ocl_conv_stats_get(d, &a);
+  check_shape(dev, &shapes[4].s, shapes[4].name); /* groups 2 */
+  clpar_ocl_conv_stats_get(d, &b);
+  assert_int_equal(b.measured - a.measured, 1);
+  assert_int_equal(b.timed[CLPAR_OCL_CONV_IM2COL] - a.timed[CLPAR_OCL_CONV_IM2COL], 1);
+  assert_int_equal(b.timed[CLPAR_OCL_CONV_CONVGEMM] - a.timed[CLPAR_OCL_CONV_CONVGEMM], 0);
+  assert_int_equal(b.runs[CLPAR_OCL_CONV_CONVGEMM] - a.runs[CLPAR_OCL_CONV_CONVGEMM], 0);
+  int algo;
+  setenv("CLPAR_OCL_CONV", "convgemm", 1);
+  tu_ok(clpar_ocl_conv_forced("CLPAR_OCL_CONV", CLPAR_OCL_CONV_ALGOS, &algo));
+  assert_int_equal(algo, CLPAR_OCL_CONV_CONVGEMM);
+  unsetenv("CLPAR_OCL_CONV");
+  setenv("CLPAR_OCL_CONV_BWD", "convgemm", 1);
+  assert_int_equal(clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", CLPAR_OCL_CONV_BWD_ALGOS, &algo),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(clpar_last_error(), "CLPAR_OCL_CONV_BWD"));
+  assert_null(strstr(clpar_last_error(), "need im2col, implicit, winograd, convgemm"));
+  unsetenv("CLPAR_OCL_CONV_BWD");
+  clpar_ocl_conv_forget(d);
+  unlink(path);
+}
+
 static void expect_refused(clpar_device *dev, const char *body, size_t len, const char *what) {
   write_entry(ocl_of(dev), body, len);
   clpar_ocl_conv_stats c = run_probe(dev);
@@ -368,6 +451,9 @@ static void test_hostile_entries_are_refused(void **state) {
       {"implicit, unrunnable tiles",
        "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 16 1\nend\n"},
       {"im2col with tiles", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 im2col 8 8 8 1 1\nend\n"},
+      {"convgemm with tiles", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 convgemm 8 8 8 1 1\nend\n"},
+      {"convgemm, 2 groups", "%sshape 1 4 6 6 4 2 3 3 1 1 1 1 1 1 convgemm\nend\n"},
+      {"convgemm backward", "%sbwd 1 4 6 6 5 1 3 3 1 1 1 1 1 1 convgemm im2col\nend\n"},
       {"truncated", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 implicit 8 8 8 1 1\n"},
   };
   for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
@@ -404,6 +490,9 @@ int main(void) {
       cmocka_unit_test(test_im2col_path),
       cmocka_unit_test(test_implicit_path),
       cmocka_unit_test(test_winograd_path),
+      cmocka_unit_test(test_convgemm_path),
+      cmocka_unit_test(test_convgemm_measured_where_it_fits),
+      cmocka_unit_test(test_convgemm_profiled),
       cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_implicit_tiles),
       cmocka_unit_test(test_tile_tuning),

@@ -205,7 +205,7 @@ static void test_each_output_alone(void **state) {
   if (!dev) skip();
   const int wants[4][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {0, 1, 1}};
   const size_t pick[] = {0, 1, 5, 8, 16};
-  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo++) {
+  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo++) {
     setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
     for (size_t i = 0; i < sizeof pick / sizeof pick[0]; i++)
       for (int k = 0; k < 4; k++)
@@ -220,7 +220,7 @@ static void test_outputs_written_whole(void **state) {
   clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   const size_t pick[] = {0, 1, 4, 8, 16};
-  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo++) {
+  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo++) {
     setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
     for (size_t i = 0; i < sizeof pick / sizeof pick[0]; i++) {
       const cshape *s = &shapes[pick[i]].s;
@@ -256,7 +256,7 @@ static void test_gradients_accumulate(void **state) {
   clpar_device *dev = tu_ocl_device();
   if (!dev) skip();
   const size_t pick[] = {0, 2, 5, 16, 18};
-  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo++) {
+  for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo++) {
     setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
     for (size_t i = 0; i < sizeof pick / sizeof pick[0]; i++) {
       const cshape *s = &shapes[pick[i]].s;
@@ -296,7 +296,7 @@ static void test_chunks(void **state) {
   const int all[3] = {1, 1, 1};
   for (size_t f = 0; f < 2; f++) {
     clpar_ocl_conv_chunk_floats = floats[f];
-    for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo += 2) {
+    for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo += 2) {
       setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
       for (size_t i = 0; i < N_SHAPES; i += 2) check_grads(dev, &shapes[i].s, all, shapes[i].name);
     }

@@ -1,7 +1,8 @@
 /* ocl_conv_algo.c — the OpenCL backend's whole forward convolution (backend.h's conv2d entry):
  * im2col + GEMM or the implicit GEMM of conv_implicit.cl, chosen per layer shape by measured
  * time (ocl_conv_algo.h says how), as CLBlast chooses between its direct and indirect GEMM;
- * Winograd's F(2x2, 3x3) is a third for the layers it fits (ocl_conv_winograd.c).
+ * Winograd's F(2x2, 3x3) is a third for the layers it fits (ocl_conv_winograd.c), CLBlast's
+ * own convolution (Xconvgemm) a fourth for ungrouped layers.
  * The backward passes choose their own algorithms the same way (ocl_conv_bwd.c).
  *
  * The im2col path is the core's: a 1x1 convolution with stride 1, no padding and at least
@@ -15,6 +16,7 @@
 #include <time.h>
 
 #include "ocl_conv_algo.h"
+#include "ocl_gemm.h"
 
 #define CHUNK_FLOATS ((size_t)16 * 1024 * 1024) /* 64 MiB of columns */
 size_t clpar_ocl_conv_chunk_floats = CHUNK_FLOATS;
@@ -28,19 +30,21 @@ const char *clpar_ocl_conv_algo_name(int algo) {
   return algo == CLPAR_OCL_CONV_IM2COL     ? "im2col"
          : algo == CLPAR_OCL_CONV_IMPLICIT ? "implicit"
          : algo == CLPAR_OCL_CONV_WINOGRAD ? "winograd"
+         : algo == CLPAR_OCL_CONV_CONVGEMM ? "convgemm"
                                            : "auto";
 }
 
-clpar_status clpar_ocl_conv_forced(const char *var, int *algo) {
+clpar_status clpar_ocl_conv_forced(const char *var, int algos, int *algo) {
   const char *v = getenv(var);
   *algo = CLPAR_OCL_CONV_AUTO;
   if (!v || !*v || strcmp(v, "auto") == 0) return CLPAR_OK;
-  for (int a = CLPAR_OCL_CONV_IM2COL; a < CLPAR_OCL_CONV_ALGOS; a++)
+  char names[64] = "";
+  for (int a = CLPAR_OCL_CONV_IM2COL; a < algos && a < CLPAR_OCL_CONV_ALGOS; a++) {
     if (strcmp(v, clpar_ocl_conv_algo_name(a)) == 0) return *algo = a, CLPAR_OK;
+    strcat(strcat(names, clpar_ocl_conv_algo_name(a)), ", ");
+  }
   return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                         "clpar_conv2d (opencl): %s is \"%.32s\"; need im2col, implicit, "
-                         "winograd or auto",
-                         var, v);
+                         "clpar_conv2d (opencl): %s is \"%.32s\"; need %sor auto", var, v, names);
 }
 
 int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
@@ -66,6 +70,13 @@ int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s) {
          s->w + 2 * s->pw <= lim && (s->c / s->groups) * s->kh * s->kw <= lim && s->o <= lim &&
          s->oh * s->sh <= lim && s->ow * s->sw <= lim && s->kh * s->dh <= lim &&
          s->kw * s->dw <= lim;
+}
+
+int clpar_ocl_conv_convgemm_fits(const clpar_conv2d_shape *s) {
+  const int64_t lim = INT32_MAX, P = s->oh * s->ow, K = s->c * s->kh * s->kw;
+  return s->groups == 1 && s->c * s->h * s->w <= lim / s->n && s->o * P <= lim / s->n &&
+         K <= lim / s->o && K <= lim / P && K * P <= lim / s->n && s->h + 2 * s->ph <= lim &&
+         s->w + 2 * s->pw <= lim;
 }
 
 /* ---- the implicit GEMM ---- */
@@ -235,11 +246,30 @@ static clpar_status fwd_chunks(clpar_ocl_device *d, const clpar_conv2d_shape *s,
   return st;
 }
 
+/* ---- CLBlast's convgemm ---- */
+
+/* y = Xconvgemm(x, wt), then the bias as im2col adds it; UNSUPPORTED (nothing enqueued) when
+ * an offset would overflow CLBlast's 32-bit indices. */
+static clpar_status fwd_convgemm(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
+                                 clpar_bref wt, clpar_bref bias, clpar_bref y) {
+  const size_t lim = INT32_MAX, xs = (size_t)(s->n * s->c * s->h * s->w),
+               ws = (size_t)(s->o * s->c * s->kh * s->kw),
+               ys = (size_t)(s->n * s->o * s->oh * s->ow);
+  if (xs > lim || ws > lim || ys > lim || x.off > lim - xs || wt.off > lim - ws || y.off > lim - ys)
+    return clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
+                           "opencl: CLBlastSconvgemm takes offsets below 2^31 elements "
+                           "(x %zu, weight %zu, y %zu)",
+                           x.off, wt.off, y.off);
+  clpar_status st = clpar_ocl_convgemm(d, s, x, wt, y);
+  return st == CLPAR_OK && bias.buf ? bias_add(d, s, bias, y) : st;
+}
+
 static clpar_status run_algo(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
                              clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
                              clpar_bref y) {
   if (algo == CLPAR_OCL_CONV_IMPLICIT) return fwd_implicit(d, t, s, x, wt, bias, y);
   if (algo == CLPAR_OCL_CONV_WINOGRAD) return clpar_ocl_conv_winograd(d, &s, x, wt, bias, y);
+  if (algo == CLPAR_OCL_CONV_CONVGEMM) return fwd_convgemm(d, &s, x, wt, bias, y);
   int direct = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 &&
                s.oh * s.ow >= DIRECT_MIN_P;
   return direct ? fwd_direct(d, &s, x, wt, bias, y) : fwd_chunks(d, &s, x, wt, bias, y);
@@ -261,8 +291,10 @@ double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_t
                            clpar_bref y, double cut) {
   cl_kernel k;
   clpar_status st = algo == CLPAR_OCL_CONV_IMPLICIT ? implicit_kernel(d, t, &k) : CLPAR_OK;
-  /* the implicit GEMM's untimed run builds nothing (just above), so it may count */
-  int counts = algo == CLPAR_OCL_CONV_IMPLICIT && cut > 0;
+  /* the implicit GEMM's untimed run builds nothing (just above), nor does convgemm's once
+   * CLBlast has compiled it for d, so it may count */
+  int counts = cut > 0 && (algo == CLPAR_OCL_CONV_IMPLICIT ||
+                           (algo == CLPAR_OCL_CONV_CONVGEMM && atomic_load(&d->convgemm_warm)));
   double best = -1, t0 = now();
   if (st == CLPAR_OK) st = run_algo(d, algo, t, s, x, wt, bias, y);
   if (st == CLPAR_OK) st = ocl_finish(d);
@@ -283,6 +315,26 @@ double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_t
 static const clpar_ocl_conv_tiles tile_candidates[] = {{32, 32, 8, 4, 4}, {128, 64, 8, 8, 4}};
 #define N_CANDIDATES (1 + sizeof tile_candidates / sizeof tile_candidates[0])
 
+/* Times Winograd and CLBlast's convgemm where they can run s (seconds into ms[algo]) and
+ * returns the fastest of them and best (whose time ms holds). */
+static int measure_others(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, clpar_conv2d_shape s,
+                          clpar_bref x, clpar_bref wt, clpar_bref bias, clpar_bref y, double cut,
+                          int best, double *ms) {
+  for (int a = CLPAR_OCL_CONV_WINOGRAD; a <= CLPAR_OCL_CONV_CONVGEMM; a++) {
+    int fits = a == CLPAR_OCL_CONV_WINOGRAD ? clpar_ocl_conv_winograd_fits(&s)
+                                            : clpar_ocl_conv_convgemm_fits(&s);
+    if (!fits) continue;
+    ms[a] = clpar_ocl_conv_time(d, a, t, s, x, wt, bias, y, cut);
+    clpar_ocl_conv_count_timed(d, a);
+    if (ms[a] < 0)
+      clpar_log(CLPAR_LOG_WARN, "opencl: %s: the %s convolution failed: %s", d->dev_name,
+                clpar_ocl_conv_algo_name(a), clpar_last_error());
+    else if (ms[best] < 0 || ms[a] < ms[best])
+      best = a;
+  }
+  return best;
+}
+
 /* Times every algorithm that can run s (the implicit GEMM with each tile candidate d can run),
  * caches the fastest and returns it, its tiles in *t. */
 static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_shape s, clpar_bref x,
@@ -291,6 +343,8 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
   double im2col = clpar_ocl_conv_time(d, CLPAR_OCL_CONV_IM2COL, t, s, x, wt, bias, y, 0),
          implicit = -1;
   double cut = FAR_OFF * im2col;
+  clpar_ocl_conv_count_timed(d, CLPAR_OCL_CONV_IM2COL);
+  if (clpar_ocl_conv_implicit_fits(&s)) clpar_ocl_conv_count_timed(d, CLPAR_OCL_CONV_IMPLICIT);
   clpar_ocl_conv_tiles cand[N_CANDIDATES], won = *t;
   size_t nc = 1;
   cand[0] = *t;
@@ -313,20 +367,18 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
       implicit = dt, won = cand[i];
   }
   if (implicit >= 0 && (im2col < 0 || implicit < im2col)) best = CLPAR_OCL_CONV_IMPLICIT;
-  double wino = -1, fastest = best == CLPAR_OCL_CONV_IMPLICIT ? implicit : im2col;
-  if (clpar_ocl_conv_winograd_fits(&s)) {
-    wino = clpar_ocl_conv_time(d, CLPAR_OCL_CONV_WINOGRAD, t, s, x, wt, bias, y, cut);
-    if (wino >= 0 && (fastest < 0 || wino < fastest)) best = CLPAR_OCL_CONV_WINOGRAD;
-  }
+  double ms[CLPAR_OCL_CONV_ALGOS] = {-1, im2col, implicit, -1, -1};
+  best = measure_others(d, t, s, x, wt, bias, y, cut, best, ms);
   clpar_log(CLPAR_LOG_DEBUG,
             "opencl: conv %lldx%lldx%lldx%lld -> %lld k%lldx%lld: im2col %.3f ms, implicit %.3f "
-            "ms (tiles %u %u %u %u %u), winograd %.3f ms: %s",
+            "ms (tiles %u %u %u %u %u), winograd %.3f ms, convgemm %.3f ms: %s",
             (long long)s.n, (long long)s.c, (long long)s.h, (long long)s.w, (long long)s.o,
             (long long)s.kh, (long long)s.kw, im2col * 1e3, implicit * 1e3, won.tm, won.tn, won.tk,
-            won.wm, won.wn, wino * 1e3, clpar_ocl_conv_algo_name(best));
+            won.wm, won.wn, ms[CLPAR_OCL_CONV_WINOGRAD] * 1e3, ms[CLPAR_OCL_CONV_CONVGEMM] * 1e3,
+            clpar_ocl_conv_algo_name(best));
   clpar_ocl_conv_count(d, best, 1);
   if (best == CLPAR_OCL_CONV_IMPLICIT) *t = won;
-  if (im2col >= 0 || implicit >= 0 || wino >= 0) clpar_ocl_conv_remember(d, &s, best, t, 1);
+  if (ms[best] >= 0) clpar_ocl_conv_remember(d, &s, best, t, 1);
   return best;
 }
 
@@ -334,17 +386,21 @@ clpar_status clpar_ocl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref x, clp
                               clpar_bref bias, clpar_bref y) {
   clpar_ocl_device *d = dev;
   int algo;
-  clpar_status forced = clpar_ocl_conv_forced("CLPAR_OCL_CONV", &algo);
+  clpar_status forced = clpar_ocl_conv_forced("CLPAR_OCL_CONV", CLPAR_OCL_CONV_ALGOS, &algo);
   if (forced != CLPAR_OK) return forced;
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = clpar_ocl_conv_cached(d, &s, &t);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = measure(d, &t, s, x, weight, bias, y);
   if ((algo == CLPAR_OCL_CONV_IMPLICIT && !clpar_ocl_conv_implicit_fits(&s)) ||
-      (algo == CLPAR_OCL_CONV_WINOGRAD && !clpar_ocl_conv_winograd_fits(&s)))
+      (algo == CLPAR_OCL_CONV_WINOGRAD && !clpar_ocl_conv_winograd_fits(&s)) ||
+      (algo == CLPAR_OCL_CONV_CONVGEMM && !clpar_ocl_conv_convgemm_fits(&s)))
     algo = CLPAR_OCL_CONV_IM2COL;
   clpar_status st = run_algo(d, algo, &t, s, x, weight, bias, y);
-  if (algo == CLPAR_OCL_CONV_IMPLICIT &&
-      (st == CLPAR_ERROR_BUILD || st == CLPAR_ERROR_UNSUPPORTED)) { /* nothing was enqueued */
+  /* nothing was written to y: a kernel the device refused, or CLBlast's convgemm failing (it
+   * writes y with its last kernel only, and the bias comes after) */
+  if (st != CLPAR_OK && (algo == CLPAR_OCL_CONV_CONVGEMM ||
+                         (algo == CLPAR_OCL_CONV_IMPLICIT &&
+                          (st == CLPAR_ERROR_BUILD || st == CLPAR_ERROR_UNSUPPORTED)))) {
     clpar_log(CLPAR_LOG_WARN, "opencl: %s: %s; this convolution takes im2col", d->dev_name,
               clpar_last_error());
     algo = CLPAR_OCL_CONV_IM2COL;

@@ -5,8 +5,9 @@
  * Algorithms: im2col + GEMM (ocl_conv_algo.c: columns in a chunked buffer, CLBlast or
  * gemm_tile.cl), an implicit GEMM (kernels/opencl/conv_implicit.cl: the columns gathered
  * into local memory, tile sizes as build options) and, for 3x3 stride-1 undilated ungrouped
- * layers, Winograd's F(2x2, 3x3) (ocl_conv_winograd.c). Per shape the entry takes what
- * CLPAR_OCL_CONV forces (im2col, implicit, winograd; auto or unset: choose; a forced
+ * layers, Winograd's F(2x2, 3x3) (ocl_conv_winograd.c), and for ungrouped layers CLBlast's
+ * own convolution (CLBlastSconvgemm, ocl_gemm.c). Per shape the entry takes what
+ * CLPAR_OCL_CONV forces (im2col, implicit, winograd, convgemm; auto or unset: choose; a forced
  * algorithm that cannot run the shape falls back to im2col), else the choice cached for the
  * device, else it times each on the call's own data once and caches the fastest. Choices
  * and the implicit kernel's tiles are kept per device and driver in a trusted file of the
@@ -23,7 +24,9 @@ typedef enum {
   CLPAR_OCL_CONV_IM2COL = 1,
   CLPAR_OCL_CONV_IMPLICIT = 2,
   CLPAR_OCL_CONV_WINOGRAD = 3,
-  CLPAR_OCL_CONV_ALGOS = 4
+  CLPAR_OCL_CONV_CONVGEMM = 4, /* the forward only */
+  CLPAR_OCL_CONV_ALGOS = 5,
+  CLPAR_OCL_CONV_BWD_ALGOS = 4 /* the backward passes' algorithms are those below convgemm */
 } clpar_ocl_conv_algo;
 
 /* The implicit GEMM's tiles (conv_implicit.cl's CI_TM, CI_TN, CI_TK, CI_WM, CI_WN). */
@@ -33,11 +36,12 @@ typedef struct {
 
 /* What the entry did on a device, for tests and benches. */
 typedef struct {
-  uint64_t measured;                   /* shapes timed */
-  uint64_t runs[CLPAR_OCL_CONV_ALGOS]; /* convolutions run (their last, kept run) per algorithm */
-  uint64_t disk_loads;                 /* entries read and accepted */
-  uint64_t disk_rejects;               /* entries read and refused */
-  uint64_t bwd_measured;               /* shapes whose backward passes were timed */
+  uint64_t measured;                    /* shapes timed */
+  uint64_t runs[CLPAR_OCL_CONV_ALGOS];  /* convolutions run (their last, kept run) per algorithm */
+  uint64_t timed[CLPAR_OCL_CONV_ALGOS]; /* shapes each algorithm was timed on when measured */
+  uint64_t disk_loads;                  /* entries read and accepted */
+  uint64_t disk_rejects;                /* entries read and refused */
+  uint64_t bwd_measured;                /* shapes whose backward passes were timed */
   uint64_t bwd_runs[2][CLPAR_OCL_CONV_ALGOS]; /* backward runs: [0] data, [1] weights */
 } clpar_ocl_conv_stats;
 
@@ -46,12 +50,13 @@ typedef struct {
  * lower it to run several chunks. */
 extern size_t clpar_ocl_conv_chunk_floats;
 
-/* "im2col", "implicit", "winograd" ("auto" for CLPAR_OCL_CONV_AUTO). */
+/* "im2col", "implicit", "winograd", "convgemm" ("auto" for CLPAR_OCL_CONV_AUTO). */
 const char *clpar_ocl_conv_algo_name(int algo);
-/* The algorithm the environment variable var (CLPAR_OCL_CONV, CLPAR_OCL_CONV_BWD) forces into
- * *algo (CLPAR_OCL_CONV_AUTO when unset or "auto"); CLPAR_ERROR_INVALID_ARGUMENT naming var
- * when it names none. */
-clpar_status clpar_ocl_conv_forced(const char *var, int *algo);
+/* The algorithm below algos (CLPAR_OCL_CONV_ALGOS for the forward, CLPAR_OCL_CONV_BWD_ALGOS for
+ * the backward) that the environment variable var (CLPAR_OCL_CONV, CLPAR_OCL_CONV_BWD) forces
+ * into *algo (CLPAR_OCL_CONV_AUTO when unset or "auto"); CLPAR_ERROR_INVALID_ARGUMENT naming
+ * var when it names none of them. */
+clpar_status clpar_ocl_conv_forced(const char *var, int algos, int *algo);
 /* 0 when tiles t can be built and launched on d (divisibility, work-group size, local memory),
  * else -1 with the offending field in *bad. */
 int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
@@ -60,6 +65,11 @@ int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_t
 clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d);
 /* 1 when the implicit GEMM can run shape s (sizes fit its 32-bit indices). */
 int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
+
+/* 1 when CLBlast's convgemm can run s: one group, and every size its kernels index with 32-bit
+ * ints fits (x, y, the weights, and the column buffer of the CLBlast versions that lay out
+ * columns first). The buffers' offsets are checked when it runs (too far: im2col runs). */
+int clpar_ocl_conv_convgemm_fits(const clpar_conv2d_shape *s);
 
 /* ---- Winograd F(2x2, 3x3) (ocl_conv_winograd.c) ---- */
 
@@ -113,8 +123,10 @@ void clpar_ocl_conv_forget(clpar_ocl_device *d);
 /* The entry file for d (whether or not it exists); -1 when there is no usable directory. */
 int clpar_ocl_conv_path(clpar_ocl_device *d, char *path, size_t size);
 void clpar_ocl_conv_stats_get(clpar_ocl_device *d, clpar_ocl_conv_stats *out);
-/* Counts one run of algo (ocl_conv_algo.c) or one timing. */
+/* Counts one run of algo (ocl_conv_algo.c) or one timing (a shape measured). */
 void clpar_ocl_conv_count(clpar_ocl_device *d, int algo, int measured);
+/* Counts one shape that algo was timed on. */
+void clpar_ocl_conv_count_timed(clpar_ocl_device *d, int algo);
 /* The forward implicit GEMM's kernel with tiles t built for d earlier, or NULL. */
 cl_kernel clpar_ocl_conv_kernel_find(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t);
 /* Frees d's convolution state (at device destroy). */
@@ -124,8 +136,8 @@ void clpar_ocl_conv_state_free(clpar_ocl_device *d);
 CLPAR_OCL_ENTRY_DECL_(conv2d)
 /* Seconds one run of algo (tiles t for the implicit GEMM) takes on s into y: best of two after
  * one untimed run, or the first when that took over cut seconds (cut > 0; for the implicit
- * GEMM, whose kernel is built first, the untimed run's); negative when it failed (its error
- * set). Waits for the device. */
+ * GEMM, whose kernel is built first, and for convgemm once CLBlast has compiled it on d, the
+ * untimed run's); negative when it failed (its error set). Waits for the device. */
 double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_tiles *t,
                            clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
                            clpar_bref y, double cut);

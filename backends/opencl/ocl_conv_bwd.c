@@ -400,11 +400,11 @@ static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const cl
 static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
                         const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt, clpar_bref gy,
                         clpar_bref out, int pass) {
-  double ms[CLPAR_OCL_CONV_ALGOS] = {-1, -1, -1, -1}, t0 = now();
+  double ms[CLPAR_OCL_CONV_BWD_ALGOS] = {-1, -1, -1, -1}, t0 = now();
   int best = CLPAR_OCL_CONV_IM2COL;
   ms[best] = time_pass(d, t, s, x, wt, gy, out, pass, best, 0);
   double cut = ms[best] > 0 ? FAR_OFF * ms[best] : 0;
-  for (int a = CLPAR_OCL_CONV_IMPLICIT; a < CLPAR_OCL_CONV_ALGOS; a++) {
+  for (int a = CLPAR_OCL_CONV_IMPLICIT; a < CLPAR_OCL_CONV_BWD_ALGOS; a++) {
     if (runnable(pass, a, s) != a) continue;
     if (hopeless(d, t, s, x, wt, gy, out, pass, a, cut, &ms[a])) continue;
     ms[a] = time_pass(d, t, s, x, wt, gy, out, pass, a, cut);
@@ -447,7 +447,7 @@ clpar_status clpar_ocl_conv2d_backward(void *dev, clpar_conv2d_shape s, clpar_br
   if (db.buf && !dw.buf)
     return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl conv2d_backward: db without dw");
   int forced;
-  clpar_status st = clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", &forced);
+  clpar_status st = clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", CLPAR_OCL_CONV_BWD_ALGOS, &forced);
   if (st != CLPAR_OK) return st;
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   int da = forced, wa = forced;

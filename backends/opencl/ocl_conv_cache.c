@@ -6,7 +6,7 @@
  *   device NAME / driver VERSION / platform NAME VERSION    (one line each, as the GEMM entry)
  *   tiles TM TN TK WM WN                                     (optional)
  *   shape N C H W O GROUPS KH KW SH SW PH PW DH DW ALGO      (any number: ALGO im2col,
- *                                                  winograd, or implicit TM TN TK WM WN)
+ *                          winograd, convgemm, or implicit TM TN TK WM WN)
  *   bwd N C H W O GROUPS KH KW SH SW PH PW DH DW DATA WEIGHTS   (any number: the backward
  *        passes' algorithms, DATA im2col, implicit, winograd (where ocl_conv_bwd.c can run it)
  *        or auto, WEIGHTS im2col, implicit or auto; auto: not measured yet, not both)
@@ -17,7 +17,8 @@
  * parse, a size out of range, tiles the device cannot run or a missing "end" make the whole
  * entry ignored with a warning (counted in disk_rejects); the device then measures again.
  * An entry written before the bwd lines existed loads as it did (its backward shapes are
- * measured); a program that predates them refuses an entry holding them and measures. */
+ * measured); a program that predates them refuses an entry holding them and measures. The same
+ * holds for convgemm, the last algorithm added: older programs refuse an entry naming it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,13 +175,15 @@ static int parse_geom(char **pp, clpar_conv2d_shape *out) {
 }
 
 /* A shape line's fields (after "shape "): the geometry, then the algorithm's name, then for the
- * implicit GEMM its tiles. */
+ * implicit GEMM its tiles; convgemm only where CLBlast can run the geometry. */
 static int parse_shape(clpar_ocl_device *d, char *p, conv_choice *c) {
   if (parse_geom(&p, &c->s) != 0) return -1;
   p++;
   c->tiles = (clpar_ocl_conv_tiles){0, 0, 0, 0, 0};
   if (strcmp(p, "im2col") == 0) return c->algo = CLPAR_OCL_CONV_IM2COL, 0;
   if (strcmp(p, "winograd") == 0) return c->algo = CLPAR_OCL_CONV_WINOGRAD, 0;
+  if (strcmp(p, "convgemm") == 0)
+    return c->algo = CLPAR_OCL_CONV_CONVGEMM, clpar_ocl_conv_convgemm_fits(&c->s) ? 0 : -1;
   if (strncmp(p, "implicit ", 9) != 0) return -1;
   p += 8;
   c->algo = CLPAR_OCL_CONV_IMPLICIT;
@@ -195,7 +198,7 @@ static int parse_bwd(char *p, conv_choice *c) {
   if (!weight) return -1;
   *weight++ = '\0';
   c->bdata = c->bweight = -1;
-  for (int a = CLPAR_OCL_CONV_AUTO; a < CLPAR_OCL_CONV_ALGOS; a++) {
+  for (int a = CLPAR_OCL_CONV_AUTO; a < CLPAR_OCL_CONV_BWD_ALGOS; a++) {
     if (strcmp(p, clpar_ocl_conv_algo_name(a)) == 0) c->bdata = a;
     if (strcmp(weight, clpar_ocl_conv_algo_name(a)) == 0) c->bweight = a;
   }
@@ -477,6 +480,13 @@ void clpar_ocl_conv_count(clpar_ocl_device *d, int algo, int measured) {
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && measured) st->stats.measured++;
   if (st && !measured && algo > 0 && algo < CLPAR_OCL_CONV_ALGOS) st->stats.runs[algo]++;
+  pthread_mutex_unlock(&conv_lock);
+}
+
+void clpar_ocl_conv_count_timed(clpar_ocl_device *d, int algo) {
+  pthread_mutex_lock(&conv_lock);
+  struct clpar_ocl_conv_state *st = state_of(d);
+  if (st && algo > 0 && algo < CLPAR_OCL_CONV_ALGOS) st->stats.timed[algo]++;
   pthread_mutex_unlock(&conv_lock);
 }
 

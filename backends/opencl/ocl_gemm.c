@@ -12,33 +12,37 @@
 pthread_mutex_t clpar_ocl_gemm_warmup_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* What every CLBlast call here does around itself, d->lock held: while profiling, a marker
- * just before it (CLBlast's event is its last kernel's, so the GEMM is timed from the marker),
- * and the warm-up lock until the device's first GEMM has compiled CLBlast's kernels (always,
- * on a device with clblast_serial). */
+ * just before it (CLBlast's event is its last kernel's, so the call is timed from the marker),
+ * and the warm-up lock until the device's first call of that routine (warm_flag: the GEMM's,
+ * or convgemm's, a program of its own) has compiled CLBlast's kernels (always, on a device
+ * with clblast_serial). */
 typedef struct {
   cl_event ev, marker;
   int warm, serial;
+  atomic_int *flag;
 } blast_call;
 
-static void blast_begin(clpar_ocl_device *d, blast_call *b) {
+static void blast_begin(clpar_ocl_device *d, blast_call *b, atomic_int *warm_flag) {
   clpar_ocl_prepare_foreign(d); /* CLBlast's launches are its own: not prepared */
   b->marker = NULL;
   if (clpar_ocl_profile_slot(d, &b->ev) &&
       clEnqueueMarkerWithWaitList(d->queue, 0, NULL, &b->marker) != CL_SUCCESS)
     b->marker = NULL;
-  b->warm = atomic_load(&d->gemm_warm);
+  b->flag = warm_flag;
+  b->warm = atomic_load(warm_flag);
   b->serial = !b->warm || d->clblast_serial;
   if (b->serial) pthread_mutex_lock(&clpar_ocl_gemm_warmup_lock);
 }
 
 /* Keeps the span for the profile and leaves the warm-up lock; st is CLBlast's status. A
- * successful plain SGEMM (warms) marks the device warm: its kernels are compiled then. */
+ * successful call that warms (a plain SGEMM, a convgemm) sets its flag: its kernels are
+ * compiled then. */
 static void blast_end(clpar_ocl_device *d, blast_call *b, CLBlastStatusCode st, int warms) {
   if (st == CLBlastSuccess && b->ev)
     clpar_ocl_profile_keep_span(d, b->marker, b->ev);
   else if (b->marker)
     clReleaseEvent(b->marker);
-  if (!b->warm && warms && st == CLBlastSuccess) atomic_store(&d->gemm_warm, 1);
+  if (!b->warm && warms && st == CLBlastSuccess) atomic_store(b->flag, 1);
   if (b->serial) pthread_mutex_unlock(&clpar_ocl_gemm_warmup_lock);
 }
 
@@ -49,7 +53,7 @@ static clpar_status ocl_gemm_locked(void *dev, int trans_a, int trans_b, size_t 
                                     size_t ldb, float beta, clpar_bref c, size_t ldc) {
   clpar_ocl_device *d = dev;
   blast_call call;
-  blast_begin(d, &call);
+  blast_begin(d, &call, &d->gemm_warm);
   CLBlastStatusCode st =
       CLBlastSgemm(CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
                    trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha,
@@ -246,7 +250,7 @@ clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, siz
                                stride_b, beta, c, ldc, stride_c, batch);
   pthread_mutex_lock(&d->lock);
   blast_call call;
-  blast_begin(d, &call);
+  blast_begin(d, &call, &d->gemm_warm);
   CLBlastStatusCode st = CLBlastSgemmStridedBatched(
       CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
       trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, alpha, AS_MEM(a.buf), a.off, lda,
@@ -257,4 +261,25 @@ clpar_status ocl_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, siz
   if (st == CLBlastSuccess) return CLPAR_OK;
   return clpar_set_error(clpar_ocl_status(st), "CLBlastSgemmStridedBatched(%zu x %zux%zux%zu): %s",
                          batch, m, n, k, clpar_ocl_clblast_status_name(st));
+}
+
+/* CLBlastSconvgemm (cross-correlation, NCHW, weights [O, C, kh, kw], one group): CLBlast's own
+ * convolution, which ocl_conv_algo.c times beside clpar's. The caller checks that its sizes
+ * and offsets fit CLBlast's 32-bit kernel arguments. */
+clpar_status clpar_ocl_convgemm(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
+                                clpar_bref wt, clpar_bref y) {
+  pthread_mutex_lock(&d->lock);
+  blast_call call;
+  blast_begin(d, &call, &d->convgemm_warm);
+  CLBlastStatusCode st = CLBlastSconvgemm(
+      CLBlastKernelModeCrossCorrelation, (size_t)s->c, (size_t)s->h, (size_t)s->w, (size_t)s->kh,
+      (size_t)s->kw, (size_t)s->ph, (size_t)s->pw, (size_t)s->sh, (size_t)s->sw, (size_t)s->dh,
+      (size_t)s->dw, (size_t)s->o, (size_t)s->n, AS_MEM(x.buf), x.off, AS_MEM(wt.buf), wt.off,
+      AS_MEM(y.buf), y.off, &d->queue, clpar_ocl_profile_slot(d, &call.ev));
+  blast_end(d, &call, st, 1);
+  pthread_mutex_unlock(&d->lock);
+  if (st == CLBlastSuccess) return CLPAR_OK;
+  return clpar_set_error(clpar_ocl_status(st), "CLBlastSconvgemm(%lldx%lldx%lldx%lld -> %lld): %s",
+                         (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w,
+                         (long long)s->o, clpar_ocl_clblast_status_name(st));
 }

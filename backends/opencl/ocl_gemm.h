@@ -25,4 +25,9 @@ clpar_status clpar_ocl_gemm_tile(clpar_ocl_device *d, int trans_a, int trans_b, 
                                  clpar_bref b, size_t ldb, size_t stride_b, float beta,
                                  clpar_bref c, size_t ldc, size_t stride_c, size_t batch);
 
+/* CLBlast's Xconvgemm on s (one group, no bias) into y, under d->lock and the warm-up rules of
+ * every CLBlast call (ocl_gemm.c). */
+clpar_status clpar_ocl_convgemm(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
+                                clpar_bref wt, clpar_bref y);
+
 #endif
