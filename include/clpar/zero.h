@@ -8,14 +8,15 @@
  * world_size shards of ceil(numel / world_size) floats (the last ones padded with zeros, so a
  * numel that does not divide is fine). Backward reduce-scatters the gradient as plain DDP
  * all-reduces it: the buckets (bucket_cap_mb), each a range of the flat gradient, are taken by
- * DDP's communication thread as their gradients become final, and reduced with
- * MPI_Ireduce_scatter through host memory (each rank receives the part of the range in its
- * shard), overlapped with the rest of backward; the backward thread only posts the copies to
- * host memory and never waits for the device. Each rank keeps the average of its shard on the
- * host. The step (1) writes that average into the shard's gradient; (2) steps the rank's shard
- * of the parameters in place with an inner optimizer (SGD, Adam or AdamW with PyTorch's rules)
- * that keeps state for that shard only, 1/world_size of what plain DDP keeps; (3) all-gathers
- * the shards (MPI_Allgather), so every rank ends with the parameters plain DDP gives.
+ * DDP's communication thread as their gradients become final, and reduce-scattered with
+ * point-to-point MPI messages through host memory (each rank receives the part of the range in
+ * its shard from every rank and sums it, in rank order), overlapped with the rest of backward;
+ * the backward thread only posts the copies to host memory and never waits for the device.
+ * Each rank keeps the average of its shard on the host. The step (1) writes that average into
+ * the shard's gradient; (2) steps the rank's shard of the parameters in place with an inner
+ * optimizer (SGD, Adam or AdamW with PyTorch's rules) that keeps state for that shard only,
+ * 1/world_size of what plain DDP keeps; (3) all-gathers the shards (MPI_Allgather), so every
+ * rank ends with the parameters plain DDP gives.
  *
  * Stage 1 keeps the flat gradient on the device, as plain DDP: backward accumulates into it
  * (each synchronized backward reduces what it holds, so two backwards before a step sum as in

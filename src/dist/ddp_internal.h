@@ -168,6 +168,13 @@ void clpar_zero_take_grad(ddp_state *st, ddp_param *p);
 /* The communication thread: the bucket reduce-scattered over the ranks; this rank's part,
  * averaged, into the rank's shard (stage 1: replacing, stage 2: adding). */
 void clpar_zero_reduce_bucket(ddp_state *st, ddp_bucket *b);
+/* Collective on comm, with its deadline (zero_scatter.c): buf holds one block per rank, block
+ * q of counts[q] floats, back to back; sum gets the sum over the ranks of this rank's block,
+ * added in rank order. scratch: 2 counts[rank] floats; reqs: world + 1. On an error MPI may
+ * still use buf, sum, scratch and reqs. */
+clpar_status clpar_zero_reduce_scatter(MPI_Comm comm, const float *buf, const int *counts,
+                                       float *sum, float *scratch, MPI_Request *reqs,
+                                       const char *what, uint64_t seq);
 /* The rank's averaged shard (shard floats) and whether a backward reduced into it since
  * clpar_zero_comm_reset; the communication thread idle. */
 float *clpar_zero_comm_shard(ddp_state *st, int *have);

@@ -10,10 +10,10 @@
  * memory on the device's queue (stage 1: one read of the flat gradient's range; stage 2: each
  * parameter's gradient as its hook fires, which is then freed, so the device never holds more
  * than the gradients backward is making), and hands the bucket to the communication thread,
- * which waits for the reads and reduce-scatters the range with MPI_Ireduce_scatter (rank r
- * receives the part of the range in its shard, sum over the ranks), polled against the job's
- * deadline. The part, divided by world, goes into the rank's averaged shard acc on the host:
- * stage 1 replaces (the flat gradient keeps accumulating on the device, so each backward
+ * which waits for the reads and reduce-scatters the range (zero_scatter.c: rank r receives the
+ * part of the range in its shard, summed over the ranks in rank order), polled against the
+ * job's deadline. The part, divided by world, goes into the rank's averaged shard acc on the
+ * host: stage 1 replaces (the flat gradient keeps accumulating on the device, so each backward
  * reduces everything since the last zero_grad), stage 2 adds (its gradients leave the device
  * in each backward). The optimizer's step (zero.c) writes acc into the shard's gradient. */
 #include <stdio.h>
@@ -29,10 +29,12 @@
 typedef struct {
   int64_t numel, shard; /* the flat buffer's floats, and S */
   int world, rank;
-  float *acc;  /* S floats: this rank's shard of the averaged gradient */
-  float *part; /* the largest part of a bucket in this rank's shard */
-  int *counts; /* world: each rank's part of the bucket being reduced */
-  int have;    /* a backward reduced into acc since the last reset */
+  float *acc;        /* S floats: this rank's shard of the averaged gradient */
+  float *part;       /* the largest part of a bucket in this rank's shard */
+  float *scratch;    /* 2 parts: the blocks being received (zero_scatter.c) */
+  MPI_Request *reqs; /* world + 1: the reduce-scatter's messages */
+  int *counts;       /* world: each rank's part of the bucket being reduced */
+  int have;          /* a backward reduced into acc since the last reset */
 } zero_red;
 
 /* Each bucket's range of the flat buffer; each parameter's place in its bucket's memory. */
@@ -88,8 +90,10 @@ clpar_status clpar_zero_comm_setup(ddp_state *st) {
   if (s != CLPAR_OK) return s;
   z->acc = calloc((size_t)z->shard + 1, sizeof(float));
   z->part = calloc((size_t)max_part + 1, sizeof(float));
+  z->scratch = calloc(2 * (size_t)max_part + 2, sizeof(float));
+  z->reqs = calloc((size_t)z->world + 1, sizeof(MPI_Request));
   z->counts = calloc((size_t)z->world, sizeof(int));
-  if (!z->acc || !z->part || !z->counts) return clpar_ddp_oom();
+  if (!z->acc || !z->part || !z->scratch || !z->reqs || !z->counts) return clpar_ddp_oom();
   return clpar_ddp_alloc_host_buffers(st);
 }
 
@@ -99,6 +103,8 @@ void clpar_zero_comm_free(ddp_state *st) {
   if (!st->abandoned) { /* else MPI may still write them: left allocated */
     free(z->acc);
     free(z->part);
+    free(z->scratch);
+    free(z->reqs);
     free(z->counts);
     free(z);
   }
@@ -130,8 +136,8 @@ void clpar_zero_take_grad(ddp_state *st, ddp_param *p) {
   t->grad_defined = 0;
 }
 
-/* MPI_Ireduce_scatter of the bucket's range: each rank's count is the part of the range in
- * its shard; this rank's lands in z->part. */
+/* The reduce-scatter of the bucket's range (zero_scatter.c): each rank's count is the part of
+ * the range in its shard; this rank's sum lands in z->part. */
 static clpar_status scatter(ddp_state *st, zero_red *z, ddp_bucket *b, int64_t *mine_lo) {
   int64_t lo = b->flat_lo, hi = b->flat_lo + b->numel;
   for (int q = 0; q < z->world; q++) {
@@ -147,13 +153,11 @@ static clpar_status scatter(ddp_state *st, zero_red *z, ddp_bucket *b, int64_t *
   clpar_status s = clpar_dist_check_broken() ? CLPAR_ERROR_TIMEOUT : CLPAR_OK;
   if (s == CLPAR_OK) s = clpar_dist_debug_check(st->comm, what, seq, b->numel * 4);
   if (s == CLPAR_OK) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    clpar_mpi_lock();
-    int rc = MPI_Ireduce_scatter(b->buf, z->part, z->counts, MPI_FLOAT, MPI_SUM, st->comm, &req);
-    clpar_mpi_unlock();
-    s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, what, seq) : clpar_mpi_error(rc, what);
+    s = clpar_zero_reduce_scatter(st->comm, b->buf, z->counts, z->part, z->scratch, z->reqs, what,
+                                  seq);
+    if (s != CLPAR_OK) st->abandoned = 1; /* MPI may still use b->buf, z->part, z->scratch */
   }
-  if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1; /* MPI may still write b->buf, z->part */
+  if (s == CLPAR_ERROR_TIMEOUT) st->abandoned = 1;
   return s;
 }
 
