@@ -1,4 +1,4 @@
-/* test_zero_order.c — ZeRO stages 1 and 2 sum each element of the gradient over the ranks in
+/* test_zero_order.c — ZeRO stages 1, 2 and 3 sum each element of the gradient over the ranks in
  * rank order (rank 0's + rank 1's + ...: src/dist/zero_scatter.c), whatever the MPI library
  * would choose: the parameters after one SGD step (lr 1) are the same bits as that sum, averaged
  * and subtracted on the host. The gradients are picked so that the order shows: 1 + 1e8 - 1e8 + 1
@@ -19,6 +19,14 @@ static float grad_of(int r, int k) {
   return pattern[(r + k) % 4];
 }
 
+/* The module's 2 K parameters (stage 3 keeps shards: gathered for the read, then released). */
+static float *read_full(clpar_module *ddp, int stage) {
+  if (stage == 3) tu_ok(clpar_zero_gather_parameters(ddp));
+  float *p = tu_read_params(ddp, 2 * K);
+  if (stage == 3) tu_ok(clpar_zero_release_parameters(ddp));
+  return p;
+}
+
 /* One step of SGD (lr 1) under ZeRO stage; the gradient of weight[k] and bias[k] on rank r is
  * grad_of(r, k) (the loss is sum(Linear(1) * grads) on an input of 1). */
 static void step_once(int stage) {
@@ -31,7 +39,7 @@ static void step_once(int stage) {
   tu_ok(clpar_ddp_create(lin, &o, &ddp));
   clpar_zero_optimizer *opt;
   tu_ok(clpar_zero_sgd_create(ddp, &(clpar_sgd_options){.lr = 1.0f}, &opt));
-  float *before = tu_read_params(ddp, 2 * K), g[K], one = 1.0f;
+  float *before = read_full(ddp, stage), g[K], one = 1.0f;
   for (int k = 0; k < K; k++) g[k] = grad_of(rank, k);
   clpar_scope *scope = clpar_scope_begin();
   clpar_tensor *x, *c, *y, *prod, *loss;
@@ -44,7 +52,7 @@ static void step_once(int stage) {
   tu_ok(clpar_backward(loss));
   clpar_scope_end(scope);
   tu_ok(clpar_zero_optimizer_step(opt));
-  float *after = tu_read_params(ddp, 2 * K), inv = 1.0f / (float)world;
+  float *after = read_full(ddp, stage), inv = 1.0f / (float)world;
   for (int i = 0; i < 2 * K; i++) {
     int k = i % K; /* the weight [K, 1], then the bias [K] */
     float sum = grad_of(0, k);
@@ -72,10 +80,16 @@ static void test_stage2_sums_in_rank_order(void **state) {
   step_once(2);
 }
 
+static void test_stage3_sums_in_rank_order(void **state) {
+  (void)state;
+  step_once(3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stage1_sums_in_rank_order),
       cmocka_unit_test(test_stage2_sums_in_rank_order),
+      cmocka_unit_test(test_stage3_sums_in_rank_order),
   };
   return cmocka_run_group_tests_name("zero_order", tests, tu_dist_setup, tu_dist_teardown);
 }

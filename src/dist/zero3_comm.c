@@ -7,7 +7,7 @@
  * unit's shard into its slot on the device's queue, with an event that calls back, and queues
  * the slot; a scatter posts the read of the unit's full gradient likewise. The communication
  * thread takes the queued slots in order (the same order on every rank), waits for the read's
- * callback, and runs MPI_Iallgather on gcomm or MPI_Ireduce_scatter_block on rcomm (duplicates
+ * callback, and runs MPI_Iallgather on gcomm or clpar_zero_reduce_scatter on rcomm (duplicates
  * of the module's communicator made here, so that neither interleaves with the other nor with
  * the module's own collectives), polled against the job's deadline with DDP's "where are you?"
  * answers (clpar_dist_wait). A gathered slot is taken by the program's thread: it allocates the
@@ -233,11 +233,16 @@ static clpar_status collective(zero3 *z, z3_slot *x) {
       clpar_dist_debug_check(comm, x->what, *seq + 1, u->shard * (x->gather ? 1 : z->world) * 4);
   if (s != CLPAR_OK) return s;
   int count = (int)u->shard;
+  if (!x->gather) { /* point-to-point, summed in rank order (zero_scatter.c) */
+    for (int q = 0; q < z->world; q++) z->rs_counts[q] = count;
+    s = clpar_zero_reduce_scatter(comm, x->buf, z->rs_counts, z->part, z->rs_scratch, z->rs_reqs,
+                                  x->what, ++*seq);
+    if (s != CLPAR_OK) z->abandoned = 1; /* MPI may still use buf, part and the scratch */
+    return s;
+  }
   MPI_Request req = MPI_REQUEST_NULL;
   clpar_mpi_lock();
-  int rc = x->gather
-               ? MPI_Iallgather(x->mine, count, MPI_FLOAT, x->host, count, MPI_FLOAT, comm, &req)
-               : MPI_Ireduce_scatter_block(x->buf, z->part, count, MPI_FLOAT, MPI_SUM, comm, &req);
+  int rc = MPI_Iallgather(x->mine, count, MPI_FLOAT, x->host, count, MPI_FLOAT, comm, &req);
   clpar_mpi_unlock();
   s = rc == MPI_SUCCESS ? clpar_dist_wait(&req, x->what, ++*seq) : clpar_mpi_error(rc, x->what);
   if (s == CLPAR_ERROR_TIMEOUT) z->abandoned = 1;
@@ -410,6 +415,10 @@ clpar_status clpar_z3_comm_setup(zero3 *z) {
     }
   }
   if (!(z->part = calloc((size_t)z->max_shard + 1, sizeof(float)))) s = CLPAR_ERROR_OUT_OF_MEMORY;
+  z->rs_counts = calloc((size_t)z->world, sizeof(int));
+  z->rs_scratch = calloc(2 * (size_t)z->max_shard + 1, sizeof(float));
+  z->rs_reqs = calloc((size_t)z->world + 1, sizeof(MPI_Request));
+  if (!z->rs_counts || !z->rs_scratch || !z->rs_reqs) s = CLPAR_ERROR_OUT_OF_MEMORY;
   for (int k = 0; k < z->n_units; k++) {
     z->units[k]->fresh = 1;
     if (!(z->units[k]->acc = calloc((size_t)z->units[k]->shard, sizeof(float))))
@@ -434,6 +443,9 @@ void clpar_z3_comm_free(zero3 *z) {
     if (live || !x->pin[1]) host_free(z, x->host, x->pin[1]);
   }
   free(z->part);
+  free(z->rs_counts);
+  free(z->rs_scratch);
+  free(z->rs_reqs);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || clpar_dist_is_broken()) return;

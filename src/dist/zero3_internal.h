@@ -78,6 +78,11 @@ struct zero3 {
   int ring[Z3_RING]; /* queued slots; head: the one the thread runs (or next) */
   unsigned head, tail;
   float *part; /* [max shard]: the thread's reduce-scatter result */
+  /* the reduce-scatter's own (clpar_zero_reduce_scatter): counts [world], receive slots
+   * [2 max shard], requests [world + 1] */
+  int *rs_counts;
+  float *rs_scratch;
+  MPI_Request *rs_reqs;
 };
 
 /* The unit's full parameters in a new device buffer [numel] (counted as parameters), all-gathered
