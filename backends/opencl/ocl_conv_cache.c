@@ -435,12 +435,13 @@ clpar_status clpar_ocl_conv_set_kind_tiles(clpar_ocl_device *d, int kind,
   return st ? CLPAR_OK : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl conv: out of memory");
 }
 
-/* Defaults: 64 x 64 tiles of 4 x 4 per work-item (256 work-items, 8 KiB of local memory)
- * where the device allows, else 32 x 32 (64 work-items). */
 clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d) {
   return clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_FWD);
 }
 
+/* A backward pass without tiles of its own takes the forward's. Defaults: 64 x 64 tiles of
+ * 4 x 4 per work-item (256 work-items, 8 KiB of local memory) where the device allows, else
+ * 32 x 32 (64 work-items). */
 clpar_ocl_conv_tiles clpar_ocl_conv_kind_tiles_of(clpar_ocl_device *d, int kind) {
   clpar_ocl_conv_tiles t = {64, 64, 16, 4, 4}, small = {32, 32, 8, 4, 4};
   const char *bad;
