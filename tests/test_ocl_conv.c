@@ -225,7 +225,7 @@ static void test_tile_tuning(void **state) {
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_tiles was = clpar_ocl_conv_tiles_of(d);
   clpar_ocl_conv_tune_result r;
-  tu_ok(clpar_ocl_conv_tune(d, 2, &r));
+  tu_ok(clpar_ocl_conv_tune(d, CLPAR_OCL_TILES_FWD, 2, &r));
   assert_int_equal(r.tried, 2);
   assert_int_equal(r.failed, 0);
   assert_true(r.before > 0 && r.after > 0 && r.after <= r.before);

@@ -482,6 +482,10 @@ static void test_entry_without_bwd_lines_loads(void **state) {
   assert_int_equal(c.bwd_measured, 1);
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   assert_int_equal(t.tm, 32);
+  for (int k = CLPAR_OCL_TILES_DATA; k <= CLPAR_OCL_TILES_WEIGHT; k++) { /* the forward's */
+    clpar_ocl_conv_tiles b = clpar_ocl_conv_kind_tiles_of(d, k);
+    assert_memory_equal(&b, &t, sizeof b);
+  }
   assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
   size_t len;
   char *saved = tu_slurp(path, &len);
@@ -517,6 +521,19 @@ static void test_hostile_bwd_lines_are_refused(void **state) {
       {"a huge size", "bwd 1 4 6 6 5 1 3 3 1 1 1 1 1 99999999999 im2col im2col"},
       {"a short line", "bwd 1 4 6 implicit implicit"},
       {"no fields", "bwd"},
+      {"bwd-tiles of no pass", "bwd-tiles forward 32 32 8 4 4"},
+      {"bwd-tiles, no pass", "bwd-tiles 32 32 8 4 4"},
+      {"bwd-tiles, no space", "bwd-tiles data32 32 8 4 4"},
+      {"bwd-tiles, four sizes", "bwd-tiles data 32 32 8 4"},
+      {"bwd-tiles, six sizes", "bwd-tiles weights 32 32 8 4 4 4"},
+      {"bwd-tiles, a word", "bwd-tiles weights 32 32 8 4 four"},
+      {"bwd-tiles, TM not a multiple", "bwd-tiles data 30 32 8 4 4"},
+      {"bwd-tiles, too many work-items", "bwd-tiles weights 256 256 8 1 1"},
+      {"bwd-tiles, TK 0", "bwd-tiles data 32 32 0 4 4"},
+      {"bwd-tiles, negative", "bwd-tiles data -32 32 8 4 4"},
+      {"bwd-tiles, huge", "bwd-tiles weights 99999999999 32 8 4 4"},
+      {"bwd-tiles alone", "bwd-tiles"},
+      {"bwd-tiles, a pass alone", "bwd-tiles data"},
   };
   for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
     snprintf(text, sizeof text, "%s%s\nend\n", h, bodies[i][1]);
@@ -529,6 +546,124 @@ static void test_hostile_bwd_lines_are_refused(void **state) {
   char path[4096];
   entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
+}
+
+/* Tiles of each backward pass's own, apart from the forward's and from each other's (not on the
+ * tuner's grid, so built here first). */
+static const clpar_ocl_conv_tiles data_tiles = {32, 16, 8, 4, 2}, weight_tiles = {16, 32, 4, 2, 4};
+
+/* An entry with bwd-tiles lines loads: each pass takes its own tiles, the forward its own. */
+static void test_entry_with_bwd_tiles_loads(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char h[2048], text[4096], path[4096];
+  header(d, h, sizeof h);
+  snprintf(text, sizeof text,
+           "%stiles 32 32 8 4 4\nbwd-tiles data 32 16 8 4 2\nbwd-tiles weights 16 32 4 2 4\n"
+           "bwd %s implicit implicit\nend\n",
+           h, probe_geom);
+  write_entry(d, text);
+  clpar_ocl_conv_stats c = run_probe(dev);
+  assert_int_equal(c.disk_rejects, 0);
+  assert_int_equal(c.disk_loads, 1);
+  assert_int_equal(c.bwd_measured, 0);
+  assert_int_equal(c.bwd_runs[0][CLPAR_OCL_CONV_IMPLICIT], 1);
+  assert_int_equal(c.bwd_runs[1][CLPAR_OCL_CONV_IMPLICIT], 1);
+  clpar_ocl_conv_tiles f = clpar_ocl_conv_tiles_of(d),
+                       td = clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_DATA),
+                       tw = clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_WEIGHT);
+  assert_int_equal(f.tn, 32);
+  assert_memory_equal(&td, &data_tiles, sizeof td);
+  assert_memory_equal(&tw, &weight_tiles, sizeof tw);
+  /* the probe ran each pass with its own tiles */
+  assert_non_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_DATA, &data_tiles));
+  assert_non_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_WEIGHT, &weight_tiles));
+  assert_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_WEIGHT, &data_tiles));
+  assert_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_DATA, &weight_tiles));
+  entry_removed(d, path, sizeof path);
+  clpar_ocl_conv_forget(d);
+}
+
+/* Tiles set for each pass are saved as bwd-tiles lines, read back by a new "process", and the
+ * implicit GEMMs with them are right on ResNet-50's shapes. */
+static void test_pass_tiles_saved_and_run(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char path[4096];
+  entry_removed(d, path, sizeof path);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_tiles fwd = clpar_ocl_conv_tiles_of(d);
+  tu_ok(clpar_ocl_conv_set_kind_tiles(d, CLPAR_OCL_TILES_DATA, &data_tiles, 1));
+  tu_ok(clpar_ocl_conv_set_kind_tiles(d, CLPAR_OCL_TILES_WEIGHT, &weight_tiles, 1));
+  const clpar_ocl_conv_tiles bad = {30, 32, 8, 4, 4};
+  assert_int_equal(clpar_ocl_conv_set_kind_tiles(d, CLPAR_OCL_TILES_DATA, &bad, 1),
+                   CLPAR_ERROR_INVALID_ARGUMENT);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_tiles f = clpar_ocl_conv_tiles_of(d),
+                       td = clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_DATA),
+                       tw = clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_WEIGHT);
+  assert_memory_equal(&f, &fwd, sizeof f);
+  assert_memory_equal(&td, &data_tiles, sizeof td);
+  assert_memory_equal(&tw, &weight_tiles, sizeof tw);
+  size_t len;
+  char *saved = tu_slurp(path, &len);
+  assert_non_null(saved);
+  assert_non_null(strstr(saved, "\nbwd-tiles data 32 16 8 4 2\n"));
+  assert_non_null(strstr(saved, "\nbwd-tiles weights 16 32 4 2 4\n"));
+  assert_null(strstr(saved, "\ntiles ")); /* the forward's were not set */
+  free(saved);
+  const int all[3] = {1, 1, 1};
+  setenv("CLPAR_OCL_CONV_BWD", "implicit", 1);
+  for (size_t i = 0; i < N_SHAPES; i++)
+    if (strncmp(shapes[i].name, "resnet50", 8) == 0)
+      check_grads(dev, &shapes[i].s, all, shapes[i].name);
+  unsetenv("CLPAR_OCL_CONV_BWD");
+  clpar_ocl_conv_forget(d);
+  unlink(path);
+}
+
+/* The tile tuner of each backward pass (clpar-tune's, after the forward's): two candidates,
+ * checked against im2col and timed; the kept tiles are in force for that pass alone, read back
+ * by a new "process", and the backward with them is right on ResNet-50's shapes. */
+static void test_bwd_tile_tuning(void **state) {
+  (void)state;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev) skip();
+  clpar_ocl_device *d = ocl_of(dev);
+  char path[4096];
+  entry_removed(d, path, sizeof path);
+  clpar_ocl_conv_forget(d);
+  clpar_ocl_conv_tiles fwd = clpar_ocl_conv_tiles_of(d), kept[2];
+  for (int p = 0; p < 2; p++) {
+    clpar_ocl_conv_tune_result r;
+    tu_ok(clpar_ocl_conv_tune(d, CLPAR_OCL_TILES_DATA + p, 2, &r));
+    assert_int_equal(r.tried, 2);
+    assert_int_equal(r.failed, 0);
+    assert_true(r.before > 0 && r.after > 0 && r.after <= r.before);
+    kept[p] = clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_DATA + p);
+    assert_memory_equal(&kept[p], &r.tiles, sizeof kept[p]);
+  }
+  clpar_ocl_conv_forget(d); /* a new "process": the kept tiles come from the entry */
+  clpar_ocl_conv_tiles f = clpar_ocl_conv_tiles_of(d);
+  assert_memory_equal(&f, &fwd, sizeof f);
+  for (int p = 0; p < 2; p++) {
+    clpar_ocl_conv_tiles back = clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_DATA + p);
+    assert_memory_equal(&back, &kept[p], sizeof back);
+  }
+  const int all[3] = {1, 1, 1};
+  setenv("CLPAR_OCL_CONV_BWD", "implicit", 1);
+  for (size_t i = 0; i < N_SHAPES; i++)
+    if (strncmp(shapes[i].name, "resnet50", 8) == 0)
+      check_grads(dev, &shapes[i].s, all, shapes[i].name);
+  unsetenv("CLPAR_OCL_CONV_BWD");
+  assert_non_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_DATA, &kept[0]));
+  assert_non_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_WEIGHT, &kept[1]));
+  clpar_ocl_conv_forget(d);
+  unlink(path);
 }
 
 int main(void) {
@@ -547,6 +682,9 @@ int main(void) {
       cmocka_unit_test(test_saved_choice_is_taken),
       cmocka_unit_test(test_entry_without_bwd_lines_loads),
       cmocka_unit_test(test_hostile_bwd_lines_are_refused),
+      cmocka_unit_test(test_entry_with_bwd_tiles_loads),
+      cmocka_unit_test(test_pass_tiles_saved_and_run),
+      cmocka_unit_test(test_bwd_tile_tuning),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -114,9 +114,20 @@ clpar_status clpar_ocl_conv_tiled_kernel(clpar_ocl_device *d, int kind, const ch
   return CLPAR_OK;
 }
 
+clpar_status clpar_ocl_conv_kind_kernel(clpar_ocl_device *d, int kind,
+                                        const clpar_ocl_conv_tiles *t, cl_kernel *out) {
+  static const char *const file[CLPAR_OCL_TILED_KINDS] = {"conv_implicit.cl", "conv_bwd.cl",
+                                                          "conv_bwd.cl"};
+  static const char *const name[CLPAR_OCL_TILED_KINDS] = {"conv_implicit_f32", "conv_bwd_data_f32",
+                                                          "conv_bwd_weight_f32"};
+  if (kind < 0 || kind >= CLPAR_OCL_TILED_KINDS)
+    return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: no tiled kernel kind %d", kind);
+  return clpar_ocl_conv_tiled_kernel(d, kind, file[kind], name[kind], t, out);
+}
+
 static clpar_status implicit_kernel(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
                                     cl_kernel *out) {
-  return clpar_ocl_conv_tiled_kernel(d, 0, "conv_implicit.cl", "conv_implicit_f32", t, out);
+  return clpar_ocl_conv_kind_kernel(d, CLPAR_OCL_TILES_FWD, t, out);
 }
 
 /* The geometry as conv_implicit.cl takes it. */

@@ -34,6 +34,11 @@ typedef struct {
   unsigned tm, tn, tk, wm, wn;
 } clpar_ocl_conv_tiles;
 
+/* The tiled kernels, each with tiles of its own (the backward passes' default to the
+ * forward's): the forward's conv_implicit_f32, conv_bwd.cl's data and weights kernels. */
+enum { CLPAR_OCL_TILES_FWD = 0, CLPAR_OCL_TILES_DATA = 1, CLPAR_OCL_TILES_WEIGHT = 2 };
+#define CLPAR_OCL_TILED_KINDS 3
+
 /* What the entry did on a device, for tests and benches. */
 typedef struct {
   uint64_t measured;                    /* shapes timed */
@@ -63,6 +68,9 @@ int clpar_ocl_conv_tiles_check(const clpar_ocl_device *d, const clpar_ocl_conv_t
                                const char **bad);
 /* The tiles d runs the implicit GEMM with: its saved ones, else the defaults for its kind. */
 clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d);
+/* The tiles d runs tiled kernel kind (CLPAR_OCL_TILES_*) with: its saved ones, else (for a
+ * backward pass) the forward's as clpar_ocl_conv_tiles_of. */
+clpar_ocl_conv_tiles clpar_ocl_conv_kind_tiles_of(clpar_ocl_device *d, int kind);
 /* 1 when the implicit GEMM can run shape s (sizes fit its 32-bit indices). */
 int clpar_ocl_conv_implicit_fits(const clpar_conv2d_shape *s);
 
@@ -89,6 +97,15 @@ int clpar_ocl_conv_bwd_winograd_fits(const clpar_conv2d_shape *s);
 clpar_status clpar_ocl_conv_tiled_kernel(clpar_ocl_device *d, int kind, const char *file,
                                          const char *name, const clpar_ocl_conv_tiles *t,
                                          cl_kernel *out);
+/* d's tiled kernel of kind (CLPAR_OCL_TILES_*) for tiles t, as clpar_ocl_conv_tiled_kernel. */
+clpar_status clpar_ocl_conv_kind_kernel(clpar_ocl_device *d, int kind,
+                                        const clpar_ocl_conv_tiles *t, cl_kernel *out);
+/* Seconds one run of backward pass kind (CLPAR_OCL_TILES_DATA into dx, CLPAR_OCL_TILES_WEIGHT
+ * into dw) by algo (tiles t for the implicit GEMM, NULL for the others) takes on s into out: best
+ * of two after one untimed run; negative when it failed (its error set). Waits for the device. */
+double clpar_ocl_conv_bwd_time(clpar_ocl_device *d, int kind, int algo,
+                               const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
+                               clpar_bref x, clpar_bref wt, clpar_bref gy, clpar_bref out);
 /* The kernels of conv_bwd.cl kept per tiles beside the forward's (kind 1 data, 2 weights). */
 cl_kernel clpar_ocl_conv_kernel_find_kind(clpar_ocl_device *d, int kind,
                                           const clpar_ocl_conv_tiles *t);
@@ -117,6 +134,9 @@ void clpar_ocl_conv_remember(clpar_ocl_device *d, const clpar_conv2d_shape *s, i
                              const clpar_ocl_conv_tiles *tiles, int save);
 /* Sets d's tiles (checked: CLPAR_ERROR_INVALID_ARGUMENT if they cannot run); save as above. */
 clpar_status clpar_ocl_conv_set_tiles(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, int save);
+/* Sets d's tiles for tiled kernel kind (CLPAR_OCL_TILES_*), as clpar_ocl_conv_set_tiles. */
+clpar_status clpar_ocl_conv_set_kind_tiles(clpar_ocl_device *d, int kind,
+                                           const clpar_ocl_conv_tiles *t, int save);
 /* Forgets every cached choice and tile of d, and whether its entry was read (as a new process
  * would start). */
 void clpar_ocl_conv_forget(clpar_ocl_device *d);
@@ -142,7 +162,7 @@ double clpar_ocl_conv_time(clpar_ocl_device *d, int algo, const clpar_ocl_conv_t
                            clpar_conv2d_shape s, clpar_bref x, clpar_bref wt, clpar_bref bias,
                            clpar_bref y, double cut);
 
-/* ---- tuning the implicit GEMM's tiles (ocl_conv_tune.c) ---- */
+/* ---- tuning the tiled kernels' tiles (ocl_conv_tune.c) ---- */
 typedef struct {
   double before, after;       /* seconds over the tune shapes: the tiles in force, the kept */
   int tried, failed;          /* candidates; failed: build or launch error, or wrong results */
@@ -150,9 +170,11 @@ typedef struct {
                                  than a work-group of their size has (a GPU's limit) */
   clpar_ocl_conv_tiles tiles; /* the device's tiles now */
 } clpar_ocl_conv_tune_result;
-/* Times up to tries tile candidates on three ResNet-50 layer shapes, checking each against
- * im2col + GEMM, and keeps (and saves) the fastest as d's tiles if it beats those in force.
- * Takes d->lock for each command: call without holding it. */
-clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int tries, clpar_ocl_conv_tune_result *r);
+/* Times up to tries tile candidates for tiled kernel kind (CLPAR_OCL_TILES_*: the forward, or
+ * a backward pass) on three ResNet-50 layer shapes, checking each against im2col's result of
+ * the same pass, and keeps (and saves) the fastest as d's tiles for kind if it beats those in
+ * force. Takes d->lock for each command: call without holding it. */
+clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int kind, int tries,
+                                 clpar_ocl_conv_tune_result *r);
 
 #endif

@@ -28,8 +28,7 @@
 #define FAR_OFF 4.0   /* an algorithm this many times slower than im2col is timed once */
 #define SPAN_MIN 512  /* fewest positions one split of backward weights sums */
 #define MAX_SPLITS 64 /* most splits (partial sums: splits x O x K floats) */
-enum { PASS_DATA = 0, PASS_WEIGHT = 1 };
-enum { KIND_DATA = 1, KIND_WEIGHT = 2 }; /* kernels kept beside the forward's (kind 0) */
+enum { PASS_DATA = 0, PASS_WEIGHT = 1 }; /* tiled kernel kinds CLPAR_OCL_TILES_DATA, _WEIGHT */
 
 static clpar_bref plus(clpar_bref r, size_t off) {
   r.off += off;
@@ -58,11 +57,10 @@ int clpar_ocl_conv_bwd_winograd_fits(const clpar_conv2d_shape *s) {
 
 /* ---- the implicit GEMMs ---- */
 
-/* d's kernel of conv_bwd.cl for kind and tiles t, built now if new. */
-static clpar_status bwd_kernel(clpar_ocl_device *d, int kind, const clpar_ocl_conv_tiles *t,
+/* d's kernel of conv_bwd.cl for pass and tiles t, built now if new. */
+static clpar_status bwd_kernel(clpar_ocl_device *d, int pass, const clpar_ocl_conv_tiles *t,
                                cl_kernel *out) {
-  const char *name = kind == KIND_DATA ? "conv_bwd_data_f32" : "conv_bwd_weight_f32";
-  return clpar_ocl_conv_tiled_kernel(d, kind, "conv_bwd.cl", name, t, out);
+  return clpar_ocl_conv_kind_kernel(d, pass + CLPAR_OCL_TILES_DATA, t, out);
 }
 
 /* The geometry as conv_bwd.cl takes it (CI_GEOM). */
@@ -119,7 +117,7 @@ static clpar_status data_implicit(clpar_ocl_device *d, const clpar_ocl_conv_tile
                                   const clpar_conv2d_shape *s, clpar_bref wt, clpar_bref gy,
                                   clpar_bref dx, size_t most, double *share) {
   cl_kernel k;
-  clpar_status st = bwd_kernel(d, KIND_DATA, t, &k);
+  clpar_status st = bwd_kernel(d, PASS_DATA, t, &k);
   if (st != CLPAR_OK) return st;
   igeom g = geom_of(s);
   cl_mem gm = AS_MEM(gy.buf), wm = AS_MEM(wt.buf), xm = AS_MEM(dx.buf);
@@ -164,7 +162,7 @@ static clpar_status weight_implicit(clpar_ocl_device *d, const clpar_ocl_conv_ti
                                     const clpar_conv2d_shape *s, clpar_bref x, clpar_bref gy,
                                     clpar_bref dw) {
   cl_kernel k;
-  clpar_status st = bwd_kernel(d, KIND_WEIGHT, t, &k);
+  clpar_status st = bwd_kernel(d, PASS_WEIGHT, t, &k);
   if (st != CLPAR_OK) return st;
   igeom g = geom_of(s);
   size_t L = (size_t)(s->n * s->oh * s->ow), Kc = (size_t)g.cg * g.kh * g.kw;
@@ -321,9 +319,10 @@ static int runnable(int pass, int algo, const clpar_conv2d_shape *s) {
   return CLPAR_OCL_CONV_IM2COL;
 }
 
-/* Runs pass data (into dx) with algorithm da and pass weight (into dw) with wa; either
- * buffer may be absent. Two im2col passes share one walk over the chunks. */
-static clpar_status run_passes(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
+/* Runs pass data (into dx) with algorithm da and pass weight (into dw) with wa, the implicit
+ * GEMMs with tiles t[pass]; either buffer may be absent. Two im2col passes share one walk over
+ * the chunks. */
+static clpar_status run_passes(clpar_ocl_device *d, const clpar_ocl_conv_tiles t[2],
                                const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt,
                                clpar_bref gy, clpar_bref dx, int da, clpar_bref dw, int wa) {
   clpar_bref ix = da == CLPAR_OCL_CONV_IM2COL ? dx : no_ref,
@@ -333,11 +332,11 @@ static clpar_status run_passes(clpar_ocl_device *d, const clpar_ocl_conv_tiles *
     st = is_direct(s) ? im2col_direct(d, s, x, wt, gy, ix, iw)
                       : im2col_chunks(d, s, x, wt, gy, ix, iw);
   if (st == CLPAR_OK && dx.buf && da == CLPAR_OCL_CONV_IMPLICIT)
-    st = data_implicit(d, t, s, wt, gy, dx, 0, NULL);
+    st = data_implicit(d, &t[PASS_DATA], s, wt, gy, dx, 0, NULL);
   if (st == CLPAR_OK && dx.buf && da == CLPAR_OCL_CONV_WINOGRAD)
     st = data_winograd(d, s, wt, gy, dx);
   if (st == CLPAR_OK && dw.buf && wa == CLPAR_OCL_CONV_IMPLICIT)
-    st = weight_implicit(d, t, s, x, gy, dw);
+    st = weight_implicit(d, &t[PASS_WEIGHT], s, x, gy, dw);
   return st;
 }
 
@@ -350,7 +349,7 @@ static double now(void) {
 /* Seconds one run of algo for pass takes on the call's own data (best of TIMED_RUNS after one
  * untimed run; just the untimed one when that took over cut seconds, cut > 0); negative when
  * it failed (its error left set). */
-static double time_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
+static double time_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles t[2],
                         const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt, clpar_bref gy,
                         clpar_bref out, int pass, int algo, double cut) {
   clpar_bref dx = pass == PASS_DATA ? out : no_ref, dw = pass == PASS_WEIGHT ? out : no_ref;
@@ -368,19 +367,31 @@ static double time_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
   return st == CLPAR_OK ? best : -1;
 }
 
+double clpar_ocl_conv_bwd_time(clpar_ocl_device *d, int kind, int algo,
+                               const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
+                               clpar_bref x, clpar_bref wt, clpar_bref gy, clpar_bref out) {
+  clpar_ocl_conv_tiles both[2] = {{0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}}; /* none for im2col */
+  if (t) both[0] = both[1] = *t;
+  int pass = kind - CLPAR_OCL_TILES_DATA;
+  if (pass != PASS_DATA && pass != PASS_WEIGHT) {
+    clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl conv: no backward pass of kind %d", kind);
+    return -1;
+  }
+  return time_pass(d, both, s, x, wt, gy, out, pass, runnable(pass, algo, s), 0);
+}
+
 /* Whether algo for pass is hopeless beside a cut of seconds, from a share of one run, its
  * kernels built first (not counted): for backward data by the implicit GEMM, 4 of its
  * work-groups per compute unit (each does the same work), else the batch's first image; when
  * that share, scaled to the whole, takes over cut. Bounds what a slow algorithm costs the
  * first step (PoCL's CPU devices run the implicit GEMMs 10 to 100 times slower than im2col).
  * 0 when it is worth timing whole or failed (timed whole, the failure then warned). */
-static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
-                    clpar_bref x, clpar_bref wt, clpar_bref gy, clpar_bref out, int pass, int algo,
-                    double cut, double *estimate) {
+static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles t[2],
+                    const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt, clpar_bref gy,
+                    clpar_bref out, int pass, int algo, double cut, double *estimate) {
   cl_kernel k;
   int implicit = algo == CLPAR_OCL_CONV_IMPLICIT;
-  if (implicit && bwd_kernel(d, pass == PASS_DATA ? KIND_DATA : KIND_WEIGHT, t, &k) != CLPAR_OK)
-    return 0;
+  if (implicit && bwd_kernel(d, pass, &t[pass], &k) != CLPAR_OK) return 0;
   int tiles = implicit && pass == PASS_DATA;
   if (cut <= 0 || (!tiles && s->n < 2)) return 0;
   double share = 1.0 / (double)s->n;
@@ -388,8 +399,9 @@ static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const cl
   one.n = 1;
   clpar_bref dx = pass == PASS_DATA ? out : no_ref, dw = pass == PASS_WEIGHT ? out : no_ref;
   double t0 = now();
-  clpar_status st = tiles ? data_implicit(d, t, s, wt, gy, dx, 4 * compute_units(d), &share)
-                          : run_passes(d, t, &one, x, wt, gy, dx, algo, dw, algo);
+  clpar_status st =
+      tiles ? data_implicit(d, &t[PASS_DATA], s, wt, gy, dx, 4 * compute_units(d), &share)
+            : run_passes(d, t, &one, x, wt, gy, dx, algo, dw, algo);
   if (st == CLPAR_OK) st = ocl_finish(d);
   *estimate = (now() - t0) / share;
   return st == CLPAR_OK && share < 1 && *estimate > cut;
@@ -397,7 +409,7 @@ static int hopeless(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const cl
 
 /* Times each algorithm pass can run on s into out and returns the fastest (im2col when every
  * other failed, each failure warned). */
-static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
+static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles t[2],
                         const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt, clpar_bref gy,
                         clpar_bref out, int pass) {
   double ms[CLPAR_OCL_CONV_BWD_ALGOS] = {-1, -1, -1, -1}, t0 = now();
@@ -426,9 +438,9 @@ static int measure_pass(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
 }
 
 /* The algorithms for the wanted passes: forced, cached, or measured now (and cached). */
-static void choose(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t, const clpar_conv2d_shape *s,
-                   clpar_bref x, clpar_bref wt, clpar_bref gy, clpar_bref dx, clpar_bref dw,
-                   int *da, int *wa) {
+static void choose(clpar_ocl_device *d, const clpar_ocl_conv_tiles t[2],
+                   const clpar_conv2d_shape *s, clpar_bref x, clpar_bref wt, clpar_bref gy,
+                   clpar_bref dx, clpar_bref dw, int *da, int *wa) {
   clpar_ocl_conv_bwd_cached(d, s, da, wa);
   int md = dx.buf && *da == CLPAR_OCL_CONV_AUTO, mw = dw.buf && *wa == CLPAR_OCL_CONV_AUTO;
   if (md) *da = measure_pass(d, t, s, x, wt, gy, dx, PASS_DATA);
@@ -449,17 +461,18 @@ clpar_status clpar_ocl_conv2d_backward(void *dev, clpar_conv2d_shape s, clpar_br
   int forced;
   clpar_status st = clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", CLPAR_OCL_CONV_BWD_ALGOS, &forced);
   if (st != CLPAR_OK) return st;
-  clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
+  clpar_ocl_conv_tiles t[2] = {clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_DATA),
+                               clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_WEIGHT)};
   int da = forced, wa = forced;
-  if (forced == CLPAR_OCL_CONV_AUTO) choose(d, &t, &s, x, weight, gy, dx, dw, &da, &wa);
+  if (forced == CLPAR_OCL_CONV_AUTO) choose(d, t, &s, x, weight, gy, dx, dw, &da, &wa);
   da = runnable(PASS_DATA, da, &s);
   wa = runnable(PASS_WEIGHT, wa, &s);
-  st = run_passes(d, &t, &s, x, weight, gy, dx, da, dw, wa);
+  st = run_passes(d, t, &s, x, weight, gy, dx, da, dw, wa);
   if (st == CLPAR_ERROR_BUILD || st == CLPAR_ERROR_UNSUPPORTED) { /* a kernel the device refused */
     clpar_log(CLPAR_LOG_WARN, "opencl: %s: %s; this convolution's backward takes im2col",
               d->dev_name, clpar_last_error());
     da = wa = CLPAR_OCL_CONV_IM2COL;
-    st = run_passes(d, &t, &s, x, weight, gy, dx, da, dw, wa);
+    st = run_passes(d, t, &s, x, weight, gy, dx, da, dw, wa);
   }
   if (st == CLPAR_OK && db.buf) st = bias_grad(d, &s, gy, db);
   if (dx.buf) clpar_ocl_conv_bwd_count(d, PASS_DATA, da, 0);

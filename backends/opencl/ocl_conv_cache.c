@@ -5,6 +5,8 @@
  *   clpar-conv 1
  *   device NAME / driver VERSION / platform NAME VERSION    (one line each, as the GEMM entry)
  *   tiles TM TN TK WM WN                                     (optional)
+ *   bwd-tiles data|weights TM TN TK WM WN       (optional: a backward pass's implicit GEMM;
+ *                                                without, it takes the forward's tiles)
  *   shape N C H W O GROUPS KH KW SH SW PH PW DH DW ALGO      (any number: ALGO im2col,
  *                          winograd, convgemm, or implicit TM TN TK WM WN)
  *   bwd N C H W O GROUPS KH KW SH SW PH PW DH DW DATA WEIGHTS   (any number: the backward
@@ -18,7 +20,8 @@
  * entry ignored with a warning (counted in disk_rejects); the device then measures again.
  * An entry written before the bwd lines existed loads as it did (its backward shapes are
  * measured); a program that predates them refuses an entry holding them and measures. The same
- * holds for convgemm, the last algorithm added: older programs refuse an entry naming it. */
+ * holds for convgemm and for bwd-tiles lines, the last added: older programs refuse an entry
+ * holding them. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,9 +44,9 @@ typedef struct {
 } conv_choice;
 
 struct clpar_ocl_conv_state {
-  int read;      /* the entry on disk was looked at */
-  int has_tiles; /* tiles came from the entry or a tuner */
-  clpar_ocl_conv_tiles tiles;
+  int read;                                          /* the entry on disk was looked at */
+  int has_tiles[CLPAR_OCL_TILED_KINDS];              /* tiles came from the entry or a tuner */
+  clpar_ocl_conv_tiles tiles[CLPAR_OCL_TILED_KINDS]; /* per tiled kernel (CLPAR_OCL_TILES_*) */
   conv_choice *choices;
   size_t n, cap;
   clpar_ocl_conv_stats stats;
@@ -208,6 +211,21 @@ static int parse_bwd(char *p, conv_choice *c) {
   return 0;
 }
 
+static const char *const bwd_pass_name[CLPAR_OCL_TILED_KINDS] = {NULL, "data", "weights"};
+
+/* A bwd-tiles line's fields (after "bwd-tiles "): the pass, then its tiles, into st. */
+static int parse_bwd_tiles(clpar_ocl_device *d, char *p, struct clpar_ocl_conv_state *st) {
+  for (int k = CLPAR_OCL_TILES_DATA; k < CLPAR_OCL_TILED_KINDS; k++) {
+    size_t len = strlen(bwd_pass_name[k]);
+    if (strncmp(p, bwd_pass_name[k], len) != 0 || p[len] != ' ') continue;
+    p += len;
+    if (parse_tiles(d, &p, &st->tiles[k]) != 0) return -1;
+    st->has_tiles[k] = 1;
+    return 0;
+  }
+  return -1;
+}
+
 /* Parses an entry's text (NUL-terminated) into st; NULL, or why it is refused. */
 static const char *entry_parse(clpar_ocl_device *d, char *text, struct clpar_ocl_conv_state *st) {
   char header[1024];
@@ -225,9 +243,12 @@ static const char *entry_parse(clpar_ocl_device *d, char *text, struct clpar_ocl
     if (strcmp(line, "end") == 0) {
       ended = 1;
     } else if (strncmp(line, "tiles ", 6) == 0) {
-      if (parse_tiles(d, &p, &st->tiles) != 0)
+      if (parse_tiles(d, &p, &st->tiles[CLPAR_OCL_TILES_FWD]) != 0)
         return "corrupt: a tiles line does not parse or names tiles this device cannot run";
-      st->has_tiles = 1;
+      st->has_tiles[CLPAR_OCL_TILES_FWD] = 1;
+    } else if (strncmp(line, "bwd-tiles ", 10) == 0) {
+      if (parse_bwd_tiles(d, p + 1, st) != 0)
+        return "corrupt: a bwd-tiles line does not parse or names tiles this device cannot run";
     } else if (strncmp(line, "bwd ", 4) == 0) {
       if (parse_bwd(p + 1, &c) != 0)
         return "corrupt: a bwd line does not parse or names an algorithm its shape cannot run";
@@ -269,7 +290,8 @@ static void entry_read(clpar_ocl_device *d, struct clpar_ocl_conv_state *st) {
     if (!why) {
       free(st->choices);
       st->choices = parsed.choices, st->n = parsed.n, st->cap = parsed.cap;
-      st->tiles = parsed.tiles, st->has_tiles = parsed.has_tiles;
+      memcpy(st->tiles, parsed.tiles, sizeof st->tiles);
+      memcpy(st->has_tiles, parsed.has_tiles, sizeof st->has_tiles);
       st->stats.disk_loads++;
     } else {
       free(parsed.choices);
@@ -304,10 +326,16 @@ static void entry_write(clpar_ocl_device *d, const struct clpar_ocl_conv_state *
   }
   entry_header(d, text, cap);
   len = strlen(text);
-  const clpar_ocl_conv_tiles *t = &st->tiles;
-  if (st->has_tiles)
-    len += (size_t)snprintf(text + len, cap - len, "tiles %u %u %u %u %u\n", t->tm, t->tn, t->tk,
-                            t->wm, t->wn);
+  for (int k = 0; k < CLPAR_OCL_TILED_KINDS; k++) {
+    const clpar_ocl_conv_tiles *t = &st->tiles[k];
+    if (!st->has_tiles[k]) continue;
+    if (k == CLPAR_OCL_TILES_FWD)
+      len += (size_t)snprintf(text + len, cap - len, "tiles");
+    else
+      len += (size_t)snprintf(text + len, cap - len, "bwd-tiles %s", bwd_pass_name[k]);
+    len += (size_t)snprintf(text + len, cap - len, " %u %u %u %u %u\n", t->tm, t->tn, t->tk, t->wm,
+                            t->wn);
+  }
   for (size_t i = 0; i < st->n; i++) {
     const conv_choice *c = &st->choices[i];
     if (c->algo != CLPAR_OCL_CONV_AUTO) {
@@ -383,7 +411,14 @@ void clpar_ocl_conv_bwd_remember(clpar_ocl_device *d, const clpar_conv2d_shape *
 
 clpar_status clpar_ocl_conv_set_tiles(clpar_ocl_device *d, const clpar_ocl_conv_tiles *t,
                                       int save) {
+  return clpar_ocl_conv_set_kind_tiles(d, CLPAR_OCL_TILES_FWD, t, save);
+}
+
+clpar_status clpar_ocl_conv_set_kind_tiles(clpar_ocl_device *d, int kind,
+                                           const clpar_ocl_conv_tiles *t, int save) {
   const char *bad = NULL;
+  if (kind < 0 || kind >= CLPAR_OCL_TILED_KINDS)
+    return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl conv: no tiled kernel kind %d", kind);
   if (clpar_ocl_conv_tiles_check(d, t, &bad) != 0)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "opencl conv tiles %u %u %u %u %u: %s does not fit this device", t->tm,
@@ -392,23 +427,30 @@ clpar_status clpar_ocl_conv_set_tiles(clpar_ocl_device *d, const clpar_ocl_conv_
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && !st->read) entry_read(d, st);
   if (st) {
-    st->tiles = *t;
-    st->has_tiles = 1;
+    st->tiles[kind] = *t;
+    st->has_tiles[kind] = 1;
     if (save) entry_write(d, st);
   }
   pthread_mutex_unlock(&conv_lock);
   return st ? CLPAR_OK : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "opencl conv: out of memory");
 }
 
-/* Defaults: 64 x 64 tiles of 4 x 4 per work-item (256 work-items, 8 KiB of local memory)
- * where the device allows, else 32 x 32 (64 work-items). */
 clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d) {
+  return clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_FWD);
+}
+
+/* A backward pass without tiles of its own takes the forward's. Defaults: 64 x 64 tiles of
+ * 4 x 4 per work-item (256 work-items, 8 KiB of local memory) where the device allows, else
+ * 32 x 32 (64 work-items). */
+clpar_ocl_conv_tiles clpar_ocl_conv_kind_tiles_of(clpar_ocl_device *d, int kind) {
   clpar_ocl_conv_tiles t = {64, 64, 16, 4, 4}, small = {32, 32, 8, 4, 4};
   const char *bad;
   pthread_mutex_lock(&conv_lock);
   struct clpar_ocl_conv_state *st = state_of(d);
   if (st && !st->read) entry_read(d, st);
-  if (st && st->has_tiles) t = st->tiles;
+  if (kind < 0 || kind >= CLPAR_OCL_TILED_KINDS) kind = CLPAR_OCL_TILES_FWD;
+  if (st && !st->has_tiles[kind]) kind = CLPAR_OCL_TILES_FWD;
+  if (st && st->has_tiles[kind]) t = st->tiles[kind];
   pthread_mutex_unlock(&conv_lock);
   return clpar_ocl_conv_tiles_check(d, &t, &bad) == 0 ? t : small;
 }
@@ -420,7 +462,8 @@ void clpar_ocl_conv_forget(clpar_ocl_device *d) {
     free(st->choices);
     st->choices = NULL;
     st->n = st->cap = 0;
-    st->read = st->has_tiles = 0;
+    st->read = 0;
+    memset(st->has_tiles, 0, sizeof st->has_tiles);
   }
   pthread_mutex_unlock(&conv_lock);
 }

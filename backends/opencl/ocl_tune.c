@@ -348,19 +348,24 @@ static int runs_clblast(const clpar_ocl_device *d, const clpar_gemm_shape *s) {
          !clpar_ocl_gemm_takes_tile(d, s->trans_a, s->trans_b, m, n, k, 0, 0, 0);
 }
 
-/* The implicit-GEMM convolution's tiles, after the GEMM (ocl_conv_tune.c); a failure there
- * is a warning, the GEMM's result stands. */
+/* The convolution's tiled kernels, after the GEMM (ocl_conv_tune.c): the forward's implicit
+ * GEMM, then backward data's and backward weights'; a failure there is a warning, the GEMM's
+ * result stands. */
 static void tune_conv(clpar_ocl_device *d, int quick) {
-  clpar_ocl_conv_tune_result r;
-  if (clpar_ocl_conv_tune(d, quick ? 2 : 12, &r) != CLPAR_OK)
-    clpar_log(CLPAR_LOG_WARN, "opencl: %s: convolution tiles not tuned: %s", d->dev_name,
-              clpar_last_error());
-  else
-    clpar_log(CLPAR_LOG_INFO,
-              "opencl: %s: implicit-GEMM convolution tiles %u %u %u %u %u (%d tried, %d failed, "
-              "%d too large for the device): %.3f ms before, %.3f ms after",
-              d->dev_name, r.tiles.tm, r.tiles.tn, r.tiles.tk, r.tiles.wm, r.tiles.wn, r.tried,
-              r.failed, r.unrunnable, r.before * 1e3, r.after * 1e3);
+  static const char *const what[CLPAR_OCL_TILED_KINDS] = {
+      "implicit-GEMM convolution", "backward-data implicit-GEMM", "backward-weights implicit-GEMM"};
+  for (int kind = 0; kind < CLPAR_OCL_TILED_KINDS; kind++) {
+    clpar_ocl_conv_tune_result r;
+    if (clpar_ocl_conv_tune(d, kind, quick ? 2 : 12, &r) != CLPAR_OK)
+      clpar_log(CLPAR_LOG_WARN, "opencl: %s: %s tiles not tuned: %s", d->dev_name, what[kind],
+                clpar_last_error());
+    else
+      clpar_log(CLPAR_LOG_INFO,
+                "opencl: %s: %s tiles %u %u %u %u %u (%d tried, %d failed, %d too large for the "
+                "device): %.3f ms before, %.3f ms after",
+                d->dev_name, what[kind], r.tiles.tm, r.tiles.tn, r.tiles.tk, r.tiles.wm, r.tiles.wn,
+                r.tried, r.failed, r.unrunnable, r.before * 1e3, r.after * 1e3);
+  }
 }
 
 clpar_status ocl_tune_gemm(void *dev, const clpar_gemm_shape *shapes, int n_shapes,

@@ -1,6 +1,6 @@
 /* conv_bwd.cl — the backward passes of a 2-D convolution as implicit GEMMs (ocl_conv_bwd.c),
- * with the tiling of conv_implicit.cl (the same CI_* build options, so the device's tuned tiles
- * serve all three): a work-group computes a CI_TM x CI_TN tile from CI_TK-deep slices of both
+ * with the tiling of conv_implicit.cl (the same CI_* build options; each pass's kernel is built
+ * with tiles of its own, tuned per device, the forward's until then): a work-group computes a CI_TM x CI_TN tile from CI_TK-deep slices of both
  * operands in local memory, each of its (CI_TN / CI_WN) x (CI_TM / CI_WM) work-items holding
  * CI_WM x CI_WN sums. Neither pass writes a column buffer: the operand that im2col would lay out
  * is gathered from the tensor as its slice is loaded.
