@@ -54,7 +54,7 @@ typedef struct clpar_ocl_device {
   /* Guards the program cache below; taken after lock when both are needed. */
   pthread_mutex_t prog_lock;
   clpar_ocl_program *programs;
-  atomic_int gemm_warm; /* CLBlast has compiled its GEMM kernels for this device */
+  atomic_int gemm_warm;     /* CLBlast has compiled its GEMM kernels for this device */
   atomic_int convgemm_warm; /* and its convgemm kernels (a program of their own) */
   /* clpar_ocl_pocl_shares_kernels: this device's CLBlast GEMMs hold
    * clpar_ocl_gemm_warmup_lock throughout, since such devices share CLBlast's programs (its
