@@ -43,6 +43,19 @@ for g in $gpus; do
   b CLPAR_DEVICES=$g ./bench_graph 50 5
   b CLPAR_DEVICES=$g ./bench_conv 0 16 64
 done
-echo "$gpus" | grep -q '^cuda:0$' &&
+if echo "$gpus" | grep -q '^cuda:0$'; then
+  # cuDNN's step is slower than im2col + cuBLAS: host_ms_per_step tells whether its calls are
+  # host-bound (the worker posting slower than the GPU runs)
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_train_step 0 10 --model resnet50 --rounds 3 --no-torch
+  b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_graph 20 5 --model resnet50
+fi
+# open: test_pipeline_resnet on NVIDIA's OpenCL with oneDNN on the host did not finish in 250 s
+for g in $gpus; do
+  case $g in opencl:*)
+    echo "== test_pipeline_resnet, CLPAR_DEVICES=host,$g, 120 s"
+    (cd "$R/build/tests" && CLPAR_DEVICES=host,$g CLPAR_LOG_LEVEL=debug timeout 120 \
+      ./test_pipeline_resnet >"$L/pipeline_resnet-${g/:/}.log" 2>&1; echo "rc $?")
+    tail -3 "$L/pipeline_resnet-${g/:/}.log";;
+  esac
+done
 true
