@@ -20,6 +20,11 @@
 
 #define CHUNK_FLOATS ((size_t)16 * 1024 * 1024) /* 64 MiB of columns */
 size_t clpar_ocl_conv_chunk_floats = CHUNK_FLOATS;
+
+size_t clpar_ocl_conv_chunk_images(size_t per_image, size_t scale, size_t n) {
+  size_t k = scale * __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / per_image;
+  return k < 1 ? 1 : k > n ? n : k;
+}
 #define DIRECT_MIN_P 256
 #define TIMED_RUNS 2 /* per algorithm, after one untimed run (kernel builds, CLBlast's warm-up) */
 /* An algorithm this many times slower than im2col is timed once, and the implicit GEMM's other
@@ -225,11 +230,8 @@ static clpar_status fwd_chunks(clpar_ocl_device *d, const clpar_conv2d_shape *s,
                                clpar_bref wt, clpar_bref bias, clpar_bref y) {
   size_t P = (size_t)(s->oh * s->ow), cg = (size_t)(s->c / s->groups), n = (size_t)s->n,
          og = (size_t)(s->o / s->groups), K = cg * (size_t)(s->kh * s->kw), o = (size_t)s->o;
-  size_t rows = K > o ? K : o,
-         chunk = __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / (rows * P),
+  size_t chunk = clpar_ocl_conv_chunk_images((K > o ? K : o) * P, 1, n),
          img = (size_t)(s->c * s->h * s->w);
-  if (chunk < 1) chunk = 1;
-  if (chunk > n) chunk = n;
   int nchw = P >= DIRECT_MIN_P; /* per-image GEMMs straight into y */
   void *col = NULL, *tmp = NULL;
   clpar_status st = ocl_alloc(d, K * chunk * P * sizeof(float), &col);

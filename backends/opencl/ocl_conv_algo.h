@@ -54,6 +54,9 @@ typedef struct {
  * image's when that is more); Winograd's transformed input and output take twice that. Tests
  * lower it to run several chunks. */
 extern size_t clpar_ocl_conv_chunk_floats;
+/* How many of n images a chunk holds when each takes per_image floats of a buffer of scale
+ * times clpar_ocl_conv_chunk_floats: at least 1, at most n. */
+size_t clpar_ocl_conv_chunk_images(size_t per_image, size_t scale, size_t n);
 
 /* "im2col", "implicit", "winograd", "convgemm" ("auto" for CLPAR_OCL_CONV_AUTO). */
 const char *clpar_ocl_conv_algo_name(int algo);

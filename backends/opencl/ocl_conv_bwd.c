@@ -235,9 +235,7 @@ static clpar_status im2col_direct(clpar_ocl_device *d, const clpar_conv2d_shape 
                                   clpar_bref wt, clpar_bref gy, clpar_bref dx, clpar_bref dw) {
   size_t P = (size_t)(s->oh * s->ow), cg = (size_t)(s->c / s->groups), n = (size_t)s->n,
          og = (size_t)(s->o / s->groups), o = (size_t)s->o, c = (size_t)s->c, wg = og * cg;
-  size_t nb = __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / wg;
-  if (nb < 1) nb = 1;
-  if (nb > n) nb = n;
+  size_t nb = clpar_ocl_conv_chunk_images(wg, 1, n);
   void *one = NULL, *prod = NULL;
   clpar_status st = CLPAR_OK;
   if (dw.buf) st = ocl_alloc(d, nb * sizeof(float), &one);
@@ -268,10 +266,8 @@ static clpar_status im2col_chunks(clpar_ocl_device *d, const clpar_conv2d_shape 
                                   clpar_bref wt, clpar_bref gy, clpar_bref dx, clpar_bref dw) {
   size_t P = (size_t)(s->oh * s->ow), cg = (size_t)(s->c / s->groups), n = (size_t)s->n,
          og = (size_t)(s->o / s->groups), K = cg * (size_t)(s->kh * s->kw), o = (size_t)s->o;
-  size_t rows = K > o ? K : o, img = (size_t)(s->c * s->h * s->w),
-         chunk = __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / (rows * P);
-  if (chunk < 1) chunk = 1;
-  if (chunk > n) chunk = n;
+  size_t img = (size_t)(s->c * s->h * s->w),
+         chunk = clpar_ocl_conv_chunk_images((K > o ? K : o) * P, 1, n);
   void *col = NULL, *gp = NULL;
   clpar_status st = ocl_alloc(d, K * chunk * P * sizeof(float), &col);
   if (st == CLPAR_OK) st = ocl_alloc(d, o * chunk * P * sizeof(float), &gp);

@@ -57,10 +57,7 @@ clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_sha
   size_t th = (size_t)(s->oh + 1) / 2, tw = (size_t)(s->ow + 1) / 2, T = th * tw;
   size_t c = (size_t)s->c, o = (size_t)s->o, n = (size_t)s->n;
   /* V and M together: twice the im2col path's column buffer (128 MiB) */
-  size_t chunk =
-      2 * __atomic_load_n(&clpar_ocl_conv_chunk_floats, __ATOMIC_RELAXED) / (16 * (c + o) * T);
-  if (chunk < 1) chunk = 1;
-  if (chunk > n) chunk = n;
+  size_t chunk = clpar_ocl_conv_chunk_images(16 * (c + o) * T, 2, n);
   void *u = NULL, *v = NULL, *m = NULL;
   clpar_status st = ocl_alloc(d, 16 * o * c * sizeof(float), &u);
   if (st == CLPAR_OK) st = ocl_alloc(d, 16 * c * chunk * T * sizeof(float), &v);
