@@ -107,6 +107,16 @@ static void xent_row(__global const float *x, ulong cols, __local float *s, floa
   *lse = log(sum);
 }
 
+/* A row's loss from its max m and log-sum-exp lse: -(x[t] - m - lse), 0 for an ignored target
+ * (weight 0, else 1), NaN for one out of range. */
+static void xent_store(__global const float *x, ulong cols, long t, long ignore, float m, float lse,
+                       __global float *loss, __global float *weight) {
+  *weight = t == ignore ? 0.0f : 1.0f;
+  *loss = t == ignore                 ? 0.0f
+          : t >= 0 && (ulong)t < cols ? -((x[t] - m) - lse)
+                                      : NAN;
+}
+
 /* loss[r] = t == ignore ? 0 : 0 <= t < cols ? -logp[r, t] : NaN;  weight[r] = t != ignore */
 __kernel void xent_f32(__global const float *a, ulong a_off, __global const int *idx,
                        ulong idx_off, int idx64, long ignore, __global float *loss, ulong l_off,
@@ -116,11 +126,8 @@ __kernel void xent_f32(__global const float *a, ulong a_off, __global const int 
   float m, lse;
   xent_row(x, cols, s, &m, &lse);
   if (get_local_id(0) != 0) return;
-  long t = xent_target(idx, idx_off, idx64, r);
-  weight[w_off + r] = t == ignore ? 0.0f : 1.0f;
-  loss[l_off + r] = t == ignore                 ? 0.0f
-                    : t >= 0 && (ulong)t < cols ? -((x[t] - m) - lse)
-                                                : NAN;
+  xent_store(x, cols, xent_target(idx, idx_off, idx64, r), ignore, m, lse, loss + l_off + r,
+             weight + w_off + r);
 }
 
 /* s = has_count ? g / count : alpha g; out[r, c] = d - exp(logp[r, c]) * -s, d = -s at the
@@ -181,11 +188,8 @@ __kernel void xent_row_f32(__global const float *a, ulong a_off, __global const 
   __global const float *x = a + a_off + r * cols;
   float m, lse;
   xent_row_one(x, cols, &m, &lse);
-  long t = xent_target(idx, idx_off, idx64, r);
-  weight[w_off + r] = t == ignore ? 0.0f : 1.0f;
-  loss[l_off + r] = t == ignore                 ? 0.0f
-                    : t >= 0 && (ulong)t < cols ? -((x[t] - m) - lse)
-                                                : NAN;
+  xent_store(x, cols, xent_target(idx, idx_off, idx64, r), ignore, m, lse, loss + l_off + r,
+             weight + w_off + r);
 }
 
 /* xent_backward_f32's results, one work-item a row. */
