@@ -42,4 +42,9 @@ static const struct {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
+/* An output side of a convolution: input in, kernel k, stride s, padding p, dilation d. */
+static inline int64_t cs_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
 #endif

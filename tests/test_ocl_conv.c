@@ -59,13 +59,9 @@ static int teardown(void **state) {
 
 /* ---- one convolution against the float64 loop ---- */
 
-static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
-}
-
 static void conv_ref(const cshape *s, const float *x, const float *w, const float *b, float *y) {
-  int64_t oh = out_size(s->h, s->kh, s->sh, s->ph, s->dh);
-  int64_t ow = out_size(s->w, s->kw, s->sw, s->pw, s->dw);
+  int64_t oh = cs_out_size(s->h, s->kh, s->sh, s->ph, s->dh);
+  int64_t ow = cs_out_size(s->w, s->kw, s->sw, s->pw, s->dw);
   int64_t cg = s->c / s->groups, og = s->o / s->groups;
   for (int64_t n = 0; n < s->n; n++)
     for (int64_t oc = 0; oc < s->o; oc++)

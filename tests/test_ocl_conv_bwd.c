@@ -42,15 +42,11 @@ static int teardown(void **state) {
 
 /* ---- the float64 reference ---- */
 
-static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
-}
-
 /* dx, dw, db of s for x, w and gy (double sums, rounded once). */
 static void grads_ref(const cshape *s, const float *x, const float *w, const float *gy, float *dx,
                       float *dw, float *db) {
-  int64_t oh = out_size(s->h, s->kh, s->sh, s->ph, s->dh);
-  int64_t ow = out_size(s->w, s->kw, s->sw, s->pw, s->dw);
+  int64_t oh = cs_out_size(s->h, s->kh, s->sh, s->ph, s->dh);
+  int64_t ow = cs_out_size(s->w, s->kw, s->sw, s->pw, s->dw);
   int64_t cg = s->c / s->groups, og = s->o / s->groups;
   size_t nx = (size_t)(s->n * s->c * s->h * s->w), nw = (size_t)(s->o * cg * s->kh * s->kw);
   double *ax = calloc(nx, sizeof *ax), *aw = calloc(nw, sizeof *aw), *ab = calloc(16384, 8);
@@ -87,8 +83,8 @@ typedef struct {
 
 static void case_make(clpar_device *dev, const cshape *s, bcase *c) {
   int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
-  int64_t ys[4] = {s->n, s->o, out_size(s->h, s->kh, s->sh, s->ph, s->dh),
-                   out_size(s->w, s->kw, s->sw, s->pw, s->dw)};
+  int64_t ys[4] = {s->n, s->o, cs_out_size(s->h, s->kh, s->sh, s->ph, s->dh),
+                   cs_out_size(s->w, s->kw, s->sw, s->pw, s->dw)};
   c->x = tu_make(dev, 4, xs, 21), c->w = tu_make(dev, 4, ws, 22), c->gy = tu_make(dev, 4, ys, 23);
   c->n[0] = (size_t)clpar_tensor_numel(c->x), c->n[1] = (size_t)clpar_tensor_numel(c->w);
   c->n[2] = (size_t)s->o;
