@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""torch_step.py — PyTorch's side of bench/train_step.c: the same training step on the CPU,
-timed the same way, printed as one JSON object on stdout.
+"""torch_step.py — PyTorch's side of bench/train_step.c: the same training step on the CPU (or
+on --device), timed the same way, printed as one JSON object on stdout.
 
   mlp:   MLP 784-1024-1024-10, batch 256, cross-entropy, Adam (lr 1e-3)
   small: "Optional: Data Parallelism"'s Linear(5, 2) at batch 30, MSE, SGD (lr 0.01)
@@ -23,6 +23,7 @@ also put in those variables before torch is imported. The JSON gives the threads
 the timed rounds ("cpu_per_wall": about 1 when one core was busy).
 
   python3 bench/torch_step.py --model mlp --steps 10 --rounds 3
+  python3 bench/torch_step.py --model resnet50 --device cuda   # the same step on a GPU
 """
 import argparse
 import ctypes
@@ -108,9 +109,13 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    ap.add_argument("--device", default="cpu", help="where the step runs: cpu, cuda, cuda:1, ...")
     args = ap.parse_args()
     pin_threads(args.threads)
     net, x, y, opt, loss_fn = make(args.model)
+    if args.device != "cpu":  # module.to moves the parameters in place: opt keeps them
+        net.to(args.device)
+        x, y = x.to(args.device), y.to(args.device)
 
     def step():
         if args.model == "gpt":  # nanoGPT's train.py
@@ -134,11 +139,12 @@ def main():
         t0 = time.perf_counter()
         for _ in range(args.steps):
             loss = step()
-        loss.item()  # the step's work is done (CPU tensors compute eagerly)
+        loss.item()  # the step's work is done (waits for the GPU's queue too)
         t = (time.perf_counter() - t0) / args.steps
         best = t if best is None else min(best, t)
     cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    out = {"bench": "torch_step", "model": args.model, "torch": torch.__version__,
+    out = {"bench": "torch_step", "model": args.model, "device": args.device,
+           "torch": torch.__version__,
            "threads": torch.get_num_threads(), "openblas_threads": openblas_threads(),
            "cpu_per_wall": round(cpu_per_wall, 3), "steps": args.steps,
            "rounds": args.rounds, "ms_per_step": round(best * 1e3, 4)}

@@ -48,6 +48,9 @@ if echo "$gpus" | grep -q '^cuda:0$'; then
   # host-bound (the worker posting slower than the GPU runs)
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_train_step 0 10 --model resnet50 --rounds 3 --no-torch
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_graph 20 5 --model resnet50
+  echo "== PyTorch, the same ResNet-50 step on cuda (bench/torch_step.py)"
+  timeout 120 python3 "$R/bench/torch_step.py" --model resnet50 --device cuda --steps 10 \
+    --rounds 3 2>&1 | tail -1
 fi
 # open: test_pipeline_resnet on NVIDIA's OpenCL with oneDNN on the host did not finish in 250 s
 for g in $gpus; do
