@@ -30,6 +30,13 @@
  * convolution). "ocl_conv_bwd" names CLPAR_OCL_CONV_BWD (OpenCL's backward algorithms;
  * backends/opencl/ocl_conv_bwd.c).
  *
+ * On a CUDA device (built with cuDNN's headers and library found) each shape is also run through
+ * cuDNN called directly (bench/conv_cudnn.c: the algorithms cudnnFind picks, as PyTorch's
+ * benchmark mode; full fp32 unless CLPAR_CUDA_TF32=1): a "pass": "cudnn" line puts clpar's
+ * forward (as above, timed whatever the backend), backward data and backward weight beside
+ * cuDNN's, with "ratio" = clpar's three / cuDNN's three (above 1, cuDNN is faster). Set
+ * CLPAR_CUDA_CUDNN=1 to compare clpar's own cuDNN path with the library it calls.
+ *
  * On the host device built with oneDNN, clpar_conv2d is oneDNN's convolution and the GEMMs
  * are what the plain path runs; CLPAR_HOST_DNNL=0 times the plain path itself ("name" says
  * which: "... + oneDNN" or not).
@@ -48,6 +55,9 @@
 #include <string.h>
 
 #include "bench_util.h"
+#ifdef BENCH_HAVE_CUDNN
+#include "conv_cudnn.h"
+#endif
 
 #ifdef BENCH_HAVE_OPENCL
 
@@ -199,7 +209,6 @@ static int conv_pass(bench_case *bc, clpar_device *dev) {
   return ok && bench_ok(clpar_device_synchronize(dev), "synchronize");
 }
 
-#ifdef BENCH_HAVE_OPENCL
 /* The forward alone, no graph recorded (torch.no_grad), synchronized; *y kept when y. */
 static int fwd_pass(bench_case *bc, clpar_device *dev, clpar_tensor **y) {
   int was = clpar_set_grad_enabled(0);
@@ -213,8 +222,6 @@ static int fwd_pass(bench_case *bc, clpar_device *dev, clpar_tensor **y) {
     clpar_tensor_free(out);
   return ok;
 }
-
-#endif
 
 /* Seconds of one backward pass of the layer to x alone (data) or w alone, as the header says;
  * negative on failure. */
@@ -270,7 +277,33 @@ static int case_init(bench_case *bc, clpar_device *dev, const conv_shape *s, int
 /* The sums over the shapes, in seconds and floating-point operations. */
 typedef struct {
   double conv, gemm, flop, fwd, cg, bdata, bweight;
+  double dnn_fwd, dnn_data, dnn_filter; /* cuDNN called directly */
 } totals;
+
+#ifdef BENCH_HAVE_CUDNN
+/* The shape through cuDNN called directly, beside clpar's forward and backward passes of the
+ * same shape (seconds); 0 on failure. */
+static int cudnn_case(const clpar_device_info *info, const conv_shape *s, int64_t batch,
+                      int64_t side, double fwd, double bdata, double bweight, totals *tot) {
+  const char *colon = strchr(info->id, ':'), *tf = getenv("CLPAR_CUDA_TF32");
+  int tf32 = tf && strcmp(tf, "1") == 0;
+  cudnn_shape cs = {(int)batch, (int)s->c,      (int)side,  (int)s->o,
+                    (int)s->k,  (int)s->stride, (int)s->pad};
+  cudnn_times t;
+  if (!cudnn_ref_time(colon ? atoi(colon + 1) : 0, &cs, tf32, &t)) return 0;
+  tot->dnn_fwd += t.fwd, tot->dnn_data += t.bwd_data, tot->dnn_filter += t.bwd_filter;
+  printf(
+      "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": \"cudnn\", "
+      "\"batch\": %lld, \"input\": %lld, \"tf32\": %d, \"fwd_ms\": %.3f, "
+      "\"cudnn_fwd_ms\": %.3f, \"bwd_data_ms\": %.3f, \"cudnn_bwd_data_ms\": %.3f, "
+      "\"bwd_weight_ms\": %.3f, \"cudnn_bwd_filter_ms\": %.3f, \"cudnn_algos\": [%d, %d, %d], "
+      "\"ratio\": %.3f}\n",
+      info->id, s->name, (long long)batch, (long long)side, tf32, 1e3 * fwd, 1e3 * t.fwd,
+      1e3 * bdata, 1e3 * t.bwd_data, 1e3 * bweight, 1e3 * t.bwd_filter, t.algo_fwd, t.algo_data,
+      t.algo_filter, (fwd + bdata + bweight) / (t.fwd + t.bwd_data + t.bwd_filter));
+  return 1;
+}
+#endif
 
 static void print_totals(const clpar_device_info *info, int64_t batch, int64_t image,
                          const totals *tot, int convgemm, const char *bwd) {
@@ -285,6 +318,16 @@ static void print_totals(const clpar_device_info *info, int64_t batch, int64_t i
       "\"conv_gflops\": %.2f, \"gemm_gflops\": %.2f, \"ratio\": %.3f}\n",
       info->id, info->name, (long long)batch, (long long)image, 1e3 * tot->conv, 1e3 * tot->gemm,
       tot->flop / tot->conv * 1e-9, tot->flop / tot->gemm * 1e-9, tot->gemm / tot->conv);
+  double dnn = tot->dnn_fwd + tot->dnn_data + tot->dnn_filter;
+  if (dnn > 0)
+    printf(
+        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"total\", \"pass\": "
+        "\"cudnn\", \"batch\": %lld, \"image\": %lld, \"fwd_ms\": %.3f, \"cudnn_fwd_ms\": "
+        "%.3f, \"bwd_data_ms\": %.3f, \"cudnn_bwd_data_ms\": %.3f, \"bwd_weight_ms\": %.3f, "
+        "\"cudnn_bwd_filter_ms\": %.3f, \"ratio\": %.3f}\n",
+        info->id, (long long)batch, (long long)image, 1e3 * tot->fwd, 1e3 * tot->dnn_fwd,
+        1e3 * tot->bdata, 1e3 * tot->dnn_data, 1e3 * tot->bweight, 1e3 * tot->dnn_filter,
+        (tot->fwd + tot->bdata + tot->bweight) / dnn);
   if (convgemm)
     printf(
         "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"total\", \"pass\": "
@@ -308,7 +351,10 @@ int main(int argc, char **argv) {
   clpar_device_info info;
   clpar_device_get_info(dev, &info);
   totals tot = {0};
-  int failed = 0, convgemm = 0;
+  int failed = 0, convgemm = 0, cudnn = 0;
+#ifdef BENCH_HAVE_CUDNN
+  cudnn = strcmp(info.backend, "cuda") == 0; /* cuDNN called directly beside each shape */
+#endif
   /* the OpenCL forward's algorithm (CLPAR_OCL_CONV: im2col, implicit, winograd, convgemm; unset:
    * chosen) */
   const char *ocl_conv = getenv("CLPAR_OCL_CONV") ? getenv("CLPAR_OCL_CONV") : "auto";
@@ -355,15 +401,16 @@ int main(int argc, char **argv) {
       double t2 = now_seconds();
       best_conv = fmin(best_conv, t1 - t0);
       best_gemm = fmin(best_gemm, t2 - t1);
-#ifdef BENCH_HAVE_OPENCL
-      if (ok && convgemm) {
+      if (ok && (convgemm || cudnn)) {
         t0 = now_seconds();
         ok = fwd_pass(&bc, dev, NULL);
+        best_fwd = fmin(best_fwd, now_seconds() - t0);
+      }
+#ifdef BENCH_HAVE_OPENCL
+      if (ok && convgemm) {
         t1 = now_seconds();
-        ok = ok && cg_run(&raw);
-        t2 = now_seconds();
-        best_fwd = fmin(best_fwd, t1 - t0);
-        best_cg = fmin(best_cg, t2 - t1);
+        ok = cg_run(&raw);
+        best_cg = fmin(best_cg, now_seconds() - t1);
       }
 #endif
     }
@@ -395,8 +442,15 @@ int main(int argc, char **argv) {
         info.id, s->name, (long long)batch, (long long)side, (long long)s->o, (long long)NP,
         (long long)K, 1e3 * best_conv, 1e3 * best_gemm, flop / best_conv * 1e-9,
         flop / best_gemm * 1e-9, best_gemm / best_conv);
+#ifdef BENCH_HAVE_CUDNN
+    if (cudnn && !cudnn_case(&info, s, batch, side, best_fwd, bdata, bweight, &tot)) {
+      failed = 1;
+      break;
+    }
+#endif
+    if (convgemm || cudnn) tot.fwd += best_fwd;
     if (convgemm) {
-      tot.fwd += best_fwd, tot.cg += best_cg;
+      tot.cg += best_cg;
       printf(
           "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": \"forward\", "
           "\"ocl_conv\": \"%s\", "

@@ -42,12 +42,16 @@ for g in $gpus; do
   b CLPAR_DEVICES=$g ./bench_graph 20 5 --model resnet50
   b CLPAR_DEVICES=$g ./bench_graph 50 5
   b CLPAR_DEVICES=$g ./bench_conv 0 16 64
+  # OpenCL: the forward's per-shape choice (auto, above) against CLBlast's convgemm forced
+  case $g in opencl:*) b CLPAR_DEVICES=$g CLPAR_OCL_CONV=convgemm ./bench_conv 0 16 64;; esac
 done
 if echo "$gpus" | grep -q '^cuda:0$'; then
   # cuDNN's step is slower than im2col + cuBLAS: host_ms_per_step tells whether its calls are
   # host-bound (the worker posting slower than the GPU runs)
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_train_step 0 10 --model resnet50 --rounds 3 --no-torch
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_graph 20 5 --model resnet50
+  # clpar's cuDNN path against cuDNN called directly ("pass": "cudnn" lines of bench_conv)
+  b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_conv 0 16 64
   echo "== PyTorch, the same ResNet-50 step on cuda (bench/torch_step.py)"
   timeout 120 python3 "$R/bench/torch_step.py" --model resnet50 --device cuda --steps 10 \
     --rounds 3 2>&1 | tail -1
