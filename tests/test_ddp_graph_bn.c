@@ -5,9 +5,10 @@
  * forward broadcasts rank 0's (PyTorch's broadcast_buffers=True): the replayed steps must
  * equal the eager DDP steps bit for bit, parameters and buffers, on every rank (the learning
  * rate changed midway; also with gradient accumulation, whose second micro-step broadcasts
- * nothing), with no host wait on the calling thread. With the argument "timeout" (run by
- * tests/ddp_graph_bn_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 0 stops replaying, and rank 1's
- * replay must end in CLPAR_ERROR_TIMEOUT naming the buffers' broadcast and rank 0. */
+ * nothing), with no host wait on the calling thread; an evaluation forward right after
+ * replays (its broadcast on the calling thread) waits for theirs. With the argument "timeout"
+ * (run by tests/ddp_graph_bn_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 0 stops replaying, and
+ * rank 1's replay must end in CLPAR_ERROR_TIMEOUT naming the buffers' broadcast and rank 0. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +142,8 @@ static void expect_same_on_every_rank(const float *v, size_t n) {
   tu_ok(clpar_dist_all_reduce_max(lo, (int64_t)n));
   for (size_t i = 0; i < n; i++)
     if (hi[i] != v[i] || -lo[i] != v[i])
-      fail_msg("element %zu differs over the ranks: %.9g here, from %.9g to %.9g", i,
-               (double)v[i], (double)-lo[i], (double)hi[i]);
+      fail_msg("element %zu differs over the ranks: %.9g here, from %.9g to %.9g", i, (double)v[i],
+               (double)-lo[i], (double)hi[i]);
   free(hi);
   free(lo);
 }
@@ -212,6 +213,50 @@ static void test_accumulation_replay_equals_eager(void **state) {
   check_replay_equals_eager(accumulating_step, 2);
 }
 
+/* An evaluation forward without gradients (which broadcasts the buffers on the calling
+ * thread) right after replays were posted, nothing waited for: it lets them run first, so its
+ * broadcast does not meet theirs on the communication thread; the output and the buffers then
+ * equal those of the same eager steps. */
+static void test_eval_forward_right_after_replays(void **state) {
+  (void)state;
+  tgu_train eager, replayed;
+  clpar_device *dev = clpar_dist_device();
+  make_train(&eager);
+  make_train(&replayed);
+  write_inputs(&eager, 0);
+  write_inputs(&replayed, 0);
+  for (int i = 0; i < STEPS; i++) tu_ok(step(&eager));
+  clpar_step *st;
+  tu_ok(clpar_step_compile(step, &replayed, &dev, 1, &st));
+  for (int i = 0; i < STEPS; i++) tu_ok(clpar_step_run(st)); /* warm-up, capture, replays */
+  tgu_train *both[2] = {&replayed, &eager}; /* the replayed first: the eager's would wait */
+  float *out[2];
+  size_t n[2];
+  for (int k = 0; k < 2; k++) {
+    clpar_tensor *y = NULL;
+    tu_ok(clpar_module_eval(both[k]->m));
+    clpar_set_grad_enabled(0);
+    tu_ok(clpar_module_forward(both[k]->m, both[k]->x, &y));
+    clpar_set_grad_enabled(1);
+    out[k] = malloc(B * OUT * sizeof(float));
+    assert_non_null(out[k]);
+    tu_ok(clpar_tensor_read(y, out[k], B * OUT));
+    clpar_tensor_free(y);
+  }
+  tgu_expect_bits("output element", out[1], out[0], B * OUT);
+  float *pe = tgu_floats_of(eager.m, 1, &n[0]), *pr = tgu_floats_of(replayed.m, 1, &n[1]);
+  assert_int_equal(n[0], n[1]);
+  tgu_expect_bits("parameter or buffer element", pe, pr, n[0]);
+  expect_same_on_every_rank(pr, n[1]);
+  free(pe);
+  free(pr);
+  free(out[0]);
+  free(out[1]);
+  clpar_step_free(st);
+  tgu_train_free(&eager);
+  tgu_train_free(&replayed);
+}
+
 /* ---- the timeout scenario ---- */
 
 static void timeout_die(const char *what) {
@@ -250,6 +295,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_replay_equals_eager),
       cmocka_unit_test(test_accumulation_replay_equals_eager),
+      cmocka_unit_test(test_eval_forward_right_after_replays),
   };
   return cmocka_run_group_tests_name("ddp_graph_bn", tests, tu_dist_setup, tu_dist_teardown);
 }
