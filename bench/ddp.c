@@ -14,9 +14,12 @@
  * synced (waited for after every step, so each step starts from idle ranks).
  * --model latency: 48 x Linear(64, 64) at batch 32 (bench/data_parallel's latency-bound MLP)
  * instead of the compute-bound default, 6 x Linear(512, 512) then Linear(512, 16) at batch 256.
+ * --model bn: a module with buffers, broadcast from rank 0 before each forward: Conv2d(3, 16,
+ * 3x3), BatchNorm2d, ReLU, a ResNet BasicBlock(16) (two more BatchNorm2d), then Linear to 16
+ * classes, on [32, 3, 8, 8] inputs.
  *
  *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun -np 2 ./bench_ddp [steps] [bucket_cap_mb]
- *       [--graph] [--model compute|latency]
+ *       [--graph] [--model compute|latency|bn]
  */
 #include <clpar/clpar.h>
 
@@ -29,15 +32,41 @@ typedef struct {
   const char *name;
   int layers;
   int64_t batch, width, out;
+  int64_t channels; /* 0: an MLP on [batch, width]; else a conv net on [batch, channels, width,
+                     * width] */
 } model_spec;
 
-static const model_spec compute = {"compute", 6, 256, 512, 16},
-                        latency = {"latency", 48, 32, 64, 64};
+static const model_spec compute = {"compute", 6, 256, 512, 16, 0},
+                        latency = {"latency", 48, 32, 64, 64, 0}, bn = {"bn", 1, 32, 8, 16, 3};
+
+static int64_t input_numel(const model_spec *s) {
+  return s->batch * (s->channels ? s->channels * s->width * s->width : s->width);
+}
+
+/* --model bn's conv net (s->width 8: 8x8 images, 16 features). */
+static clpar_module *make_bn_net(const model_spec *s, clpar_device *dev) {
+  clpar_module *c[6] = {0}, *m = NULL;
+  clpar_conv2d_options pad = {.padding = {1, 1}};
+  clpar_manual_seed(3);
+  int good =
+      bench_ok(clpar_conv2d_create(s->channels, 16, 3, 3, &pad, 0, dev, &c[0]), "Conv2d") &&
+      bench_ok(clpar_batchnorm2d_create(16, NULL, dev, &c[1]), "BatchNorm2d") &&
+      bench_ok(clpar_relu_create(&c[2]), "ReLU") &&
+      bench_ok(clpar_resnet_block_create(CLPAR_RESNET_BASIC, 16, 16, 1, dev, &c[3]),
+               "BasicBlock") &&
+      bench_ok(clpar_flatten_create(1, -1, &c[4]), "Flatten") &&
+      bench_ok(clpar_linear_create(16 * s->width * s->width, s->out, 1, dev, &c[5]), "Linear") &&
+      bench_ok(clpar_sequential_create(c, 6, &m), "Sequential");
+  if (!good)
+    for (int i = 0; i < 6; i++) clpar_module_free(c[i]);
+  return m;
+}
 
 /* layers x (Linear(width, width), ReLU), then Linear(width, out) for the compute MLP (1 MiB
  * weights, so that the bucket cap decides how many buckets there are); the latency MLP's
  * last layer is its 48th. */
 static clpar_module *make_mlp(const model_spec *s, clpar_device *dev) {
+  if (s->channels) return make_bn_net(s, dev);
   int n_lin = s == &compute ? s->layers + 1 : s->layers;
   return bench_mlp_layers(n_lin, s->width, s->width, s->out, dev);
 }
@@ -61,8 +90,9 @@ static double round_ms(bench_step_run *r, clpar_module *ddp, clpar_device *dev, 
 /* A run's static inputs, and two warm-up steps. */
 static int inputs(bench_step_run *r, const model_spec *s, clpar_device *dev, const float *x,
                   const int32_t *y) {
-  int64_t xs[2] = {s->batch, s->width}, ys = s->batch;
-  int good = bench_ok(clpar_tensor_from_host(dev, 2, xs, x, &r->x), "input") &&
+  int64_t xs[4] = {s->batch, s->channels ? s->channels : s->width, s->width, s->width};
+  int64_t ys = s->batch;
+  int good = bench_ok(clpar_tensor_from_host(dev, s->channels ? 4 : 2, xs, x, &r->x), "input") &&
              bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r->y), "labels");
   for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(r), "warm-up");
   return good;
@@ -93,18 +123,25 @@ static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p
     worst[kind] = ms > worst[kind] ? ms : worst[kind];
   }
   clpar_ddp_stats st = {0};
+  char model[128];
+  if (s->channels)
+    snprintf(model, sizeof model,
+             "Conv2d, BatchNorm2d, BasicBlock(16), Linear on [%lld, %lld, %lld, %lld]",
+             (long long)s->batch, (long long)s->channels, (long long)s->width, (long long)s->width);
+  else
+    snprintf(model, sizeof model, "%s MLP %d x Linear(%lld)", s->name, s->layers,
+             (long long)s->width);
   if (good && clpar_dist_rank() == 0 && clpar_ddp_stats_get(p->m, &st) == CLPAR_OK)
     printf(
-        "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s MLP "
-        "%d x Linear(%lld)\", \"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
+        "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s\", "
+        "\"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
         "\"rounds\": %d, \"eager_ms_per_step\": [%.2f, %.2f], \"replay_ms_per_step\": "
         "[%.2f, %.2f], \"speedup_best\": %.2f, \"synced_eager_ms_per_step\": [%.2f, %.2f], "
         "\"synced_replay_ms_per_step\": [%.2f, %.2f], \"synced_speedup_best\": %.2f, "
         "\"allreduce_ms_per_step\": [%.2f, %.2f], \"commands_per_step\": %zu}\n",
-        clpar_dist_world_size(), clpar_device_id(dev), s->name, s->layers, (long long)s->width,
-        (long long)s->batch, st.buckets, steps, ROUNDS, best[0], worst[0], best[1], worst[1],
-        best[0] / best[1], best[2], worst[2], best[3], worst[3], best[2] / best[3], ar[0], ar[1],
-        clpar_graph_command_count(p->graph));
+        clpar_dist_world_size(), clpar_device_id(dev), model, (long long)s->batch, st.buckets,
+        steps, ROUNDS, best[0], worst[0], best[1], worst[1], best[0] / best[1], best[2], worst[2],
+        best[3], worst[3], best[2] / best[3], ar[0], ar[1], clpar_graph_command_count(p->graph));
   return good;
 }
 
@@ -159,7 +196,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--graph"))
       graph = 1;
     else if (!strcmp(argv[i], "--model") && i + 1 < argc)
-      s = !strcmp(argv[++i], "latency") ? &latency : &compute;
+      s = !strcmp(argv[++i], "latency") ? &latency : !strcmp(argv[i], "bn") ? &bn : &compute;
     else if (pos++ == 0)
       steps = atoi(argv[i]);
     else
@@ -168,10 +205,14 @@ int main(int argc, char **argv) {
   if (steps < 1) steps = 10;
   if (!bench_ok(clpar_dist_init(), "clpar_dist_init")) return 1;
   clpar_device *dev = clpar_dist_device();
-  float *x = malloc(sizeof(float) * (size_t)(s->batch * s->width));
+  if (s->channels && !graph) {
+    fprintf(stderr, "bench_ddp: --model bn runs with --graph only\n");
+    return 1;
+  }
+  float *x = malloc(sizeof(float) * (size_t)input_numel(s));
   int32_t *y = malloc(sizeof(int32_t) * (size_t)s->batch);
   if (!x || !y) return 1;
-  bench_batch(x, y, s->batch, s->width, (int32_t)s->out);
+  bench_batch(x, y, s->batch, input_numel(s) / s->batch, (int32_t)s->out);
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
   clpar_ddp_options o = {.bucket_cap_mb = cap};
   bench_step_run e = {0}, p = {0}; /* eager, and (--graph) replayed */

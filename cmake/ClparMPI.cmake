@@ -16,6 +16,7 @@ if(NOT CLPAR_MPI STREQUAL "OFF")
     target_sources(clpar_objects PRIVATE src/dist/ddp.c src/dist/ddp_comm.c src/dist/ddp_buckets.c
       src/dist/ddp_unused.c src/dist/ddp_uneven.c src/dist/ddp_nccl.c src/dist/ddp_graph.c)
     target_compile_definitions(clpar_objects PUBLIC CLPAR_HAVE_MPI)
+    target_sources(clpar_objects PRIVATE src/dist/ddp_buffers.c)
     target_link_libraries(clpar_objects PUBLIC MPI::MPI_C)
     find_package(PkgConfig QUIET)
     if(PKG_CONFIG_FOUND)

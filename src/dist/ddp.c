@@ -375,34 +375,18 @@ static clpar_status buffer_write(clpar_tensor *t, const void *src) {
 }
 
 /* Rank 0's buffers to every rank: rank 0 reads them all into the block (waiting for its
- * device), one broadcast (in pieces of at most INT_MAX bytes), the others write them. The
- * header carries rank 0's status and message, so a failed read fails every rank alike. */
+ * device), one broadcast (clpar_ddp_bcast_block, whose header carries rank 0's status, so a
+ * failed read fails every rank alike), the others write them. Inside a capture, its commands
+ * (ddp_buffers.c). */
 static clpar_status broadcast_buffers(ddp_state *st, const char *what) {
   if (st->n_buffers == 0) return CLPAR_OK;
-  unsigned char *block = st->block;
-  int32_t status = CLPAR_OK;
-  memset(block, 0, BUFFER_HEADER);
-  if (clpar_dist_rank() == 0) {
-    for (int i = 0; status == CLPAR_OK && i < st->n_buffers; i++)
-      status = buffer_read(st->buffers[i], block + st->buffer_at[i]);
-    if (status != CLPAR_OK) snprintf((char *)block + 8, MESSAGE_SIZE, "%s", clpar_last_error());
-    memcpy(block, &status, sizeof status);
-  }
-  clpar_status s = CLPAR_OK;
-  for (size_t at = 0; s == CLPAR_OK && at < st->block_bytes;) {
-    size_t piece = st->block_bytes - at < (size_t)INT_MAX ? st->block_bytes - at : INT_MAX;
-    s = clpar_dist_bcast(block + at, (int)piece, MPI_BYTE, 0, st->comm, what, ++st->seq);
-    at += piece;
-  }
-  if (s != CLPAR_OK) return s;
-  memcpy(&status, block, sizeof status);
-  if (status != CLPAR_OK) {
-    block[8 + MESSAGE_SIZE - 1] = '\0';
-    return clpar_set_error((clpar_status)status, "%s: rank 0 could not read its buffers: %s", what,
-                           (const char *)block + 8);
-  }
+  if (st->n_buckets && clpar_capture_active(st->buckets[0].dev)) return clpar_ddp_graph_buffers(st);
+  clpar_status status = CLPAR_OK;
+  for (int i = 0; clpar_dist_rank() == 0 && status == CLPAR_OK && i < st->n_buffers; i++)
+    status = buffer_read(st->buffers[i], st->block + st->buffer_at[i]);
+  clpar_status s = clpar_ddp_bcast_block(st, status, what);
   for (int i = 0; s == CLPAR_OK && clpar_dist_rank() != 0 && i < st->n_buffers; i++)
-    s = buffer_write(st->buffers[i], block + st->buffer_at[i]);
+    s = buffer_write(st->buffers[i], st->block + st->buffer_at[i]);
   return s;
 }
 

@@ -15,23 +15,25 @@
  * is freed (which makes every graph stale): a replay allocates nothing. The all-reduce keeps
  * the job's deadline and its "where are you?" questions (clpar_dist_wait); one that fails
  * (a peer that does not replay: CLPAR_ERROR_TIMEOUT naming it) opens the gate with its error,
- * so the device's queue goes on and the next call on the device returns that error. */
+ * so the device's queue goes on and the next call on the device returns that error. A forward
+ * that broadcasts the module's buffers posts one more hand-off, "the buffers" (ddp_buffers.c),
+ * which reaches the thread before the step's buckets. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist/ddp_internal.h"
 
-typedef struct { /* one bucket of one captured step */
+typedef struct { /* one bucket of one captured step, or its buffers' broadcast */
   ddp_state *st;
-  int k;
+  int k; /* the bucket, or -1: the buffers */
   clpar_host_call call;
   clpar_gate *gate;
   clpar_status read_status; /* the reads' (set by the host call) */
 } handoff;
 
 typedef struct record { /* one captured step's hand-offs */
-  handoff *h;           /* one per bucket */
+  handoff *h;           /* one per bucket, then the buffers' */
   struct record *next;
 } record;
 
@@ -71,6 +73,10 @@ void *clpar_ddp_graph_take(ddp_state *st) {
 
 void clpar_ddp_graph_reduce(ddp_state *st, void *handoff_) {
   handoff *h = handoff_;
+  if (h->k < 0) { /* the buffers: broadcast from rank 0 */
+    clpar_ddp_buffers_broadcast(st, h->read_status, h->gate);
+    return;
+  }
   ddp_bucket *b = &st->buckets[h->k];
   double t0 = clpar_clock_seconds();
   if (h->read_status != CLPAR_OK) { /* takes part with zeros, so that no rank waits */
@@ -115,19 +121,17 @@ static const char *refusal(const ddp_state *st, char *text, size_t size) {
   if (st->uneven_inputs)
     return "uneven_inputs (clpar_ddp_options, clpar_ddp_join): each forward all-reduces a "
            "flag on the host";
-  if (st->sync_buffers && st->n_buffers > 0)
-    return "the broadcast of the module's buffers from rank 0 before the forward (a host read "
-           "and an MPI broadcast at each step)";
   for (int k = 1; k < st->n_buckets; k++)
     if (st->buckets[k].dev != st->buckets[0].dev)
       return "a module over several devices (its buckets' hand-offs would reach the "
              "communication thread in an order the ranks need not share)";
+  if (st->sync_buffers && st->n_buffers > 0) return clpar_ddp_buffers_refusal(st);
   return NULL;
 }
 
 static clpar_status new_record(ddp_state *st, ddp_graph *g) {
   record *r = calloc(1, sizeof *r);
-  handoff *h = r ? calloc((size_t)st->n_buckets, sizeof *h) : NULL;
+  handoff *h = r ? calloc((size_t)st->n_buckets + 1, sizeof *h) : NULL;
   if (!h) {
     free(r);
     return clpar_ddp_oom();
@@ -135,8 +139,8 @@ static clpar_status new_record(ddp_state *st, ddp_graph *g) {
   r->h = h;
   r->next = g->all;
   g->all = r;
-  for (int k = 0; k < st->n_buckets; k++) {
-    h[k] = (handoff){st, k, {arrived, &h[k]}, clpar_gate_new(), CLPAR_OK};
+  for (int k = 0; k <= st->n_buckets; k++) {
+    h[k] = (handoff){st, k < st->n_buckets ? k : -1, {arrived, &h[k]}, clpar_gate_new(), CLPAR_OK};
     if (!h[k].gate) return clpar_ddp_oom();
   }
   g->current = r;
@@ -152,13 +156,13 @@ static clpar_status capture_forward(ddp_state *st, clpar_device *dev) {
   ddp_graph *g = st->graph;
   if (!g) {
     g = calloc(1, sizeof *g);
-    handoff **q = g ? calloc(2 * (size_t)st->n_buckets, sizeof *q) : NULL;
+    handoff **q = g ? calloc(2 * ((size_t)st->n_buckets + 1), sizeof *q) : NULL;
     if (!q) {
       free(g);
       return clpar_ddp_oom();
     }
     g->queue = q;
-    g->cap = 2 * st->n_buckets;
+    g->cap = 2 * (st->n_buckets + 1);
     pthread_mutex_lock(&st->lock);
     st->graph = g;
     pthread_mutex_unlock(&st->lock);
@@ -172,9 +176,12 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st) {
   if (!dev) return CLPAR_OK;
   if (clpar_capture_active(dev)) return capture_forward(st, dev);
   /* an eager step after a capture: the replays posted before it run first, so that its
-   * buckets do not wait for the thread behind theirs (a forward whose backward hands no
-   * bucket over, without gradients or without sync, need not wait) */
-  if (!st->graph || !clpar_is_grad_enabled() || st->no_sync) return CLPAR_OK;
+   * buckets and its broadcast of the buffers do not meet the thread's (a forward that
+   * broadcasts nothing and whose backward hands no bucket over, without gradients or without
+   * sync, need not wait) */
+  if (!st->graph) return CLPAR_OK;
+  int broadcasts = st->sync_buffers && st->n_buffers > 0;
+  if (!broadcasts && (!clpar_is_grad_enabled() || st->no_sync)) return CLPAR_OK;
   return clpar_worker_drain(dev);
 }
 
@@ -246,6 +253,12 @@ int clpar_ddp_graph_hook(ddp_state *st, ddp_param *p) {
   return 1;
 }
 
+clpar_status clpar_ddp_graph_buffers(ddp_state *st) {
+  ddp_graph *g = st->graph; /* the forward's capture_forward made this step's record */
+  handoff *h = &g->current->h[st->n_buckets];
+  return clpar_ddp_buffers_post(st, &h->call, h->gate);
+}
+
 void clpar_ddp_graph_quiesce(ddp_state *st) {
   if (!st->graph) return;
   clpar_graph_invalidate_all("the freeing of a DistributedDataParallel module");
@@ -258,7 +271,7 @@ void clpar_ddp_graph_free(ddp_state *st) {
   if (!g) return;
   for (record *r = g->all, *next; r; r = next) {
     next = r->next;
-    for (int k = 0; k < st->n_buckets; k++) clpar_gate_free(r->h[k].gate);
+    for (int k = 0; k <= st->n_buckets; k++) clpar_gate_free(r->h[k].gate);
     free(r->h);
     free(r);
   }

@@ -259,6 +259,24 @@ void clpar_ddp_graph_reduce(ddp_state *st, void *handoff);
  * goes stale; after it stopped, the records go. */
 void clpar_ddp_graph_quiesce(ddp_state *st);
 void clpar_ddp_graph_free(ddp_state *st);
+/* Inside a capture, the forward's broadcast of the buffers: posted with this step's record's
+ * host call and gate (clpar_ddp_buffers_post). */
+clpar_status clpar_ddp_graph_buffers(ddp_state *st);
+
+/* ---- the buffers' broadcast (ddp_buffers.c) ---- */
+
+/* Collective on st->comm, with the deadline: st->block from rank 0 to every rank, its header
+ * carrying rank 0's status (with the last error as its message when not CLPAR_OK), which
+ * then fails every rank alike. */
+clpar_status clpar_ddp_bcast_block(ddp_state *st, clpar_status status, const char *what);
+/* What a captured broadcast of the buffers cannot hold, or NULL. */
+const char *clpar_ddp_buffers_refusal(const ddp_state *st);
+/* Inside a capture: on rank 0 the reads of the buffers into the block, the host call, the
+ * gate and, on the other ranks, the writes of the block into the buffers. */
+clpar_status clpar_ddp_buffers_post(ddp_state *st, clpar_host_call *call, clpar_gate *gate);
+/* The communication thread: the block broadcast (read_status: the host call's), the gate
+ * opened with its error. */
+void clpar_ddp_buffers_broadcast(ddp_state *st, clpar_status read_status, clpar_gate *gate);
 
 /* ---- NCCL (src/dist/ddp_nccl.c) ---- */
 
