@@ -11,8 +11,10 @@
  * offsets, BatchNorm2d's num_batches_tracked. Copies between capturing devices (DataParallel's) go
  * through host memory the graph owns, and their events are made fresh at each replay.
  * DistributedDataParallel over MPI is captured with its bucket hand-offs (each replay all-reduces
- * on the module's communication thread, every rank replaying the same graph); what it cannot
- * replay (NCCL, ZeRO, find_unused_parameters, uneven inputs, buffers) is refused (docs/graphs.md).
+ * on the module's communication thread, every rank replaying the same graph), with ZeRO stages 1
+ * and 2 (the thread reduce-scatters, the step's all-gather is handed to it); what it cannot
+ * replay (NCCL, ZeRO stage 3, find_unused_parameters, uneven inputs, buffers) is refused
+ * (docs/graphs.md).
  *
  * Static inputs: a replay reads the buffers the capture read. Write each step's inputs and
  * labels into tensors made before the capture (clpar_tensor_write, clpar_copy_) before each
