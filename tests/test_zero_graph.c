@@ -4,9 +4,10 @@
  * inner optimizer's learning rate changed midway) gives the parameters and losses of the same
  * steps run eagerly on a second copy of the model, bit for bit, with SGD (momentum) and Adam;
  * the ranks end with the same parameters. The model's 229 parameters divide by neither 2 nor
- * 3 (the last shard is padded). Refused at capture, naming what: ZeRO stage 3, and a zero_grad
- * between the captured backward and the step (the host's averaged shard). With the argument
- * "timeout" (run by tests/zero_graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops
+ * 3 (the last shard is padded). An eager step right after replays equals the eager run, and
+ * freeing the optimizer makes the graph stale. Refused at capture, naming what: ZeRO stage 3,
+ * and a zero_grad between the captured backward and the step (the host's averaged shard). With
+ * the argument "timeout" (run by tests/zero_graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops
  * replaying, and every other rank's replay must end in CLPAR_ERROR_TIMEOUT naming rank 1. */
 #include <mpi.h>
 #include <stdio.h>
@@ -168,6 +169,43 @@ static void test_stage2_adam(void **state) {
   check_replay_equals_eager(2, OPT_ADAM);
 }
 
+/* An eager step right after replays were posted (nothing waited for) equals an eager step
+ * there, and freeing the ZeRO optimizer makes the graph stale (its records go with it). */
+static void test_eager_after_replays_then_stale(void **state) {
+  (void)state;
+  for (int stage = 1; stage <= 2; stage++) {
+    zg_train eager, mixed;
+    clpar_device *dev = clpar_dist_device();
+    make_train(&eager, stage, OPT_ADAM);
+    make_train(&mixed, stage, OPT_ADAM);
+    write_inputs(&eager, 0);
+    write_inputs(&mixed, 0);
+    for (int i = 0; i < 6; i++) tu_ok(step(&eager));
+    tu_ok(step(&mixed)); /* the warm-up: Adam's state */
+    clpar_graph *g = NULL;
+    tu_ok(clpar_graph_capture_begin(&dev, 1));
+    clpar_status s = step(&mixed);
+    tu_ok(clpar_graph_capture_end(&g));
+    tu_ok(s);
+    for (int i = 0; i < 3; i++) tu_ok(clpar_graph_replay(g));
+    tu_ok(step(&mixed));
+    size_t ne, nm;
+    float *pe = tgu_floats_of(eager.m, 0, &ne), *pm = tgu_floats_of(mixed.m, 0, &nm);
+    assert_int_equal(ne, nm);
+    tgu_expect_bits("parameter element", pe, pm, ne);
+    free(pe);
+    free(pm);
+    clpar_zero_optimizer_free(mixed.opt);
+    mixed.opt = NULL;
+    assert_int_not_equal(clpar_graph_replay(g), CLPAR_OK);
+    if (!strstr(clpar_last_error(), "ZeRO optimizer"))
+      fail_msg("expected the freeing of the ZeRO optimizer in \"%s\"", clpar_last_error());
+    clpar_graph_destroy(g);
+    train_free(&eager);
+    train_free(&mixed);
+  }
+}
+
 /* The capture of t's step (after an eager warm-up step; late: the captured step calls zero_grad
  * after backward) fails with CLPAR_ERROR_INVALID_ARGUMENT and a message holding want and
  * want2. */
@@ -257,6 +295,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_stage1_adam),
       cmocka_unit_test(test_stage2_sgd_momentum),
       cmocka_unit_test(test_stage2_adam),
+      cmocka_unit_test(test_eager_after_replays_then_stale),
       cmocka_unit_test(test_stage3_refused),
       cmocka_unit_test(test_zero_grad_after_backward_refused),
   };

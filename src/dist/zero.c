@@ -316,7 +316,7 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_zero_optimizer_step: opt is NULL");
   if (z->stage == 3) return step_stage3(z);
   if (clpar_zero_graph_capturing(z)) return clpar_zero_graph_step(z);
-  clpar_zero_graph_settled(z->st); /* this step spends what captured backwards reduced */
+  clpar_zero_graph_eager(z); /* after the replays in flight; spends what they reduced */
   clpar_status s = reduce_gradient(z);
   if (s == CLPAR_ERROR_TIMEOUT || z->abandoned || z->st->abandoned) return s;
   if (s == CLPAR_OK && z->len > 0) s = clpar_optimizer_step(z->inner);
@@ -340,7 +340,7 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
     return clpar_optimizer_zero_grad(z->inner);
   }
   if (clpar_zero_graph_capturing(z)) return clpar_zero_graph_zero_grad(z);
-  clpar_zero_graph_settled(z->st);
+  clpar_zero_graph_eager(z);
   clpar_zero_comm_reset(z->st); /* the step's read waited for its write from there */
   if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
   clpar_zero_release_grads(z->st); /* any a no_sync backward left on the device */

@@ -184,10 +184,14 @@ clpar_status clpar_zero_graph_zero_grad(clpar_zero_optimizer *z) {
   return CLPAR_OK;
 }
 
-void clpar_zero_graph_settled(ddp_state *st) {
+void clpar_zero_graph_eager(clpar_zero_optimizer *z) {
+  ddp_state *st = z->st;
   pthread_mutex_lock(&st->lock);
-  if (st->zgraph) ((zero_graph *)st->zgraph)->pending = 0;
+  zero_graph *g = st->zgraph;
+  if (g) g->pending = 0;
   pthread_mutex_unlock(&st->lock);
+  /* the last gate of a replay opens after its thread work: the device is past it */
+  if (g && device_of(z)) clpar_worker_drain(device_of(z));
 }
 
 /* ---- the communication thread's side ---- */

@@ -39,8 +39,10 @@ clpar_status clpar_zero_graph_step(clpar_zero_optimizer *z);
 /* zero_grad as the eager one where it is device work; refused where it forgets the averaged
  * shard on the host. */
 clpar_status clpar_zero_graph_zero_grad(clpar_zero_optimizer *z);
-/* An eager step or zero_grad: what captured backwards reduced on the host is spent. */
-void clpar_zero_graph_settled(ddp_state *st);
+/* An eager step or zero_grad (after a capture): waits until the device ran the replays posted
+ * before it (their thread work reads and writes the host shard), and what captured backwards
+ * reduced there is spent. */
+void clpar_zero_graph_eager(clpar_zero_optimizer *z);
 /* Before z is freed: every graph goes stale, the replays in flight run, z's records go. */
 void clpar_zero_graph_forget(clpar_zero_optimizer *z);
 
