@@ -257,7 +257,8 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st);
 int clpar_ddp_graph_hook(ddp_state *st, ddp_param *p);
 /* The communication thread, st->lock held: the next bucket a replay read, or NULL. */
 void *clpar_ddp_graph_take(ddp_state *st);
-/* The communication thread: that bucket all-reduced, and its gate opened (with the error). */
+/* The communication thread: that bucket all-reduced, and its gate opened (with the error);
+ * ZeRO-1/2: reduce-scattered instead (zero_graph.c). */
 void clpar_ddp_graph_reduce(ddp_state *st, void *handoff);
 /* At the module's free: before the thread stops, the replays in flight run and every graph
  * goes stale; after it stopped, the records go. */
