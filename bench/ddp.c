@@ -17,9 +17,11 @@
  * --model bn: a module with buffers, broadcast from rank 0 before each forward: Conv2d(3, 16,
  * 3x3), BatchNorm2d, ReLU, a ResNet BasicBlock(16) (two more BatchNorm2d), then Linear to 16
  * classes, on [32, 3, 8, 8] inputs.
+ * --zero 1|2: ZeRO at that stage (clpar/zero.h; its SGD with the same options) instead of
+ * plain DDP, with --graph: its step eager against replayed.
  *
  *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun -np 2 ./bench_ddp [steps] [bucket_cap_mb]
- *       [--graph] [--model compute|latency|bn]
+ *       [--graph] [--model compute|latency|bn] [--zero 1|2]
  */
 #include <clpar/clpar.h>
 
@@ -62,6 +64,30 @@ static clpar_module *make_bn_net(const model_spec *s, clpar_device *dev) {
   return m;
 }
 
+/* --zero: the stage, and each run's ZeRO optimizer (bench_step_run's opt is then NULL) */
+static int zero_stage;
+static clpar_zero_optimizer *zero_opt[2];
+static bench_step_run *zero_run[2];
+
+/* One step of r: bench_step, or with ZeRO its step on the same static inputs. */
+static clpar_status run_step(void *ctx) {
+  bench_step_run *r = ctx;
+  clpar_zero_optimizer *z = r == zero_run[0] ? zero_opt[0] : r == zero_run[1] ? zero_opt[1] : NULL;
+  if (!z) return bench_step(r);
+  clpar_tensor_free(r->loss);
+  r->loss = NULL;
+  clpar_tensor *logits = NULL;
+  clpar_status s = clpar_zero_optimizer_zero_grad(z);
+  if (s == CLPAR_OK) s = clpar_module_forward(r->m, r->x, &logits);
+  if (s == CLPAR_OK)
+    s = clpar_cross_entropy_targets(logits, r->y, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN,
+                                    &r->loss);
+  if (s == CLPAR_OK) s = clpar_backward(r->loss);
+  if (s == CLPAR_OK) s = clpar_zero_optimizer_step(z);
+  clpar_tensor_free(logits);
+  return s;
+}
+
 /* layers x (Linear(width, width), ReLU), then Linear(width, out) for the compute MLP (1 MiB
  * weights, so that the bucket cap decides how many buckets there are); the latency MLP's
  * last layer is its 48th. */
@@ -78,7 +104,7 @@ static double round_ms(bench_step_run *r, clpar_module *ddp, clpar_device *dev, 
   double t0 = now_seconds();
   int good = 1;
   for (int i = 0; good && i < steps; i++) {
-    good = bench_ok(replay ? clpar_graph_replay(r->graph) : bench_step(r), "step");
+    good = bench_ok(replay ? clpar_graph_replay(r->graph) : run_step(r), "step");
     if (good && synced) good = bench_ok(clpar_device_synchronize(dev), "sync");
   }
   good = good && bench_ok(clpar_device_synchronize(dev), "sync") &&
@@ -94,7 +120,7 @@ static int inputs(bench_step_run *r, const model_spec *s, clpar_device *dev, con
   int64_t ys = s->batch;
   int good = bench_ok(clpar_tensor_from_host(dev, s->channels ? 4 : 2, xs, x, &r->x), "input") &&
              bench_ok(clpar_tensor_from_host_dtype(dev, CLPAR_INT32, 1, &ys, y, &r->y), "labels");
-  for (int i = 0; good && i < 2; i++) good = bench_ok(bench_step(r), "warm-up");
+  for (int i = 0; good && i < 2; i++) good = bench_ok(run_step(r), "warm-up");
   return good;
 }
 
@@ -107,7 +133,10 @@ static int inputs(bench_step_run *r, const model_spec *s, clpar_device *dev, con
 static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p, clpar_device *dev,
                        const float *x, const int32_t *y, int steps) {
   enum { ROUNDS = 5 };
-  int good = inputs(e, s, dev, x, y) && inputs(p, s, dev, x, y) && bench_step_capture(p, &dev, 1);
+  clpar_status ran = CLPAR_OK;
+  int good = inputs(e, s, dev, x, y) && inputs(p, s, dev, x, y) &&
+             bench_ok(clpar_graph_capture_begin(&dev, 1), "capture") && (ran = run_step(p), 1) &&
+             bench_ok(clpar_graph_capture_end(&p->graph), "capture") && bench_ok(ran, "captured");
   /* [kind]: eager, replay, eager synced, replay synced */
   double best[4] = {1e30, 1e30, 1e30, 1e30}, worst[4] = {0}, ar[2] = {0};
   for (int k = 0; good && k < 4 * ROUNDS; k++) {
@@ -133,15 +162,16 @@ static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p
              (long long)s->width);
   if (good && clpar_dist_rank() == 0 && clpar_ddp_stats_get(p->m, &st) == CLPAR_OK)
     printf(
-        "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"device\": \"%s\", \"model\": \"%s\", "
-        "\"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
+        "{\"bench\": \"ddp_graph\", \"ranks\": %d, \"zero_stage\": %d, \"device\": \"%s\", "
+        "\"model\": \"%s\", \"batch_per_rank\": %lld, \"buckets\": %d, \"steps\": %d, "
         "\"rounds\": %d, \"eager_ms_per_step\": [%.2f, %.2f], \"replay_ms_per_step\": "
         "[%.2f, %.2f], \"speedup_best\": %.2f, \"synced_eager_ms_per_step\": [%.2f, %.2f], "
         "\"synced_replay_ms_per_step\": [%.2f, %.2f], \"synced_speedup_best\": %.2f, "
         "\"allreduce_ms_per_step\": [%.2f, %.2f], \"commands_per_step\": %zu}\n",
-        clpar_dist_world_size(), clpar_device_id(dev), model, (long long)s->batch, st.buckets,
-        steps, ROUNDS, best[0], worst[0], best[1], worst[1], best[0] / best[1], best[2], worst[2],
-        best[3], worst[3], best[2] / best[3], ar[0], ar[1], clpar_graph_command_count(p->graph));
+        clpar_dist_world_size(), zero_stage, clpar_device_id(dev), model, (long long)s->batch,
+        st.buckets, steps, ROUNDS, best[0], worst[0], best[1], worst[1], best[0] / best[1], best[2],
+        worst[2], best[3], worst[3], best[2] / best[3], ar[0], ar[1],
+        clpar_graph_command_count(p->graph));
   return good;
 }
 
@@ -189,12 +219,14 @@ static int plain_bench(const model_spec *s, clpar_module *ddp, clpar_optimizer *
 }
 
 int main(int argc, char **argv) {
-  int steps = 10, graph = 0, pos = 0;
+  int steps = 10, graph = 0, pos = 0, zero = 0;
   double cap = 0;
   const model_spec *s = &compute;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--graph"))
       graph = 1;
+    else if (!strcmp(argv[i], "--zero") && i + 1 < argc)
+      zero = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--model") && i + 1 < argc)
       s = !strcmp(argv[++i], "latency") ? &latency : !strcmp(argv[i], "bn") ? &bn : &compute;
     else if (pos++ == 0)
@@ -214,18 +246,31 @@ int main(int argc, char **argv) {
   if (!x || !y) return 1;
   bench_batch(x, y, s->batch, input_numel(s) / s->batch, (int32_t)s->out);
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
-  clpar_ddp_options o = {.bucket_cap_mb = cap};
+  clpar_ddp_options o = {.bucket_cap_mb = cap, .zero_stage = zero == 1 || zero == 2 ? zero : 0};
+  zero_stage = o.zero_stage;
   bench_step_run e = {0}, p = {0}; /* eager, and (--graph) replayed */
   int good = 1;
   for (int k = 0; good && k < 1 + graph; k++) {
     bench_step_run *r = k ? &p : &e;
     clpar_module *model = make_mlp(s, dev);
-    good = model && bench_ok(clpar_ddp_create(model, &o, &r->m), "clpar_ddp_create") &&
-           bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD");
+    good = model && bench_ok(clpar_ddp_create(model, &o, &r->m), "clpar_ddp_create");
+    zero_run[k] = r;
+    if (good && zero_stage)
+      good = bench_ok(clpar_zero_sgd_create(r->m, &sgd, &zero_opt[k]), "ZeRO SGD");
+    else if (good)
+      good = bench_ok(clpar_sgd_create_for(r->m, &sgd, &r->opt), "SGD");
+  }
+  if (good && zero_stage && !graph) {
+    fprintf(stderr, "bench_ddp: --zero runs with --graph only\n");
+    good = 0;
   }
   if (good)
     good = graph ? graph_bench(s, &e, &p, dev, x, y, steps)
                  : plain_bench(s, e.m, e.opt, dev, x, y, steps, cap);
+  clpar_graph_destroy(p.graph); /* before the ZeRO optimizers its records belong to */
+  p.graph = NULL;
+  clpar_zero_optimizer_free(zero_opt[1]);
+  clpar_zero_optimizer_free(zero_opt[0]);
   bench_step_run_free(&p);
   bench_step_run_free(&e);
   free(x);

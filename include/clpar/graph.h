@@ -12,7 +12,8 @@
  * through host memory the graph owns, and their events are made fresh at each replay.
  * DistributedDataParallel over MPI is captured with its bucket hand-offs and its broadcast of the
  * module's buffers (each replay all-reduces and broadcasts on the module's communication thread,
- * every rank replaying the same graph); what it cannot replay (NCCL, ZeRO,
+ * every rank replaying the same graph), with ZeRO stages 1 and 2 (the thread reduce-scatters, the
+ * step's all-gather is handed to it); what it cannot replay (NCCL, ZeRO stage 3,
  * find_unused_parameters, uneven inputs) is refused (docs/graphs.md).
  *
  * Static inputs: a replay reads the buffers the capture read. Write each step's inputs and

@@ -34,6 +34,11 @@
  * Every collective runs with the job's deadline (clpar_dist_timeout): a rank that dies or hangs
  * makes the others' step fail with CLPAR_ERROR_TIMEOUT naming it and the collective.
  *
+ * Stages 1 and 2 capture (clpar/graph.h, docs/zero.md): a replay's buckets are reduce-scattered
+ * and its all-gather run on the communication thread, and an error there (a timeout naming the
+ * rank) is returned by the next call on the device; zero_grad between the captured backward and
+ * the step, and stage 3, are refused at capture.
+ *
  * Stage 3 (FSDP; src/dist/zero3.c, docs/zero.md) also shards the parameters. The units are
  * the children that hold parameters of the module clpar_ddp_options.zero_units names
  * ("transformer.h": a GPT's blocks) or of the wrapped module (a Sequential's layers); the

@@ -162,9 +162,10 @@ void *clpar_ddp_comm_thread(void *arg) {
   }
   pthread_mutex_lock(&st->lock);
   for (;;) {
-    void *handoff = NULL; /* a captured step's bucket (ddp_graph.c) */
+    void *handoff = NULL, *zjob = NULL; /* a captured step's bucket (ddp_graph.c), ZeRO step */
     while (!st->stop && !(st->next < st->n_buckets && st->buckets[st->next].ready) &&
-           !clpar_zero3_job_ready(st) && !(handoff = clpar_ddp_graph_take(st)))
+           !clpar_zero3_job_ready(st) && !(handoff = clpar_ddp_graph_take(st)) &&
+           !(zjob = clpar_zero_graph_take(st)))
       pthread_cond_wait(&st->cv, &st->lock);
     if (clpar_zero3_job_ready(st)) { /* ZeRO-3's (zero3_comm.c), every one run before a stop */
       clpar_zero3_run_job(st);
@@ -173,8 +174,11 @@ void *clpar_ddp_comm_thread(void *arg) {
     if (st->stop) break;
     st->busy = 1;
     pthread_mutex_unlock(&st->lock);
-    if (handoff) {
-      clpar_ddp_graph_reduce(st, handoff);
+    if (handoff || zjob) {
+      if (handoff)
+        clpar_ddp_graph_reduce(st, handoff);
+      else
+        clpar_zero_graph_run(st, zjob); /* zero_graph.c */
       pthread_mutex_lock(&st->lock);
       st->busy = 0;
       pthread_cond_broadcast(&st->cv);

@@ -78,6 +78,10 @@ void clpar_ddp_graph_reduce(ddp_state *st, void *handoff_) {
     return;
   }
   ddp_bucket *b = &st->buckets[h->k];
+  if (st->zero_stage) { /* ZeRO-1/2: reduce-scattered, no gate (zero_graph.c) */
+    clpar_zero_graph_bucket(st, b, h->read_status);
+    return;
+  }
   double t0 = clpar_clock_seconds();
   if (h->read_status != CLPAR_OK) { /* takes part with zeros, so that no rank waits */
     clpar_set_error(h->read_status, "%s: the read of a bucket's gradients failed",
@@ -108,10 +112,10 @@ static const char *refusal(const ddp_state *st, char *text, size_t size) {
   if (st->nccl)
     return "its buckets' all-reduce over NCCL (clpar_ddp_backend \"nccl\"), which is not "
            "captured: capture over MPI (CLPAR_DIST_BACKEND=mpi)";
-  if (st->zero_stage) {
+  if (st->zero_stage == 3) {
     snprintf(text, size,
-             "ZeRO stage %d (clpar_ddp_options.zero_stage): its reduce-scatters, shards and "
-             "gathers are host work at each step",
+             "ZeRO stage %d (clpar_ddp_options.zero_stage): its units' gathers and "
+             "reduce-scatters are host work at each step",
              st->zero_stage);
     return text;
   }
@@ -191,7 +195,7 @@ static void post_read(ddp_state *st, handoff *h) {
   clpar_ddp_make_runs(st, b);
   clpar_status s = CLPAR_OK;
   for (int i = b->first; s == CLPAR_OK && i < b->first + b->count; i++)
-    if (!st->params[i].param->grad)
+    if (st->zero_stage == 2 ? !st->params[i].posted : !st->params[i].param->grad)
       s = clpar_capture_refuse(b->dev, "DistributedDataParallel's backward",
                                "a parameter without a gradient (its bucket would take zeros, "
                                "decided on the host)");
@@ -244,7 +248,10 @@ int clpar_ddp_graph_hook(ddp_state *st, ddp_param *p) {
   }
   if (g->posted == st->n_buckets) {
     pthread_mutex_unlock(&st->lock);
-    post_writes(st, r);
+    if (st->zero_stage) /* ZeRO-1/2: the step waits for the reductions (zero_graph.c) */
+      clpar_zero_graph_backward(st);
+    else
+      post_writes(st, r);
     pthread_mutex_lock(&st->lock);
     g->current = NULL;
     g->posted = 0;

@@ -101,6 +101,7 @@ struct ddp_state {
   void *zero;        /* stage 2: its clpar_zero_optimizer (one per module) */
   void *zero3;       /* stage 3: the units and their shards (zero3.c) */
   void *zred;        /* stages 1 and 2: the buckets' reduce-scatter (zero_comm.c) */
+  void *zgraph;      /* stages 1 and 2: captured steps' records (zero_graph.c) */
   uint64_t forwards; /* forwards and joins so far (the uneven-input check's step number) */
   int ended;         /* a rank ran out of inputs: every later forward fails with ended_msg */
   clpar_status ended_status;
@@ -168,6 +169,9 @@ void clpar_zero_take_grad(ddp_state *st, ddp_param *p);
 /* The communication thread: the bucket reduce-scattered over the ranks; this rank's part,
  * averaged, into the rank's shard (stage 1: replacing, stage 2: adding). */
 void clpar_zero_reduce_bucket(ddp_state *st, ddp_bucket *b);
+/* The same once the bucket's reads are in its memory (t[0], t[1]: the caller's times; t[2],
+ * t[3] filled and all four added to the stats); an error is kept (clpar_ddp_record_error). */
+clpar_status clpar_zero_scatter_bucket(ddp_state *st, ddp_bucket *b, double t[4]);
 /* Collective on comm, with its deadline (zero_scatter.c): buf holds one block per rank, block
  * q of counts[q] floats, back to back; sum gets the sum over the ranks of this rank's block,
  * added in rank order. scratch: 2 counts[rank] floats; reqs: world + 1. On an error MPI may
@@ -253,7 +257,8 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st);
 int clpar_ddp_graph_hook(ddp_state *st, ddp_param *p);
 /* The communication thread, st->lock held: the next bucket a replay read, or NULL. */
 void *clpar_ddp_graph_take(ddp_state *st);
-/* The communication thread: that bucket all-reduced, and its gate opened (with the error). */
+/* The communication thread: that bucket all-reduced, and its gate opened (with the error);
+ * ZeRO-1/2: reduce-scattered instead (zero_graph.c). */
 void clpar_ddp_graph_reduce(ddp_state *st, void *handoff);
 /* At the module's free: before the thread stops, the replays in flight run and every graph
  * goes stale; after it stopped, the records go. */
@@ -277,6 +282,20 @@ clpar_status clpar_ddp_buffers_post(ddp_state *st, clpar_host_call *call, clpar_
 /* The communication thread: the block broadcast (read_status: the host call's), the gate
  * opened with its error. */
 void clpar_ddp_buffers_broadcast(ddp_state *st, clpar_status read_status, clpar_gate *gate);
+
+/* ---- ZeRO stages 1 and 2 in captured steps (zero_graph.c) ---- */
+
+/* Capture, once backward handed every bucket over: a host call and a gate, which the thread
+ * opens once it reduced them all (the step that follows counts on them). */
+clpar_status clpar_zero_graph_backward(ddp_state *st);
+/* The communication thread: a replayed bucket (its reads' status) reduce-scattered into the
+ * rank's averaged shard; the next host call of a captured step (st->lock held), or NULL; and
+ * its run, which opens its gate (with the thread's error). */
+void clpar_zero_graph_bucket(ddp_state *st, ddp_bucket *b, clpar_status read_status);
+void *clpar_zero_graph_take(ddp_state *st);
+void clpar_zero_graph_run(ddp_state *st, void *job);
+/* After the thread stopped: every captured step's records go. */
+void clpar_zero_graph_free(ddp_state *st);
 
 /* ---- NCCL (src/dist/ddp_nccl.c) ---- */
 

@@ -59,27 +59,11 @@ void clpar_zero_optimizer_free(clpar_zero_optimizer *opt) {
 
 #else
 
-#include "dist/ddp_internal.h"
+#include "dist/zero_internal.h"
 
 enum { ZERO_SGD, ZERO_ADAM, ZERO_ADAMW };
 
-struct clpar_zero_optimizer {
-  ddp_state *st; /* the DDP module's: its communicator and collective count */
-  int stage, world, rank;
-  clpar_tensor *flat;   /* the flat leaf (retained) */
-  int64_t numel, shard; /* shard: ceil(numel / world) */
-  int64_t lo, len;      /* this rank's part of [0, numel) */
-  clpar_tensor *pshard; /* a view of flat at lo, len; its grad is gshard (NULL when len is 0) */
-  /* stage 1: a view of flat's grad at lo, len; stage 2: memory of its own */
-  clpar_tensor *gshard;
-  clpar_optimizer *inner;
-  float *host;   /* world * shard floats: the gathered parameters */
-  float *mine;   /* shard floats: this rank's parameters */
-  int abandoned; /* a collective timed out: MPI may still write host and mine */
-};
-
-/* Every rank's shard of the parameters (mine) into host, with the job's deadline. */
-static clpar_status all_gather(clpar_zero_optimizer *z, const char *what) {
+clpar_status clpar_zero_all_gather(clpar_zero_optimizer *z, const char *what) {
   ddp_state *st = z->st;
   if (clpar_dist_check_broken()) return CLPAR_ERROR_TIMEOUT;
   int count = (int)z->shard;
@@ -162,9 +146,7 @@ static clpar_status make_shard(clpar_zero_optimizer *z, const char *fn) {
   return CLPAR_OK;
 }
 
-/* The shard's gradient: the view gshard of the flat gradient there is now (stage 2 makes a new
- * one each step), which the inner optimizer finds as the shard's grad. */
-static clpar_status bind_grad_shard(clpar_zero_optimizer *z) {
+clpar_status clpar_zero_bind_grad_shard(clpar_zero_optimizer *z) {
   clpar_tensor *g = z->flat->grad;
   if (z->len == 0 || (z->gshard && z->gshard->storage == g->storage)) return CLPAR_OK;
   unbind_grad_shard(z);
@@ -324,7 +306,7 @@ static clpar_status reduce_gradient(clpar_zero_optimizer *z) {
   int have = 0;
   float *acc = clpar_zero_comm_shard(z->st, &have);
   clpar_status s = reduction_status(z, have, fn);
-  if (s == CLPAR_OK && z->len > 0 && z->stage == 1) s = bind_grad_shard(z);
+  if (s == CLPAR_OK && z->len > 0 && z->stage == 1) s = clpar_zero_bind_grad_shard(z);
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_write(z->gshard, acc, (size_t)z->len);
   return s;
 }
@@ -333,6 +315,8 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_zero_optimizer_step: opt is NULL");
   if (z->stage == 3) return step_stage3(z);
+  if (clpar_zero_graph_capturing(z)) return clpar_zero_graph_step(z);
+  clpar_zero_graph_eager(z); /* after the replays in flight; spends what they reduced */
   clpar_status s = reduce_gradient(z);
   if (s == CLPAR_ERROR_TIMEOUT || z->abandoned || z->st->abandoned) return s;
   if (s == CLPAR_OK && z->len > 0) s = clpar_optimizer_step(z->inner);
@@ -341,7 +325,8 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   /* stage 2's gradients are spent (the read above waited for the write of acc) */
   if (z->stage == 2) clpar_zero_comm_reset(z->st);
   s = agree(z->st, s, "clpar_zero_optimizer_step");
-  if (s == CLPAR_OK) s = all_gather(z, "clpar_zero_optimizer_step: all-gather of the parameters");
+  if (s == CLPAR_OK)
+    s = clpar_zero_all_gather(z, "clpar_zero_optimizer_step: all-gather of the parameters");
   if (s == CLPAR_OK) s = clpar_tensor_write(z->flat, z->host, (size_t)z->numel);
   return s;
 }
@@ -354,6 +339,8 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
     clpar_zero3_zero_grad(z->st);
     return clpar_optimizer_zero_grad(z->inner);
   }
+  if (clpar_zero_graph_capturing(z)) return clpar_zero_graph_zero_grad(z);
+  clpar_zero_graph_eager(z);
   clpar_zero_comm_reset(z->st); /* the step's read waited for its write from there */
   if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
   clpar_zero_release_grads(z->st); /* any a no_sync backward left on the device */
@@ -372,6 +359,7 @@ void clpar_zero_optimizer_shard(const clpar_zero_optimizer *z, int64_t *offset, 
 void clpar_zero_optimizer_free(clpar_zero_optimizer *z) {
   if (!z) return;
   if (z->st && z->st->zero == z) z->st->zero = NULL;
+  if (z->stage != 3) clpar_zero_graph_forget(z);
   clpar_optimizer_free(z->inner);
   unbind_grad_shard(z);
   clpar_tensor_release(z->pshard);

@@ -98,6 +98,7 @@ clpar_status clpar_zero_comm_setup(ddp_state *st) {
 }
 
 void clpar_zero_comm_free(ddp_state *st) {
+  clpar_zero_graph_free(st);
   zero_red *z = st->zred;
   if (!z) return;
   if (!st->abandoned) { /* else MPI may still write them: left allocated */
@@ -120,9 +121,11 @@ void clpar_zero_take_grad(ddp_state *st, ddp_param *p) {
           ? CLPAR_OK
           : clpar_set_error(CLPAR_ERROR_UNSUPPORTED,
                             "%s's gradient is not float32 on its bucket's device", p->name);
+  clpar_capture_allow(1); /* inside a capture, the read is the replays' too (zero_graph.c) */
   if (s == CLPAR_OK)
     s = clpar_dev_read(b->dev, g->storage->buf, g->offset * CLPAR_WORD_BYTES, b->buf + p->offset,
                        (size_t)p->numel * sizeof(float));
+  clpar_capture_allow(0);
   if (s != CLPAR_OK) {
     clpar_ddp_record_error(st, s, "ZeRO-2: posting the copy of a gradient to host memory");
     return; /* the gradient stays; the bucket takes zeros for it */
@@ -162,12 +165,16 @@ static clpar_status scatter(ddp_state *st, zero_red *z, ddp_bucket *b, int64_t *
 }
 
 void clpar_zero_reduce_bucket(ddp_state *st, ddp_bucket *b) {
-  zero_red *z = st->zred;
   double t[4];
   t[0] = clpar_clock_seconds();
   /* a rank whose copy failed takes part with zeros, so that no rank waits */
   clpar_ddp_take_reads(st, b);
   t[1] = clpar_clock_seconds();
+  clpar_zero_scatter_bucket(st, b, t);
+}
+
+clpar_status clpar_zero_scatter_bucket(ddp_state *st, ddp_bucket *b, double t[4]) {
+  zero_red *z = st->zred;
   int64_t at = 0;
   clpar_status s = scatter(st, z, b, &at);
   t[2] = clpar_clock_seconds();
@@ -189,6 +196,7 @@ void clpar_zero_reduce_bucket(ddp_state *st, ddp_bucket *b) {
   }
   t[3] = clpar_clock_seconds();
   clpar_ddp_add_times(st, b, t);
+  return s;
 }
 
 float *clpar_zero_comm_shard(ddp_state *st, int *have) {
