@@ -165,6 +165,7 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   pthread_mutex_init(&d->prof_lock, NULL);
   atomic_init(&d->gemm_warm, 0);
   atomic_init(&d->convgemm_warm, 0);
+  atomic_init(&d->buffers_created, 0);
   if (clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof d->max_wg_size, &d->max_wg_size,
                       NULL) != CL_SUCCESS ||
       d->max_wg_size == 0)

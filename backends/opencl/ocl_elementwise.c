@@ -67,6 +67,7 @@ static clpar_status ensure_scratch(clpar_ocl_device *d, size_t bytes) {
   if (d->scratch_bytes >= bytes) return CLPAR_OK;
   cl_int err;
   cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
+  atomic_fetch_add_explicit(&d->buffers_created, 1, memory_order_relaxed);
   if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateBuffer", "sum_rows scratch");
   if (d->scratch) clReleaseMemObject(d->scratch);
   d->scratch = m;

@@ -69,6 +69,7 @@ typedef struct clpar_ocl_device {
    * probes it once): 0 not probed yet, 1 no, 2 yes; guarded by lock */
   int contracts_across;
   cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
+  atomic_ullong buffers_created; /* clCreateBuffer calls for device memory (ocl_memory.c) */
   /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
    * reading the profile sums their device times. Guarded by prof_lock. */
   pthread_mutex_t prof_lock;
@@ -145,6 +146,16 @@ clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const ch
  * matrices. */
 void clpar_ocl_shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t global[2],
                         size_t local[2]);
+
+/* ---- buffers (ocl_memory.c) ---- */
+
+/* What a device's buffers did, for tests and benches. */
+typedef struct clpar_ocl_buffer_stats {
+  /* clCreateBuffer calls for device memory: the tensors' (the allocator's driver_allocs) and
+   * the backend's own temporaries */
+  uint64_t created;
+} clpar_ocl_buffer_stats;
+void clpar_ocl_buffer_stats_get(clpar_ocl_device *d, clpar_ocl_buffer_stats *out);
 
 /* ---- the table's entries defined outside ocl_backend.c (which builds the table) ---- */
 #define CLPAR_OCL_ENTRY_DECL_(name) \

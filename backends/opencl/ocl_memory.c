@@ -28,12 +28,18 @@ clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
                            bytes, (unsigned long long)d->max_alloc);
   cl_int err;
   cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes ? bytes : sizeof(float), NULL, &err);
+  atomic_fetch_add_explicit(&d->buffers_created, 1, memory_order_relaxed);
   if (err != CL_SUCCESS) {
     clpar_status s = clpar_ocl_status(err);
     return clpar_set_error(s, "clCreateBuffer(%zu bytes): %s", bytes, clpar_ocl_error_name(err));
   }
   *buf = m;
   return CLPAR_OK;
+}
+
+void clpar_ocl_buffer_stats_get(clpar_ocl_device *d, clpar_ocl_buffer_stats *out) {
+  memset(out, 0, sizeof *out);
+  out->created = atomic_load_explicit(&d->buffers_created, memory_order_relaxed);
 }
 
 clpar_status ocl_release(void *dev, void *buf) {
@@ -207,6 +213,7 @@ static clpar_status copy_overlapping(clpar_ocl_device *d, cl_mem m, size_t dst_o
                                      size_t bytes) {
   cl_int err;
   cl_mem tmp = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
+  atomic_fetch_add_explicit(&d->buffers_created, 1, memory_order_relaxed);
   if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateBuffer", "copy");
   err = clEnqueueCopyBuffer(d->queue, m, tmp, src_off, 0, bytes, 0, NULL, NULL);
   if (err == CL_SUCCESS)
