@@ -4,11 +4,13 @@
  * shrinking sizes, in one chunk and in several, give bit for bit what they gave with a workspace
  * made for each call alone, after the workspace was filled with NaN (nothing reads a temporary it
  * did not write), and agree with the core's plain path; once the sizes have been seen, calls
- * create no buffers. On every OpenCL device (two with POCL_DEVICES="pthread pthread"). Skips
- * without an OpenCL device. */
+ * create no buffers. On every OpenCL device (two with POCL_DEVICES="pthread pthread"). A growth
+ * refused for lack of memory releases the other slots and succeeds. Skips without an OpenCL
+ * device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "internal.h"
 #include "ocl_test_util.h"
@@ -156,11 +158,65 @@ static void test_chunks(void **state) {
   clpar_ocl_conv_chunk_floats = (size_t)16 * 1024 * 1024;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+/* The process's mapped bytes now (VmSize), or 0 when /proc cannot tell. */
+static rlim_t mapped_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
+  fclose(f);
+  return (rlim_t)kb << 10;
+}
+
+/* A slot that the driver cannot grow for lack of memory while another slot holds a large
+ * buffer: the workspace releases that one and grows. A CPU device's buffers are host memory,
+ * which an address-space limit bounds; not under ASan, whose shadow memory takes the space. */
+static void test_out_of_memory(void **state) {
+  (void)state;
+  const size_t big = (size_t)512 << 20;
+  clpar_device *dev = tu_ocl_device();
+  if (!dev || UNDER_ASAN || !((clpar_ocl_device *)dev->bd.ctx)->cpu) skip();
+  clpar_ocl_device *d = dev->bd.ctx;
+  tu_ok(clpar_device_synchronize(dev));
+  clpar_ocl_workspace_release(d);
+  void *cols = NULL, *out = NULL;
+  tu_ok(clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, big, &cols));
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, cols);
+  struct rlimit old, lim;
+  assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+  lim = old;
+  lim.rlim_cur = mapped_bytes() + big / 2; /* room for one of the two buffers, not both */
+  assert_true(lim.rlim_cur > big / 2);
+  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < lim.rlim_cur) skip();
+  assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+  clpar_status s = clpar_ocl_ws_take(d, CLPAR_OCL_WS_OUT, big, &out);
+  clpar_ocl_buffer_stats st;
+  clpar_ocl_buffer_stats_get(d, &st);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_OUT, out);
+  clpar_ocl_workspace_release(d);
+  assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+  if (s != CLPAR_OK) fail_msg("the second slot did not grow: %s", clpar_last_error());
+  assert_int_equal(st.workspace_bytes, big); /* the first slot was released */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_im2col),   cmocka_unit_test(test_implicit),
       cmocka_unit_test(test_winograd), cmocka_unit_test(test_convgemm),
-      cmocka_unit_test(test_chunks),
+      cmocka_unit_test(test_chunks),   cmocka_unit_test(test_out_of_memory),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,9 +1,10 @@
 /* ocl_workspace.c — a device's grow-only temporaries: the convolutions' workspace (im2col's
  * columns, Winograd's transforms, backward weights' partial sums, the flipped filter) and
- * sum_rows' scratch, each a buffer kept between calls and replaced by a larger one when a call
- * needs more, instead of a clCreateBuffer and a release per call (a ResNet-50 training step made
- * about 200; on GPU drivers each is costly, on PoCL each costs page faults). cuDNN takes a
- * workspace the same way; PyTorch's caching allocator reuses memory likewise.
+ * d->scratch (sum_rows' partial sums, overlapping copies; under d->lock), each a buffer kept
+ * between calls and replaced by a larger one when a call needs more, instead of a clCreateBuffer
+ * and a release per call (about 200 in a ResNet-50 training step: on GPU drivers each is costly, on
+ * PoCL each costs page faults). cuDNN takes a workspace the same way; PyTorch's caching allocator
+ * reuses memory likewise.
  *
  * Reuse is safe because every command of a device goes to its one in-order queue (d->queue;
  * CLBlast gets the same queue, and a switch to the profiling queue makes it wait for the old
@@ -14,7 +15,9 @@
  * Winograd takes the flipped filter's slot, then calls the forward Winograd, which takes three
  * others. The buffers are the device's memory outside the allocator's accounting: at most the
  * largest temporaries one convolution needs (bounded by clpar_ocl_conv_chunk_floats), freed
- * when the device closes. */
+ * when the device closes. Captured graphs: the convolutions are not recorded (ocl_prepared.c),
+ * so a replay calls the entry, which takes its slots again; the launches a graph does record
+ * keep (retain) the d->scratch they were recorded with. */
 #include <string.h>
 
 #include "ocl_internal.h"
