@@ -36,6 +36,7 @@ static clpar_status ocl_destroy(void *dev) {
   free(d->spans);
   pthread_mutex_destroy(&d->prof_lock);
   if (d->scratch) clReleaseMemObject(d->scratch);
+  clpar_ocl_workspace_free(d);
   if (d->plain_queue) clReleaseCommandQueue(d->plain_queue);
   if (d->prof_queue) clReleaseCommandQueue(d->prof_queue);
   if (d->context) clReleaseContext(d->context); /* a shared one: this device's reference */
@@ -165,6 +166,8 @@ static clpar_ocl_device *open_device(cl_platform_id platform, cl_device_id devic
   pthread_mutex_init(&d->prof_lock, NULL);
   atomic_init(&d->gemm_warm, 0);
   atomic_init(&d->convgemm_warm, 0);
+  atomic_init(&d->buffers_created, 0);
+  clpar_ocl_workspace_init(d);
   if (clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof d->max_wg_size, &d->max_wg_size,
                       NULL) != CL_SUCCESS ||
       d->max_wg_size == 0)

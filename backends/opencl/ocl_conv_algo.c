@@ -234,8 +234,9 @@ static clpar_status fwd_chunks(clpar_ocl_device *d, const clpar_conv2d_shape *s,
          img = (size_t)(s->c * s->h * s->w);
   int nchw = P >= DIRECT_MIN_P; /* per-image GEMMs straight into y */
   void *col = NULL, *tmp = NULL;
-  clpar_status st = ocl_alloc(d, K * chunk * P * sizeof(float), &col);
-  if (st == CLPAR_OK && !nchw) st = ocl_alloc(d, o * chunk * P * sizeof(float), &tmp);
+  clpar_status st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, K * chunk * P * sizeof(float), &col);
+  if (st == CLPAR_OK && !nchw)
+    st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_OUT, o * chunk * P * sizeof(float), &tmp);
   clpar_bref cb = {col, 0}, tb = {tmp, 0};
   for (size_t n0 = 0; st == CLPAR_OK && n0 < n; n0 += chunk) {
     size_t nb = n - n0 < chunk ? n - n0 : chunk, L = nb * P;
@@ -254,8 +255,8 @@ static clpar_status fwd_chunks(clpar_ocl_device *d, const clpar_conv2d_shape *s,
     if (st == CLPAR_OK && !nchw) st = ocl_swap01(d, o, nb, P, tb, bias, plus(y, n0 * o * P));
   }
   if (st == CLPAR_OK && nchw && bias.buf) st = bias_add(d, s, bias, y);
-  ocl_release(d, col); /* the queue keeps them until its commands are done */
-  ocl_release(d, tmp);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_OUT, tmp);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, col);
   return st;
 }
 

@@ -172,7 +172,8 @@ static clpar_status weight_implicit(clpar_ocl_device *d, const clpar_ocl_conv_ti
   cl_uint span = (cl_uint)((L + splits - 1) / splits);
   span = (span + t->tk - 1) / t->tk * t->tk;
   void *part = NULL;
-  if (splits > 1 && (st = ocl_alloc(d, splits * total * sizeof(float), &part)) != CLPAR_OK)
+  if (splits > 1 && (st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, splits * total * sizeof(float),
+                                            &part)) != CLPAR_OK)
     return st;
   clpar_bref out = splits > 1 ? (clpar_bref){part, 0} : dw;
   cl_mem gm = AS_MEM(gy.buf), xm = AS_MEM(x.buf), om = AS_MEM(out.buf);
@@ -189,7 +190,7 @@ static clpar_status weight_implicit(clpar_ocl_device *d, const clpar_ocl_conv_ti
     karg sargs[] = {KARG(pm), KARG(dm), KARG(dof), KARG(splits), KARG(tot)};
     st = clpar_ocl_launch_1d(d, "conv_bwd.cl", "conv_bwd_sum_f32", sargs, 5, total);
   }
-  ocl_release(d, part); /* the queue keeps it until its commands are done */
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, part);
   return st;
 }
 
@@ -213,7 +214,7 @@ static clpar_status data_winograd(clpar_ocl_device *d, const clpar_conv2d_shape 
                                   clpar_bref gy, clpar_bref dx) {
   size_t count = (size_t)(s->o * s->c * s->kh * s->kw);
   void *wf = NULL;
-  clpar_status st = ocl_alloc(d, count * sizeof(float), &wf);
+  clpar_status st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_FLIPPED, count * sizeof(float), &wf);
   if (st != CLPAR_OK) return st;
   cl_mem wm = AS_MEM(wt.buf), fm = AS_MEM(wf);
   cl_ulong wo = wt.off;
@@ -222,7 +223,7 @@ static clpar_status data_winograd(clpar_ocl_device *d, const clpar_conv2d_shape 
   st = clpar_ocl_launch_1d(d, "conv_bwd.cl", "conv_flip_f32", args, 7, count);
   clpar_conv2d_shape t = flipped(s);
   if (st == CLPAR_OK) st = clpar_ocl_conv_winograd(d, &t, gy, (clpar_bref){wf, 0}, no_ref, dx);
-  ocl_release(d, wf);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_FLIPPED, wf);
   return st;
 }
 
@@ -238,8 +239,9 @@ static clpar_status im2col_direct(clpar_ocl_device *d, const clpar_conv2d_shape 
   size_t nb = clpar_ocl_conv_chunk_images(wg, 1, n);
   void *one = NULL, *prod = NULL;
   clpar_status st = CLPAR_OK;
-  if (dw.buf) st = ocl_alloc(d, nb * sizeof(float), &one);
-  if (st == CLPAR_OK && dw.buf) st = ocl_alloc(d, nb * wg * sizeof(float), &prod);
+  if (dw.buf) st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_FILTER, nb * sizeof(float), &one);
+  if (st == CLPAR_OK && dw.buf)
+    st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, nb * wg * sizeof(float), &prod);
   clpar_bref ob = {one, 0}, pb = {prod, 0};
   if (st == CLPAR_OK && dw.buf) st = ocl_fill(d, ob, nb, 1.0f);
   for (size_t g = 0; st == CLPAR_OK && g < (size_t)s->groups; g++) {
@@ -255,8 +257,8 @@ static clpar_status im2col_direct(clpar_ocl_device *d, const clpar_conv2d_shape 
                       wg);
     }
   }
-  ocl_release(d, one);
-  ocl_release(d, prod);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, prod);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_FILTER, one);
   return st;
 }
 
@@ -269,8 +271,9 @@ static clpar_status im2col_chunks(clpar_ocl_device *d, const clpar_conv2d_shape 
   size_t img = (size_t)(s->c * s->h * s->w),
          chunk = clpar_ocl_conv_chunk_images((K > o ? K : o) * P, 1, n);
   void *col = NULL, *gp = NULL;
-  clpar_status st = ocl_alloc(d, K * chunk * P * sizeof(float), &col);
-  if (st == CLPAR_OK) st = ocl_alloc(d, o * chunk * P * sizeof(float), &gp);
+  clpar_status st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, K * chunk * P * sizeof(float), &col);
+  if (st == CLPAR_OK)
+    st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_OUT, o * chunk * P * sizeof(float), &gp);
   if (st == CLPAR_OK && dx.buf) st = ocl_fill(d, dx, n * img, 0.0f);
   clpar_bref cb = {col, 0}, gb = {gp, 0};
   for (size_t n0 = 0; st == CLPAR_OK && n0 < n; n0 += chunk) {
@@ -295,8 +298,8 @@ static clpar_status im2col_chunks(clpar_ocl_device *d, const clpar_conv2d_shape 
       }
     }
   }
-  ocl_release(d, col);
-  ocl_release(d, gp);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_OUT, gp);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, col);
   return st;
 }
 

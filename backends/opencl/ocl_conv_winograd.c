@@ -59,9 +59,11 @@ clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_sha
   /* V and M together: twice the im2col path's column buffer (128 MiB) */
   size_t chunk = clpar_ocl_conv_chunk_images(16 * (c + o) * T, 2, n);
   void *u = NULL, *v = NULL, *m = NULL;
-  clpar_status st = ocl_alloc(d, 16 * o * c * sizeof(float), &u);
-  if (st == CLPAR_OK) st = ocl_alloc(d, 16 * c * chunk * T * sizeof(float), &v);
-  if (st == CLPAR_OK) st = ocl_alloc(d, 16 * o * chunk * T * sizeof(float), &m);
+  clpar_status st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_FILTER, 16 * o * c * sizeof(float), &u);
+  if (st == CLPAR_OK)
+    st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, 16 * c * chunk * T * sizeof(float), &v);
+  if (st == CLPAR_OK)
+    st = clpar_ocl_ws_take(d, CLPAR_OCL_WS_OUT, 16 * o * chunk * T * sizeof(float), &m);
   if (st == CLPAR_OK) st = filter_transform(d, wt, u, (cl_uint)(o * c));
   clpar_bref ub = {u, 0}, vb = {v, 0}, mb = {m, 0};
   for (size_t n0 = 0; st == CLPAR_OK && n0 < n; n0 += chunk) {
@@ -75,8 +77,8 @@ clpar_status clpar_ocl_conv_winograd(clpar_ocl_device *d, const clpar_conv2d_sha
       st = output_transform(d, s, m, bias, plus(y, n0 * o * (size_t)(s->oh * s->ow)), (cl_uint)nb,
                             (cl_uint)th, (cl_uint)tw);
   }
-  ocl_release(d, u); /* the queue keeps them until its commands are done */
-  ocl_release(d, v);
-  ocl_release(d, m);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_OUT, m);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, v);
+  clpar_ocl_ws_give(d, CLPAR_OCL_WS_FILTER, u);
   return st;
 }

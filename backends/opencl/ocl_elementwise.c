@@ -61,17 +61,9 @@ static clpar_status sum_pass(clpar_ocl_device *d, cl_mem a, cl_ulong a_off, size
   return clpar_ocl_launch_locked(d, "reduce.cl", "sum_rows_f32", args, 7, 2, global, local);
 }
 
-/* The scratch buffer for partial sums; an old one in use by queued work stays alive until
- * that work is done (OpenCL reference counting). d->lock held. */
+/* The scratch buffer for partial sums (ocl_workspace.c: clpar_ocl_grow). d->lock held. */
 static clpar_status ensure_scratch(clpar_ocl_device *d, size_t bytes) {
-  if (d->scratch_bytes >= bytes) return CLPAR_OK;
-  cl_int err;
-  cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
-  if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateBuffer", "sum_rows scratch");
-  if (d->scratch) clReleaseMemObject(d->scratch);
-  d->scratch = m;
-  d->scratch_bytes = bytes;
-  return CLPAR_OK;
+  return clpar_ocl_grow(d, &d->scratch, &d->scratch_bytes, bytes);
 }
 
 /* How a sum over rows is split: one pass for up to SUM_ROWS_ONE_PASS rows, else chunks of at

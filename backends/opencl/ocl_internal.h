@@ -38,6 +38,24 @@ typedef struct clpar_ocl_span {
  * PoCL only runs two devices at once when they live in separate contexts (DESIGN.md). With
  * CLPAR_OPENCL_CONTEXT=platform the devices of a platform share one context (each device
  * holds a reference to it) and copy between each other directly. */
+/* The slots of a device's workspace (ocl_workspace.c): a call takes each slot it needs at most
+ * once at a time. The convolutions' temporaries: columns (im2col), the transformed input
+ * (Winograd), backward weights' partial sums or per-image products; the output before its
+ * layout (im2col), Winograd's products, backward's swapped gy; Winograd's transformed filter
+ * or the ones backward weights sums with; backward data's flipped filter, taken around the
+ * forward Winograd that uses the three others. */
+enum { CLPAR_OCL_WS_COLS, CLPAR_OCL_WS_OUT, CLPAR_OCL_WS_FILTER, CLPAR_OCL_WS_FLIPPED };
+#define CLPAR_OCL_WS_SLOTS 4
+
+typedef struct clpar_ocl_workspace {
+  pthread_mutex_t lock; /* recursive; held from a take to its give */
+  cl_mem slot[CLPAR_OCL_WS_SLOTS];
+  size_t bytes[CLPAR_OCL_WS_SLOTS];
+  unsigned held; /* bit i: slot i taken */
+  uint64_t grows;
+  size_t peak_bytes;
+} clpar_ocl_workspace;
+
 typedef struct clpar_ocl_device {
   cl_platform_id platform;
   cl_device_id device;
@@ -68,7 +86,11 @@ typedef struct clpar_ocl_device {
   /* whether the compiler fuses a multiply of one statement with an add of the next (ocl_fuse.c
    * probes it once): 0 not probed yet, 1 no, 2 yes; guarded by lock */
   int contracts_across;
-  cl_mem scratch; /* partial sums of sum_rows, grown on demand; guarded by lock */
+  /* sum_rows' partial sums and overlapping copies' temporary, grown on demand (clpar_ocl_grow);
+   * guarded by lock */
+  cl_mem scratch;
+  atomic_ullong buffers_created; /* clCreateBuffer calls for device memory (ocl_memory.c) */
+  clpar_ocl_workspace ws;        /* the convolutions' temporaries (ocl_workspace.c) */
   /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
    * reading the profile sums their device times. Guarded by prof_lock. */
   pthread_mutex_t prof_lock;
@@ -145,6 +167,40 @@ clpar_status clpar_ocl_launch_1d(clpar_ocl_device *d, const char *file, const ch
  * matrices. */
 void clpar_ocl_shape_2d(clpar_ocl_device *d, size_t cols, size_t rows, size_t global[2],
                         size_t local[2]);
+
+/* ---- buffers: the device's counters and its workspace (ocl_workspace.c) ---- */
+
+/* What a device's buffers did, for tests and benches. */
+typedef struct clpar_ocl_buffer_stats {
+  /* clCreateBuffer calls for device memory: the tensors' (the allocator's driver_allocs) and
+   * the backend's own temporaries */
+  uint64_t created;
+  uint64_t workspace_grows;      /* slots of the workspace made or replaced by a larger one */
+  uint64_t workspace_bytes;      /* the workspace's slots now */
+  uint64_t workspace_peak_bytes; /* and at most */
+} clpar_ocl_buffer_stats;
+void clpar_ocl_buffer_stats_get(clpar_ocl_device *d, clpar_ocl_buffer_stats *out);
+
+/* *m made at least bytes: kept when it is, else released (the queue keeps it until the commands
+ * that use it are done) and replaced by a buffer of bytes (ocl_alloc: max_alloc enforced, the
+ * creation counted). On failure *m is NULL and *have 0. */
+clpar_status clpar_ocl_grow(clpar_ocl_device *d, cl_mem *m, size_t *have, size_t bytes);
+
+void clpar_ocl_workspace_init(clpar_ocl_device *d);
+/* Takes slot (a CLPAR_OCL_WS_* of the caller's own) of d's workspace, at least bytes, into
+ * *buf: its lock is held until clpar_ocl_ws_give (then nothing else uses the slot until this
+ * caller's commands on the queue are done). Growing it after an out-of-memory failure first
+ * releases the slots not taken, then tries once more. Call without d->lock held. */
+clpar_status clpar_ocl_ws_take(clpar_ocl_device *d, int slot, size_t bytes, void **buf);
+/* Gives slot back; buf as the take returned it (NULL, as left by a failed take: nothing). */
+void clpar_ocl_ws_give(clpar_ocl_device *d, int slot, void *buf);
+/* Releases the slots not taken (tests: the next take makes a buffer of just its size). */
+void clpar_ocl_workspace_release(clpar_ocl_device *d);
+/* Enqueues a fill of every slot not taken with NaN (tests: what reads a temporary it did not
+ * write sees it). */
+clpar_status clpar_ocl_workspace_poison(clpar_ocl_device *d);
+/* Releases the workspace (device destroy). */
+void clpar_ocl_workspace_free(clpar_ocl_device *d);
 
 /* ---- the table's entries defined outside ocl_backend.c (which builds the table) ---- */
 #define CLPAR_OCL_ENTRY_DECL_(name) \

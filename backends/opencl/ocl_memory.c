@@ -28,6 +28,7 @@ clpar_status ocl_alloc(void *dev, size_t bytes, void **buf) {
                            bytes, (unsigned long long)d->max_alloc);
   cl_int err;
   cl_mem m = clCreateBuffer(d->context, d->buffer_flags, bytes ? bytes : sizeof(float), NULL, &err);
+  atomic_fetch_add_explicit(&d->buffers_created, 1, memory_order_relaxed);
   if (err != CL_SUCCESS) {
     clpar_status s = clpar_ocl_status(err);
     return clpar_set_error(s, "clCreateBuffer(%zu bytes): %s", bytes, clpar_ocl_error_name(err));
@@ -202,16 +203,15 @@ clpar_status ocl_read(void *dev, const void *buf, size_t off_bytes, void *dst, s
   return s_;
 }
 
-/* OpenCL refuses overlapping copies within one buffer: those go through a temporary. */
+/* OpenCL refuses overlapping copies within one buffer: those go through d->scratch (grown
+ * as sum_rows grows it; both run under d->lock, so their commands never interleave). */
 static clpar_status copy_overlapping(clpar_ocl_device *d, cl_mem m, size_t dst_off, size_t src_off,
                                      size_t bytes) {
-  cl_int err;
-  cl_mem tmp = clCreateBuffer(d->context, d->buffer_flags, bytes, NULL, &err); /* see ocl_alloc */
-  if (err != CL_SUCCESS) return clpar_ocl_fail(err, "clCreateBuffer", "copy");
-  err = clEnqueueCopyBuffer(d->queue, m, tmp, src_off, 0, bytes, 0, NULL, NULL);
+  clpar_status s = clpar_ocl_grow(d, &d->scratch, &d->scratch_bytes, bytes);
+  if (s != CLPAR_OK) return s;
+  cl_int err = clEnqueueCopyBuffer(d->queue, m, d->scratch, src_off, 0, bytes, 0, NULL, NULL);
   if (err == CL_SUCCESS)
-    err = clEnqueueCopyBuffer(d->queue, tmp, m, 0, dst_off, bytes, 0, NULL, NULL);
-  clReleaseMemObject(tmp); /* freed by the driver once the copies are done */
+    err = clEnqueueCopyBuffer(d->queue, d->scratch, m, 0, dst_off, bytes, 0, NULL, NULL);
   return err == CL_SUCCESS ? CLPAR_OK : clpar_ocl_fail(err, "clEnqueueCopyBuffer", NULL);
 }
 
