@@ -305,6 +305,32 @@ static int cudnn_case(const clpar_device_info *info, const conv_shape *s, int64_
 }
 #endif
 
+/* One shape's best seconds: conv + sum + backward, its three GEMMs, each backward alone. */
+typedef struct {
+  double conv, gemm, bdata, bweight;
+} shape_times;
+
+/* The shape's backward line and its conv-against-GEMMs line. */
+static void print_shape(const clpar_device_info *info, const conv_shape *s, const char *ocl_bwd,
+                        int64_t batch, int64_t side, int64_t NP, int64_t K, const shape_times *t) {
+  double flop = 3.0 * 2.0 * (double)s->o * (double)NP * (double)K;
+  printf(
+      "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": "
+      "\"backward\", \"ocl_conv_bwd\": \"%s\", \"batch\": %lld, \"input\": %lld, "
+      "\"bwd_data_ms\": %.3f, \"bwd_weight_ms\": %.3f, \"bwd_data_gflops\": %.2f, "
+      "\"bwd_weight_gflops\": %.2f}\n",
+      info->id, s->name, ocl_bwd, (long long)batch, (long long)side, 1e3 * t->bdata,
+      1e3 * t->bweight, flop / 3 / t->bdata * 1e-9, flop / 3 / t->bweight * 1e-9);
+  printf(
+      "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"batch\": %lld, "
+      "\"input\": %lld, \"gemm_mnk\": [%lld, %lld, %lld], \"conv_ms\": %.3f, "
+      "\"gemm_ms\": %.3f, \"conv_gflops\": %.2f, \"gemm_gflops\": %.2f, "
+      "\"ratio\": %.3f}\n",
+      info->id, s->name, (long long)batch, (long long)side, (long long)s->o, (long long)NP,
+      (long long)K, 1e3 * t->conv, 1e3 * t->gemm, flop / t->conv * 1e-9, flop / t->gemm * 1e-9,
+      t->gemm / t->conv);
+}
+
 static void print_totals(const clpar_device_info *info, int64_t batch, int64_t image,
                          const totals *tot, int convgemm, const char *bwd) {
   printf(
@@ -427,21 +453,8 @@ int main(int argc, char **argv) {
     double flop = 3.0 * 2.0 * (double)s->o * (double)NP * (double)K;
     tot.conv += best_conv, tot.gemm += best_gemm, tot.flop += flop;
     tot.bdata += bdata, tot.bweight += bweight;
-    printf(
-        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"pass\": "
-        "\"backward\", \"ocl_conv_bwd\": \"%s\", \"batch\": %lld, \"input\": %lld, "
-        "\"bwd_data_ms\": %.3f, \"bwd_weight_ms\": %.3f, \"bwd_data_gflops\": %.2f, "
-        "\"bwd_weight_gflops\": %.2f}\n",
-        info.id, s->name, ocl_bwd, (long long)batch, (long long)side, 1e3 * bdata, 1e3 * bweight,
-        flop / 3 / bdata * 1e-9, flop / 3 / bweight * 1e-9);
-    printf(
-        "{\"bench\": \"conv\", \"device\": \"%s\", \"shape\": \"%s\", \"batch\": %lld, "
-        "\"input\": %lld, \"gemm_mnk\": [%lld, %lld, %lld], \"conv_ms\": %.3f, "
-        "\"gemm_ms\": %.3f, \"conv_gflops\": %.2f, \"gemm_gflops\": %.2f, "
-        "\"ratio\": %.3f}\n",
-        info.id, s->name, (long long)batch, (long long)side, (long long)s->o, (long long)NP,
-        (long long)K, 1e3 * best_conv, 1e3 * best_gemm, flop / best_conv * 1e-9,
-        flop / best_gemm * 1e-9, best_gemm / best_conv);
+    shape_times t = {best_conv, best_gemm, bdata, bweight};
+    print_shape(&info, s, ocl_bwd, batch, side, NP, K, &t);
 #ifdef BENCH_HAVE_CUDNN
     if (cudnn && !cudnn_case(&info, s, batch, side, best_fwd, bdata, bweight, &tot)) {
       failed = 1;
