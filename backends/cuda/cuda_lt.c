@@ -111,9 +111,12 @@ void clpar_cuda_lt_release(cuda_dev *d) {
 }
 
 uint64_t clpar_cuda_lt_runs(const void *dev) {
-  const cuda_dev *d = dev;
+  cuda_dev *d = (cuda_dev *)dev;
+  pthread_mutex_lock(&d->blas_lock);
   const lt_state *st = d->lt;
-  return st ? st->runs : 0;
+  uint64_t runs = st ? st->runs : 0;
+  pthread_mutex_unlock(&d->blas_lock);
+  return runs;
 }
 
 /* The device's state, made at the first call; blas_lock held, the device current. NULL only
@@ -140,7 +143,8 @@ static lt_state *state_of(cuda_dev *d) {
 }
 
 /* The matmul descriptor and layouts of e's shape, and the heuristic's best algorithm for them
- * (e->ok), for operands aligned as al (x, w, bias, out) and the bias pointer bias. */
+ * (e->ok), for operands aligned as al (x, w, bias, out) and the bias pointer bias. Returns the
+ * first failure, CUBLAS_STATUS_NOT_SUPPORTED when the heuristic had no usable algorithm. */
 static cublasStatus_t entry_build(lt_state *st, lt_entry *e, const void *bias,
                                   const uint32_t al[4]) {
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -179,8 +183,11 @@ static cublasStatus_t entry_build(lt_state *st, lt_entry *e, const void *bias,
                                         &count));
 #undef LT_TRY
   if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
-  e->ok = bs == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS &&
-          res.workspaceSize <= LT_WORKSPACE;
+  /* no result, or one that is not usable, is "not supported" */
+  if (bs == CUBLAS_STATUS_SUCCESS && count > 0) bs = res.state;
+  if (bs == CUBLAS_STATUS_SUCCESS && (count <= 0 || res.workspaceSize > LT_WORKSPACE))
+    bs = CUBLAS_STATUS_NOT_SUPPORTED;
+  e->ok = bs == CUBLAS_STATUS_SUCCESS;
   if (e->ok) e->algo = res.algo;
   return bs;
 }
@@ -224,6 +231,22 @@ static int refused(cublasStatus_t bs) {
          bs == CUBLAS_STATUS_ARCH_MISMATCH;
 }
 
+/* Enqueues the matmul of e's shape on d's stream, with this call's bias pointer in the
+ * descriptor the shape's calls share; blas_lock held. */
+static cublasStatus_t lt_matmul(cuda_dev *d, lt_entry *e, clpar_bref x, clpar_bref w,
+                                clpar_bref bias, clpar_bref out) {
+  lt_state *st = d->lt;
+  const float alpha = 1.0f, beta = 0.0f; /* beta 0: out is not read, NaNs included */
+  const void *bp = at(bias);
+  cublasStatus_t bs =
+      cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
+  if (bs == CUBLAS_STATUS_SUCCESS)
+    bs = cublasLtMatmul(st->handle, e->desc, &alpha, at(w), e->a, at(x), e->b, &beta, at(out), e->d,
+                        at(out), e->d, &e->algo, st->workspace, LT_WORKSPACE, d->stream);
+  if (bs == CUBLAS_STATUS_SUCCESS) st->runs++;
+  return bs;
+}
+
 clpar_status clpar_cuda_lt_linear(cuda_dev *d, clpar_act_kind act, size_t m, size_t n, size_t k,
                                   clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out,
                                   int *done) {
@@ -233,27 +256,14 @@ clpar_status clpar_cuda_lt_linear(cuda_dev *d, clpar_act_kind act, size_t m, siz
   clpar_status s = clpar_cuda_use_device(d);
   if (s != CLPAR_OK) return s;
   lt_entry *e = NULL;
+  prof_pair prof;
+  cublasStatus_t bs = CUBLAS_STATUS_NOT_SUPPORTED;
   pthread_mutex_lock(&d->blas_lock);
   s = find_entry(d, act == CLPAR_ACT_RELU, m, n, k, at(x), at(w), at(bias), at(out), &e);
-  pthread_mutex_unlock(&d->blas_lock);
-  if (s != CLPAR_OK || !e || !e->ok) return s;
-  prof_pair prof;
-  s = clpar_cuda_op_begin(d, &prof);
-  if (s != CLPAR_OK) return s;
-  lt_state *st = d->lt;
-  const float alpha = 1.0f, beta = 0.0f;
-  const void *bp = at(bias);
-  pthread_mutex_lock(&d->blas_lock);
-  /* the descriptor is shared by the calls of the shape: its bias pointer is this call's */
-  cublasStatus_t bs =
-      cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
-  if (bs == CUBLAS_STATUS_SUCCESS)
-    bs = cublasLtMatmul(st->handle, e->desc, &alpha, at(w), e->a, at(x), e->b, &beta, at(out), e->d,
-                        at(out), e->d, &e->algo, st->workspace, LT_WORKSPACE, d->stream);
-  if (bs == CUBLAS_STATUS_SUCCESS) {
-    st->runs++;
-    *done = 1;
-  } else if (refused(bs)) {
+  int run = s == CLPAR_OK && e && e->ok;
+  if (run) s = clpar_cuda_op_begin(d, &prof); /* takes no lock */
+  if (run && s == CLPAR_OK) bs = lt_matmul(d, e, x, w, bias, out);
+  if (run && s == CLPAR_OK && refused(bs)) {
     e->ok = 0;
     clpar_log(CLPAR_LOG_WARN,
               "CUDA device %d: cublasLtMatmul refused linear_act [%zu x %zu x %zu] (%s); it runs "
@@ -261,6 +271,11 @@ clpar_status clpar_cuda_lt_linear(cuda_dev *d, clpar_act_kind act, size_t m, siz
               d->ordinal, m, n, k, cublasGetStatusName(bs));
   }
   pthread_mutex_unlock(&d->blas_lock);
-  if (bs != CUBLAS_STATUS_SUCCESS && !refused(bs)) s = clpar_cuda_blas_check(bs, "cublasLtMatmul");
-  return clpar_cuda_op_end(d, &prof, s);
+  if (!run || s != CLPAR_OK) return s;
+  if (refused(bs)) { /* nothing enqueued: the pair is dropped, the plain path profiles its ops */
+    (void)clpar_cuda_op_end(d, &prof, CLPAR_ERROR_BACKEND);
+    return CLPAR_OK;
+  }
+  *done = 1;
+  return clpar_cuda_op_end(d, &prof, clpar_cuda_blas_check(bs, "cublasLtMatmul"));
 }
