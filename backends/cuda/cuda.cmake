@@ -46,8 +46,8 @@ if(NOT _clpar_cuda_why)
   find_package(CUDAToolkit QUIET)
   if(NOT CUDAToolkit_FOUND)
     set(_clpar_cuda_why "CUDA toolkit not found (set CUDAToolkit_ROOT)")
-  elseif(NOT TARGET CUDA::cudart OR NOT TARGET CUDA::cublas)
-    set(_clpar_cuda_why "the CUDA toolkit ${CUDAToolkit_VERSION} has no cudart or cuBLAS")
+  elseif(NOT TARGET CUDA::cudart OR NOT TARGET CUDA::cublas OR NOT TARGET CUDA::cublasLt)
+    set(_clpar_cuda_why "the CUDA toolkit ${CUDAToolkit_VERSION} has no cudart, cuBLAS or cuBLASLt")
   endif()
 endif()
 
@@ -70,8 +70,9 @@ list(FILTER _clpar_cuda_sources EXCLUDE REGEX "/cuda_cudnn\\.c$")
 clpar_backend_library(clpar_backend_cuda ${_clpar_cuda_sources})
 target_compile_options(clpar_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
 target_compile_definitions(clpar_objects PUBLIC CLPAR_HAVE_CUDA)
-target_link_libraries(clpar_objects PUBLIC CUDA::cudart CUDA::cublas)
-target_link_libraries(clpar_backend_cuda PRIVATE CUDA::cudart CUDA::cublas)
+# cuBLASLt: a Linear's bias and ReLU in the GEMM's epilogue (cuda_lt.c, CLPAR_CUDA_LT=1).
+target_link_libraries(clpar_objects PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
+target_link_libraries(clpar_backend_cuda PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)
 # The shared runtime, as CUDA::cudart links it: one runtime per process. clpar and
 # clpar_internal are made after this file runs and take the variable's value.
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)

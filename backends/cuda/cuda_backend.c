@@ -69,6 +69,7 @@ static clpar_status cuda_destroy(void *dev) {
 #ifdef CLPAR_HAVE_CUDNN
   clpar_cudnn_release(d);
 #endif
+  clpar_cuda_lt_release(d);
   free(d->pairs);
   if (d->scratch) (void)cudaFree(d->scratch);
   if (d->blas) (void)cublasDestroy(d->blas);
@@ -171,10 +172,15 @@ static clpar_status cuda_linear_act_backward(void *dev, clpar_act_kind act, size
 /* Softmax cross-entropy is composed in the core from softmax and nll_ignore. */
 #define cuda_xent NULL
 #define cuda_xent_backward NULL
-/* A Linear's forward: the cuBLAS GEMM, then bias_act (or the activation's unary). */
+/* A Linear's forward: with CLPAR_CUDA_LT=1, one cuBLASLt matmul with the bias and ReLU in its
+ * epilogue where it applies (cuda_lt.c); else the cuBLAS GEMM, then bias_act (or the
+ * activation's unary). */
 static clpar_status cuda_linear_act(void *dev, clpar_act_kind act, size_t m, size_t n, size_t k,
                                     clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out) {
-  clpar_status s = cuda_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
+  int done = 0;
+  clpar_status s = clpar_cuda_lt_linear(dev, act, m, n, k, x, w, bias, out, &done);
+  if (s != CLPAR_OK || done) return s;
+  s = cuda_gemm(dev, 0, 1, m, n, k, 1.0f, x, k, w, k, 0.0f, out, n);
   if (s == CLPAR_OK && bias.buf) return cuda_bias_act(dev, act, m, n, out, bias, out);
   if (s == CLPAR_OK && act != CLPAR_ACT_NONE)
     s = cuda_unary(dev,
@@ -206,10 +212,12 @@ static void make_plain(void) {
 }
 #endif
 
-/* What the probe read of CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32, for every device. */
+/* What the probe read of CLPAR_CUDA_CUDNN, CLPAR_CUDA_TF32 and CLPAR_CUDA_LT, for every
+ * device. */
 typedef struct {
   const clpar_backend_iface *iface;
   int tf32;
+  int lt; /* CLPAR_CUDA_LT */
 } probe_opts;
 
 /* ---- probe ---- */
@@ -288,6 +296,7 @@ static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
   if (s == CLPAR_OK) s = cuda_dev_create(ordinal, &d);
   if (s != CLPAR_OK) return s;
   d->cudnn_tf32 = o->tf32;
+  d->lt_use = o->lt;
   clpar_backend_device *slot = clpar_backend_device_append(devs, count);
   if (!slot) {
     cuda_destroy(d);
@@ -302,14 +311,19 @@ static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
   return CLPAR_OK;
 }
 
-/* CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether or not a GPU is present
- * so that a wrong value is reported everywhere; cuDNN is opened once a device is found. */
+/* CLPAR_CUDA_LT (cuda_lt.c), CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether
+ * or not a GPU is present so that a wrong value is reported everywhere; cuDNN is opened once a
+ * device is found. */
 static clpar_status probe_options(int have_devices, probe_opts *o) {
   o->iface = &cuda_iface;
   o->tf32 = 0;
+  clpar_status s = clpar_cuda_lt_setting(&o->lt);
+  if (s != CLPAR_OK) return s;
+  if (o->lt && have_devices)
+    clpar_log(CLPAR_LOG_INFO, "CUDA Linear layers: bias and ReLU in cuBLASLt's GEMM epilogue");
 #ifdef CLPAR_HAVE_CUDNN
   int use = 1, asked = 0;
-  clpar_status s = clpar_cudnn_settings(&use, &asked, &o->tf32);
+  s = clpar_cudnn_settings(&use, &asked, &o->tf32);
   if (s != CLPAR_OK || !have_devices) return s;
   const char *why = "";
   if (use && !clpar_cudnn_load(&why)) {

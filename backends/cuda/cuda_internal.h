@@ -50,6 +50,10 @@ typedef struct cuda_dev {
    * convolution; cudnn_tf32: CLPAR_CUDA_TF32 as the probe read it. */
   void *cudnn;
   int cudnn_tf32;
+  /* A Linear's bias and ReLU in cuBLASLt's GEMM epilogue (cuda_lt.c): lt_use is CLPAR_CUDA_LT as
+   * the probe read it; lt, the handle, workspace and cached algorithms, made at first use. */
+  int lt_use;
+  void *lt;
 } cuda_dev;
 
 /* ---- cuda_op.c ---- */
@@ -74,6 +78,24 @@ void clpar_cuda_prof_discard(cuda_dev *d);
 clpar_status clpar_cuda_op_begin(cuda_dev *d, prof_pair *prof);
 /* Ends an op begun with clpar_cuda_op_begin, whose status is s; returns s. */
 clpar_status clpar_cuda_op_end(cuda_dev *d, prof_pair *prof, clpar_status s);
+
+/* ---- cuda_lt.c ---- */
+
+/* CLPAR_CUDA_LT: unset or "0" (the plain path), "1" (cuBLASLt epilogues); anything else is
+ * CLPAR_ERROR_INVALID_ARGUMENT naming the variable. */
+clpar_status clpar_cuda_lt_setting(int *use);
+/* linear_act through one cuBLASLt matmul with the bias (and ReLU) in its epilogue, when d->lt_use
+ * is set, the call has a bias, act is none or ReLU and cuBLASLt has an algorithm for the shape:
+ * then *done is 1 and the status the matmul's. Otherwise *done is 0 (status CLPAR_OK unless the
+ * device could not be made current or host memory ran out) and the caller runs the plain path. */
+clpar_status clpar_cuda_lt_linear(cuda_dev *d, clpar_act_kind act, size_t m, size_t n, size_t k,
+                                  clpar_bref x, clpar_bref w, clpar_bref bias, clpar_bref out,
+                                  int *done);
+/* Frees the device's cuBLASLt handle, workspace and cache (the device's destroy, stream drained).
+ */
+void clpar_cuda_lt_release(cuda_dev *d);
+/* The matmuls the device ran through cuBLASLt (for tests). */
+uint64_t clpar_cuda_lt_runs(const void *dev);
 
 /* A buffer reference as a pointer to its first float. */
 static inline float *at(clpar_bref r) {

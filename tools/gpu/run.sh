@@ -2,8 +2,8 @@
 # run.sh — on a GPU machine, from the root of a copy of this repository with the bundle of
 # tools/gpu/bundle.sh in it: the ctest suite on each CUDA device and each NVIDIA OpenCL GPU
 # against the host (as scripts/test-gpu.sh, without building), the MPI tests with both ranks
-# on cuda:0 (NCCL's one-rank path, and its refusal of two ranks on one GPU), then the GPU
-# benchmarks. Logs go to $OUT (or /tmp/gpu-logs); a summary to stdout.
+# on cuda:0 (NCCL's one-rank path, and its refusal of two ranks on one GPU), the Linear tests
+# on cuda:0 with CLPAR_CUDA_LT=1 (cuBLASLt's epilogue), then the GPU benchmarks. Logs go to $OUT (or /tmp/gpu-logs); a summary to stdout.
 #
 #   tools/gpu/run.sh [BUNDLE.tar.xz]      # default .gpu/bundle.tar.xz
 set -uo pipefail
@@ -35,6 +35,10 @@ suite() { # suite NAME CLPAR_DEVICES SECONDS ctest-args...: one ctest run in a t
   grep -hE '\((Failed|Timeout|SEGFAULT|Subprocess)' "$L/ctest-$n.log" | head -20; }
 for g in $gpus; do suite "${g/:/}" "host,$g" "${SUITE_S:-300}" -LE "install|mpi" -j8 & done; wait
 command -v mpiexec >/dev/null && echo "$gpus" | grep -q '^cuda:0$' && suite mpi cuda:0 150 -L mpi -j6
+# a Linear's bias and ReLU in cuBLASLt's epilogue (CLPAR_CUDA_LT=1): the tests that run Linear
+# layers, again with it on (test_cuda_lt turns it on itself and ran above)
+echo "$gpus" | grep -q '^cuda:0$' && (export CLPAR_CUDA_LT=1; suite cuda0-lt host,cuda:0 200 \
+  -R '^test_(cuda_lt|linear_fused|linear_backward|layers|module|graph|graph_gpt)$' -j4)
 cd "$R/build/bench"
 b() { echo "== $*"; timeout 60 env "$@" 2>&1 | grep '^{' | tail -2; }
 for g in $gpus; do
@@ -52,6 +56,11 @@ if echo "$gpus" | grep -q '^cuda:0$'; then
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_graph 20 5 --model resnet50
   # clpar's cuDNN path against cuDNN called directly ("pass": "cudnn" lines of bench_conv)
   b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_CUDNN=1 ./bench_conv 0 16 64
+  # cuBLASLt's epilogue against SGEMM then bias_act: the MLP 784-1024-1024-10 step without and
+  # with CLPAR_CUDA_LT=1, and the latency-bound MLP (48 Linear + ReLU; without it: above)
+  b CLPAR_DEVICES=cuda:0 ./bench_train_step 0 20 --no-torch
+  b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_LT=1 ./bench_train_step 0 20 --no-torch
+  b CLPAR_DEVICES=cuda:0 CLPAR_CUDA_LT=1 ./bench_graph 50 5
   echo "== PyTorch, the same ResNet-50 step on cuda (bench/torch_step.py)"
   timeout 120 python3 "$R/bench/torch_step.py" --model resnet50 --device cuda --steps 10 \
     --rounds 3 2>&1 | tail -1
