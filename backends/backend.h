@@ -52,7 +52,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 18
+#define CLPAR_BACKEND_ABI_VERSION 19
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -298,7 +298,9 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(prepare_begin, DIRECT, 0)      \
   X(prepare_end, DIRECT, 0)        \
   X(prepare_run, DIRECT, 0)        \
-  X(prepare_free, DIRECT, 0)
+  X(prepare_free, DIRECT, 0)       \
+  X(workspace_bytes, DIRECT, 0)    \
+  X(workspace_trim, QUEUE, 0)
 
 // clang-format off
 /* one argument list per entry, kept as written */
@@ -677,6 +679,12 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
 #define CLPAR_BE_ARGS_prepare_end(F) F(const char *, op) F(void **, launch)
 #define CLPAR_BE_ARGS_prepare_run(F) F(void *, launch)
 #define CLPAR_BE_ARGS_prepare_free(F) F(void *, launch)
+/* ---- the backend's own device memory outside the allocator (workspaces, scratch) ----
+ * Optional, both or none. workspace_bytes: *bytes the backend holds now (any thread, without
+ * waiting). workspace_trim: releases what no entry is using (a slot taken is kept), after the
+ * work queued before it (CUDA drains its stream first); the next use grows it again. */
+#define CLPAR_BE_ARGS_workspace_bytes(F) F(uint64_t *, bytes)
+#define CLPAR_BE_ARGS_workspace_trim(F)
 
 // clang-format on
 #define CLPAR_BE_PARAM_(type, field) , type field

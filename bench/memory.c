@@ -106,8 +106,10 @@ static int run(int stage, int steps, const float *x, const int32_t *y) {
         "\"formula_mib\": %.1f, \"formula_plus_activations_mib\": %.1f, \"ratio\": %.3f",
         names[stage], (int)n, numel, BATCH, steps, ms, peak[CLPAR_MEM_TOTAL], f, want,
         peak[CLPAR_MEM_TOTAL] / want);
-    for (int c = 0; c < CLPAR_MEM_TOTAL; c++)
-      printf(", \"peak_%s_mib\": %.1f", clpar_memory_category_name((clpar_mem_category)c), peak[c]);
+    for (int c = 0; c < CLPAR_MEM_CATEGORIES; c++) /* each category (workspace too), not total */
+      if (c != CLPAR_MEM_TOTAL)
+        printf(", \"peak_%s_mib\": %.1f", clpar_memory_category_name((clpar_mem_category)c),
+               peak[c]);
     printf("}\n");
     fflush(stdout);
   }

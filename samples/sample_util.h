@@ -63,12 +63,13 @@ static inline int check(clpar_status s, const char *what) {
 }
 
 /* One line on stderr: the most device memory each category (include/clpar/memory.h) held at
- * once on dev since clpar_init (or the last clpar_memory_mark), in MiB, and all of them at
- * once (total), prefixed by the rank in a distributed job. */
+ * once on dev since clpar_init (or the last clpar_memory_mark), in MiB, the backend's
+ * workspaces among them, and all of them at once (total), prefixed by the rank in a
+ * distributed job. */
 static inline void print_memory_peaks(clpar_device *dev) {
-  static const clpar_mem_category order[] = {CLPAR_MEM_PARAMETERS,    CLPAR_MEM_GRADIENTS,
-                                             CLPAR_MEM_OPTIMIZER,     CLPAR_MEM_ACTIVATIONS,
-                                             CLPAR_MEM_COMMUNICATION, CLPAR_MEM_TOTAL};
+  static const clpar_mem_category order[] = {
+      CLPAR_MEM_PARAMETERS,    CLPAR_MEM_GRADIENTS, CLPAR_MEM_OPTIMIZER, CLPAR_MEM_ACTIVATIONS,
+      CLPAR_MEM_COMMUNICATION, CLPAR_MEM_WORKSPACE, CLPAR_MEM_TOTAL};
   if (clpar_dist_rank() >= 0) fprintf(stderr, "rank %d: ", clpar_dist_rank());
   fprintf(stderr, "peak memory on %s:", clpar_device_id(dev));
   for (size_t i = 0; i < sizeof order / sizeof *order; i++)

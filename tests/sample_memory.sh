@@ -9,7 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$@" >"$tmp/out" 2>"$tmp/err" || { echo "FAIL: $* failed:"; cat "$tmp/out" "$tmp/err"; exit 1; }
 mem='peak memory on .*: parameters [0-9.]+ MiB, gradients [0-9.]+ MiB, optimizer [0-9.]+ MiB, '
-mem+='activations [0-9.]+ MiB, communication [0-9.]+ MiB, total [0-9.]+ MiB$'
+mem+='activations [0-9.]+ MiB, communication [0-9.]+ MiB, workspace [0-9.]+ MiB, total [0-9.]+ MiB$'
 grep -E "$mem" "$tmp/err"
 n=$(grep -cE "$mem" "$tmp/err")
 [ "$n" -eq "$want" ] || { echo "FAIL: $n lines of peak memory, want $want:"; cat "$tmp/err"; exit 1; }

@@ -848,6 +848,7 @@ static void test_release_wait_counted(void **state) {
     clpar_device *dev = cuda_devs[d];
     int64_t shape[] = {1000};
     clpar_tensor *t;
+    tu_ok(clpar_device_empty_cache(dev)); /* the workspaces too: freeing them waits once more */
     tu_ok(clpar_tensor_zeros(dev, 1, shape, &t));
     clpar_tensor_free(t); /* into the cache */
     clpar_device_counters before, after;

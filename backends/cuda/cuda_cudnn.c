@@ -23,7 +23,8 @@
  * algorithm), faster on Ampere and later with a 10-bit mantissa in the products.
  *
  * The workspace of the chosen algorithms is one buffer per device, grown on demand (the
- * stream is drained before the old one is freed). The entries are QUEUE entries, called from
+ * stream is drained before the old one is freed), counted in the device's own_bytes and freed
+ * by the workspace_trim entry (cuda_elementwise.c). The entries are QUEUE entries, called from
  * the device's worker thread one at a time, so the per-device state needs no lock. */
 #include <dlfcn.h>
 #include <limits.h>
@@ -262,6 +263,7 @@ static clpar_status ws_reserve(cuda_dev *d, cudnn_state *st, size_t bytes) {
     clpar_backend_waited();
     if (s == CLPAR_OK) s = clpar_cuda_check(cudaFree(st->ws), "cudaFree(cuDNN workspace)");
     if (s != CLPAR_OK) return s;
+    __atomic_sub_fetch(&d->own_bytes, st->ws_bytes, __ATOMIC_RELAXED);
     st->ws = NULL;
     st->ws_bytes = 0;
   }
@@ -272,8 +274,20 @@ static clpar_status ws_reserve(cuda_dev *d, cudnn_state *st, size_t bytes) {
   if (s == CLPAR_OK) {
     st->ws = p;
     st->ws_bytes = bytes;
+    __atomic_add_fetch(&d->own_bytes, bytes, __ATOMIC_RELAXED);
   }
   return s;
+}
+
+clpar_status clpar_cudnn_trim(cuda_dev *d) {
+  cudnn_state *st = d->cudnn;
+  if (!st || !st->ws) return CLPAR_OK;
+  clpar_status s = clpar_cuda_check(cudaFree(st->ws), "cudaFree(cuDNN workspace)");
+  if (s != CLPAR_OK) return s;
+  __atomic_sub_fetch(&d->own_bytes, st->ws_bytes, __ATOMIC_RELAXED);
+  st->ws = NULL;
+  st->ws_bytes = 0;
+  return CLPAR_OK;
 }
 
 /* 16, 8 or 4: what p is aligned to, in bytes. */

@@ -16,6 +16,9 @@ int clpar_cudnn_load(const char **why);
 /* Frees the device's handle, cached descriptors and workspace (the device's destroy, with its
  * stream drained); the next convolution makes them again. */
 void clpar_cudnn_release(cuda_dev *d);
+/* Frees the workspace (workspace_trim, the stream drained); the next convolution makes it
+ * again. */
+clpar_status clpar_cudnn_trim(cuda_dev *d);
 
 CLPAR_CUDA_ENTRY_DECL_(conv2d)
 CLPAR_CUDA_ENTRY_DECL_(conv2d_backward)

@@ -1,8 +1,10 @@
 /* cuda_elementwise.c — the CUDA backend's element-wise ops, reductions, the fused Linear
  * epilogues, softmax and the loss, and the optimizer steps: each one launcher of
- * kernels/cuda/ run as a profiled op of the device's stream. */
+ * kernels/cuda/ run as a profiled op of the device's stream; and the workspace entries (sum_rows'
+ * scratch, cuDNN's workspace). */
 #include <string.h>
 
+#include "cuda/cuda_cudnn.h"
 #include "cuda/cuda_internal.h"
 
 /* ---- ops ---- */
@@ -58,6 +60,7 @@ static clpar_status scratch_reserve(cuda_dev *d, size_t floats) {
     clpar_backend_waited();
     if (s == CLPAR_OK) s = clpar_cuda_check(cudaFree(d->scratch), "cudaFree(sum_rows scratch)");
     if (s != CLPAR_OK) return s; /* the old scratch is kept */
+    __atomic_sub_fetch(&d->own_bytes, d->scratch_floats * sizeof(float), __ATOMIC_RELAXED);
     d->scratch = NULL;
     d->scratch_floats = 0;
   }
@@ -66,7 +69,38 @@ static clpar_status scratch_reserve(cuda_dev *d, size_t floats) {
   if (s == CLPAR_OK) {
     d->scratch = p;
     d->scratch_floats = floats;
+    __atomic_add_fetch(&d->own_bytes, floats * sizeof(float), __ATOMIC_RELAXED);
   }
+  return s;
+}
+
+clpar_status cuda_workspace_bytes(void *dev, uint64_t *bytes) {
+  *bytes = __atomic_load_n(&((cuda_dev *)dev)->own_bytes, __ATOMIC_RELAXED);
+  return CLPAR_OK;
+}
+
+/* On the worker, after the work posted before it: work enqueued on the buffers may still run,
+ * so the stream is drained first (as scratch_reserve and cuDNN's ws_reserve do). */
+clpar_status cuda_workspace_trim(void *dev) {
+  cuda_dev *d = dev;
+  if (__atomic_load_n(&d->own_bytes, __ATOMIC_RELAXED) == 0) return CLPAR_OK;
+  clpar_status s = clpar_cuda_use_device(d);
+  if (s != CLPAR_OK) return s;
+  pthread_mutex_lock(&d->scratch_lock);
+  s = clpar_cuda_check(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize(workspace trim)");
+  clpar_backend_waited();
+  if (s == CLPAR_OK && d->scratch) {
+    s = clpar_cuda_check(cudaFree(d->scratch), "cudaFree(sum_rows scratch)");
+    if (s == CLPAR_OK) {
+      __atomic_sub_fetch(&d->own_bytes, d->scratch_floats * sizeof(float), __ATOMIC_RELAXED);
+      d->scratch = NULL;
+      d->scratch_floats = 0;
+    }
+  }
+  pthread_mutex_unlock(&d->scratch_lock);
+#ifdef CLPAR_HAVE_CUDNN
+  if (s == CLPAR_OK) s = clpar_cudnn_trim(d);
+#endif
   return s;
 }
 

@@ -33,6 +33,9 @@ typedef struct cuda_dev {
   pthread_mutex_t scratch_lock;
   float *scratch;
   size_t scratch_floats;
+  /* the bytes of scratch and cuDNN's workspace now (__atomic: workspace_bytes reads it from any
+   * thread); cuda_workspace_trim frees both */
+  uint64_t own_bytes;
   /* Profiling: while profiling is set, ops keep their event pairs in pairs[0 .. n_pairs);
    * their times are folded into prof_seconds and prof_ops as they are read. prof_lock guards
    * everything here but the flag. */
@@ -147,6 +150,8 @@ CLPAR_CUDA_ENTRY_DECL_(nll)
 CLPAR_CUDA_ENTRY_DECL_(nll_backward)
 CLPAR_CUDA_ENTRY_DECL_(sgd_step)
 CLPAR_CUDA_ENTRY_DECL_(adam_step)
+CLPAR_CUDA_ENTRY_DECL_(workspace_bytes)
+CLPAR_CUDA_ENTRY_DECL_(workspace_trim)
 /* cuda_gemm.c */
 CLPAR_CUDA_ENTRY_DECL_(gemm)
 CLPAR_CUDA_ENTRY_DECL_(gemm_batched)
@@ -178,6 +183,8 @@ CLPAR_CUDA_ENTRY_DECL_(dropout_mask)
 /* cuda_half.c */
 CLPAR_CUDA_ENTRY_DECL_(half_convert)
 #define cuda_profile clpar_cuda_entry_profile
+#define cuda_workspace_bytes clpar_cuda_entry_workspace_bytes
+#define cuda_workspace_trim clpar_cuda_entry_workspace_trim
 #define cuda_profile_read clpar_cuda_entry_profile_read
 #define cuda_alloc clpar_cuda_entry_alloc
 #define cuda_release clpar_cuda_entry_release

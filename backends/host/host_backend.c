@@ -100,9 +100,13 @@ static clpar_status host_event_free(void *dev, void *ev) {
 #define host_bn_backward clpar_host_dnnl_bn_backward
 #define host_avgpool clpar_host_dnnl_avgpool
 #define host_avgpool_backward clpar_host_dnnl_avgpool_backward
+#define host_workspace_bytes clpar_host_dnnl_workspace_bytes
+#define host_workspace_trim clpar_host_dnnl_workspace_trim
 #else
 #define host_conv2d NULL
 #define host_conv2d_backward NULL
+#define host_workspace_bytes NULL
+#define host_workspace_trim NULL
 #endif
 #define host_profile NULL
 #define host_profile_read NULL

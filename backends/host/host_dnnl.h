@@ -18,6 +18,9 @@ CLPAR_HOST_DNNL_DECL_(bn_backward_sums)
 CLPAR_HOST_DNNL_DECL_(bn_backward)
 CLPAR_HOST_DNNL_DECL_(avgpool)
 CLPAR_HOST_DNNL_DECL_(avgpool_backward)
+/* The work buffers' bytes; their release (host_dnnl_core.c). */
+CLPAR_HOST_DNNL_DECL_(workspace_bytes)
+CLPAR_HOST_DNNL_DECL_(workspace_trim)
 #undef CLPAR_HOST_DNNL_DECL_
 /* The largest spatial size (values per image and channel) whose batch norm goes to oneDNN
  * (host_dnnl_norm.c); larger ones run the plain loops, faster there. */

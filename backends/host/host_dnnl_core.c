@@ -7,7 +7,9 @@
  * and freed by the device's destroy (clpar_host_dnnl_release). One mutex guards all of it
  * and is held while a primitive runs: the work buffers are shared, and a oneDNN primitive
  * with its own scratchpad must not run twice at once. The host backend has one device whose
- * worker thread makes every call, so the lock is never contended in practice.
+ * worker thread makes every call, so the lock is never contended in practice. The work
+ * buffers' bytes are counted in own_bytes (atomic: the core reads them from any thread, through
+ * the workspace_bytes entry, without waiting for a primitive); workspace_trim frees them.
  *
  * oneDNN's Debian build threads with OpenMP, as the host backend does: both use the worker
  * thread's OpenMP team (OMP_NUM_THREADS). */
@@ -31,6 +33,43 @@ static void *work[HD_MAX_ARGS]; /* one work buffer per operand slot, grown as ne
 static size_t work_bytes[HD_MAX_ARGS];
 static float *ones_buf, *temp_buf; /* hd_ones, hd_temp */
 static size_t ones_n, temp_n;
+static uint64_t own_bytes; /* work, ones_buf and temp_buf; __atomic */
+
+/* own_bytes goes from had to now bytes. */
+static void count(size_t had, size_t now) {
+  __atomic_sub_fetch(&own_bytes, (uint64_t)had, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&own_bytes, (uint64_t)now, __ATOMIC_RELAXED);
+}
+
+/* Frees the work buffers, ones_buf and temp_buf; lock held. */
+static void free_buffers(void) {
+  for (int i = 0; i < HD_MAX_ARGS; i++) {
+    free(work[i]);
+    count(work_bytes[i], 0);
+    work[i] = NULL;
+    work_bytes[i] = 0;
+  }
+  free(ones_buf);
+  free(temp_buf);
+  count((ones_n + temp_n) * sizeof(float), 0);
+  ones_buf = temp_buf = NULL;
+  ones_n = temp_n = 0;
+}
+
+clpar_status clpar_host_dnnl_workspace_bytes(void *dev, uint64_t *bytes) {
+  (void)dev;
+  *bytes = __atomic_load_n(&own_bytes, __ATOMIC_RELAXED);
+  return CLPAR_OK;
+}
+
+/* On the worker, between entries: nothing uses the buffers (the next call grows them again). */
+clpar_status clpar_host_dnnl_workspace_trim(void *dev) {
+  (void)dev;
+  pthread_mutex_lock(&lock);
+  free_buffers();
+  pthread_mutex_unlock(&lock);
+  return CLPAR_OK;
+}
 
 clpar_status hd_fail(const char *what, dnnl_status_t st) {
   return clpar_set_error(CLPAR_ERROR_BACKEND, "host backend: oneDNN %s failed: %s", what,
@@ -70,15 +109,7 @@ void clpar_host_dnnl_release(void) {
     entry_free(e);
   }
   cache_len = 0;
-  for (int i = 0; i < HD_MAX_ARGS; i++) {
-    free(work[i]);
-    work[i] = NULL;
-    work_bytes[i] = 0;
-  }
-  free(ones_buf);
-  free(temp_buf);
-  ones_buf = temp_buf = NULL;
-  ones_n = temp_n = 0;
+  free_buffers();
   if (stream) dnnl_stream_destroy(stream);
   if (engine) dnnl_engine_destroy(engine);
   stream = NULL;
@@ -198,6 +229,7 @@ static clpar_status grow_work(int i, size_t bytes) {
                            "host backend: a oneDNN work buffer of %zu bytes could not be allocated",
                            bytes);
   free(work[i]);
+  count(work_bytes[i], bytes);
   work[i] = p;
   work_bytes[i] = bytes;
   return CLPAR_OK;
@@ -211,6 +243,7 @@ static clpar_status grow_floats(float **buf, size_t *have, size_t n) {
     return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY,
                            "host backend: %zu floats for oneDNN could not be allocated", n);
   free(*buf);
+  count(*have * sizeof *p, n * sizeof *p);
   *buf = p;
   *have = n;
   return CLPAR_OK;

@@ -35,8 +35,7 @@ static clpar_status ocl_destroy(void *dev) {
   ocl_profile(d, 0);
   free(d->spans);
   pthread_mutex_destroy(&d->prof_lock);
-  if (d->scratch) clReleaseMemObject(d->scratch);
-  clpar_ocl_workspace_free(d);
+  clpar_ocl_workspace_free(d); /* and d->scratch */
   if (d->plain_queue) clReleaseCommandQueue(d->plain_queue);
   if (d->prof_queue) clReleaseCommandQueue(d->prof_queue);
   if (d->context) clReleaseContext(d->context); /* a shared one: this device's reference */
@@ -61,6 +60,9 @@ static clpar_status ocl_destroy(void *dev) {
  * Winograd per shape (ocl_conv_algo.c, ocl_conv_bwd.c). */
 #define ocl_conv2d clpar_ocl_conv2d
 #define ocl_conv2d_backward clpar_ocl_conv2d_backward
+/* The convolutions' workspace and d->scratch (ocl_workspace.c). */
+#define ocl_workspace_bytes clpar_ocl_workspace_bytes
+#define ocl_workspace_trim clpar_ocl_workspace_trim
 
 #define CLPAR_BE_PREFIX_ ocl
 static const clpar_backend_iface ocl_iface = CLPAR_BACKEND_TABLE("opencl");

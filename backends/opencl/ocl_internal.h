@@ -90,7 +90,8 @@ typedef struct clpar_ocl_device {
    * guarded by lock */
   cl_mem scratch;
   atomic_ullong buffers_created; /* clCreateBuffer calls for device memory (ocl_memory.c) */
-  clpar_ocl_workspace ws;        /* the convolutions' temporaries (ocl_workspace.c) */
+  atomic_ullong own_bytes; /* the bytes of ws and scratch now (clpar_ocl_grow; workspace_bytes) */
+  clpar_ocl_workspace ws;  /* the convolutions' temporaries (ocl_workspace.c) */
   /* Profiling (clpar_device_profile_*): while on, every kernel and copy keeps its event, and
    * reading the profile sums their device times. Guarded by prof_lock. */
   pthread_mutex_t prof_lock;
@@ -178,6 +179,7 @@ typedef struct clpar_ocl_buffer_stats {
   uint64_t workspace_grows;      /* slots of the workspace made or replaced by a larger one */
   uint64_t workspace_bytes;      /* the workspace's slots now */
   uint64_t workspace_peak_bytes; /* and at most */
+  uint64_t scratch_bytes;        /* d->scratch now */
 } clpar_ocl_buffer_stats;
 void clpar_ocl_buffer_stats_get(clpar_ocl_device *d, clpar_ocl_buffer_stats *out);
 
@@ -205,6 +207,9 @@ void clpar_ocl_workspace_free(clpar_ocl_device *d);
 /* ---- the table's entries defined outside ocl_backend.c (which builds the table) ---- */
 #define CLPAR_OCL_ENTRY_DECL_(name) \
   clpar_status clpar_ocl_##name(void *dev CLPAR_BE_ARGS_##name(CLPAR_BE_PARAM_));
+/* ocl_workspace.c: the workspace and d->scratch counted and released */
+CLPAR_OCL_ENTRY_DECL_(workspace_bytes)
+CLPAR_OCL_ENTRY_DECL_(workspace_trim)
 /* ocl_prepared.c: the prepared launches of captured graphs */
 CLPAR_OCL_ENTRY_DECL_(prepare_begin)
 CLPAR_OCL_ENTRY_DECL_(prepare_end)

@@ -13,18 +13,23 @@
  * on it are done. The workspace's lock is held from a slot's take to its give, so that two
  * threads (the worker, a tuner) never share a slot; it is recursive because backward data's
  * Winograd takes the flipped filter's slot, then calls the forward Winograd, which takes three
- * others. The buffers are the device's memory outside the allocator's accounting: at most the
- * largest temporaries one convolution needs (bounded by clpar_ocl_conv_chunk_floats), freed
- * when the device closes. Captured graphs: the convolutions are not recorded (ocl_prepared.c),
- * so a replay calls the entry, which takes its slots again; the launches a graph does record
- * keep (retain) the d->scratch they were recorded with. */
+ * others. The buffers are the device's memory outside the allocator: at most the largest
+ * temporaries one convolution needs (bounded by clpar_ocl_conv_chunk_floats), counted in
+ * d->own_bytes (the workspace_bytes entry: the core's CLPAR_MEM_WORKSPACE), released by the
+ * workspace_trim entry (clpar_device_empty_cache, the allocator's out-of-memory retry) but for
+ * a slot taken, and freed when the device closes. Captured graphs: the convolutions are not
+ * recorded (ocl_prepared.c), so a replay calls the entry, which takes its slots again; the launches
+ * a graph does record keep (retain) the d->scratch they were recorded with. */
 #include <string.h>
 
 #include "ocl_internal.h"
 
 clpar_status clpar_ocl_grow(clpar_ocl_device *d, cl_mem *m, size_t *have, size_t bytes) {
   if (*m && *have >= bytes) return CLPAR_OK;
-  if (*m) clReleaseMemObject(*m); /* the queue keeps it until its commands are done */
+  if (*m) { /* the queue keeps it until its commands are done */
+    clReleaseMemObject(*m);
+    atomic_fetch_sub_explicit(&d->own_bytes, *have, memory_order_relaxed);
+  }
   *m = NULL;
   *have = 0;
   void *buf;
@@ -32,7 +37,17 @@ clpar_status clpar_ocl_grow(clpar_ocl_device *d, cl_mem *m, size_t *have, size_t
   if (s != CLPAR_OK) return s;
   *m = AS_MEM(buf);
   *have = bytes;
+  atomic_fetch_add_explicit(&d->own_bytes, bytes, memory_order_relaxed);
   return CLPAR_OK;
+}
+
+/* Releases *m (NULL: nothing) and counts it out of d->own_bytes. */
+static void drop(clpar_ocl_device *d, cl_mem *m, size_t *have) {
+  if (!*m) return;
+  clReleaseMemObject(*m);
+  atomic_fetch_sub_explicit(&d->own_bytes, *have, memory_order_relaxed);
+  *m = NULL;
+  *have = 0;
 }
 
 void clpar_ocl_workspace_init(clpar_ocl_device *d) {
@@ -46,11 +61,7 @@ void clpar_ocl_workspace_init(clpar_ocl_device *d) {
 /* Releases the slots not taken; d->ws.lock held. */
 static void release_free_slots(clpar_ocl_device *d) {
   for (int i = 0; i < CLPAR_OCL_WS_SLOTS; i++)
-    if (!(d->ws.held & (1u << i)) && d->ws.slot[i]) {
-      clReleaseMemObject(d->ws.slot[i]);
-      d->ws.slot[i] = NULL;
-      d->ws.bytes[i] = 0;
-    }
+    if (!(d->ws.held & (1u << i))) drop(d, &d->ws.slot[i], &d->ws.bytes[i]);
 }
 
 static size_t total_bytes(const clpar_ocl_workspace *ws) {
@@ -107,7 +118,26 @@ void clpar_ocl_workspace_release(clpar_ocl_device *d) {
 
 void clpar_ocl_workspace_free(clpar_ocl_device *d) {
   clpar_ocl_workspace_release(d);
+  drop(d, &d->scratch, &d->scratch_bytes);
   pthread_mutex_destroy(&d->ws.lock);
+}
+
+clpar_status clpar_ocl_workspace_bytes(void *dev, uint64_t *bytes) {
+  clpar_ocl_device *d = dev;
+  *bytes = atomic_load_explicit(&d->own_bytes, memory_order_relaxed);
+  return CLPAR_OK;
+}
+
+/* On the worker, after the commands posted before: a released buffer stays alive in OpenCL
+ * until the commands queued on it are done, and the prepared launches of a graph retain the
+ * d->scratch they recorded. A slot a tuner holds is kept (its lock is held until the give). */
+clpar_status clpar_ocl_workspace_trim(void *dev) {
+  clpar_ocl_device *d = dev;
+  clpar_ocl_workspace_release(d);
+  pthread_mutex_lock(&d->lock);
+  drop(d, &d->scratch, &d->scratch_bytes);
+  pthread_mutex_unlock(&d->lock);
+  return CLPAR_OK;
 }
 
 clpar_status clpar_ocl_workspace_poison(clpar_ocl_device *d) {
@@ -132,4 +162,7 @@ void clpar_ocl_buffer_stats_get(clpar_ocl_device *d, clpar_ocl_buffer_stats *out
   out->workspace_bytes = total_bytes(&d->ws);
   out->workspace_peak_bytes = d->ws.peak_bytes;
   pthread_mutex_unlock(&d->ws.lock);
+  pthread_mutex_lock(&d->lock);
+  out->scratch_bytes = d->scratch_bytes;
+  pthread_mutex_unlock(&d->lock);
 }

@@ -122,7 +122,8 @@ typedef struct clpar_device_counters {
 } clpar_device_counters;
 CLPAR_API clpar_status clpar_device_counters_get(const clpar_device *dev,
                                                  clpar_device_counters *out);
-/* Gives every cached (unused) buffer back to the driver. */
+/* Gives every cached (unused) buffer back to the driver, and releases the backend's workspaces
+ * (memory.h's CLPAR_MEM_WORKSPACE: the next op that needs one grows it again). */
 CLPAR_API clpar_status clpar_device_empty_cache(clpar_device *dev);
 
 /* ---- GEMM tuning (OpenCL devices: CLBlast's parameters for this device) ---- */

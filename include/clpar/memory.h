@@ -6,7 +6,10 @@
  * DistributedDataParallel reduces through host memory and makes none), and everything else,
  * counted as activations (what a forward saves for backward, temporaries, inputs). The counts
  * are of the allocator's rounded sizes (clpar_memory_stats.bytes_in_use counts the same, plus
- * the short-lived scratch some ops take outside tensors).
+ * the short-lived scratch some ops take outside tensors). The backend's own workspaces (the
+ * convolutions' temporaries, cuDNN's workspace, oneDNN's work buffers: kept between ops, outside
+ * the allocator) are CLPAR_MEM_WORKSPACE, read from the backend when memory is counted
+ * (allocations, frees, these calls); clpar_device_empty_cache releases them.
  *
  * Usage: clpar_memory_mark(dev) before a training step, the step, then
  * clpar_memory_peak(dev, CLPAR_MEM_ACTIVATIONS) and so on: the most bytes each category held
@@ -30,12 +33,14 @@ typedef enum clpar_mem_category {
   CLPAR_MEM_GRADIENTS = 2,
   CLPAR_MEM_OPTIMIZER = 3,
   CLPAR_MEM_COMMUNICATION = 4,
-  CLPAR_MEM_TOTAL = 5, /* all of them together */
-  CLPAR_MEM_CATEGORIES = 6
+  CLPAR_MEM_TOTAL = 5, /* all of them together, the workspaces included */
+  /* after TOTAL, so that the values above keep theirs: the backend's workspaces */
+  CLPAR_MEM_WORKSPACE = 6,
+  CLPAR_MEM_CATEGORIES = 7
 } clpar_mem_category;
 
-/* "activations", "parameters", "gradients", "optimizer", "communication", "total"; NULL out of
- * range. */
+/* "activations", "parameters", "gradients", "optimizer", "communication", "total",
+ * "workspace"; NULL out of range. */
 CLPAR_API const char *clpar_memory_category_name(clpar_mem_category c);
 /* Starts a new interval on dev: every category's peak becomes what it holds now. */
 CLPAR_API clpar_status clpar_memory_mark(clpar_device *dev);

@@ -18,7 +18,9 @@
  * empty leaves the cache alone). PoCL's CPU devices never refuse a buffer for
  * their global memory size. A driver that refuses a buffer itself (PoCL when malloc fails,
  * see ocl_alloc; posix_memalign on the host backend) gives the same error, after the same
- * emptying of the cache and one retry. */
+ * emptying of the cache, a release of the backend's workspaces (workspace_trim: the
+ * convolutions' temporaries, cuDNN's workspace) and one retry; clpar_device_empty_cache
+ * releases both too. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +77,24 @@ static void release_all_locked(clpar_device *dev) {
     b = next;
   }
   dev->free_blocks = NULL;
+}
+
+/* Releases the backend's workspaces (its workspace_trim, on the worker after the work posted
+ * before it, waited for), unless a capture is on: a capture cannot wait. */
+static clpar_status trim_workspaces_locked(clpar_device *dev) {
+  if (!dev->bd.iface->workspace_trim || !dev->worker) return CLPAR_OK;
+  if (__atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE)) return CLPAR_OK;
+  clpar_status s = clpar_dev_workspace_trim_sync(dev);
+  clpar_memory_workspace_sync_locked(dev);
+  return s;
+}
+
+/* Whether the backend's workspaces hold memory now. */
+static int workspaces_held(clpar_device *dev) {
+  uint64_t b = 0;
+  const clpar_backend_iface *f = dev->bd.iface;
+  return f->workspace_bytes && f->workspace_trim &&
+         f->workspace_bytes(dev->bd.ctx, &b) == CLPAR_OK && b > 0;
 }
 
 /* CLPAR_DEVICE_MEMORY_LIMIT as set at clpar_init (UINT64_MAX: not set). */
@@ -157,10 +177,13 @@ static clpar_status reserve_locked(clpar_device *dev, size_t bytes, size_t size)
 
 static clpar_status driver_alloc_locked(clpar_device *dev, size_t bytes, size_t size, void **buf) {
   clpar_status s = clpar_dev_alloc(dev, size, buf);
-  if (s == CLPAR_ERROR_OUT_OF_MEMORY && dev->free_blocks) {
-    clpar_log(CLPAR_LOG_INFO, "%s: out of memory for %zu bytes; emptying the cache and retrying",
+  if (s == CLPAR_ERROR_OUT_OF_MEMORY && (dev->free_blocks || workspaces_held(dev))) {
+    clpar_log(CLPAR_LOG_INFO,
+              "%s: out of memory for %zu bytes; emptying the cache and the backend's workspaces "
+              "and retrying",
               dev->bd.info.id, size);
     release_all_locked(dev);
+    if (trim_workspaces_locked(dev) != CLPAR_OK) clpar_clear_error(); /* the retry tells */
     s = clpar_dev_alloc(dev, size, buf);
   }
   if (s == CLPAR_ERROR_OUT_OF_MEMORY) {
@@ -305,6 +328,7 @@ clpar_status clpar_device_empty_cache(clpar_device *dev) {
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_device_empty_cache: NULL device");
   pthread_mutex_lock(&dev->alloc_lock);
   release_all_locked(dev);
+  clpar_status s = trim_workspaces_locked(dev);
   pthread_mutex_unlock(&dev->alloc_lock);
-  return CLPAR_OK;
+  return s;
 }

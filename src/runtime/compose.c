@@ -310,8 +310,8 @@ clpar_status clpar_compose_bias_act_backward(clpar_device *dev, clpar_act_kind a
  * set (not in composable_mask): a backend without profile, copy_peer, tune_gemm or
  * comm_allreduce has the entry posted as before, and it fails on the worker naming the entry
  * (profile), or is never called (copy_peer: transfer.c asks peer_access first; tune_gemm:
- * tune.c checks the table; comm_allreduce: DistributedDataParallel checks the device has every
- * comm_ entry). */
+ * tune.c checks the table, workspace_trim: allocator.c too; comm_allreduce: DistributedDataParallel
+ * checks the device has every comm_ entry). */
 
 static clpar_status refuse(const clpar_device *dev, const char *what) {
   return clpar_set_error(CLPAR_ERROR_UNSUPPORTED, "%s: the %s backend has no %s", dev->bd.info.id,
@@ -390,6 +390,10 @@ clpar_status clpar_compose_copy_peer(clpar_device *dev, void *peer, void *dst, s
                                      const void *src, size_t src_off_bytes, size_t bytes) {
   (void)peer, (void)dst, (void)dst_off_bytes, (void)src, (void)src_off_bytes, (void)bytes;
   return refuse(dev, "copy_peer");
+}
+
+clpar_status clpar_compose_workspace_trim(clpar_device *dev) { /* allocator.c asks the table */
+  return refuse(dev, "workspace_trim");
 }
 
 clpar_status clpar_compose_tune_gemm(clpar_device *dev, const clpar_gemm_shape *shapes,

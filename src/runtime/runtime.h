@@ -56,8 +56,9 @@ struct clpar_device {
   pthread_mutex_t alloc_lock;
   clpar_block *free_blocks; /* sorted by size, ascending */
   clpar_memory_stats stats;
-  /* tensors' bytes by category (include/clpar/memory.h), under alloc_lock */
-  uint64_t mem_in_use[6], mem_peak[6];
+  /* bytes by category (include/clpar/memory.h): the tensors', and the backend's workspaces
+   * as last read from it; under alloc_lock */
+  uint64_t mem_in_use[7], mem_peak[7];
   /* what the allocator lets the driver hold for this device (in use + cached): its global
    * memory, or less with CLPAR_DEVICE_MEMORY_LIMIT (src/runtime/allocator.c) */
   uint64_t mem_limit;
@@ -325,6 +326,9 @@ int clpar_memory_category_current(void);
 void clpar_memory_account(clpar_device *dev, int c, int64_t delta);
 /* Moves st's bytes to category c (its owner took it over: a parameter, a gradient, ...). */
 void clpar_storage_tag(clpar_storage *st, int c);
+/* Sets CLPAR_MEM_WORKSPACE to the bytes the backend's workspaces hold now (its
+ * workspace_bytes entry; 0 without one); alloc_lock held. */
+void clpar_memory_workspace_sync_locked(clpar_device *dev);
 
 /* A new storage of at least bytes on dev (from its cache), one reference, counted alive. */
 clpar_status clpar_storage_new(clpar_device *dev, size_t bytes, clpar_storage **out);
