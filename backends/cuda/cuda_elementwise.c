@@ -101,6 +101,7 @@ clpar_status cuda_workspace_trim(void *dev) {
 #ifdef CLPAR_HAVE_CUDNN
   if (s == CLPAR_OK) s = clpar_cudnn_trim(d);
 #endif
+  if (s == CLPAR_OK) s = clpar_cuda_lt_trim(d);
   return s;
 }
 

@@ -33,8 +33,8 @@ typedef struct cuda_dev {
   pthread_mutex_t scratch_lock;
   float *scratch;
   size_t scratch_floats;
-  /* the bytes of scratch and cuDNN's workspace now (__atomic: workspace_bytes reads it from any
-   * thread); cuda_workspace_trim frees both */
+  /* the bytes of scratch, cuDNN's and cuBLASLt's workspaces now (__atomic: workspace_bytes
+   * reads it from any thread); cuda_workspace_trim frees them */
   uint64_t own_bytes;
   /* Profiling: while profiling is set, ops keep their event pairs in pairs[0 .. n_pairs);
    * their times are folded into prof_seconds and prof_ops as they are read. prof_lock guards
@@ -97,6 +97,9 @@ clpar_status clpar_cuda_lt_linear(cuda_dev *d, clpar_act_kind act, size_t m, siz
 /* Frees the device's cuBLASLt handle, workspace and cache (the device's destroy, stream drained).
  */
 void clpar_cuda_lt_release(cuda_dev *d);
+/* Frees the cuBLASLt workspace (workspace_trim, the stream drained); the next matmul makes it
+ * again. */
+clpar_status clpar_cuda_lt_trim(cuda_dev *d);
 /* The matmuls the device ran through cuBLASLt (for tests). */
 uint64_t clpar_cuda_lt_runs(const void *dev);
 

@@ -22,7 +22,9 @@
  * A shape the heuristic finds no algorithm for, or that cuBLASLt refuses, is cached as such
  * and runs the plain path; so does every shape when the handle or workspace cannot be made, and
  * every new shape once LT_CACHE_MAX are cached (entries are never evicted, so a pointer to one
- * stays valid while the device lives). All of it is guarded by the device's cuBLAS lock. */
+ * stays valid while the device lives). All of it is guarded by the device's cuBLAS lock. The
+ * workspace counts in the device's own_bytes (the workspace_bytes entry); workspace_trim frees
+ * it (the stream drained) and the next matmul makes it again. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -104,10 +106,41 @@ void clpar_cuda_lt_release(cuda_dev *d) {
     next = e->next;
     entry_free(e);
   }
-  if (st->workspace) (void)cudaFree(st->workspace);
+  if (st->workspace) {
+    (void)cudaFree(st->workspace);
+    __atomic_sub_fetch(&d->own_bytes, LT_WORKSPACE, __ATOMIC_RELAXED);
+  }
   if (st->handle) (void)cublasLtDestroy(st->handle);
   free(st);
   d->lt = NULL;
+}
+
+/* The workspace made again after a trim; 0 (the plain path runs) when cudaMalloc refuses.
+ * blas_lock held, the device current. */
+static int workspace_ready(cuda_dev *d, lt_state *st) {
+  if (st->workspace) return 1;
+  if (cudaMalloc(&st->workspace, LT_WORKSPACE) != cudaSuccess) {
+    (void)cudaGetLastError();
+    st->workspace = NULL;
+    return 0;
+  }
+  __atomic_add_fetch(&d->own_bytes, LT_WORKSPACE, __ATOMIC_RELAXED);
+  return 1;
+}
+
+clpar_status clpar_cuda_lt_trim(cuda_dev *d) {
+  clpar_status s = CLPAR_OK;
+  pthread_mutex_lock(&d->blas_lock);
+  lt_state *st = d->lt;
+  if (st && st->workspace) {
+    s = clpar_cuda_check(cudaFree(st->workspace), "cudaFree(cuBLASLt workspace)");
+    if (s == CLPAR_OK) {
+      st->workspace = NULL;
+      __atomic_sub_fetch(&d->own_bytes, LT_WORKSPACE, __ATOMIC_RELAXED);
+    }
+  }
+  pthread_mutex_unlock(&d->blas_lock);
+  return s;
 }
 
 uint64_t clpar_cuda_lt_runs(const void *dev) {
@@ -137,6 +170,8 @@ static lt_state *state_of(cuda_dev *d) {
     if (st->handle) (void)cublasLtDestroy(st->handle);
     st->handle = NULL;
     st->workspace = NULL;
+  } else {
+    __atomic_add_fetch(&d->own_bytes, LT_WORKSPACE, __ATOMIC_RELAXED);
   }
   d->lt = st;
   return st;
@@ -199,7 +234,7 @@ static clpar_status find_entry(cuda_dev *d, int relu, size_t m, size_t n, size_t
   *found = NULL;
   lt_state *st = state_of(d);
   if (!st) return clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY, "out of host memory");
-  if (!st->handle) return CLPAR_OK;
+  if (!st->handle || !workspace_ready(d, st)) return CLPAR_OK;
   unsigned key = align_key(x, w, bias, out);
   for (lt_entry *e = st->cache; e; e = e->next)
     if (e->m == m && e->n == n && e->k == k && e->relu == relu && e->align == key) {
