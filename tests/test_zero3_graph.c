@@ -6,9 +6,9 @@
  * and Adam; the ranks end with the same parameters. Three units (the Linear layers: 77, 96 and
  * 45 parameters, 77 and 45 dividing by neither 2 nor 3 or not by 2: padded shards). An eager
  * step right after replays equals the eager run, and freeing the ZeRO optimizer makes the graph
- * stale. A module with buffers is refused at capture. With the argument "timeout" (run by
- * tests/zero_graph_timeout.sh 3, CLPAR_DIST_TIMEOUT=3): rank 1 stops replaying, and every other
- * rank's replay must end in CLPAR_ERROR_TIMEOUT naming rank 1. */
+ * stale. Refused at capture: a module with buffers, a backward whose forward ran eagerly. With the
+ * argument "timeout" (run by tests/zero_graph_timeout.sh 3, CLPAR_DIST_TIMEOUT=3): rank 1 stops
+ * replaying, and every other rank's replay must end in CLPAR_ERROR_TIMEOUT naming rank 1. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,6 +235,29 @@ static void test_buffers_refused(void **state) {
   clpar_module_free(ddp);
 }
 
+/* A backward under capture whose forward ran eagerly before it: refused, naming it. */
+static void test_backward_of_eager_forward_refused(void **state) {
+  (void)state;
+  clpar_device *dev = clpar_dist_device();
+  zg_train t;
+  make_train(&t, OPT_SGD);
+  write_inputs(&t, 0);
+  clpar_tensor *out = NULL;
+  tu_ok(clpar_module_forward(t.m, t.x, &out));
+  tu_ok(clpar_mse_loss(out, t.y, CLPAR_REDUCTION_MEAN, &t.loss));
+  tu_ok(clpar_graph_capture_begin(&dev, 1));
+  clpar_status s = clpar_backward(t.loss);
+  clpar_graph *g = NULL;
+  clpar_status e = clpar_graph_capture_end(&g);
+  assert_int_not_equal(s, CLPAR_OK);
+  assert_int_equal(e, CLPAR_ERROR_INVALID_ARGUMENT);
+  assert_null(g);
+  if (!strstr(clpar_last_error(), "a backward whose forward ran before the capture"))
+    fail_msg("expected the refusal of the eager forward's backward in \"%s\"", clpar_last_error());
+  clpar_tensor_free(out);
+  train_free(&t);
+}
+
 /* ---- the timeout scenario ---- */
 
 static void timeout_die(const char *what) {
@@ -284,6 +307,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_adam),
       cmocka_unit_test(test_eager_after_replays_then_stale),
       cmocka_unit_test(test_buffers_refused),
+      cmocka_unit_test(test_backward_of_eager_forward_refused),
   };
   return cmocka_run_group_tests_name("zero3_graph", tests, tu_dist_setup, tu_dist_teardown);
 }
