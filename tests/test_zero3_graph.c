@@ -6,9 +6,11 @@
  * and Adam; the ranks end with the same parameters. Three units (the Linear layers: 77, 96 and
  * 45 parameters, 77 and 45 dividing by neither 2 nor 3 or not by 2: padded shards). An eager
  * step right after replays equals the eager run, and freeing the ZeRO optimizer makes the graph
- * stale. Refused at capture: a module with buffers, a backward whose forward ran eagerly. With the
- * argument "timeout" (run by tests/zero_graph_timeout.sh 3, CLPAR_DIST_TIMEOUT=3): rank 1 stops
- * replaying, and every other rank's replay must end in CLPAR_ERROR_TIMEOUT naming rank 1. */
+ * stale. A GPT (blocks as units inside the root unit, Dropout 0.1, Adam): 8 compiled steps
+ * equal eager ones bit for bit. Refused at capture: a module with buffers, a backward whose
+ * forward ran eagerly. With the argument "timeout" (run by tests/zero_graph_timeout.sh 3,
+ * CLPAR_DIST_TIMEOUT=3): rank 1 stops replaying, and every other rank's replay must end in
+ * CLPAR_ERROR_TIMEOUT naming rank 1. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,6 +237,110 @@ static void test_buffers_refused(void **state) {
   clpar_module_free(ddp);
 }
 
+/* ---- a GPT: blocks as units inside the root unit, Dropout(0.1) ---- */
+
+enum { GB = 2, GT = 6, GV = 11, GPT_STEPS = 8 };
+
+typedef struct {
+  clpar_module *m;
+  clpar_zero_optimizer *opt;
+  clpar_tensor *ids, *next, *loss;
+} gpt_train;
+
+/* zero_units "transformer.h": the blocks are units, the embeddings, ln_f and the tied head
+ * the root unit around them (its backward runs theirs nested). */
+static void make_gpt(gpt_train *t) {
+  clpar_gpt_config cfg = {.block_size = 8,
+                          .vocab_size = GV,
+                          .n_layer = 2,
+                          .n_head = 2,
+                          .n_embd = 8,
+                          .dropout = 0.1f,
+                          .bias = 1};
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *gpt;
+  memset(t, 0, sizeof *t);
+  clpar_manual_seed(300 + (uint64_t)clpar_dist_rank()); /* each rank its masks, alike per copy */
+  tu_ok(clpar_gpt_create(&cfg, dev, &gpt));
+  tu_ok(clpar_ddp_create(gpt, &(clpar_ddp_options){.zero_stage = 3, .zero_units = "transformer.h"},
+                         &t->m));
+  tu_ok(clpar_zero_adam_create(t->m, &(clpar_adam_options){.lr = 0.01f}, &t->opt));
+  int64_t shape[2] = {GB, GT}, flat = GB * GT;
+  tu_ok(clpar_tensor_zeros_dtype(dev, CLPAR_INT32, 2, shape, &t->ids));
+  tu_ok(clpar_tensor_zeros_dtype(dev, CLPAR_INT32, 1, &flat, &t->next));
+}
+
+static clpar_status gpt_step(void *ctx) {
+  gpt_train *t = ctx;
+  clpar_tensor_free(t->loss);
+  t->loss = NULL;
+  clpar_scope *scope = clpar_scope_begin();
+  clpar_tensor *logits = NULL, *flat = NULL;
+  clpar_status s = clpar_zero_optimizer_zero_grad(t->opt);
+  if (s == CLPAR_OK) s = clpar_module_forward(t->m, t->ids, &logits);
+  if (s == CLPAR_OK) s = clpar_tensor_reshape(logits, 2, (int64_t[]){GB * GT, GV}, &flat);
+  if (s == CLPAR_OK)
+    s = clpar_cross_entropy_targets(flat, t->next, CLPAR_IGNORE_INDEX, CLPAR_REDUCTION_MEAN,
+                                    &t->loss);
+  if (s == CLPAR_OK) s = clpar_backward(t->loss);
+  if (s == CLPAR_OK) s = clpar_zero_optimizer_step(t->opt);
+  if (t->loss) clpar_tensor_unscope(t->loss);
+  clpar_scope_end(scope);
+  return s;
+}
+
+static void train_gpt(gpt_train *t, int compiled, float *losses) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_step *st = NULL;
+  if (compiled) tu_ok(clpar_step_compile(gpt_step, t, &dev, 1, &st));
+  for (int k = 0; k < GPT_STEPS; k++) {
+    int32_t ids[GB * GT], next[GB * GT];
+    for (int i = 0; i < GB * GT; i++) {
+      ids[i] = (int32_t)((i * 7 + k * 3 + clpar_dist_rank() * 5) % GV);
+      next[i] = (int32_t)((ids[i] * 3 + 1) % GV);
+    }
+    tu_ok(clpar_tensor_write_raw(t->ids, ids, sizeof ids));
+    tu_ok(clpar_tensor_write_raw(t->next, next, sizeof next));
+    tu_ok(compiled ? clpar_step_run(st) : gpt_step(t));
+    tu_ok(clpar_tensor_read(t->loss, &losses[k], 1));
+  }
+  if (compiled) {
+    assert_non_null(clpar_step_graph(st));
+    clpar_step_free(st);
+  }
+}
+
+static void gpt_free(gpt_train *t) {
+  clpar_tensor_free(t->loss);
+  clpar_tensor_free(t->ids);
+  clpar_tensor_free(t->next);
+  clpar_zero_optimizer_free(t->opt);
+  clpar_module_free(t->m);
+}
+
+static void test_gpt_root_unit_dropout(void **state) {
+  (void)state;
+  gpt_train eager, replayed;
+  float le[GPT_STEPS], lr[GPT_STEPS];
+  make_gpt(&eager);
+  train_gpt(&eager, 0, le);
+  make_gpt(&replayed);
+  train_gpt(&replayed, 1, lr);
+  tgu_expect_bits("GPT loss at step", le, lr, GPT_STEPS);
+  assert_true(le[GPT_STEPS - 1] != le[0]); /* it trained */
+  size_t ne, nr;
+  tu_ok(clpar_zero_gather_parameters(eager.m));
+  tu_ok(clpar_zero_gather_parameters(replayed.m));
+  float *pe = tgu_floats_of(eager.m, 0, &ne), *pr = tgu_floats_of(replayed.m, 0, &nr);
+  assert_int_equal(ne, nr);
+  tgu_expect_bits("GPT parameter element", pe, pr, ne);
+  expect_same_on_every_rank(pr, nr);
+  free(pe);
+  free(pr);
+  gpt_free(&eager);
+  gpt_free(&replayed);
+}
+
 /* A backward under capture whose forward ran eagerly before it: refused, naming it. */
 static void test_backward_of_eager_forward_refused(void **state) {
   (void)state;
@@ -306,6 +412,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_sgd_momentum),
       cmocka_unit_test(test_adam),
       cmocka_unit_test(test_eager_after_replays_then_stale),
+      cmocka_unit_test(test_gpt_root_unit_dropout),
       cmocka_unit_test(test_buffers_refused),
       cmocka_unit_test(test_backward_of_eager_forward_refused),
   };
