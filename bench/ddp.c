@@ -17,11 +17,14 @@
  * --model bn: a module with buffers, broadcast from rank 0 before each forward: Conv2d(3, 16,
  * 3x3), BatchNorm2d, ReLU, a ResNet BasicBlock(16) (two more BatchNorm2d), then Linear to 16
  * classes, on [32, 3, 8, 8] inputs.
- * --zero 1|2: ZeRO at that stage (clpar/zero.h; its SGD with the same options) instead of
- * plain DDP, with --graph: its step eager against replayed.
+ * --zero 1|2|3: ZeRO at that stage (clpar/zero.h; its SGD with the same options) instead of
+ * plain DDP, with --graph: its step eager against replayed. Stage 3 (each Linear a unit) also
+ * prints the device memory a step takes beyond what the module holds at rest: the eager
+ * step's peak (clpar_memory_peak, all categories) over an emptied cache, and the replayed
+ * step's (the memory its capture kept in the graph's pool: a replay allocates nothing).
  *
  *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun -np 2 ./bench_ddp [steps] [bucket_cap_mb]
- *       [--graph] [--model compute|latency|bn] [--zero 1|2]
+ *       [--graph] [--model compute|latency|bn] [--zero 1|2|3]
  */
 #include <clpar/clpar.h>
 
@@ -124,6 +127,27 @@ static int inputs(bench_step_run *r, const model_spec *s, clpar_device *dev, con
   return good;
 }
 
+/* --zero 3: the device memory a step takes beyond the module's at rest, in MiB: the eager
+ * step's peak over an emptied cache, and the replayed step's: what its capture left allocated
+ * (m0, m1: the device's stats before and after the capture, the cache emptied before). */
+static int zero3_memory(bench_step_run *e, clpar_device *dev, const clpar_memory_stats *m0,
+                        const clpar_memory_stats *m1) {
+  int good = bench_ok(clpar_device_empty_cache(dev), "empty_cache") &&
+             bench_ok(clpar_memory_mark(dev), "mark");
+  uint64_t base = clpar_memory_in_use(dev, CLPAR_MEM_TOTAL);
+  good = good && bench_ok(run_step(e), "step") && bench_ok(clpar_device_synchronize(dev), "sync");
+  float mb[2] = {
+      (float)(clpar_memory_peak(dev, CLPAR_MEM_TOTAL) - base) / 1048576.0f,
+      (float)((m1->bytes_in_use + m1->bytes_cached) - (m0->bytes_in_use + m0->bytes_cached)) /
+          1048576.0f};
+  if (good && clpar_dist_rank() == 0)
+    printf(
+        "{\"bench\": \"ddp_graph_zero3_memory\", \"step_mib_beyond_rest\": {\"eager_peak\": "
+        "%.2f, \"replay_capture_allocated\": %.2f}}\n",
+        mb[0], mb[1]);
+  return good;
+}
+
 /* --graph: eager against replayed, ROUNDS rounds of each, alternated, free-running (the
  * device waited for at the round's end) and synced (after each step too); best and worst
  * ms per step of each, and the all-reduce seconds per step of the free-running rounds. The
@@ -134,9 +158,16 @@ static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p
                        const float *x, const int32_t *y, int steps) {
   enum { ROUNDS = 5 };
   clpar_status ran = CLPAR_OK;
+  clpar_memory_stats m0 = {0}, m1 = {0};
   int good = inputs(e, s, dev, x, y) && inputs(p, s, dev, x, y) &&
+             bench_ok(clpar_device_synchronize(dev), "sync") &&
+             bench_ok(clpar_device_empty_cache(dev), "empty_cache") &&
+             bench_ok(clpar_device_memory_stats(dev, &m0), "memory") &&
              bench_ok(clpar_graph_capture_begin(&dev, 1), "capture") && (ran = run_step(p), 1) &&
-             bench_ok(clpar_graph_capture_end(&p->graph), "capture") && bench_ok(ran, "captured");
+             bench_ok(clpar_graph_capture_end(&p->graph), "capture") && bench_ok(ran, "captured") &&
+             bench_ok(clpar_device_synchronize(dev), "sync") &&
+             bench_ok(clpar_device_memory_stats(dev, &m1), "memory");
+  if (good && zero_stage == 3) good = zero3_memory(e, dev, &m0, &m1);
   /* [kind]: eager, replay, eager synced, replay synced */
   double best[4] = {1e30, 1e30, 1e30, 1e30}, worst[4] = {0}, ar[2] = {0};
   for (int k = 0; good && k < 4 * ROUNDS; k++) {
@@ -246,7 +277,7 @@ int main(int argc, char **argv) {
   if (!x || !y) return 1;
   bench_batch(x, y, s->batch, input_numel(s) / s->batch, (int32_t)s->out);
   clpar_sgd_options sgd = {.lr = 0.01f, .momentum = 0.9f};
-  clpar_ddp_options o = {.bucket_cap_mb = cap, .zero_stage = zero == 1 || zero == 2 ? zero : 0};
+  clpar_ddp_options o = {.bucket_cap_mb = cap, .zero_stage = zero >= 1 && zero <= 3 ? zero : 0};
   zero_stage = o.zero_stage;
   bench_step_run e = {0}, p = {0}; /* eager, and (--graph) replayed */
   int good = 1;

@@ -5,8 +5,9 @@
  * steps run eagerly on a second copy of the model, bit for bit, with SGD (momentum) and Adam;
  * the ranks end with the same parameters. The model's 229 parameters divide by neither 2 nor
  * 3 (the last shard is padded). An eager step right after replays equals the eager run, and
- * freeing the optimizer makes the graph stale. Refused at capture, naming what: ZeRO stage 3,
- * and a zero_grad between the captured backward and the step (the host's averaged shard). With
+ * freeing the optimizer makes the graph stale. Refused at capture, naming what: a zero_grad
+ * between the captured backward and the step (the host's averaged shard); stage 3 is
+ * test_zero3_graph.c's. With
  * the argument "timeout" (run by tests/zero_graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops
  * replaying, and every other rank's replay must end in CLPAR_ERROR_TIMEOUT naming rank 1. */
 #include <mpi.h>
@@ -226,14 +227,6 @@ static void expect_capture_refused(zg_train *t, int late, const char *want, cons
     fail_msg("expected \"%s\" and \"%s\" in \"%s\"", want, want2, msg);
 }
 
-static void test_stage3_refused(void **state) {
-  (void)state;
-  zg_train t;
-  make_train(&t, 3, OPT_SGD);
-  expect_capture_refused(&t, 0, "DistributedDataParallel's forward", "ZeRO stage 3");
-  train_free(&t);
-}
-
 /* zero_grad after the captured backward would forget the averaged shard on the host: the
  * replay could not, so the capture refuses it (both stages). */
 static void test_zero_grad_after_backward_refused(void **state) {
@@ -296,7 +289,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_stage2_sgd_momentum),
       cmocka_unit_test(test_stage2_adam),
       cmocka_unit_test(test_eager_after_replays_then_stale),
-      cmocka_unit_test(test_stage3_refused),
       cmocka_unit_test(test_zero_grad_after_backward_refused),
   };
   return cmocka_run_group_tests_name("zero_graph", tests, tu_dist_setup, tu_dist_teardown);

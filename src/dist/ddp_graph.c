@@ -112,13 +112,6 @@ static const char *refusal(const ddp_state *st, char *text, size_t size) {
   if (st->nccl)
     return "its buckets' all-reduce over NCCL (clpar_ddp_backend \"nccl\"), which is not "
            "captured: capture over MPI (CLPAR_DIST_BACKEND=mpi)";
-  if (st->zero_stage == 3) {
-    snprintf(text, size,
-             "ZeRO stage %d (clpar_ddp_options.zero_stage): its units' gathers and "
-             "reduce-scatters are host work at each step",
-             st->zero_stage);
-    return text;
-  }
   if (st->find_unused)
     return "find_unused_parameters (clpar_ddp_options): which parameters the forward reaches "
            "is decided on the host at each step";
@@ -129,6 +122,13 @@ static const char *refusal(const ddp_state *st, char *text, size_t size) {
     if (st->buckets[k].dev != st->buckets[0].dev)
       return "a module over several devices (its buckets' hand-offs would reach the "
              "communication thread in an order the ranks need not share)";
+  if (st->zero_stage == 3 && st->n_buffers > 0) {
+    snprintf(text, size,
+             "a module with buffers under ZeRO stage %d (clpar_ddp_options.zero_stage): their "
+             "broadcast is captured without stage 3 only",
+             st->zero_stage);
+    return text;
+  }
   if (st->sync_buffers && st->n_buffers > 0) return clpar_ddp_buffers_refusal(st);
   return NULL;
 }
@@ -157,6 +157,7 @@ static clpar_status capture_forward(ddp_state *st, clpar_device *dev) {
   char text[200];
   const char *what = refusal(st, text, sizeof text);
   if (what) return clpar_capture_refuse(dev, "DistributedDataParallel's forward", what);
+  if (st->zero_stage == 3) return CLPAR_OK; /* its units hand their collectives over */
   ddp_graph *g = st->graph;
   if (!g) {
     g = calloc(1, sizeof *g);
@@ -182,7 +183,8 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st) {
   /* an eager step after a capture: the replays posted before it run first, so that its
    * buckets and its broadcast of the buffers do not meet the thread's (a forward that
    * broadcasts nothing and whose backward hands no bucket over, without gradients or without
-   * sync, need not wait) */
+   * sync, need not wait); ZeRO-3: its units' gathers (zero3_graph.c) */
+  if (st->zero_stage == 3) clpar_zero3_graph_eager(st);
   if (!st->graph) return CLPAR_OK;
   int broadcasts = st->sync_buffers && st->n_buffers > 0;
   if (!broadcasts && (!clpar_is_grad_enabled() || st->no_sync)) return CLPAR_OK;
@@ -267,6 +269,7 @@ clpar_status clpar_ddp_graph_buffers(ddp_state *st) {
 }
 
 void clpar_ddp_graph_quiesce(ddp_state *st) {
+  clpar_zero3_graph_quiesce(st);
   if (!st->graph) return;
   clpar_graph_invalidate_all("the freeing of a DistributedDataParallel module");
   if (clpar_is_initialized() && st->n_buckets) /* the thread opens the gates of what runs */

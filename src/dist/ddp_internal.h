@@ -203,6 +203,12 @@ int clpar_zero3_job_ready(ddp_state *st);
 void clpar_zero3_run_job(ddp_state *st);
 clpar_status clpar_zero3_flush(ddp_state *st);
 void clpar_zero3_zero_grad(ddp_state *st);
+/* Stage 3 inside captured steps (zero3_graph.c): 1 while its device captures; an eager forward
+ * after a capture waits for the replays posted before; before the module is freed, every graph
+ * goes stale and the replays in flight run. */
+int clpar_zero3_capturing(ddp_state *st);
+void clpar_zero3_graph_eager(ddp_state *st);
+void clpar_zero3_graph_quiesce(ddp_state *st);
 /* Stage 3: parameters that clpar_zero_gather_parameters gave values give their memory back. */
 void clpar_zero3_release(ddp_state *st);
 /* Stage 3, for checkpoints (src/io/checkpoint_zero3.c): the unit holding parameter t (-1 for

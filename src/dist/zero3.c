@@ -109,6 +109,7 @@ static void free_views(z3_unit *u, clpar_tensor **views) {
 typedef struct {
   clpar_module *wrapper; /* one reference */
   clpar_rng_tape *tape;  /* the forward's random draws (Dropout), which the recompute replays */
+  int captured;          /* the forward ran inside a capture */
 } z3_ctx;
 
 static void ctx_free(void *p) {
@@ -182,6 +183,9 @@ static z3_unit *next_backward(const z3_unit *u) {
 static clpar_status unit_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   z3_unit *u = ((z3_ctx *)n->ctx)->wrapper->user;
   clpar_tensor *full = NULL, *grad = NULL;
+  if (clpar_capture_active(u->z->dev) && !((z3_ctx *)n->ctx)->captured)
+    return clpar_capture_refuse(u->z->dev, UNIT_TYPE " backward",
+                                "a backward whose forward ran before the capture");
   clpar_status s = clpar_z3_gather_full(u, GATHER_BACKWARD, &full);
   z3_unit *before = next_backward(u);
   if (s == CLPAR_OK && before) clpar_z3_prefetch(before, GATHER_BACKWARD);
@@ -215,7 +219,10 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
   clpar_tensor *full = NULL, *y0 = NULL, *out = NULL;
   clpar_tensor **views = calloc((size_t)u->n_params + 1, sizeof *views);
   z3_ctx *c = clpar_is_grad_enabled() ? calloc(1, sizeof *c) : NULL;
-  if (c) c->tape = clpar_rng_tape_new();
+  if (c) {
+    c->tape = clpar_rng_tape_new();
+    c->captured = clpar_capture_active(u->z->dev);
+  }
   if (!views || (clpar_is_grad_enabled() && (!c || !c->tape))) {
     free(views);
     ctx_free(c);

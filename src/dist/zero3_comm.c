@@ -76,8 +76,7 @@ static z3_slot *gather_slot(zero3 *z, int i) {
   return &z->slots[i];
 }
 
-/* Queues slot g for the thread; st->lock held. */
-static void enqueue(zero3 *z, z3_slot *g) {
+void clpar_z3_enqueue(zero3 *z, z3_slot *g) {
   g->state = Z3_QUEUED;
   g->order = ++z->posted;
   z->ring[z->tail++ % Z3_RING] = (int)(g - z->slots);
@@ -116,7 +115,7 @@ static void post_gather(zero3 *z, z3_slot *g, z3_unit *u, const char *what) {
     memset(g->mine, 0, (size_t)u->shard * sizeof(float)); /* takes part with zeros */
   }
   pthread_mutex_lock(&z->st->lock);
-  enqueue(z, g);
+  clpar_z3_enqueue(z, g);
   pthread_mutex_unlock(&z->st->lock);
 }
 
@@ -152,6 +151,7 @@ static z3_slot *free_gather(zero3 *z, int drop) {
 
 void clpar_z3_prefetch(z3_unit *u, const char *what) {
   zero3 *z = u->z;
+  if (clpar_capture_active(z->dev)) return; /* a captured gather is posted where it is used */
   pthread_mutex_lock(&z->st->lock);
   z3_slot *g = find_gather(z, u) ? NULL : free_gather(z, 0);
   pthread_mutex_unlock(&z->st->lock);
@@ -186,6 +186,7 @@ static clpar_status take_values(zero3 *z, z3_slot *g, z3_unit *u, clpar_tensor *
 clpar_status clpar_z3_gather_full(z3_unit *u, const char *what, clpar_tensor **full) {
   zero3 *z = u->z;
   *full = NULL;
+  if (clpar_capture_active(z->dev)) return clpar_z3_graph_gather(u, what, full);
   pthread_mutex_lock(&z->st->lock);
   z3_slot *g = find_gather(z, u), *fresh = g ? NULL : free_gather(z, 1);
   pthread_mutex_unlock(&z->st->lock);
@@ -200,6 +201,10 @@ clpar_status clpar_z3_gather_full(z3_unit *u, const char *what, clpar_tensor **f
 
 void clpar_z3_post_scatter(z3_unit *u, clpar_tensor *grad) {
   zero3 *z = u->z;
+  if (clpar_capture_active(z->dev)) {
+    clpar_z3_graph_scatter(u, grad);
+    return;
+  }
   z3_slot *r = &z->slots[Z3_SLOTS + z->next_scatter];
   z->next_scatter = (z->next_scatter + 1) % Z3_SLOTS;
   pthread_mutex_lock(&z->st->lock);
@@ -216,7 +221,7 @@ void clpar_z3_post_scatter(z3_unit *u, clpar_tensor *grad) {
   }
   clpar_tensor_release(grad); /* the queue runs the read before any later use of the memory */
   pthread_mutex_lock(&z->st->lock);
-  enqueue(z, r);
+  clpar_z3_enqueue(z, r);
   pthread_mutex_unlock(&z->st->lock);
 }
 
@@ -264,7 +269,7 @@ static void accumulate(zero3 *z, z3_unit *u) {
     for (int64_t i = 0; i < u->shard; i++) u->acc[i] += z->part[i] * inv;
 }
 
-static void run_slot(zero3 *z, z3_slot *x) {
+void clpar_z3_run_slot(zero3 *z, z3_slot *x) {
   /* the write of the slot's last gather has read host; a failed write is that take's error */
   if (x->gather && watch_wait(&x->write) != CLPAR_OK) clpar_clear_error();
   clpar_status mine = x->status, s = watch_wait(&x->read);
@@ -294,8 +299,12 @@ int clpar_zero3_job_ready(ddp_state *st) {
 void clpar_zero3_run_job(ddp_state *st) {
   zero3 *z = st->zero3;
   z3_slot *x = &z->slots[z->ring[z->head % Z3_RING]];
+  void *job = x->job;
   pthread_mutex_unlock(&st->lock);
-  run_slot(z, x);
+  if (job) /* opens its gate: the slot may be queued again before the lock below */
+    clpar_z3_graph_run(z, x);
+  else
+    clpar_z3_run_slot(z, x);
   pthread_mutex_lock(&st->lock);
   x->state = Z3_DONE;
   z->head++;
@@ -311,6 +320,8 @@ static void wait_idle(zero3 *z) {
 
 clpar_status clpar_zero3_flush(ddp_state *st) {
   zero3 *z = st->zero3;
+  if (clpar_capture_active(z->dev)) return clpar_z3_graph_flush(z);
+  clpar_z3_graph_eager(z); /* after the replays in flight, whose thread work writes acc */
   z->epoch++; /* the step changes the shards: a gather posted before holds other values */
   pthread_mutex_lock(&st->lock);
   wait_idle(z);
@@ -345,6 +356,11 @@ clpar_status clpar_zero3_flush(ddp_state *st) {
 
 void clpar_zero3_zero_grad(ddp_state *st) {
   zero3 *z = st->zero3;
+  if (clpar_capture_active(z->dev)) {
+    clpar_z3_graph_zero_grad(z);
+    return;
+  }
+  clpar_z3_graph_eager(z);
   pthread_mutex_lock(&st->lock);
   wait_idle(z);
   for (int k = 0; k < z->n_units; k++) {
@@ -432,6 +448,7 @@ clpar_status clpar_z3_comm_setup(zero3 *z) {
 /* After the communication thread has ended (it runs every queued slot first). */
 void clpar_z3_comm_free(zero3 *z) {
   int live = clpar_is_initialized();
+  clpar_z3_graph_free(z);
   for (int i = 0; live && i < 2 * Z3_SLOTS; i++) { /* their callbacks write the slots */
     watch_wait(&z->slots[i].read);
     watch_wait(&z->slots[i].write);

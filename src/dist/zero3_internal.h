@@ -39,6 +39,7 @@ typedef struct {
   z3_watch read;       /* the device's read into mine or buf */
   z3_watch write;      /* gather: the device's write from host into the unit's full buffer */
   clpar_status status; /* the posting's error, then the job's */
+  void *job;           /* a captured step's host call it runs (zero3_graph.c), or NULL */
   char what[96];
   char msg[MESSAGE_SIZE];
 } z3_slot;
@@ -72,8 +73,9 @@ struct zero3 {
    * reduce-scatters on rcomm, duplicates of the module's communicator of their own */
   MPI_Comm gcomm, rcomm;
   uint64_t gseq, rseq, epoch, posted;
-  int abandoned;               /* a collective timed out: MPI may still use the slots' memory */
-  z3_slot slots[2 * Z3_SLOTS]; /* gathers, then scatters */
+  int abandoned; /* a collective timed out: MPI may still use the slots' memory */
+  /* gathers, then scatters, then the one of captured steps (zero3_graph.c) */
+  z3_slot slots[2 * Z3_SLOTS + 1];
   int next_scatter;
   int ring[Z3_RING]; /* queued slots; head: the one the thread runs (or next) */
   unsigned head, tail;
@@ -83,6 +85,7 @@ struct zero3 {
   int *rs_counts;
   float *rs_scratch;
   MPI_Request *rs_reqs;
+  void *graph; /* captured steps' records (zero3_graph.c); NULL until a capture */
 };
 
 /* The unit's full parameters in a new device buffer [numel] (counted as parameters), all-gathered
@@ -106,5 +109,34 @@ void clpar_z3_comm_free(zero3 *z);
 void clpar_z3_release_all(zero3 *z);
 /* The unit's values from its parameters, in a new host vector of world shards (zero-padded). */
 clpar_status clpar_z3_unit_values(z3_unit *u, const char *fn, float **out);
+
+/* ---- zero3_comm.c's queue, for zero3_graph.c ---- */
+
+/* Queues slot x for the communication thread; st->lock held. */
+void clpar_z3_enqueue(zero3 *z, z3_slot *x);
+/* On the communication thread: x's collective (gather or reduce-scatter) with its status. */
+void clpar_z3_run_slot(zero3 *z, z3_slot *x);
+
+/* ---- inside a captured step (zero3_graph.c) ---- */
+
+/* The gather's commands: the shard read into host memory, a host call that hands the
+ * all-gather to the communication thread, a gate, the write into a new buffer *full (the
+ * graph's). */
+clpar_status clpar_z3_graph_gather(z3_unit *u, const char *what, clpar_tensor **full);
+/* The reduce-scatter's commands: grad ([numel], released here) read into host memory, a host
+ * call, a gate (the thread added the averaged shard into acc). */
+void clpar_z3_graph_scatter(z3_unit *u, clpar_tensor *grad);
+/* The step's: acc written into the shard's gradient of every unit reduce-scattered since the
+ * last captured zero_grad or step. */
+clpar_status clpar_z3_graph_flush(zero3 *z);
+/* zero_grad's: a host call and a gate, the thread marks every unit's acc to be replaced. */
+void clpar_z3_graph_zero_grad(zero3 *z);
+/* On the communication thread: a captured job in slot x; opens its gate last. */
+void clpar_z3_graph_run(zero3 *z, z3_slot *x);
+/* Eager work after a capture: waits until the device ran the replays posted before, and drops
+ * what gathers the eager path holds (a replay changed the shards). */
+void clpar_z3_graph_eager(zero3 *z);
+/* After the communication thread ended: the records and their host memory. */
+void clpar_z3_graph_free(zero3 *z);
 
 #endif

@@ -128,6 +128,7 @@ clpar_status clpar_zero_gather_parameters(clpar_module *ddp) {
                            "%s: ddp is not a DistributedDataParallel module made with "
                            "clpar_ddp_options.zero_stage 3",
                            fn);
+  clpar_zero3_graph_eager(st); /* after the replays posted before */
   clpar_status s = CLPAR_OK, first = CLPAR_OK;
   char msg[512] = "";
   /* every unit on every rank, so that the collectives stay matched; the first error kept */
