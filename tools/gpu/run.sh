@@ -3,7 +3,8 @@
 # tools/gpu/bundle.sh in it: the ctest suite on each CUDA device and each NVIDIA OpenCL GPU
 # against the host (as scripts/test-gpu.sh, without building), the MPI tests with both ranks
 # on cuda:0 (NCCL's one-rank path, and its refusal of two ranks on one GPU), the Linear tests
-# on cuda:0 with CLPAR_CUDA_LT=1 (cuBLASLt's epilogue), then the GPU benchmarks. Logs go to $OUT (or /tmp/gpu-logs); a summary to stdout.
+# on cuda:0 with CLPAR_CUDA_LT=1 (cuBLASLt's epilogue), then the GPU benchmarks. Logs go to
+# $OUT (or /tmp/gpu-logs); a summary to stdout.
 #
 #   tools/gpu/run.sh [BUNDLE.tar.xz]      # default .gpu/bundle.tar.xz
 set -uo pipefail
