@@ -249,7 +249,7 @@ static void test_training_equals_composition(void **state) {
     tu_ok(clpar_compose_force(dev, 0));
     uint64_t c2 = __atomic_load_n(&dev->composed_calls, __ATOMIC_RELAXED);
     /* The backward took the entry: forced, each Linear's backward in each step was composed
-     * instead, one composed call each. Entries the backend lacks (CUDA's xent) are composed in
+     * instead, one composed call each. Entries a backend lacks are composed in
      * both runs alike. */
     assert_int_equal((c2 - c1) - (c1 - c0), 3 * STEPS);
     assert_int_equal(n_fused, n_composed);

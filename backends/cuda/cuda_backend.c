@@ -169,9 +169,6 @@ static clpar_status cuda_linear_act_backward(void *dev, clpar_act_kind act, size
   return clpar_be_linear_act_backward("cuda", cuda_bias_act_backward, cuda_gemm, dev, act, m, n, k,
                                       g, y, x, w, scratch, dx, dw, db, accumulate);
 }
-/* Softmax cross-entropy is composed in the core from softmax and nll_ignore. */
-#define cuda_xent NULL
-#define cuda_xent_backward NULL
 /* A Linear's forward: with CLPAR_CUDA_LT=1, one cuBLASLt matmul with the bias and ReLU in its
  * epilogue where it applies (cuda_lt.c); else the cuBLAS GEMM, then bias_act (or the
  * activation's unary). */

@@ -177,6 +177,8 @@ CLPAR_CUDA_ENTRY_DECL_(mask_upper)
 CLPAR_CUDA_ENTRY_DECL_(argmax)
 CLPAR_CUDA_ENTRY_DECL_(nll_ignore)
 CLPAR_CUDA_ENTRY_DECL_(nll_ignore_backward)
+CLPAR_CUDA_ENTRY_DECL_(xent)
+CLPAR_CUDA_ENTRY_DECL_(xent_backward)
 /* cuda_layers.c */
 CLPAR_CUDA_ENTRY_DECL_(embedding)
 CLPAR_CUDA_ENTRY_DECL_(embedding_backward)
@@ -239,6 +241,8 @@ CLPAR_CUDA_ENTRY_DECL_(half_convert)
 #define cuda_mask_upper clpar_cuda_entry_mask_upper
 #define cuda_argmax clpar_cuda_entry_argmax
 #define cuda_nll_ignore clpar_cuda_entry_nll_ignore
+#define cuda_xent clpar_cuda_entry_xent
+#define cuda_xent_backward clpar_cuda_entry_xent_backward
 #define cuda_nll_ignore_backward clpar_cuda_entry_nll_ignore_backward
 #define cuda_embedding clpar_cuda_entry_embedding
 #define cuda_embedding_backward clpar_cuda_entry_embedding_backward

@@ -148,6 +148,14 @@ cudaError_t clpar_cuda_mask_upper(cudaStream_t stream, size_t batch, size_t rows
                                   int64_t diagonal, float value, const float *a, float *out);
 cudaError_t clpar_cuda_argmax(cudaStream_t stream, size_t rows, size_t cols, const float *a,
                               int64_t *out);
+/* Softmax cross-entropy and its gradient, backend.h's xent entries (kernels/cuda/softmax.cu);
+ * count NULL: s = alpha * g[0]. */
+cudaError_t clpar_cuda_xent(cudaStream_t stream, size_t rows, size_t cols, int idx64,
+                            int64_t ignore, const float *a, const void *idx, float *loss,
+                            float *weight);
+cudaError_t clpar_cuda_xent_backward(cudaStream_t stream, size_t rows, size_t cols, int idx64,
+                                     int64_t ignore, const float *a, const void *idx,
+                                     const float *g, const float *count, float alpha, float *out);
 cudaError_t clpar_cuda_nll_ignore(cudaStream_t stream, size_t rows, size_t cols, int idx64,
                                   int64_t ignore, const float *a, const void *idx, float *loss,
                                   float *weight);

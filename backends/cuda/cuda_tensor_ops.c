@@ -50,6 +50,23 @@ clpar_status cuda_nll_ignore(void *dev, size_t rows, size_t cols, int idx64, int
                                 at(weight)));
 }
 
+clpar_status cuda_xent(void *dev, size_t rows, size_t cols, int idx64, int64_t ignore, clpar_bref a,
+                       clpar_bref idx, clpar_bref loss, clpar_bref weight) {
+  cuda_dev *d = dev;
+  CUDA_OP(d, "xent",
+          clpar_cuda_xent(d->stream, rows, cols, idx64, ignore, at(a), words(idx), at(loss),
+                          at(weight)));
+}
+
+clpar_status cuda_xent_backward(void *dev, size_t rows, size_t cols, int idx64, int64_t ignore,
+                                clpar_bref a, clpar_bref idx, clpar_bref g, clpar_bref count,
+                                float alpha, clpar_bref out) {
+  cuda_dev *d = dev;
+  CUDA_OP(d, "xent_backward",
+          clpar_cuda_xent_backward(d->stream, rows, cols, idx64, ignore, at(a), words(idx), at(g),
+                                   count.buf ? at(count) : NULL, alpha, at(out)));
+}
+
 clpar_status cuda_nll_ignore_backward(void *dev, size_t rows, size_t cols, int idx64,
                                       int64_t ignore, clpar_bref idx, clpar_bref scale,
                                       clpar_bref out) {

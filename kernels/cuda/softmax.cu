@@ -1,5 +1,6 @@
 /* softmax.cu — row-wise softmax and log-softmax of the CUDA backend and their gradients, and
- * the negative log-likelihood loss that follows them (cross-entropy is log_softmax + nll).
+ * the negative log-likelihood loss that follows them (cross-entropy is log_softmax + nll), and
+ * softmax cross-entropy fused (xent and its backward, one pass over each row each way).
  *
  * The threads of a row stride over its columns and combine their partial maxima and sums
  * with warp shuffles: a row of up to narrow_cols columns gets one warp (a block holds several
@@ -117,6 +118,74 @@ __global__ void softmax_backward_kernel(size_t rows, size_t cols, int take_log, 
   }
 }
 
+/* Row r's target, int64 or int32. */
+__device__ __forceinline__ int64_t target_of(const void *idx, int idx64, size_t r) {
+  return idx64 ? ((const int64_t *)idx)[r] : (int64_t)((const int32_t *)idx)[r];
+}
+
+/* The row's maximum and the log of its sum of exp(x - max), as softmax_kernel's log-softmax
+ * reduces them, so the fused entries give the composition's bits. */
+template <unsigned Threads>
+__device__ __forceinline__ void row_lse(const float *x, size_t cols, float *m, float *lse) {
+  using G = row_group<Threads>;
+  float mx = -INFINITY;
+  for (size_t c = G::lane(); c < cols; c += Threads) mx = fmaxf(mx, x[c]);
+  mx = row_reduce<Threads, true>(mx);
+  float sum = 0.0f;
+  for (size_t c = G::lane(); c < cols; c += Threads) sum += expf(x[c] - mx);
+  sum = row_reduce<Threads, false>(sum);
+  *m = mx;
+  *lse = logf(sum);
+}
+
+/* Softmax cross-entropy (backend.h's xent): loss = -logp[t], weight 1; an ignored row 0 and
+ * 0; a target out of range NaN and 1. The branch is uniform over a row's threads. */
+template <unsigned Threads>
+__global__ void xent_kernel(size_t rows, size_t cols, int idx64, int64_t ignore, const float *a,
+                            const void *idx, float *loss, float *weight) {
+  using G = row_group<Threads>;
+  for (size_t row = G::first(); row < rows; row += G::stride()) {
+    int64_t t = target_of(idx, idx64, row);
+    float value = t == ignore ? 0.0f : nanf("");
+    if (t != ignore && t >= 0 && (uint64_t)t < cols) {
+      const float *x = a + row * cols;
+      float m, lse;
+      row_lse<Threads>(x, cols, &m, &lse);
+      value = -((x[t] - m) - lse);
+    }
+    if (G::lane() == 0) {
+      loss[row] = value;
+      weight[row] = t == ignore ? 0.0f : 1.0f;
+    }
+  }
+}
+
+/* Its gradient: s = count ? g[0] / count[0] : alpha * g[0]; out[r, c] = d - exp(logp) * -s
+ * with d = c == t ? -s : 0, as softmax_backward of nll_ignore_backward's rows computes it;
+ * 0 for an ignored row or a target out of range. */
+template <unsigned Threads>
+__global__ void xent_backward_kernel(size_t rows, size_t cols, int idx64, int64_t ignore,
+                                     const float *a, const void *idx, const float *g,
+                                     const float *count, float alpha, float *out) {
+  using G = row_group<Threads>;
+  const float s = count ? g[0] / count[0] : alpha * g[0], dot = -s;
+  for (size_t row = G::first(); row < rows; row += G::stride()) {
+    int64_t t = target_of(idx, idx64, row);
+    float *o = out + row * cols;
+    if (t == ignore || t < 0 || (uint64_t)t >= cols) {
+      for (size_t c = G::lane(); c < cols; c += Threads) o[c] = 0.0f;
+      continue;
+    }
+    const float *x = a + row * cols;
+    float m, lse;
+    row_lse<Threads>(x, cols, &m, &lse);
+    for (size_t c = G::lane(); c < cols; c += Threads) {
+      float logp = (x[c] - m) - lse, d = (int64_t)c == t ? -s : 0.0f;
+      o[c] = d - expf(logp) * dot;
+    }
+  }
+}
+
 /* out[r] = -a[r, labels[r]]: one thread per row. Labels are int32 class indices, checked by
  * the core to lie in 0 .. cols-1. */
 __global__ void nll_kernel(size_t rows, size_t cols, const float *a, const int32_t *labels,
@@ -186,5 +255,35 @@ extern "C" cudaError_t clpar_cuda_nll_backward(cudaStream_t stream, size_t rows,
   (void)cudaGetLastError(); /* report this launch's error, not an older one */
   nll_scatter_kernel<<<grid_for(rows, nll_block), nll_block, 0, stream>>>(rows, cols, labels, g,
                                                                           out);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t clpar_cuda_xent(cudaStream_t stream, size_t rows, size_t cols, int idx64,
+                                       int64_t ignore, const float *a, const void *idx, float *loss,
+                                       float *weight) {
+  if (rows == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* report this launch's error, not an older one */
+  if (cols <= narrow_cols)
+    xent_kernel<warp><<<grid_for(rows, row_group<warp>::rows_per_block), narrow_block, 0, stream>>>(
+        rows, cols, idx64, ignore, a, idx, loss, weight);
+  else
+    xent_kernel<wide_block><<<grid_for(rows, 1), wide_block, 0, stream>>>(rows, cols, idx64, ignore,
+                                                                          a, idx, loss, weight);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t clpar_cuda_xent_backward(cudaStream_t stream, size_t rows, size_t cols,
+                                                int idx64, int64_t ignore, const float *a,
+                                                const void *idx, const float *g, const float *count,
+                                                float alpha, float *out) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* report this launch's error, not an older one */
+  if (cols <= narrow_cols)
+    xent_backward_kernel<warp>
+        <<<grid_for(rows, row_group<warp>::rows_per_block), narrow_block, 0, stream>>>(
+            rows, cols, idx64, ignore, a, idx, g, count, alpha, out);
+  else
+    xent_backward_kernel<wide_block><<<grid_for(rows, 1), wide_block, 0, stream>>>(
+        rows, cols, idx64, ignore, a, idx, g, count, alpha, out);
   return cudaGetLastError();
 }
