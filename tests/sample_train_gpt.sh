@@ -14,7 +14,7 @@ args=(--iters 30 --layers 2 --heads 2 --width 32 --block 16 --batch 4 --warmup 5
       --eval-interval 15 --eval-batches 4 --log-interval 1)
 fail=0
 mem='peak memory on .*: parameters [0-9.]+ MiB, gradients [0-9.]+ MiB, optimizer [0-9.]+ MiB, '
-mem+='activations [0-9.]+ MiB, communication [0-9.]+ MiB, total [0-9.]+ MiB$'
+mem+='activations [0-9.]+ MiB, communication [0-9.]+ MiB, workspace [0-9.]+ MiB, total [0-9.]+ MiB$'
 # memory_lines FILE N: FILE has N lines of peak memory (at least N when N ends with +), each
 # with parameters and a total over 0
 memory_lines() {
