@@ -5,7 +5,7 @@
  * (clpar_ddp_set_sync), its hand-offs make no host wait on the calling
  * thread and each replay all-reduces every bucket on the communication thread; what a replay
  * cannot hold is refused at capture naming it. With the argument "timeout" (run by
- * tests/ddp_graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops replaying, and rank 0's
+ * tests/graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops replaying, and rank 0's
  * replay must end in CLPAR_ERROR_TIMEOUT naming rank 1, never hang. */
 #include <stdlib.h>
 #include <string.h>

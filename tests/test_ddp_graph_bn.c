@@ -7,7 +7,7 @@
  * rate changed midway; also with gradient accumulation, whose second micro-step broadcasts
  * nothing), with no host wait on the calling thread; an evaluation forward right after
  * replays (its broadcast on the calling thread) waits for theirs. With the argument "timeout"
- * (run by tests/ddp_graph_bn_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 0 stops replaying, and
+ * (run by tests/graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 0 stops replaying, and
  * rank 1's replay must end in CLPAR_ERROR_TIMEOUT naming the buffers' broadcast and rank 0. */
 #include <stdlib.h>
 #include <string.h>

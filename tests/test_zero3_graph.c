@@ -8,7 +8,7 @@
  * step right after replays equals the eager run, and freeing the ZeRO optimizer makes the graph
  * stale. A GPT (blocks as units inside the root unit, Dropout 0.1, Adam): 8 compiled steps
  * equal eager ones bit for bit. Refused at capture: a module with buffers, a backward whose
- * forward ran eagerly. With the argument "timeout" (run by tests/zero_graph_timeout.sh 3,
+ * forward ran eagerly. With the argument "timeout" (run by tests/graph_timeout.sh,
  * CLPAR_DIST_TIMEOUT=3): rank 1 stops replaying, and every other rank's replay must end in
  * CLPAR_ERROR_TIMEOUT naming rank 1. */
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * freeing the optimizer makes the graph stale. Refused at capture, naming what: a zero_grad
  * between the captured backward and the step (the host's averaged shard); stage 3 is
  * test_zero3_graph.c's. With
- * the argument "timeout" (run by tests/zero_graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops
+ * the argument "timeout" (run by tests/graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 1 stops
  * replaying, and every other rank's replay must end in CLPAR_ERROR_TIMEOUT naming rank 1. */
 #include <stdlib.h>
 #include <string.h>
