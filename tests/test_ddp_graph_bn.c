@@ -79,22 +79,25 @@ static void check_after_eval_forward(tgu_train *eager, tgu_train *replayed) {
   free(pr);
 }
 
-static void check_replay_equals_eager(clpar_step_fn fn, int forwards_per_step) {
+/* A case's step and its forwards per step. */
+typedef struct {
+  clpar_step_fn fn;
+  int forwards;
+} bn_case;
+
+/* STEPS steps eagerly and compiled: the same losses, parameters and running statistics bit
+ * for bit, no host wait in the replays, each all-reduced its buckets, every rank the same
+ * parameters, each BatchNorm counted every forward; then an evaluation forward. */
+static void test_replay_equals_eager(void **state) {
+  const bn_case *c = *state;
   tgu_train eager, replayed;
-  float le[STEPS], lr[STEPS];
   tdg_replays r;
   make_train(&eager);
-  tdg_ddp_train(&eager, fn, &RUN, 0, le, NULL);
   make_train(&replayed);
-  tdg_ddp_train(&replayed, fn, &RUN, 1, lr, &r);
+  tdg_ddp_expect_equal_runs(&eager, &replayed, c->fn, &RUN, 1,
+                            "parameter or running-statistic element", &r);
   assert_int_equal(r.waits, 0);              /* no host wait in the replays */
   assert_int_equal(r.reductions, STEPS - 2); /* each replay all-reduced its buckets */
-  tgu_expect_bits("loss at step", le, lr, STEPS);
-  size_t ne, nr;
-  float *pe = tgu_floats_of(eager.m, 1, &ne), *pr = tgu_floats_of(replayed.m, 1, &nr);
-  assert_int_equal(ne, nr);
-  tgu_expect_bits("parameter or running-statistic element", pe, pr, ne);
-  assert_true(le[STEPS - 1] != le[0]); /* it trained */
   size_t np;
   float *params = tgu_floats_of(replayed.m, 0, &np);
   tdg_expect_same_on_every_rank("element", params, np);
@@ -105,25 +108,13 @@ static void check_replay_equals_eager(clpar_step_fn fn, int forwards_per_step) {
   assert_int_equal(nce, 3);
   assert_int_equal(ncr, 3);
   for (int k = 0; k < 3; k++) {
-    assert_int_equal(ce[k], STEPS * forwards_per_step);
+    assert_int_equal(ce[k], STEPS * c->forwards);
     assert_int_equal(cr[k], ce[k]);
   }
   check_after_eval_forward(&eager, &replayed);
   free(params);
-  free(pe);
-  free(pr);
   tgu_train_free(&eager);
   tgu_train_free(&replayed);
-}
-
-static void test_replay_equals_eager(void **state) {
-  (void)state;
-  check_replay_equals_eager(tdg_step, 1);
-}
-
-static void test_accumulation_replay_equals_eager(void **state) {
-  (void)state;
-  check_replay_equals_eager(tdg_accumulating_step, 2);
 }
 
 /* An evaluation forward without gradients (which broadcasts the buffers on the calling
@@ -182,8 +173,9 @@ static int timeout_scenario(void) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "timeout")) return timeout_scenario();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_replay_equals_eager),
-      cmocka_unit_test(test_accumulation_replay_equals_eager),
+      TGU_CASE(test_replay_equals_eager, test_replay_equals_eager, bn_case, tdg_step, 1),
+      TGU_CASE(test_accumulation_replay_equals_eager, test_replay_equals_eager, bn_case,
+               tdg_accumulating_step, 2),
       cmocka_unit_test(test_eval_forward_right_after_replays),
   };
   return cmocka_run_group_tests_name("ddp_graph_bn", tests, tu_dist_setup, tu_dist_teardown);

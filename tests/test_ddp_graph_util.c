@@ -94,20 +94,42 @@ void tdg_ddp_train(tgu_train *t, clpar_step_fn fn, const tdg_ddp_run *run, int c
   }
 }
 
-void tdg_expect_forward_refused(clpar_module *ddp, int64_t rows, int64_t in, const char *want) {
-  clpar_device *dev = clpar_dist_device();
-  clpar_tensor *x, *out = NULL;
-  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){rows, in}, &x));
-  tu_ok(clpar_graph_capture_begin(&dev, 1));
-  clpar_status s = clpar_module_forward(ddp, x, &out);
+void tdg_expect_refused(clpar_status s, const char *want, const char *want2) {
   clpar_graph *g = NULL;
   clpar_status e = clpar_graph_capture_end(&g);
   assert_int_equal(s, CLPAR_ERROR_INVALID_ARGUMENT);
   assert_int_equal(e, CLPAR_ERROR_INVALID_ARGUMENT);
   assert_null(g);
   const char *msg = clpar_last_error();
-  if (!strstr(msg, "DistributedDataParallel's forward") || !strstr(msg, want))
-    fail_msg("expected \"%s\" in \"%s\"", want, msg);
+  if (!strstr(msg, want)) fail_msg("expected \"%s\" in \"%s\"", want, msg);
+  if (want2 && !strstr(msg, want2)) fail_msg("expected \"%s\" in \"%s\"", want2, msg);
+}
+
+void tdg_ddp_expect_equal_runs(tgu_train *eager, tgu_train *replayed, clpar_step_fn fn,
+                               const tdg_ddp_run *run, int buffers, const char *what,
+                               tdg_replays *r) {
+  size_t steps = (size_t)run->steps, ne, nr;
+  float *le = calloc(steps, sizeof *le), *lr = calloc(steps, sizeof *lr);
+  assert_true(le && lr);
+  tdg_ddp_train(eager, fn, run, 0, le, NULL);
+  tdg_ddp_train(replayed, fn, run, 1, lr, r);
+  tgu_expect_bits("loss at step", le, lr, steps);
+  float *pe = tgu_floats_of(eager->m, buffers, &ne), *pr = tgu_floats_of(replayed->m, buffers, &nr);
+  assert_int_equal(ne, nr);
+  tgu_expect_bits(what, pe, pr, ne);
+  assert_true(le[steps - 1] != le[0]); /* it trained */
+  free(pe);
+  free(pr);
+  free(le);
+  free(lr);
+}
+
+void tdg_expect_forward_refused(clpar_module *ddp, int64_t rows, int64_t in, const char *want) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_tensor *x, *out = NULL;
+  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){rows, in}, &x));
+  tu_ok(clpar_graph_capture_begin(&dev, 1));
+  tdg_expect_refused(clpar_module_forward(ddp, x, &out), "DistributedDataParallel's forward", want);
   clpar_tensor_free(out);
   clpar_tensor_free(x);
   clpar_module_free(ddp);

@@ -45,6 +45,18 @@ typedef struct {
 void tdg_ddp_train(tgu_train *t, clpar_step_fn fn, const tdg_ddp_run *run, int compiled,
                    float *losses, tdg_replays *r);
 
+/* Ends the capture begun before a call that returned s: the call and the capture's end
+ * refused with CLPAR_ERROR_INVALID_ARGUMENT, no graph, the message holding want and (unless
+ * NULL) want2. */
+void tdg_expect_refused(clpar_status s, const char *want, const char *want2);
+
+/* Trains eager (eagerly) and replayed (compiled) by tdg_ddp_train: the same losses bit for
+ * bit and the same parameters (with buffers, and the float buffers) bit for bit, a difference
+ * named "<what> <i>"; it trained. What the replays did into r. */
+void tdg_ddp_expect_equal_runs(tgu_train *eager, tgu_train *replayed, clpar_step_fn fn,
+                               const tdg_ddp_run *run, int buffers, const char *what,
+                               tdg_replays *r);
+
 /* A forward of ddp (freed here) on a zero [rows, in] input under capture: refused with
  * CLPAR_ERROR_INVALID_ARGUMENT, the message naming DistributedDataParallel's forward and want. */
 void tdg_expect_forward_refused(clpar_module *ddp, int64_t rows, int64_t in, const char *want);
@@ -59,6 +71,12 @@ typedef struct {
   int stage;
   int zero_grad_late; /* the step calls zero_grad between backward and the optimizer's step */
 } tdg_zero_train;
+
+/* A ZeRO test case's stage and optimizer (its cmocka prestate). */
+typedef struct {
+  int stage;
+  tdg_opt opt;
+} tdg_zero_case;
 
 /* A ZeRO test's model: made under DDP with a stage, its inputs' shape, its steps. */
 typedef struct {

@@ -55,14 +55,10 @@ static const tdg_zero_model MODEL = {.make_ddp = make_plain,
                                      .lr_change = LR_CHANGE,
                                      .numel = NUMEL};
 
-static void test_sgd_momentum(void **state) {
-  (void)state;
-  tdg_zero_check_replay_equals_eager(&MODEL, 3, TDG_SGD);
-}
-
-static void test_adam(void **state) {
-  (void)state;
-  tdg_zero_check_replay_equals_eager(&MODEL, 3, TDG_ADAM);
+/* The case's optimizer: replayed steps equal eager ones (tdg_zero_check_...). */
+static void test_replay_equals_eager(void **state) {
+  const tdg_zero_case *c = *state;
+  tdg_zero_check_replay_equals_eager(&MODEL, c->stage, c->opt);
 }
 
 /* An eager step right after replays were posted (nothing waited for) equals an eager step
@@ -220,8 +216,8 @@ static int timeout_scenario(void) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "timeout")) return timeout_scenario();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sgd_momentum),
-      cmocka_unit_test(test_adam),
+      TGU_CASE(test_sgd_momentum, test_replay_equals_eager, tdg_zero_case, 3, TDG_SGD),
+      TGU_CASE(test_adam, test_replay_equals_eager, tdg_zero_case, 3, TDG_ADAM),
       cmocka_unit_test(test_eager_after_replays_then_stale),
       cmocka_unit_test(test_gpt_root_unit_dropout),
       cmocka_unit_test(test_buffers_refused),

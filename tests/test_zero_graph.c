@@ -40,24 +40,10 @@ static const tdg_zero_model MODEL = {.make_ddp = make_ddp,
                                      .lr_change = LR_CHANGE,
                                      .numel = NUMEL};
 
-static void test_stage1_sgd_momentum(void **state) {
-  (void)state;
-  tdg_zero_check_replay_equals_eager(&MODEL, 1, TDG_SGD);
-}
-
-static void test_stage1_adam(void **state) {
-  (void)state;
-  tdg_zero_check_replay_equals_eager(&MODEL, 1, TDG_ADAM);
-}
-
-static void test_stage2_sgd_momentum(void **state) {
-  (void)state;
-  tdg_zero_check_replay_equals_eager(&MODEL, 2, TDG_SGD);
-}
-
-static void test_stage2_adam(void **state) {
-  (void)state;
-  tdg_zero_check_replay_equals_eager(&MODEL, 2, TDG_ADAM);
+/* The case's stage and optimizer: replayed steps equal eager ones (tdg_zero_check_...). */
+static void test_replay_equals_eager(void **state) {
+  const tdg_zero_case *c = *state;
+  tdg_zero_check_replay_equals_eager(&MODEL, c->stage, c->opt);
 }
 
 /* An eager step right after replays were posted (nothing waited for) equals an eager step
@@ -79,15 +65,7 @@ static void expect_capture_refused(tdg_zero_train *t, int late, const char *want
   tu_ok(tdg_zero_step(t));
   t->zero_grad_late = late;
   tu_ok(clpar_graph_capture_begin(&dev, 1));
-  clpar_status s = tdg_zero_step(t);
-  clpar_graph *g = NULL;
-  clpar_status e = clpar_graph_capture_end(&g);
-  assert_int_equal(s, CLPAR_ERROR_INVALID_ARGUMENT);
-  assert_int_equal(e, CLPAR_ERROR_INVALID_ARGUMENT);
-  assert_null(g);
-  const char *msg = clpar_last_error();
-  if (!strstr(msg, want) || !strstr(msg, want2))
-    fail_msg("expected \"%s\" and \"%s\" in \"%s\"", want, want2, msg);
+  tdg_expect_refused(tdg_zero_step(t), want, want2);
 }
 
 /* zero_grad after the captured backward would forget the averaged shard on the host: the
@@ -114,10 +92,10 @@ static int timeout_scenario(int stage) {
 int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "timeout")) return timeout_scenario(atoi(argv[2]));
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_stage1_sgd_momentum),
-      cmocka_unit_test(test_stage1_adam),
-      cmocka_unit_test(test_stage2_sgd_momentum),
-      cmocka_unit_test(test_stage2_adam),
+      TGU_CASE(test_stage1_sgd_momentum, test_replay_equals_eager, tdg_zero_case, 1, TDG_SGD),
+      TGU_CASE(test_stage1_adam, test_replay_equals_eager, tdg_zero_case, 1, TDG_ADAM),
+      TGU_CASE(test_stage2_sgd_momentum, test_replay_equals_eager, tdg_zero_case, 2, TDG_SGD),
+      TGU_CASE(test_stage2_adam, test_replay_equals_eager, tdg_zero_case, 2, TDG_ADAM),
       cmocka_unit_test(test_eager_after_replays_then_stale),
       cmocka_unit_test(test_zero_grad_after_backward_refused),
   };
