@@ -229,6 +229,11 @@ void tdg_zero_check_replay_equals_eager(const tdg_zero_model *md, int stage, tdg
   tdg_zero_free(&replayed);
 }
 
+void tdg_zero_test_replay_equals_eager(void **state) {
+  const tdg_zero_case *c = *state;
+  tdg_zero_check_replay_equals_eager(c->md, c->stage, c->opt);
+}
+
 void tdg_zero_eager_after_replays_then_stale(const tdg_zero_model *md, int stage,
                                              const char *stale_want, float *le, float *lm) {
   tdg_zero_train eager, mixed;

@@ -72,12 +72,6 @@ typedef struct {
   int zero_grad_late; /* the step calls zero_grad between backward and the optimizer's step */
 } tdg_zero_train;
 
-/* A ZeRO test case's stage and optimizer (its cmocka prestate). */
-typedef struct {
-  int stage;
-  tdg_opt opt;
-} tdg_zero_case;
-
 /* A ZeRO test's model: made under DDP with a stage, its inputs' shape, its steps. */
 typedef struct {
   clpar_module *(*make_ddp)(int stage);
@@ -98,6 +92,16 @@ clpar_status tdg_zero_step(void *ctx);
 
 /* The module's parameters (stage 3: gathered, then released again), *n floats, malloc'ed. */
 float *tdg_zero_params(tdg_zero_train *t, size_t *n);
+
+/* A ZeRO test case (its cmocka prestate): the model, its stage, the optimizer. */
+typedef struct {
+  const tdg_zero_model *md;
+  int stage;
+  tdg_opt opt;
+} tdg_zero_case;
+
+/* A cmocka test: tdg_zero_check_replay_equals_eager of the tdg_zero_case in *state. */
+void tdg_zero_test_replay_equals_eager(void **state);
 
 /* md's steps compiled (an eager warm-up, the capture, replays, the inner optimizer's learning
  * rate times 0.3 at lr_change) against the same steps eagerly on a second copy: losses and

@@ -55,12 +55,6 @@ static const tdg_zero_model MODEL = {.make_ddp = make_plain,
                                      .lr_change = LR_CHANGE,
                                      .numel = NUMEL};
 
-/* The case's optimizer: replayed steps equal eager ones (tdg_zero_check_...). */
-static void test_replay_equals_eager(void **state) {
-  const tdg_zero_case *c = *state;
-  tdg_zero_check_replay_equals_eager(&MODEL, c->stage, c->opt);
-}
-
 /* An eager step right after replays were posted (nothing waited for) equals an eager step
  * there, the parameters gathered after it too, and freeing the ZeRO optimizer makes the graph
  * stale. */
@@ -213,11 +207,15 @@ static int timeout_scenario(void) {
   return tdg_timeout_run(tdg_zero_step, &t, &t.loss, 1); /* rank 1 stops */
 }
 
+/* a case of tdg_zero_test_replay_equals_eager on MODEL */
+#define ZERO_CASE(name, ...) \
+  TGU_CASE(name, tdg_zero_test_replay_equals_eager, tdg_zero_case, &MODEL, __VA_ARGS__)
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "timeout")) return timeout_scenario();
   const struct CMUnitTest tests[] = {
-      TGU_CASE(test_sgd_momentum, test_replay_equals_eager, tdg_zero_case, 3, TDG_SGD),
-      TGU_CASE(test_adam, test_replay_equals_eager, tdg_zero_case, 3, TDG_ADAM),
+      ZERO_CASE(test_sgd_momentum, 3, TDG_SGD),
+      ZERO_CASE(test_adam, 3, TDG_ADAM),
       cmocka_unit_test(test_eager_after_replays_then_stale),
       cmocka_unit_test(test_gpt_root_unit_dropout),
       cmocka_unit_test(test_buffers_refused),

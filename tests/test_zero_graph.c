@@ -40,12 +40,6 @@ static const tdg_zero_model MODEL = {.make_ddp = make_ddp,
                                      .lr_change = LR_CHANGE,
                                      .numel = NUMEL};
 
-/* The case's stage and optimizer: replayed steps equal eager ones (tdg_zero_check_...). */
-static void test_replay_equals_eager(void **state) {
-  const tdg_zero_case *c = *state;
-  tdg_zero_check_replay_equals_eager(&MODEL, c->stage, c->opt);
-}
-
 /* An eager step right after replays were posted (nothing waited for) equals an eager step
  * there, and freeing the ZeRO optimizer makes the graph stale (its records go with it). */
 static void test_eager_after_replays_then_stale(void **state) {
@@ -89,13 +83,17 @@ static int timeout_scenario(int stage) {
   return tdg_timeout_run(tdg_zero_step, &t, &t.loss, 1); /* rank 1 stops */
 }
 
+/* a case of tdg_zero_test_replay_equals_eager on MODEL */
+#define ZERO_CASE(name, ...) \
+  TGU_CASE(name, tdg_zero_test_replay_equals_eager, tdg_zero_case, &MODEL, __VA_ARGS__)
+
 int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "timeout")) return timeout_scenario(atoi(argv[2]));
   const struct CMUnitTest tests[] = {
-      TGU_CASE(test_stage1_sgd_momentum, test_replay_equals_eager, tdg_zero_case, 1, TDG_SGD),
-      TGU_CASE(test_stage1_adam, test_replay_equals_eager, tdg_zero_case, 1, TDG_ADAM),
-      TGU_CASE(test_stage2_sgd_momentum, test_replay_equals_eager, tdg_zero_case, 2, TDG_SGD),
-      TGU_CASE(test_stage2_adam, test_replay_equals_eager, tdg_zero_case, 2, TDG_ADAM),
+      ZERO_CASE(test_stage1_sgd_momentum, 1, TDG_SGD),
+      ZERO_CASE(test_stage1_adam, 1, TDG_ADAM),
+      ZERO_CASE(test_stage2_sgd_momentum, 2, TDG_SGD),
+      ZERO_CASE(test_stage2_adam, 2, TDG_ADAM),
       cmocka_unit_test(test_eager_after_replays_then_stale),
       cmocka_unit_test(test_zero_grad_after_backward_refused),
   };
