@@ -41,7 +41,7 @@ grep -q "rank $stopper: 4 steps done" "$out" ||
 r=0
 while [ $r -lt "$np" ]; do
   if [ $r -ne "$stopper" ]; then
-    grep -Eq "^RESULT rank $r: CLPAR_ERROR_TIMEOUT: .*$pattern.*: rank $stopper[;.]" "$out" ||
+    grep -Eq "^RESULT rank $r: CLPAR_ERROR_TIMEOUT: .*$pattern.*: rank ${stopper}[;.]" "$out" ||
       fail "rank $r did not time out naming $what and rank $stopper"
   fi
   r=$((r + 1))
