@@ -7,17 +7,17 @@
  * rate changed midway; also with gradient accumulation, whose second micro-step broadcasts
  * nothing), with no host wait on the calling thread; an evaluation forward right after
  * replays (its broadcast on the calling thread) waits for theirs. With the argument "timeout"
- * (run by tests/ddp_graph_bn_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 0 stops replaying, and
+ * (run by tests/graph_timeout.sh, CLPAR_DIST_TIMEOUT=3): rank 0 stops replaying, and
  * rank 1's replay must end in CLPAR_ERROR_TIMEOUT naming the buffers' broadcast and rank 0. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "test_graph_util.h"
+#include "test_ddp_graph_util.h"
 
 enum { STEPS = 20, LR_CHANGE = 10, B = 6, C = 3, HW = 5, OUT = 4, FEAT = 4 };
+
+/* each rank's inputs spread apart, so its batch statistics differ */
+static const tdg_ddp_run RUN = {.steps = STEPS, .lr_change = LR_CHANGE, .spread = 1};
 
 /* conv 3x3, BatchNorm2d, ReLU, a ResNet BasicBlock (two more BatchNorm2d), flatten, linear;
  * under DDP in several buckets. */
@@ -46,78 +46,6 @@ static void make_train(tgu_train *t) {
   tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){B, OUT}, &t->y));
 }
 
-static clpar_status step(void *ctx) {
-  tgu_train *t = ctx;
-  clpar_scope *scope = tgu_step_begin(t);
-  clpar_status s = tgu_forward_backward(t, tgu_mse);
-  if (s == CLPAR_OK) s = clpar_optimizer_step(t->opt);
-  tgu_step_end(t, scope);
-  return s;
-}
-
-/* Two forward-backwards, the first without sync: the second forward keeps each rank's
- * buffers (the previous forward did not synchronize), as PyTorch's. */
-static clpar_status accumulating_step(void *ctx) {
-  tgu_train *t = ctx;
-  clpar_scope *scope = tgu_step_begin(t);
-  clpar_tensor *out = NULL, *first = NULL;
-  clpar_status s = clpar_optimizer_zero_grad(t->opt);
-  for (int k = 0; s == CLPAR_OK && k < 2; k++) {
-    clpar_tensor **loss = k ? &t->loss : &first;
-    s = clpar_ddp_set_sync(t->m, k == 1);
-    if (s == CLPAR_OK) s = clpar_module_forward(t->m, t->x, &out);
-    if (s == CLPAR_OK) s = clpar_mse_loss(out, t->y, CLPAR_REDUCTION_MEAN, loss);
-    if (s == CLPAR_OK) s = clpar_backward(*loss);
-  }
-  if (s == CLPAR_OK) s = clpar_optimizer_step(t->opt);
-  tgu_step_end(t, scope);
-  return s;
-}
-
-/* Step i's inputs on this rank: each rank its own, so its batch statistics differ. */
-static void write_inputs(tgu_train *t, int i) {
-  uint64_t seed = 1000 * (uint64_t)(clpar_dist_rank() + 1) + (uint64_t)i;
-  float *x = tu_rand(B * C * HW * HW, seed), *y = tu_rand(B * OUT, seed + 500);
-  for (int k = 0; k < B * C * HW * HW; k++) x[k] = x[k] * (float)(clpar_dist_rank() + 1) + 0.5f;
-  tu_ok(clpar_tensor_write(t->x, x, B * C * HW * HW));
-  tu_ok(clpar_tensor_write(t->y, y, B * OUT));
-  free(x);
-  free(y);
-}
-
-/* STEPS steps, eagerly or compiled; the losses into losses. Compiled: the replays make no host
- * wait on the calling thread (the loss reads apart) and each all-reduces its buckets. */
-static void train(tgu_train *t, clpar_step_fn fn, int compiled, float *losses) {
-  clpar_device *dev = clpar_dist_device();
-  clpar_step *st = NULL;
-  if (compiled) tu_ok(clpar_step_compile(fn, t, &dev, 1, &st));
-  clpar_ddp_stats before = {0}, after = {0};
-  uint64_t waits = 0;
-  for (int i = 0; i < STEPS; i++) {
-    if (i == LR_CHANGE)
-      tu_ok(clpar_optimizer_set_lr(t->opt, 0, 0.3f * clpar_optimizer_lr(t->opt, 0)));
-    write_inputs(t, i);
-    if (!compiled) {
-      tu_ok(fn(t));
-    } else {
-      if (i == 2) tu_ok(clpar_ddp_stats_get(t->m, &before));
-      uint64_t w0 = clpar_device_host_waits(dev);
-      tu_ok(clpar_step_run(st));
-      if (i >= 2) waits += clpar_device_host_waits(dev) - w0;
-    }
-    tu_ok(clpar_tensor_read(t->loss, &losses[i], 1));
-  }
-  if (compiled) {
-    tu_ok(clpar_ddp_synchronize(t->m));
-    tu_ok(clpar_ddp_stats_get(t->m, &after));
-    assert_non_null(clpar_step_graph(st));
-    assert_true(after.buckets >= 3);
-    assert_int_equal(waits, 0);
-    assert_int_equal(after.reductions - before.reductions, STEPS - 2);
-    clpar_step_free(st);
-  }
-}
-
 /* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n). */
 static void counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
   *n = 0;
@@ -128,24 +56,6 @@ static void counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
     assert_true(*n < cap);
     tu_ok(clpar_tensor_read_raw(t, &out[(*n)++], sizeof *out));
   }
-}
-
-/* v[0 .. n) the same on every rank: each element is its maximum and its minimum over them. */
-static void expect_same_on_every_rank(const float *v, size_t n) {
-  float *hi = malloc(n * sizeof *hi), *lo = malloc(n * sizeof *lo);
-  assert_true(hi && lo);
-  for (size_t i = 0; i < n; i++) {
-    hi[i] = v[i];
-    lo[i] = -v[i];
-  }
-  tu_ok(clpar_dist_all_reduce_max(hi, (int64_t)n));
-  tu_ok(clpar_dist_all_reduce_max(lo, (int64_t)n));
-  for (size_t i = 0; i < n; i++)
-    if (hi[i] != v[i] || -lo[i] != v[i])
-      fail_msg("element %zu differs over the ranks: %.9g here, from %.9g to %.9g", i, (double)v[i],
-               (double)-lo[i], (double)hi[i]);
-  free(hi);
-  free(lo);
 }
 
 /* After the steps: an evaluation forward (broadcasting rank 0's buffers, changing none) on
@@ -164,27 +74,33 @@ static void check_after_eval_forward(tgu_train *eager, tgu_train *replayed) {
   float *pe = tgu_floats_of(eager->m, 1, &ne), *pr = tgu_floats_of(replayed->m, 1, &nr);
   assert_int_equal(ne, nr);
   tgu_expect_bits("parameter or buffer element after an evaluation forward", pe, pr, ne);
-  expect_same_on_every_rank(pr, nr);
+  tdg_expect_same_on_every_rank("element", pr, nr);
   free(pe);
   free(pr);
 }
 
-static void check_replay_equals_eager(clpar_step_fn fn, int forwards_per_step) {
+/* A case's step and its forwards per step. */
+typedef struct {
+  clpar_step_fn fn;
+  int forwards;
+} bn_case;
+
+/* STEPS steps eagerly and compiled: the same losses, parameters and running statistics bit
+ * for bit, no host wait in the replays, each all-reduced its buckets, every rank the same
+ * parameters, each BatchNorm counted every forward; then an evaluation forward. */
+static void test_replay_equals_eager(void **state) {
+  const bn_case *c = *state;
   tgu_train eager, replayed;
-  float le[STEPS], lr[STEPS];
+  tdg_replays r;
   make_train(&eager);
-  train(&eager, fn, 0, le);
   make_train(&replayed);
-  train(&replayed, fn, 1, lr);
-  tgu_expect_bits("loss at step", le, lr, STEPS);
-  size_t ne, nr;
-  float *pe = tgu_floats_of(eager.m, 1, &ne), *pr = tgu_floats_of(replayed.m, 1, &nr);
-  assert_int_equal(ne, nr);
-  tgu_expect_bits("parameter or running-statistic element", pe, pr, ne);
-  assert_true(le[STEPS - 1] != le[0]); /* it trained */
+  tdg_ddp_expect_equal_runs(&eager, &replayed, c->fn, &RUN, 1,
+                            "parameter or running-statistic element", &r);
+  assert_int_equal(r.waits, 0);              /* no host wait in the replays */
+  assert_int_equal(r.reductions, STEPS - 2); /* each replay all-reduced its buckets */
   size_t np;
   float *params = tgu_floats_of(replayed.m, 0, &np);
-  expect_same_on_every_rank(params, np);
+  tdg_expect_same_on_every_rank("element", params, np);
   int64_t ce[8], cr[8];
   int nce, ncr;
   counters_of(eager.m, ce, 8, &nce);
@@ -192,25 +108,13 @@ static void check_replay_equals_eager(clpar_step_fn fn, int forwards_per_step) {
   assert_int_equal(nce, 3);
   assert_int_equal(ncr, 3);
   for (int k = 0; k < 3; k++) {
-    assert_int_equal(ce[k], STEPS * forwards_per_step);
+    assert_int_equal(ce[k], STEPS * c->forwards);
     assert_int_equal(cr[k], ce[k]);
   }
   check_after_eval_forward(&eager, &replayed);
   free(params);
-  free(pe);
-  free(pr);
   tgu_train_free(&eager);
   tgu_train_free(&replayed);
-}
-
-static void test_replay_equals_eager(void **state) {
-  (void)state;
-  check_replay_equals_eager(step, 1);
-}
-
-static void test_accumulation_replay_equals_eager(void **state) {
-  (void)state;
-  check_replay_equals_eager(accumulating_step, 2);
 }
 
 /* An evaluation forward without gradients (which broadcasts the buffers on the calling
@@ -223,11 +127,11 @@ static void test_eval_forward_right_after_replays(void **state) {
   clpar_device *dev = clpar_dist_device();
   make_train(&eager);
   make_train(&replayed);
-  write_inputs(&eager, 0);
-  write_inputs(&replayed, 0);
-  for (int i = 0; i < STEPS; i++) tu_ok(step(&eager));
+  tdg_write_inputs(eager.x, eager.y, 0, 1);
+  tdg_write_inputs(replayed.x, replayed.y, 0, 1);
+  for (int i = 0; i < STEPS; i++) tu_ok(tdg_step(&eager));
   clpar_step *st;
-  tu_ok(clpar_step_compile(step, &replayed, &dev, 1, &st));
+  tu_ok(clpar_step_compile(tdg_step, &replayed, &dev, 1, &st));
   for (int i = 0; i < STEPS; i++) tu_ok(clpar_step_run(st)); /* warm-up, capture, replays */
   tgu_train *both[2] = {&replayed, &eager}; /* the replayed first: the eager's would wait */
   float *out[2];
@@ -247,7 +151,7 @@ static void test_eval_forward_right_after_replays(void **state) {
   float *pe = tgu_floats_of(eager.m, 1, &n[0]), *pr = tgu_floats_of(replayed.m, 1, &n[1]);
   assert_int_equal(n[0], n[1]);
   tgu_expect_bits("parameter or buffer element", pe, pr, n[0]);
-  expect_same_on_every_rank(pr, n[1]);
+  tdg_expect_same_on_every_rank("element", pr, n[1]);
   free(pe);
   free(pr);
   free(out[0]);
@@ -259,42 +163,19 @@ static void test_eval_forward_right_after_replays(void **state) {
 
 /* ---- the timeout scenario ---- */
 
-static void timeout_die(const char *what) {
-  fprintf(stderr, "FAIL rank %d: %s: %s\n", clpar_dist_rank(), what, clpar_last_error());
-  _exit(2);
-}
-
 static int timeout_scenario(void) {
-  if (clpar_dist_init() != CLPAR_OK) timeout_die("clpar_dist_init");
+  tdg_timeout_init();
   tgu_train t;
   make_train(&t);
-  clpar_device *dev = clpar_dist_device();
-  clpar_step *st;
-  if (clpar_step_compile(step, &t, &dev, 1, &st) != CLPAR_OK) timeout_die("compile");
-  float loss;
-  for (int i = 0; i < 4; i++) /* warm-up, capture, two replays on every rank */
-    if (clpar_step_run(st) != CLPAR_OK || clpar_tensor_read(t.loss, &loss, 1) != CLPAR_OK)
-      timeout_die("a step every rank runs");
-  fprintf(stderr, "rank %d: 4 steps done\n", clpar_dist_rank());
-  if (clpar_dist_rank() == 0) { /* the broadcast's root stops replaying */
-    for (int i = 0; i < 600; i++) nanosleep(&(struct timespec){0, 100000000}, NULL);
-    fprintf(stderr, "FAIL rank 0: nobody ended the job\n");
-    _exit(5);
-  }
-  clpar_status s = clpar_step_run(st);
-  if (s == CLPAR_OK) s = clpar_tensor_read(t.loss, &loss, 1);
-  printf("RESULT rank %d: %s: %s\n", clpar_dist_rank(), clpar_status_name(s),
-         s ? clpar_last_error() : "");
-  fflush(stdout);
-  clpar_dist_abort(3);
-  return 4; /* only if MPI could not abort */
+  return tdg_timeout_run(tdg_step, &t, &t.loss, 0); /* the broadcast's root stops */
 }
 
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "timeout")) return timeout_scenario();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_replay_equals_eager),
-      cmocka_unit_test(test_accumulation_replay_equals_eager),
+      TGU_CASE(test_replay_equals_eager, test_replay_equals_eager, bn_case, tdg_step, 1),
+      TGU_CASE(test_accumulation_replay_equals_eager, test_replay_equals_eager, bn_case,
+               tdg_accumulating_step, 2),
       cmocka_unit_test(test_eval_forward_right_after_replays),
   };
   return cmocka_run_group_tests_name("ddp_graph_bn", tests, tu_dist_setup, tu_dist_teardown);

@@ -24,34 +24,11 @@
 
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 #define MIB ((int64_t)1 << 20)
 #define SMALL (16 * MIB) /* bytes of the tensors that fill a device */
 #define LARGE (40 * MIB) /* bytes of the ones that need the cache emptied (not within 25%) */
 #define MAX_TENSORS 512
 #define DRIVER_HEADROOM ((rlim_t)768 << 20)
-
-/* The process's mapped bytes now (VmSize), or 0 when /proc cannot tell. */
-static rlim_t mapped_bytes(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
-  fclose(f);
-  return (rlim_t)kb << 10;
-}
 
 /* CLPAR_DEVICE_MEMORY_LIMIT in bytes as the test's ctest entry sets it ("256M"), 0 if unset. */
 static uint64_t clpar_cap(void) {
@@ -63,16 +40,11 @@ static uint64_t clpar_cap(void) {
   return (uint64_t)n << 20;
 }
 
-/* Caps the address space at what is mapped now plus headroom; returns the old limit. */
+/* Caps the address space at what is mapped now plus headroom (a lower limit already set is
+ * kept); returns the old limit. */
 static struct rlimit cap_address_space(rlim_t headroom) {
   struct rlimit old;
-  assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
-  rlim_t now = mapped_bytes();
-  assert_true(now > 0);
-  struct rlimit lim = old;
-  lim.rlim_cur = now + headroom;
-  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < lim.rlim_cur) lim.rlim_cur = old.rlim_cur;
-  assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+  tu_limit_address_space(headroom, &old);
   return old;
 }
 
@@ -126,7 +98,7 @@ static void check_out_of_memory(clpar_device *dev) {
   tu_ok(clpar_device_memory_stats(dev, &base));
 
   struct rlimit old;
-  int capped = !UNDER_ASAN;
+  int capped = !TU_UNDER_ASAN;
   if (capped)
     old = cap_address_space(cap ? 2 * (rlim_t)cap + ((rlim_t)512 << 20) : DRIVER_HEADROOM);
 

@@ -159,29 +159,6 @@ static void test_chunks(void **state) {
   clpar_ocl_conv_chunk_floats = (size_t)16 * 1024 * 1024;
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
-/* The process's mapped bytes now (VmSize), or 0 when /proc cannot tell. */
-static rlim_t mapped_bytes(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
-  fclose(f);
-  return (rlim_t)kb << 10;
-}
-
 /* A slot that the driver cannot grow for lack of memory while another slot holds a large
  * buffer: the workspace releases that one and grows. A CPU device's buffers are host memory,
  * which an address-space limit bounds; not under ASan, whose shadow memory takes the space. */
@@ -189,20 +166,15 @@ static void test_out_of_memory(void **state) {
   (void)state;
   const size_t big = (size_t)512 << 20;
   clpar_device *dev = tu_ocl_device();
-  if (!dev || UNDER_ASAN || !((clpar_ocl_device *)dev->bd.ctx)->cpu) skip();
+  if (!dev || TU_UNDER_ASAN || !((clpar_ocl_device *)dev->bd.ctx)->cpu) skip();
   clpar_ocl_device *d = dev->bd.ctx;
   tu_ok(clpar_device_synchronize(dev));
   clpar_ocl_workspace_release(d);
   void *cols = NULL, *out = NULL;
   tu_ok(clpar_ocl_ws_take(d, CLPAR_OCL_WS_COLS, big, &cols));
   clpar_ocl_ws_give(d, CLPAR_OCL_WS_COLS, cols);
-  struct rlimit old, lim;
-  assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
-  lim = old;
-  lim.rlim_cur = mapped_bytes() + big / 2; /* room for one of the two buffers, not both */
-  assert_true(lim.rlim_cur > big / 2);
-  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < lim.rlim_cur) skip();
-  assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+  struct rlimit old; /* room for one of the two buffers, not both */
+  if (!tu_limit_address_space(big / 2, &old)) skip();
   clpar_status s = clpar_ocl_ws_take(d, CLPAR_OCL_WS_OUT, big, &out);
   clpar_ocl_buffer_stats st;
   clpar_ocl_buffer_stats_get(d, &st);

@@ -395,3 +395,24 @@ void tu_conv_run_plain(clpar_device *dev, const tu_conv_case *c, int grads, tu_c
   tu_ok(clpar_device_synchronize(dev));
   dev->bd.iface = keep;
 }
+
+uint64_t tu_mapped_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
+  fclose(f);
+  return (uint64_t)kb << 10;
+}
+
+int tu_limit_address_space(uint64_t room, struct rlimit *old) {
+  assert_int_equal(getrlimit(RLIMIT_AS, old), 0);
+  struct rlimit lim = *old;
+  lim.rlim_cur = (rlim_t)(tu_mapped_bytes() + room);
+  assert_true(lim.rlim_cur > room); /* the mapped bytes were known */
+  if (old->rlim_cur != RLIM_INFINITY && old->rlim_cur < lim.rlim_cur) return 0;
+  assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+  return 1;
+}

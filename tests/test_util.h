@@ -10,6 +10,8 @@
 /* cmocka.h needs the three above first */
 #include <cmocka.h>
 
+#include <sys/resource.h>
+
 #include "clpar/clpar.h"
 
 /* cmocka group set-up/tear-down: clpar_init / clpar_shutdown (fails the group on error). */
@@ -137,5 +139,28 @@ void tu_conv_run(clpar_device *dev, const tu_conv_case *c, int grads, tu_conv_re
 /* The same with dev's whole-convolution entries removed for the call: the plain path. */
 void tu_conv_run_plain(clpar_device *dev, const tu_conv_case *c, int grads, tu_conv_result *out);
 void tu_conv_result_free(tu_conv_result *r);
+
+/* ---- an address-space limit, to make a driver run out of host memory ---- */
+
+/* TU_UNDER_ASAN: 1 under AddressSanitizer, whose shadow memory needs an unlimited address
+ * space (no test there may lower it). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TU_UNDER_ASAN
+#define TU_UNDER_ASAN 0
+#endif
+
+/* The process's mapped bytes now (VmSize), or 0 when /proc cannot tell. */
+uint64_t tu_mapped_bytes(void);
+
+/* Lowers the soft address-space limit (RLIMIT_AS) to what is mapped now (which must be known)
+ * plus room, the old limits into *old (for setrlimit to restore); 0, changing nothing, when the
+ * soft limit is already lower. */
+int tu_limit_address_space(uint64_t room, struct rlimit *old);
 
 #endif
