@@ -314,6 +314,7 @@ static void test_captured_step_bits(void **state) {
 
 /* ---- the variable ---- */
 
+#ifdef CLPAR_TEST_CUDA_BUILT
 /* 1 when every CUDA device has gemm_half, 0 when none has; the count into *n. */
 static int cuda_entries(int *n) {
   int yes = 0;
@@ -327,6 +328,7 @@ static int cuda_entries(int *n) {
   assert_true(yes == 0 || yes == *n);
   return yes > 0;
 }
+#endif
 
 static void test_env(void **state) {
   (void)state;
