@@ -29,7 +29,8 @@
  * - Offsets and counts are in float elements (4-byte words) unless the name says bytes. Int
  *   tensors (int32, int64) keep that unit: an int64 element is two words, its offsets even;
  *   the entries that move memory (fill with 0, copy, read, write) serve every dtype, and the
- *   compute entries see float32 only (pick, nll, nll_backward also read int32 indices).
+ *   compute entries see float32 only (pick, nll, nll_backward also read int32 indices;
+ *   half_convert and gemm_half read 16-bit floats, backend_half.h).
  * - The core validates shapes before calling: a backend may assume counts >= 1 and buffers
  *   large enough.
  * - Every wait for the device inside an entry is reported with clpar_backend_waited.
@@ -39,7 +40,8 @@
  *   the core then composes the op from primitive entries (fill, copy, binary, scale, unary,
  *   gemm, pick, softmax, nll_ignore; src/runtime/compose.c), so a new
  * backend can start with the primitives only; supports_op lets a backend refuse a fused op for some
- * of its devices (asked once per device at clpar_init). A device without profile cannot be
+ * of its devices (asked once per device at clpar_init). Without gemm_half (or refused), the
+ * core widens the 16-bit operands itself and calls gemm. A device without profile cannot be
  * profiled, and one without peer_access/copy_peer copies to its peers through host staging. */
 #ifndef CLPAR_BACKEND_H
 #define CLPAR_BACKEND_H
@@ -52,7 +54,7 @@
 #include "clpar/status.h"
 #include "clpar/version.h"
 
-#define CLPAR_BACKEND_ABI_VERSION 19
+#define CLPAR_BACKEND_ABI_VERSION 20
 
 #if defined(__GNUC__)
 #define CLPAR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -240,6 +242,7 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   X(sum_rows, QUEUE, 1)            \
   X(gemm, QUEUE, 1)                \
   X(gemm_batched, QUEUE, 1)        \
+  X(gemm_half, QUEUE, 0)           \
   X(broadcast_rows, QUEUE, 1)      \
   X(reduce_sum, QUEUE, 1)          \
   X(expand, QUEUE, 1)              \
@@ -650,15 +653,8 @@ typedef void (*clpar_event_fn)(void *user, clpar_status status);
   F(size_t, n) F(uint64_t, seed) F(uint64_t, offset) F(float, p) F(float, scale) \
   F(clpar_bref, out)
 
-/* ---- 16-bit floats (src/half.c) ----
- * n elements between float32 and a 16-bit type, i < n: to_half: out16[i] = round(x[i]) (to
- * nearest, ties to even; overflow to +-Inf; a NaN stays a quiet NaN of its sign); from half:
- * out[i] = x16[i] exactly. The 16-bit side's off counts words as ever: its element i is
- * 16-bit element 2 off + i of the buffer. bf16: bfloat16 (1), else IEEE float16 (0). The host
- * backend uses the core's scalar conversions (clpar/half.h); the others must match them bit
- * for bit (a NaN's payload aside). */
-#define CLPAR_BE_ARGS_half_convert(F) \
-  F(int, to_half) F(int, bf16) F(size_t, n) F(clpar_bref, x) F(clpar_bref, out)
+/* ---- 16-bit floats: half_convert, gemm_half (backend_half.h) ---- */
+#include "backend_half.h"
 
 /* ---- element-wise chains (clpar_ew_chain) ----
  * ew_chain_prepare builds the chain's kernel (once per distinct chain, kept in the program

@@ -51,11 +51,12 @@ clpar_status clpar_check_float_autocast(const char *fn, const char *name, const 
 /* ---- Linear under autocast ----
  *
  * One node over the 16-bit copies of the input and the weight (each made by clpar_to_dtype,
- * so their gradients go back to float32 through its node): forward widens them to float32
- * temporaries, runs the GEMM and the bias-and-activation epilogue in float32 and rounds the
- * result to the autocast dtype. The node keeps the 16-bit input, weight and (for an
- * activation) output: half the bytes of float32's. Backward widens them again, computes in
- * float32 and gives each input's gradient in its dtype. */
+ * so their gradients go back to float32 through its node): forward runs the GEMM on them
+ * through the device's gemm_half (float32 products and sums; src/autocast_gemm.c), or, on a
+ * device without it, widens them to float32 temporaries for gemm; then the bias-and-activation
+ * epilogue in float32, and the result rounded to the autocast dtype. The node keeps the 16-bit
+ * input, weight and (for an activation) output: half the bytes of float32's. Backward widens
+ * them again, computes in float32 and gives each input's gradient in its dtype. */
 
 /* A float32 copy of t (no node, outside any scope), or t itself (one more reference) when it
  * is float32; either way dropped with clpar_tensor_release. */
@@ -153,18 +154,21 @@ static clpar_status ac_linear_backward(clpar_node *n, clpar_tensor *g, clpar_ten
   return s;
 }
 
-/* y32 = x32 W32^T, then the bias and the activation, in float32. */
+/* y32 = x W^T (gemm_half, or x32 W32^T), then the bias and the activation, in float32. */
 static clpar_status ac_linear_compute(const clpar_tensor *xh, const clpar_tensor *wh,
                                       const clpar_tensor *b, clpar_act_kind act,
                                       clpar_tensor **y32) {
   clpar_device *dev = xh->storage->dev;
   int64_t rows = xh->shape[0], cols = wh->shape[0], in = xh->shape[1];
   clpar_tensor *x32 = NULL, *w32 = NULL, *b32 = NULL;
-  clpar_status s = widen(xh, &x32);
-  if (s == CLPAR_OK) s = widen(wh, &w32);
+  int done = 0;
+  clpar_status s = clpar_autocast_gemm_half(dev, 0, 1, rows, cols, in, xh, wh, y32, &done);
+  if (s == CLPAR_OK && !done) s = widen(xh, &x32);
+  if (s == CLPAR_OK && !done) s = widen(wh, &w32);
   if (s == CLPAR_OK && b) s = widen(b, &b32); /* a 16-bit bias (clpar_master_weights) */
-  if (s == CLPAR_OK) s = gemm_new(dev, 0, 1, rows, cols, in, x32, w32, y32);
+  if (s == CLPAR_OK && !done) s = gemm_new(dev, 0, 1, rows, cols, in, x32, w32, y32);
   clpar_tensor_release(x32), clpar_tensor_release(w32);
+  if (s != CLPAR_OK && done) clpar_tensor_release(*y32), *y32 = NULL;
   if (s != CLPAR_OK || (!b && act == CLPAR_ACT_NONE)) {
     clpar_tensor_release(b32);
     return s;
@@ -224,9 +228,10 @@ clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *we
   return s;
 }
 
-/* ---- matmul under autocast: the same scheme, the float32 work done by clpar_matmul itself
- * on float32 copies that need no gradient (so it records no node), with autocast suspended
- * on this thread while it runs ---- */
+/* ---- matmul under autocast: the same scheme; forward through gemm_half where the device has
+ * it, else (and backward) the float32 work done by clpar_matmul itself on float32 copies that
+ * need no gradient (so it records no node), with autocast suspended on this thread while it
+ * runs ---- */
 
 static int suspend(void) {
   int d = depth;
@@ -246,6 +251,19 @@ static clpar_status matmul32(const clpar_tensor *a, const clpar_tensor *b, int t
   clpar_set_grad_enabled(was);
   clpar_tensor_release(a32), clpar_tensor_release(b32);
   return s;
+}
+
+/* The forward's r = op(a) op(b) in float32, a and b of the autocast dtype: gemm_half for a
+ * valid pair on one device, else matmul32 (which also reports what is wrong with them). */
+static clpar_status ac_matmul_forward(const clpar_tensor *a, const clpar_tensor *b, int ta, int tb,
+                                      clpar_tensor **r) {
+  int done = 0;
+  clpar_status s = CLPAR_OK;
+  if (a->ndim == 2 && b->ndim == 2 && a->storage->dev == b->storage->dev &&
+      a->shape[ta ? 0 : 1] == b->shape[tb ? 1 : 0])
+    s = clpar_autocast_gemm_half(a->storage->dev, ta, tb, a->shape[ta ? 1 : 0],
+                                 b->shape[tb ? 0 : 1], a->shape[ta ? 0 : 1], a, b, r, &done);
+  return s != CLPAR_OK || done ? s : matmul32(a, b, ta, tb, r);
 }
 
 static clpar_status ac_matmul_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
@@ -276,7 +294,7 @@ clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b,
   if (s == CLPAR_OK) s = clpar_check_float_autocast("clpar_matmul", "b", b);
   if (s == CLPAR_OK) s = clpar_to_dtype(a, dt, &ah);
   if (s == CLPAR_OK) s = clpar_to_dtype(b, dt, &bh);
-  if (s == CLPAR_OK) s = matmul32(ah, bh, trans_a != 0, trans_b != 0, &r32);
+  if (s == CLPAR_OK) s = ac_matmul_forward(ah, bh, trans_a != 0, trans_b != 0, &r32);
   if (s == CLPAR_OK) s = clpar_convert_dtype(r32, dt, &rh);
   clpar_tensor_free(r32);
   clpar_node *node = NULL;

@@ -75,6 +75,12 @@ clpar_status clpar_autocast_conv2d(const clpar_tensor *x, const clpar_tensor *we
 clpar_status clpar_conv2d_grads(const clpar_tensor *x, const clpar_tensor *weight,
                                 const clpar_conv2d_options *options, const clpar_tensor *gy,
                                 const int want[3], clpar_tensor **gin);
+/* *c = op(a) op(b) in float32 (new, outside any scope, no node), op(a) [m, k], op(b) [k, n],
+ * through dev's gemm_half when a and b are 16-bit of one dtype and dev has it: then *done = 1.
+ * Otherwise *done = 0 and the caller widens them and calls gemm (src/autocast_gemm.c). */
+clpar_status clpar_autocast_gemm_half(clpar_device *dev, int ta, int tb, int64_t m, int64_t n,
+                                      int64_t k, const clpar_tensor *a, const clpar_tensor *b,
+                                      clpar_tensor **c, int *done);
 /* clpar_linear_act inside an autocast region, its arguments checked (src/autocast.c). */
 clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *weight,
                                    const clpar_tensor *bias, clpar_act_kind act,

@@ -142,15 +142,13 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 #define cuda_comm_allreduce NULL
 #endif
 
-/* Every optional entry is implemented on every CUDA device. */
-#define cuda_supports_op NULL
+/* supports_op (cuda_half_gemm.c) refuses gemm_half without CLPAR_CUDA_HALF_GEMM=1. */
 #define cuda_tune_gemm NULL
 /* Element-wise chains stay single commands. */
 #define cuda_ew_chain_prepare NULL
 #define cuda_ew_chain NULL
 
-/* Every entry of backend.h's list, cuda_<entry> (cuda_supports_op is NULL, and the comm_
- * entries without NCCL). */
+/* Every entry of backend.h's list, cuda_<entry> (the comm_ entries NULL without NCCL). */
 /* Whole convolutions through cuDNN (cuda_cudnn.c) when built with it and CLPAR_CUDA_CUDNN=1
  * (opt-in) finds cuDNN at run time; else im2col and GEMMs in the core. */
 #ifdef CLPAR_HAVE_CUDNN
@@ -209,12 +207,13 @@ static void make_plain(void) {
 }
 #endif
 
-/* What the probe read of CLPAR_CUDA_CUDNN, CLPAR_CUDA_TF32 and CLPAR_CUDA_LT, for every
- * device. */
+/* What the probe read of CLPAR_CUDA_CUDNN, CLPAR_CUDA_TF32, CLPAR_CUDA_LT and
+ * CLPAR_CUDA_HALF_GEMM, for every device. */
 typedef struct {
   const clpar_backend_iface *iface;
   int tf32;
-  int lt; /* CLPAR_CUDA_LT */
+  int lt;        /* CLPAR_CUDA_LT */
+  int half_gemm; /* CLPAR_CUDA_HALF_GEMM */
 } probe_opts;
 
 /* ---- probe ---- */
@@ -294,6 +293,7 @@ static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
   if (s != CLPAR_OK) return s;
   d->cudnn_tf32 = o->tf32;
   d->lt_use = o->lt;
+  d->half_gemm = o->half_gemm;
   clpar_backend_device *slot = clpar_backend_device_append(devs, count);
   if (!slot) {
     cuda_destroy(d);
@@ -308,16 +308,19 @@ static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
   return CLPAR_OK;
 }
 
-/* CLPAR_CUDA_LT (cuda_lt.c), CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether
- * or not a GPU is present so that a wrong value is reported everywhere; cuDNN is opened once a
- * device is found. */
+/* CLPAR_CUDA_LT (cuda_lt.c), CLPAR_CUDA_HALF_GEMM (cuda_half_gemm.c), CLPAR_CUDA_CUDNN and
+ * CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether or not a GPU is present so that a wrong value is
+ * reported everywhere; cuDNN is opened once a device is found. */
 static clpar_status probe_options(int have_devices, probe_opts *o) {
   o->iface = &cuda_iface;
   o->tf32 = 0;
   clpar_status s = clpar_cuda_lt_setting(&o->lt);
+  if (s == CLPAR_OK) s = clpar_cuda_half_gemm_setting(&o->half_gemm);
   if (s != CLPAR_OK) return s;
   if (o->lt && have_devices)
     clpar_log(CLPAR_LOG_INFO, "CUDA Linear layers: bias and ReLU in cuBLASLt's GEMM epilogue");
+  if (o->half_gemm && have_devices)
+    clpar_log(CLPAR_LOG_INFO, "CUDA autocast GEMMs: 16-bit operands through cublasGemmEx");
 #ifdef CLPAR_HAVE_CUDNN
   int use = 1, asked = 0;
   s = clpar_cudnn_settings(&use, &asked, &o->tf32);

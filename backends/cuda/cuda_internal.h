@@ -57,6 +57,10 @@ typedef struct cuda_dev {
    * the probe read it; lt, the handle, workspace and cached algorithms, made at first use. */
   int lt_use;
   void *lt;
+  /* gemm_half through cublasGemmEx (cuda_half_gemm.c): CLPAR_CUDA_HALF_GEMM as the probe read
+   * it, and the calls that ran (__atomic, for tests) */
+  int half_gemm;
+  uint64_t half_gemm_runs;
 } cuda_dev;
 
 /* ---- cuda_op.c ---- */
@@ -102,6 +106,15 @@ void clpar_cuda_lt_release(cuda_dev *d);
 clpar_status clpar_cuda_lt_trim(cuda_dev *d);
 /* The matmuls the device ran through cuBLASLt (for tests). */
 uint64_t clpar_cuda_lt_runs(const void *dev);
+
+/* ---- cuda_half_gemm.c ---- */
+
+/* CLPAR_CUDA_HALF_GEMM: unset or "0" (gemm_half refused: the core widens the operands), "1"
+ * (cublasGemmEx on the 16-bit operands); anything else is CLPAR_ERROR_INVALID_ARGUMENT naming
+ * the variable. */
+clpar_status clpar_cuda_half_gemm_setting(int *use);
+/* The gemm_half calls the device ran (for tests). */
+uint64_t clpar_cuda_half_gemm_runs(const void *dev);
 
 /* A buffer reference as a pointer to its first float. */
 static inline float *at(clpar_bref r) {
@@ -187,6 +200,9 @@ CLPAR_CUDA_ENTRY_DECL_(layernorm_backward)
 CLPAR_CUDA_ENTRY_DECL_(dropout_mask)
 /* cuda_half.c */
 CLPAR_CUDA_ENTRY_DECL_(half_convert)
+/* cuda_half_gemm.c */
+CLPAR_CUDA_ENTRY_DECL_(gemm_half)
+CLPAR_CUDA_ENTRY_DECL_(supports_op)
 #define cuda_profile clpar_cuda_entry_profile
 #define cuda_workspace_bytes clpar_cuda_entry_workspace_bytes
 #define cuda_workspace_trim clpar_cuda_entry_workspace_trim
@@ -250,5 +266,7 @@ CLPAR_CUDA_ENTRY_DECL_(half_convert)
 #define cuda_layernorm_backward clpar_cuda_entry_layernorm_backward
 #define cuda_dropout_mask clpar_cuda_entry_dropout_mask
 #define cuda_half_convert clpar_cuda_entry_half_convert
+#define cuda_gemm_half clpar_cuda_entry_gemm_half
+#define cuda_supports_op clpar_cuda_entry_supports_op
 
 #endif

@@ -330,6 +330,14 @@ static clpar_status host_gemm(void *dev, int ta, int tb, size_t m, size_t n, siz
   return CLPAR_OK;
 }
 
+/* 16-bit operands widened by the core's conversions, then host_gemm (host_half.c). */
+static clpar_status host_gemm_half(void *dev, int bf16, int ta, int tb, size_t m, size_t n,
+                                   size_t k, float alpha, clpar_bref a, size_t lda, clpar_bref b,
+                                   size_t ldb, float beta, clpar_bref c, size_t ldc) {
+  return clpar_host_gemm_half(host_gemm, dev, bf16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                              ldc);
+}
+
 /* One BLAS call per matrix (each threaded by the BLAS itself). */
 static clpar_status host_gemm_batched(void *dev, int ta, int tb, size_t m, size_t n, size_t k,
                                       float alpha, clpar_bref a, size_t lda, size_t stride_a,

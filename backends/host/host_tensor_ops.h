@@ -23,6 +23,10 @@ CLPAR_HOST_TOPS_DECL_(layernorm_backward)
 CLPAR_HOST_TOPS_DECL_(dropout_mask)
 /* host_half.c */
 CLPAR_HOST_TOPS_DECL_(half_convert)
+/* gemm_half through the host's gemm entry; the calls that ran (for tests). */
+clpar_status clpar_host_gemm_half(clpar_be_gemm_fn gemm,
+                                  void *dev CLPAR_BE_ARGS_gemm_half(CLPAR_BE_PARAM_));
+uint64_t clpar_host_gemm_half_runs(void);
 /* host_optim.c */
 CLPAR_HOST_TOPS_DECL_(sgd_step)
 CLPAR_HOST_TOPS_DECL_(adam_step)

@@ -48,6 +48,10 @@ static clpar_status ocl_destroy(void *dev) {
 }
 
 #define ocl_supports_op NULL
+/* No 16-bit GEMM: the core widens autocast's operands and calls gemm (CLBlast's SGEMM).
+ * CLBlast's HGEMM (16-bit sums) is not gemm_half's float32 accumulation; a device with
+ * cl_khr_fp16 could run a mixed-precision kernel here. */
+#define ocl_gemm_half NULL
 /* No OpenCL all-reduce library exists: DistributedDataParallel reduces OpenCL devices'
  * gradients in host memory over MPI. */
 #define ocl_comm_id NULL

@@ -403,6 +403,17 @@ clpar_status clpar_compose_tune_gemm(clpar_device *dev, const clpar_gemm_shape *
   return refuse(dev, "tune_gemm");
 }
 
+/* Never posted while its bit is set: the core widens the 16-bit operands into float32 tensors
+ * and calls gemm itself (src/autocast_gemm.c), counting the call in composed_calls. */
+clpar_status clpar_compose_gemm_half(clpar_device *dev, int bf16, int trans_a, int trans_b,
+                                     size_t m, size_t n, size_t k, float alpha, clpar_bref a,
+                                     size_t lda, clpar_bref b, size_t ldb, float beta, clpar_bref c,
+                                     size_t ldc) {
+  (void)bf16, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a;
+  (void)lda, (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+  return refuse(dev, "gemm_half");
+}
+
 /* Never posted: capture fuses a chain only on a device whose backend has ew_chain. */
 clpar_status clpar_compose_ew_chain(clpar_device *dev, const clpar_ew_chain *chain) {
   (void)chain;
@@ -423,7 +434,7 @@ _Static_assert(CLPAR_ENTRY_softmax_backward < 64 && CLPAR_ENTRY_nll < 64 &&
                    CLPAR_ENTRY_adam_step < 64 && CLPAR_ENTRY_bias_act < 64 &&
                    CLPAR_ENTRY_bias_act_backward < 64 && CLPAR_ENTRY_xent < 64 &&
                    CLPAR_ENTRY_xent_backward < 64 && CLPAR_ENTRY_linear_act < 64 &&
-                   CLPAR_ENTRY_linear_act_backward < 64,
+                   CLPAR_ENTRY_linear_act_backward < 64 && CLPAR_ENTRY_gemm_half < 64,
                "the composable entries are in word 0 of the masks");
 static uint64_t composable_mask(void) {
   return (uint64_t)1 << CLPAR_ENTRY_softmax_backward | (uint64_t)1 << CLPAR_ENTRY_nll |
@@ -434,15 +445,22 @@ static uint64_t composable_mask(void) {
          (uint64_t)1 << CLPAR_ENTRY_linear_act_backward;
 }
 
-static int composable(int entry) {
-  return entry < 64 && ((composable_mask() >> entry) & 1);
+/* The composable entries and gemm_half, which the core routes around where its bit is set
+ * (src/autocast_gemm.c) instead of composing it here: the bits a device keeps and a test may
+ * force. */
+static uint64_t forceable_mask(void) {
+  return composable_mask() | (uint64_t)1 << CLPAR_ENTRY_gemm_half;
+}
+
+static int forceable(int entry) {
+  return entry < 64 && ((forceable_mask() >> entry) & 1);
 }
 
 void clpar_compose_init(clpar_device *dev) {
   const clpar_backend_iface *f = dev->bd.iface;
   uint64_t natural = 0; /* the composable entries are all below 64 */
 #define NATURAL_(name, kind, required)                                                  \
-  if (composable(CLPAR_ENTRY_##name)) {                                                 \
+  if (forceable(CLPAR_ENTRY_##name)) {                                                  \
     int yes = f->name != NULL;                                                          \
     if (yes && f->supports_op && clpar_dev_supports_op(dev, #name, &yes) != CLPAR_OK) { \
       clpar_log(CLPAR_LOG_WARN, "%s: composing " #name ": %s", dev->bd.info.id,         \
@@ -462,12 +480,13 @@ void clpar_compose_init(clpar_device *dev) {
 clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask) {
   if (!dev)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_compose_force: NULL device");
-  if (mask & ~composable_mask())
+  if (mask & ~forceable_mask())
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
                            "clpar_compose_force: mask 0x%llx names entries that cannot be "
                            "composed (softmax_backward, nll, nll_backward, xent, "
                            "xent_backward, sgd_step, adam_step, bias_act, "
-                           "bias_act_backward, linear_act and linear_act_backward can)",
+                           "bias_act_backward, linear_act, linear_act_backward and gemm_half "
+                           "can)",
                            (unsigned long long)mask);
   __atomic_store_n(&dev->composed[0], dev->natural[0] | mask, __ATOMIC_RELAXED);
   return CLPAR_OK;

@@ -75,7 +75,8 @@ struct clpar_device {
   uint64_t backend_waits; /* of host_waits, those inside a backend entry */
   uint64_t peer_copies;   /* transfers in or out by the backend's copy_peer */
   /* The fused entries the core composes from primitives (src/runtime/compose.c) instead of calling
-   * the backend: bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
+   * the backend, and gemm_half where the core widens its operands instead (src/autocast_gemm.c):
+   * bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
    * (supports_op); `composed`: that plus what a test forced (clpar_compose_force). One bit
    * per entry, entry e at bit e % 64 of word e / 64 (clpar_entry_set). */
   uint64_t natural[CLPAR_ENTRY_WORDS], composed[CLPAR_ENTRY_WORDS];
@@ -134,8 +135,9 @@ CLPAR_BACKEND_ENTRIES(CLPAR_COMPOSE_DECL_)
  * clpar_init, before the device's worker starts). */
 void clpar_compose_init(clpar_device *dev);
 /* For tests only (not in the public headers): composes the optional entries in mask (bits
- * 1 << CLPAR_ENTRY_<name>) on dev even where the backend has them; 0 restores the backend's
- * own. CLPAR_ERROR_INVALID_ARGUMENT for a bit of an entry that cannot be composed. */
+ * 1 << CLPAR_ENTRY_<name>) on dev even where the backend has them (gemm_half: the core widens
+ * its operands instead); 0 restores the backend's own. CLPAR_ERROR_INVALID_ARGUMENT for a bit
+ * of an entry that cannot be composed. */
 clpar_status clpar_compose_force(clpar_device *dev, uint64_t mask);
 
 /* ---- commands: what the worker runs (src/runtime/worker.c) and a graph holds (capture.c) ---- */

@@ -3,7 +3,8 @@
 # tools/gpu/bundle.sh in it: the ctest suite on each CUDA device and each NVIDIA OpenCL GPU
 # against the host (as scripts/test-gpu.sh, without building), the MPI tests with both ranks
 # on cuda:0 (NCCL's one-rank path, and its refusal of two ranks on one GPU), the Linear tests
-# on cuda:0 with CLPAR_CUDA_LT=1 (cuBLASLt's epilogue), then the GPU benchmarks. Logs go to
+# on cuda:0 with CLPAR_CUDA_LT=1 (cuBLASLt's epilogue), the autocast tests on cuda:0 with
+# CLPAR_CUDA_HALF_GEMM=1 (cublasGemmEx), then the GPU benchmarks. Logs go to
 # $OUT (or /tmp/gpu-logs); a summary to stdout.
 #
 #   tools/gpu/run.sh [BUNDLE.tar.xz]      # default .gpu/bundle.tar.xz
@@ -40,6 +41,10 @@ command -v mpiexec >/dev/null && echo "$gpus" | grep -q '^cuda:0$' && suite mpi 
 # layers, again with it on (test_cuda_lt turns it on itself and ran above)
 echo "$gpus" | grep -q '^cuda:0$' && (export CLPAR_CUDA_LT=1; suite cuda0-lt host,cuda:0 200 \
   -R '^test_(cuda_lt|linear_fused|linear_backward|layers|module|graph|graph_gpt)$' -j4)
+# autocast's forward GEMMs on the 16-bit operands through cublasGemmEx (CLPAR_CUDA_HALF_GEMM=1):
+# the autocast, AMP and mixed-precision tests again with it on
+echo "$gpus" | grep -q '^cuda:0$' && (export CLPAR_CUDA_HALF_GEMM=1; suite cuda0-half \
+  host,cuda:0 200 -R '^test_(autocast_gemm|autocast|autocast_conv|amp|amp_parallel|half)$' -j4)
 cd "$R/build/bench"
 b() { echo "== $*"; timeout 60 env "$@" 2>&1 | grep '^{' | tail -2; }
 for g in $gpus; do
