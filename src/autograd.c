@@ -312,10 +312,21 @@ static clpar_status add_into(clpar_tensor *acc, int64_t offset, clpar_tensor *g)
                           1, slice);
 }
 
-/* Zeros like t, on t's device, outside any scope. */
+/* Zeros like t (its dtype), on t's device, outside any scope. */
 static clpar_status zeros_like(const clpar_tensor *t, clpar_tensor **out) {
-  clpar_status s = clpar_tensor_zeros(t->storage->dev, t->ndim, t->shape, out);
+  clpar_status s = clpar_tensor_zeros_dtype(t->storage->dev, t->dtype, t->ndim, t->shape, out);
   if (s == CLPAR_OK) clpar_tensor_unscope(*out);
+  return s;
+}
+
+/* add_into for a 16-bit acc: g (16-bit or float32) added to the slice of acc at offset (in
+ * words, as 16-bit views count it), summed in float32 and rounded back, as 16-bit gradients
+ * from several consumers are. */
+static clpar_status half_add_into(clpar_tensor *acc, int64_t offset, clpar_tensor *g) {
+  clpar_tensor *slice = NULL;
+  clpar_status s = clpar_tensor_view_at(acc, (size_t)offset, g->ndim, g->shape, &slice);
+  if (s == CLPAR_OK) s = clpar_half_add_into(slice, g);
+  clpar_tensor_free(slice);
   return s;
 }
 
@@ -351,7 +362,9 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
       s = zeros_like(t, acc);
       clpar_memory_category_set(was);
     }
-    if (s == CLPAR_OK) s = add_into(*acc, offset, g);
+    if (s == CLPAR_OK)
+      s = clpar_dtype_is_half((*acc)->dtype) ? half_add_into(*acc, offset, g)
+                                             : add_into(*acc, offset, g);
   } else if (n) {
     if (!n->grad) {
       n->grad = g;

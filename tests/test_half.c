@@ -389,12 +389,53 @@ static void test_cast_gradient(void **state) {
   }
 }
 
+/* The gradient through rows of a 16-bit tensor made inside the graph: two slices of
+ * half(x) [4, 7] (rows 2-3 and 0-1: each starts at an even element), each weighted; d/dx is each
+ * weight rounded to the half type in its rows (torch: x.to(bf16)[2:4].float() and so on). */
+static void test_rows_gradient(void **state) {
+  (void)state;
+  for (int d = -1; d < clpar_device_count(); d++) {
+    clpar_device *dev = d < 0 ? tu_host() : clpar_device_get(d);
+    for (int k = 0; k < 2; k++) {
+      clpar_dtype dt = k ? CLPAR_FLOAT16 : CLPAR_BFLOAT16;
+      clpar_scope *sc = clpar_scope_begin();
+      int64_t shape[] = {4, 7}, half_shape[] = {2, 7};
+      clpar_tensor *x = tu_make(dev, 2, shape, 3), *w[2];
+      w[0] = tu_make(dev, 2, half_shape, 4), w[1] = tu_make(dev, 2, half_shape, 5);
+      tu_ok(clpar_tensor_set_requires_grad(x, 1));
+      clpar_tensor *h, *loss = NULL;
+      tu_ok(clpar_to_dtype(x, dt, &h));
+      for (int j = 0; j < 2; j++) {
+        clpar_tensor *v, *f, *p, *part, *sum;
+        tu_ok(clpar_tensor_rows(h, j ? 0 : 2, 2, &v));
+        tu_ok(clpar_to_dtype(v, CLPAR_FLOAT32, &f));
+        tu_ok(clpar_mul(f, w[j], &p));
+        tu_ok(clpar_sum(p, &part));
+        if (loss) tu_ok(clpar_add(loss, part, &sum));
+        loss = loss ? sum : part;
+      }
+      tu_ok(clpar_backward(loss));
+      float *g = tu_read(clpar_tensor_grad(x)), *wv[2] = {tu_read(w[0]), tu_read(w[1])};
+      for (int i = 0; i < 28; i++) {
+        float wi = i < 14 ? wv[1][i] : wv[0][i - 14];
+        float want = k ? clpar_fp16_to_float(clpar_float_to_fp16(wi))
+                       : clpar_bf16_to_float(clpar_float_to_bf16(wi));
+        if (fbits(g[i]) != fbits(want))
+          fail_msg("%s %s: grad[%d] = %.9g, want %.9g", clpar_device_id(dev), clpar_dtype_name(dt),
+                   i, (double)g[i], (double)want);
+      }
+      free(g), free(wv[0]), free(wv[1]);
+      clpar_scope_end(sc);
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_scalar_bf16),          cmocka_unit_test(test_scalar_fp16),
       cmocka_unit_test(test_names_and_sizes),      cmocka_unit_test(test_device_conversions),
       cmocka_unit_test(test_tensors_every_device), cmocka_unit_test(test_safetensors_half),
-      cmocka_unit_test(test_cast_gradient),
+      cmocka_unit_test(test_cast_gradient),        cmocka_unit_test(test_rows_gradient),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }
