@@ -264,27 +264,7 @@ static clpar_status train_step(void *ctx) {
  * clpar_step_run; the losses into losses, the parameters returned (*n floats). */
 static float *train(clpar_device *dev, int compiled, float *losses, size_t *n) {
   static const int64_t widths[4] = {13, 24, 17, 6};
-  tgu_train t = {0};
-  t.m = tu_mlp(dev, 7, 4, widths);
-  clpar_sgd_options sgd = {.lr = 0.05f, .momentum = 0.9f};
-  tu_ok(clpar_sgd_create_for(t.m, &sgd, &t.opt));
-  tu_ok(clpar_tensor_empty(dev, 2, (int64_t[]){5, 13}, &t.x));
-  tu_ok(clpar_tensor_empty(dev, 2, (int64_t[]){5, 6}, &t.y));
-  clpar_step *st = NULL;
-  if (compiled) tu_ok(clpar_step_compile(train_step, &t, &dev, 1, &st));
-  for (int i = 0; i < STEPS; i++) {
-    float *x = tu_rand(5 * 13, 100 + (uint64_t)i), *y = tu_rand(5 * 6, 200 + (uint64_t)i);
-    tu_ok(clpar_tensor_write(t.x, x, 5 * 13));
-    tu_ok(clpar_tensor_write(t.y, y, 5 * 6));
-    free(x), free(y);
-    tu_ok(compiled ? clpar_step_run(st) : train_step(&t));
-    tu_ok(clpar_tensor_read(t.loss, &losses[i], 1));
-  }
-  if (compiled) assert_non_null(clpar_step_graph(st));
-  float *p = tgu_floats_of(t.m, 0, n);
-  if (st) clpar_step_free(st);
-  tgu_train_free(&t);
-  return p;
+  return tgu_mlp_run(dev, widths, 5, STEPS, train_step, compiled, losses, n);
 }
 
 static void test_captured_step_bits(void **state) {

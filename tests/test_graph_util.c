@@ -70,3 +70,30 @@ void tgu_expect_bits(const char *what, const float *eager, const float *replayed
     if (memcmp(&eager[i], &replayed[i], sizeof eager[i]) != 0)
       fail_msg("%s %zu: %.9g replayed, %.9g eager", what, i, (double)replayed[i], (double)eager[i]);
 }
+
+float *tgu_mlp_run(clpar_device *dev, const int64_t widths[4], int64_t batch, int steps,
+                   clpar_step_fn step, int compiled, float *losses, size_t *n) {
+  tgu_train t = {0};
+  int64_t in = widths[0], out = widths[3];
+  t.m = tu_mlp(dev, 7, 4, widths);
+  clpar_sgd_options sgd = {.lr = 0.05f, .momentum = 0.9f};
+  tu_ok(clpar_sgd_create_for(t.m, &sgd, &t.opt));
+  tu_ok(clpar_tensor_empty(dev, 2, (int64_t[]){batch, in}, &t.x));
+  tu_ok(clpar_tensor_empty(dev, 2, (int64_t[]){batch, out}, &t.y));
+  clpar_step *st = NULL;
+  if (compiled) tu_ok(clpar_step_compile(step, &t, &dev, 1, &st));
+  for (int i = 0; i < steps; i++) {
+    float *x = tu_rand((size_t)(batch * in), 100 + (uint64_t)i);
+    float *y = tu_rand((size_t)(batch * out), 200 + (uint64_t)i);
+    tu_ok(clpar_tensor_write(t.x, x, (size_t)(batch * in)));
+    tu_ok(clpar_tensor_write(t.y, y, (size_t)(batch * out)));
+    free(x), free(y);
+    tu_ok(compiled ? clpar_step_run(st) : step(&t));
+    tu_ok(clpar_tensor_read(t.loss, &losses[i], 1));
+  }
+  if (compiled) assert_non_null(clpar_step_graph(st));
+  float *p = tgu_floats_of(t.m, 0, n);
+  if (st) clpar_step_free(st);
+  tgu_train_free(&t);
+  return p;
+}

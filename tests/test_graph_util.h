@@ -38,6 +38,13 @@ float *tgu_floats_of(clpar_module *m, int buffers, size_t *n);
  * index: "<what> <i>: <replayed> replayed, <eager> eager". */
 void tgu_expect_bits(const char *what, const float *eager, const float *replayed, size_t n);
 
+/* steps steps of tu_mlp(dev, 7, 4, widths) (SGD, lr 0.05, momentum 0.9; inputs [batch,
+ * widths[0]] and targets [batch, widths[3]] from seeds 100 + i and 200 + i), each through step
+ * (which gets the tgu_train) eagerly, or through clpar_step_compile/run when compiled; the
+ * losses into losses[0 .. steps), the parameters returned (tgu_floats_of, *n floats). */
+float *tgu_mlp_run(clpar_device *dev, const int64_t widths[4], int64_t batch, int steps,
+                   clpar_step_fn step, int compiled, float *losses, size_t *n);
+
 /* A cmocka test of fn under name, its prestate a compound literal of type. */
 /* clang-format off */
 #define TGU_CASE(name, fn, type, ...) {#name, fn, NULL, NULL, &(type){__VA_ARGS__}}
