@@ -216,11 +216,56 @@ static void test_commands_counted(void **state) {
   if (!checked) skip(); /* the host backend keeps no profile */
 }
 
+#ifdef CLPAR_TEST_CUDA_BUILT
+/* 1 when some CUDA device runs the fused entries (not composed); *n the CUDA devices. */
+static int cuda_fused(int *n) {
+  int any = 0;
+  *n = 0;
+  for (int d = 0; d < clpar_device_count(); d++) {
+    clpar_device *dev = clpar_device_get(d);
+    if (strcmp(dev->bd.info.backend, "cuda") != 0) continue;
+    (*n)++;
+    any |= !(dev->natural[0] & XENT_BITS);
+  }
+  return any;
+}
+#endif
+
+/* CLPAR_CUDA_XENT: CUDA's fused entries are opt-in until a GPU has run them; a value other
+ * than 0 or 1 makes clpar_init fail naming the variable. */
+static void test_cuda_switch(void **state) {
+  (void)state;
+#ifndef CLPAR_TEST_CUDA_BUILT
+  skip();
+#else
+  const char *bad[] = {"banana", "2", "", "yes", "1 ", "01", "true"};
+  int n;
+  clpar_shutdown();
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("CLPAR_CUDA_XENT", bad[i], 1);
+    assert_int_equal(clpar_init(), CLPAR_ERROR_INVALID_ARGUMENT);
+    if (!strstr(clpar_last_error(), "CLPAR_CUDA_XENT"))
+      fail_msg("CLPAR_CUDA_XENT=\"%s\": %s", bad[i], clpar_last_error());
+  }
+  unsetenv("CLPAR_CUDA_XENT"); /* the default: composed */
+  tu_ok(clpar_init());
+  assert_false(cuda_fused(&n));
+  clpar_shutdown();
+  setenv("CLPAR_CUDA_XENT", "1", 1);
+  tu_ok(clpar_init());
+  assert_int_equal(cuda_fused(&n), n > 0);
+  clpar_shutdown();
+  unsetenv("CLPAR_CUDA_XENT");
+  tu_ok(clpar_init());
+#endif
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_targets),
       cmocka_unit_test(test_host_labels),
       cmocka_unit_test(test_commands_counted),
+      cmocka_unit_test(test_cuda_switch),
   };
   return cmocka_run_group_tests(tests, tu_setup, tu_teardown);
 }

@@ -142,7 +142,8 @@ static clpar_status cuda_comm_allreduce(void *dev, void *comm, clpar_bref data, 
 #define cuda_comm_allreduce NULL
 #endif
 
-/* supports_op (cuda_half_gemm.c) refuses gemm_half without CLPAR_CUDA_HALF_GEMM=1. */
+/* supports_op (below) refuses gemm_half without CLPAR_CUDA_HALF_GEMM=1, and xent and
+ * xent_backward without CLPAR_CUDA_XENT=1. */
 #define cuda_tune_gemm NULL
 /* Element-wise chains stay single commands. */
 #define cuda_ew_chain_prepare NULL
@@ -207,14 +208,54 @@ static void make_plain(void) {
 }
 #endif
 
-/* What the probe read of CLPAR_CUDA_CUDNN, CLPAR_CUDA_TF32, CLPAR_CUDA_LT and
- * CLPAR_CUDA_HALF_GEMM, for every device. */
+/* What the probe read of CLPAR_CUDA_CUDNN, CLPAR_CUDA_TF32, CLPAR_CUDA_LT,
+ * CLPAR_CUDA_HALF_GEMM and CLPAR_CUDA_XENT, for every device. */
 typedef struct {
   const clpar_backend_iface *iface;
   int tf32;
   int lt;        /* CLPAR_CUDA_LT */
   int half_gemm; /* CLPAR_CUDA_HALF_GEMM */
+  int xent;      /* CLPAR_CUDA_XENT */
 } probe_opts;
+
+/* The paths built but not yet run on a GPU, each opt-in: unset or "0" off, "1" on; anything
+ * else is CLPAR_ERROR_INVALID_ARGUMENT naming the variable and what each value does. */
+static const struct {
+  const char *name, *on, *off;
+} switches[] = {
+    {"CLPAR_CUDA_LT", "a Linear's bias and ReLU in cuBLASLt's GEMM epilogue",
+     "cuBLAS SGEMM, then bias_act"},
+    {"CLPAR_CUDA_HALF_GEMM", "autocast's forward GEMMs on 16-bit operands through cublasGemmEx",
+     "operands widened to float32, then cuBLAS SGEMM"},
+    {"CLPAR_CUDA_XENT", "softmax cross-entropy as one kernel each way",
+     "composed from log-softmax and the negative log-likelihood"},
+};
+
+static clpar_status env_switch(int i, int *use) {
+  const char *v = getenv(switches[i].name);
+  *use = 0;
+  if (!v) return CLPAR_OK;
+  if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
+    *use = v[0] == '1';
+    return CLPAR_OK;
+  }
+  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
+                         "cuda backend: %s is \"%.32s\"; use 1 (%s) or 0 (%s)", switches[i].name, v,
+                         switches[i].on, switches[i].off);
+}
+
+/* The optional entries an opt-in switch leaves off are refused; every other entry the backend
+ * has runs everywhere. */
+clpar_status cuda_supports_op(void *dev, const char *op, int *yes) {
+  const cuda_dev *d = dev;
+  if (strcmp(op, "gemm_half") == 0)
+    *yes = d->half_gemm;
+  else if (strcmp(op, "xent") == 0 || strcmp(op, "xent_backward") == 0)
+    *yes = d->xent;
+  else
+    *yes = 1;
+  return CLPAR_OK;
+}
 
 /* ---- probe ---- */
 
@@ -294,6 +335,7 @@ static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
   d->cudnn_tf32 = o->tf32;
   d->lt_use = o->lt;
   d->half_gemm = o->half_gemm;
+  d->xent = o->xent;
   clpar_backend_device *slot = clpar_backend_device_append(devs, count);
   if (!slot) {
     cuda_destroy(d);
@@ -308,14 +350,15 @@ static clpar_status probe_one(int ordinal, int driver, const probe_opts *o,
   return CLPAR_OK;
 }
 
-/* CLPAR_CUDA_LT (cuda_lt.c), CLPAR_CUDA_HALF_GEMM (cuda_half_gemm.c), CLPAR_CUDA_CUDNN and
- * CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether or not a GPU is present so that a wrong value is
- * reported everywhere; cuDNN is opened once a device is found. */
+/* The switches above, CLPAR_CUDA_CUDNN and CLPAR_CUDA_TF32 (cuda_cudnn.h), read whether or
+ * not a GPU is present so that a wrong value is reported everywhere; cuDNN is opened once a
+ * device is found. */
 static clpar_status probe_options(int have_devices, probe_opts *o) {
   o->iface = &cuda_iface;
   o->tf32 = 0;
-  clpar_status s = clpar_cuda_lt_setting(&o->lt);
-  if (s == CLPAR_OK) s = clpar_cuda_half_gemm_setting(&o->half_gemm);
+  clpar_status s = env_switch(0, &o->lt);
+  if (s == CLPAR_OK) s = env_switch(1, &o->half_gemm);
+  if (s == CLPAR_OK) s = env_switch(2, &o->xent);
   if (s != CLPAR_OK) return s;
   if (o->lt && have_devices)
     clpar_log(CLPAR_LOG_INFO, "CUDA Linear layers: bias and ReLU in cuBLASLt's GEMM epilogue");

@@ -15,21 +15,6 @@
 
 #include "cuda/cuda_internal.h"
 
-clpar_status clpar_cuda_half_gemm_setting(int *use) {
-  const char *v = getenv("CLPAR_CUDA_HALF_GEMM");
-  *use = 0;
-  if (!v) return CLPAR_OK;
-  if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
-    *use = v[0] == '1';
-    return CLPAR_OK;
-  }
-  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                         "cuda backend: CLPAR_CUDA_HALF_GEMM is \"%.32s\"; use 1 (autocast's "
-                         "forward GEMMs on 16-bit operands through cublasGemmEx) or 0 (operands "
-                         "widened to float32, then cuBLAS SGEMM)",
-                         v);
-}
-
 uint64_t clpar_cuda_half_gemm_runs(const void *dev) {
   return __atomic_load_n(&((const cuda_dev *)dev)->half_gemm_runs, __ATOMIC_RELAXED);
 }
@@ -70,11 +55,4 @@ clpar_status cuda_gemm_half(void *dev, int bf16, int trans_a, int trans_b, size_
   s = clpar_cuda_blas_check(st, bf16 ? "cublasGemmEx(bfloat16)" : "cublasGemmEx(float16)");
   if (s == CLPAR_OK) __atomic_add_fetch(&d->half_gemm_runs, 1, __ATOMIC_RELAXED);
   return clpar_cuda_op_end(d, &prof, s);
-}
-
-/* gemm_half only where CLPAR_CUDA_HALF_GEMM=1 set it on; every other optional entry the
- * backend has runs everywhere. */
-clpar_status cuda_supports_op(void *dev, const char *op, int *yes) {
-  *yes = strcmp(op, "gemm_half") != 0 || ((const cuda_dev *)dev)->half_gemm;
-  return CLPAR_OK;
 }

@@ -61,6 +61,8 @@ typedef struct cuda_dev {
    * it, and the calls that ran (__atomic, for tests) */
   int half_gemm;
   uint64_t half_gemm_runs;
+  /* the fused softmax cross-entropy entries (kernels/cuda/softmax.cu): CLPAR_CUDA_XENT */
+  int xent;
 } cuda_dev;
 
 /* ---- cuda_op.c ---- */
@@ -88,9 +90,6 @@ clpar_status clpar_cuda_op_end(cuda_dev *d, prof_pair *prof, clpar_status s);
 
 /* ---- cuda_lt.c ---- */
 
-/* CLPAR_CUDA_LT: unset or "0" (the plain path), "1" (cuBLASLt epilogues); anything else is
- * CLPAR_ERROR_INVALID_ARGUMENT naming the variable. */
-clpar_status clpar_cuda_lt_setting(int *use);
 /* linear_act through one cuBLASLt matmul with the bias (and ReLU) in its epilogue, when d->lt_use
  * is set, the call has a bias, act is none or ReLU and cuBLASLt has an algorithm for the shape:
  * then *done is 1 and the status the matmul's. Otherwise *done is 0 (status CLPAR_OK unless the
@@ -109,10 +108,6 @@ uint64_t clpar_cuda_lt_runs(const void *dev);
 
 /* ---- cuda_half_gemm.c ---- */
 
-/* CLPAR_CUDA_HALF_GEMM: unset or "0" (gemm_half refused: the core widens the operands), "1"
- * (cublasGemmEx on the 16-bit operands); anything else is CLPAR_ERROR_INVALID_ARGUMENT naming
- * the variable. */
-clpar_status clpar_cuda_half_gemm_setting(int *use);
 /* The gemm_half calls the device ran (for tests). */
 uint64_t clpar_cuda_half_gemm_runs(const void *dev);
 

@@ -56,20 +56,6 @@ typedef struct lt_state {
   uint64_t runs; /* matmuls run through cuBLASLt */
 } lt_state;
 
-clpar_status clpar_cuda_lt_setting(int *use) {
-  const char *v = getenv("CLPAR_CUDA_LT");
-  *use = 0;
-  if (!v) return CLPAR_OK;
-  if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
-    *use = v[0] == '1';
-    return CLPAR_OK;
-  }
-  return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
-                         "cuda backend: CLPAR_CUDA_LT is \"%.32s\"; use 1 (a Linear's bias and "
-                         "ReLU in cuBLASLt's GEMM epilogue) or 0 (cuBLAS SGEMM, then bias_act)",
-                         v);
-}
-
 /* The largest power of two (at most 256) that divides the address: what the heuristic's
  * alignment preferences take. */
 static uint32_t align_of(const void *p) {

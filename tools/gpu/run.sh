@@ -3,7 +3,8 @@
 # tools/gpu/bundle.sh in it: the ctest suite on each CUDA device and each NVIDIA OpenCL GPU
 # against the host (as scripts/test-gpu.sh, without building), the MPI tests with both ranks
 # on cuda:0 (NCCL's one-rank path, and its refusal of two ranks on one GPU), the Linear tests
-# on cuda:0 with CLPAR_CUDA_LT=1 (cuBLASLt's epilogue), the autocast tests on cuda:0 with
+# on cuda:0 with CLPAR_CUDA_LT=1 and CLPAR_CUDA_XENT=1 (cuBLASLt's epilogue, the fused
+# cross-entropy), the autocast tests on cuda:0 with
 # CLPAR_CUDA_HALF_GEMM=1 (cublasGemmEx), then the GPU benchmarks. Logs go to
 # $OUT (or /tmp/gpu-logs); a summary to stdout.
 #
@@ -37,10 +38,12 @@ suite() { # suite NAME CLPAR_DEVICES SECONDS ctest-args...: one ctest run in a t
   grep -hE '\((Failed|Timeout|SEGFAULT|Subprocess)' "$L/ctest-$n.log" | head -20; }
 for g in $gpus; do suite "${g/:/}" "host,$g" "${SUITE_S:-300}" -LE "install|mpi" -j8 & done; wait
 command -v mpiexec >/dev/null && echo "$gpus" | grep -q '^cuda:0$' && suite mpi cuda:0 150 -L mpi -j6
-# a Linear's bias and ReLU in cuBLASLt's epilogue (CLPAR_CUDA_LT=1): the tests that run Linear
-# layers, again with it on (test_cuda_lt turns it on itself and ran above)
-echo "$gpus" | grep -q '^cuda:0$' && (export CLPAR_CUDA_LT=1; suite cuda0-lt host,cuda:0 200 \
-  -R '^test_(cuda_lt|linear_fused|linear_backward|layers|module|graph|graph_gpt)$' -j4)
+# a Linear's bias and ReLU in cuBLASLt's epilogue (CLPAR_CUDA_LT=1) and the fused cross-entropy
+# (CLPAR_CUDA_XENT=1): the tests that run Linear layers and losses, again with both on
+# (test_cuda_lt turns the first on itself and ran above)
+echo "$gpus" | grep -q '^cuda:0$' && (export CLPAR_CUDA_LT=1 CLPAR_CUDA_XENT=1; suite cuda0-lt \
+  host,cuda:0 200 -j4 \
+  -R '^test_(cuda_lt|linear_fused|linear_backward|xent_fused|layers|module|graph|graph_gpt)$')
 # autocast's forward GEMMs on the 16-bit operands through cublasGemmEx (CLPAR_CUDA_HALF_GEMM=1):
 # the autocast, AMP and mixed-precision tests again with it on
 echo "$gpus" | grep -q '^cuda:0$' && (export CLPAR_CUDA_HALF_GEMM=1; suite cuda0-half \
