@@ -18,8 +18,7 @@ clpar_status cuda_gemm(void *dev, int trans_a, int trans_b, size_t m, size_t n, 
   if (s != CLPAR_OK) return s;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  int fits = m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
-             ldc <= INT_MAX;
+  int fits = clpar_cuda_gemm_fits(m, n, k, lda, ldb, ldc);
   cublasStatus_t st;
   pthread_mutex_lock(&d->blas_lock);
   if (fits) {
@@ -48,8 +47,7 @@ clpar_status cuda_gemm_batched(void *dev, int trans_a, int trans_b, size_t m, si
   if (s != CLPAR_OK) return s;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  int fits = m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
-             ldc <= INT_MAX && batch <= INT_MAX;
+  int fits = clpar_cuda_gemm_fits(m, n, k, lda, ldb, ldc) && batch <= INT_MAX;
   cublasStatus_t st;
   pthread_mutex_lock(&d->blas_lock);
   if (fits) {

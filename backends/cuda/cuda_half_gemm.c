@@ -34,8 +34,7 @@ clpar_status cuda_gemm_half(void *dev, int bf16, int trans_a, int trans_b, size_
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cudaDataType_t half = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   const void *pa = (const uint32_t *)a.buf + a.off, *pb = (const uint32_t *)b.buf + b.off;
-  int fits = m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
-             ldc <= INT_MAX;
+  int fits = clpar_cuda_gemm_fits(m, n, k, lda, ldb, ldc);
   cublasStatus_t st;
   pthread_mutex_lock(&d->blas_lock);
   if (fits) {

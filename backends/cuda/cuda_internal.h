@@ -4,6 +4,7 @@
 #ifndef CLPAR_CUDA_INTERNAL_H
 #define CLPAR_CUDA_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -87,6 +88,14 @@ void clpar_cuda_prof_discard(cuda_dev *d);
 clpar_status clpar_cuda_op_begin(cuda_dev *d, prof_pair *prof);
 /* Ends an op begun with clpar_cuda_op_begin, whose status is s; returns s. */
 clpar_status clpar_cuda_op_end(cuda_dev *d, prof_pair *prof, clpar_status s);
+
+/* 1 when a GEMM's sizes and leading dimensions fit cuBLAS's 32-bit arguments (else its _64
+ * calls, cuBLAS 12 and later). */
+static inline int clpar_cuda_gemm_fits(size_t m, size_t n, size_t k, size_t lda, size_t ldb,
+                                       size_t ldc) {
+  return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+         ldc <= INT_MAX;
+}
 
 /* ---- cuda_lt.c ---- */
 
