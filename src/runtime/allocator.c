@@ -12,10 +12,12 @@
  * Out of memory is an error, never an abort. The allocator keeps what the
  * driver holds for a device (bytes in use + bytes cached) within the device's global memory
  * (its info's global_mem_bytes: CL_DEVICE_GLOBAL_MEM_SIZE on OpenCL, the RAM on the host
- * backend), or within CLPAR_DEVICE_MEMORY_LIMIT when that is smaller: a request that would
- * not fit first empties the device's cache, then fails with CLPAR_ERROR_OUT_OF_MEMORY naming
- * the device, the request and the bytes in use (a request that cannot fit even with the cache
- * empty leaves the cache alone). PoCL's CPU devices never refuse a buffer for
+ * backend), or within CLPAR_DEVICE_MEMORY_LIMIT when that is smaller, counting the
+ * backend's workspaces (workspace_bytes) with the tensors and the cache: a request that would
+ * not fit first empties the device's cache, then releases the workspaces, then fails with
+ * CLPAR_ERROR_OUT_OF_MEMORY naming the device, the request and the bytes in use (a request
+ * that cannot fit even with both empty leaves them alone). A workspace's own growth, inside
+ * the backend, is not checked against the limit. PoCL's CPU devices never refuse a buffer for
  * their global memory size. A driver that refuses a buffer itself (PoCL when malloc fails,
  * see ocl_alloc; posix_memalign on the host backend) gives the same error, after the same
  * emptying of the cache, a release of the backend's workspaces (workspace_trim: the
@@ -89,12 +91,17 @@ static clpar_status trim_workspaces_locked(clpar_device *dev) {
   return s;
 }
 
-/* Whether the backend's workspaces hold memory now. */
-static int workspaces_held(clpar_device *dev) {
+/* The bytes the backend's workspaces hold now (its workspace_bytes: a counter read). */
+static uint64_t workspace_bytes_now(clpar_device *dev) {
   uint64_t b = 0;
   const clpar_backend_iface *f = dev->bd.iface;
-  return f->workspace_bytes && f->workspace_trim &&
-         f->workspace_bytes(dev->bd.ctx, &b) == CLPAR_OK && b > 0;
+  if (!f->workspace_bytes || f->workspace_bytes(dev->bd.ctx, &b) != CLPAR_OK) return 0;
+  return b;
+}
+
+/* Whether the backend's workspaces hold memory that workspace_trim can release. */
+static int workspaces_held(clpar_device *dev) {
+  return dev->bd.iface->workspace_trim && workspace_bytes_now(dev) > 0;
 }
 
 /* CLPAR_DEVICE_MEMORY_LIMIT as set at clpar_init (UINT64_MAX: not set). */
@@ -148,30 +155,39 @@ clpar_status clpar_allocator_set_limits(clpar_device **devs, int count) {
   return CLPAR_OK;
 }
 
-/* 1 when the driver may hold size more bytes for the device. */
-static int fits_locked(const clpar_device *dev, size_t size) {
-  uint64_t held = dev->stats.bytes_in_use + dev->stats.bytes_cached;
+/* 1 when the driver may hold size more bytes for the device: the tensors, the cache and the
+ * backend's workspaces together stay within the device's limit. */
+static int fits_locked(clpar_device *dev, size_t size) {
+  uint64_t held = dev->stats.bytes_in_use + dev->stats.bytes_cached + workspace_bytes_now(dev);
   return held <= dev->mem_limit && (uint64_t)size <= dev->mem_limit - held;
 }
 
-/* Makes room for size bytes within the device's limit, emptying the cache only when that
- * makes the request fit: one larger than what the tensors leave of the limit is refused with
- * the cache kept. */
+/* Makes room for size bytes within the device's limit, emptying the cache, then releasing the
+ * backend's workspaces, only when that makes the request fit: one larger than what the
+ * tensors leave of the limit is refused with the cache and the workspaces kept. */
 static clpar_status reserve_locked(clpar_device *dev, size_t bytes, size_t size) {
   if (fits_locked(dev, size)) return CLPAR_OK;
   uint64_t in_use = dev->stats.bytes_in_use;
-  if (dev->free_blocks && in_use <= dev->mem_limit && (uint64_t)size <= dev->mem_limit - in_use) {
-    clpar_log(CLPAR_LOG_INFO, "%s: %zu bytes do not fit; emptying the cache (%llu bytes)",
-              dev->bd.info.id, size, (unsigned long long)dev->stats.bytes_cached);
-    release_all_locked(dev);
-    if (fits_locked(dev, size)) return CLPAR_OK;
+  if (in_use <= dev->mem_limit && (uint64_t)size <= dev->mem_limit - in_use) {
+    if (dev->free_blocks) {
+      clpar_log(CLPAR_LOG_INFO, "%s: %zu bytes do not fit; emptying the cache (%llu bytes)",
+                dev->bd.info.id, size, (unsigned long long)dev->stats.bytes_cached);
+      release_all_locked(dev);
+      if (fits_locked(dev, size)) return CLPAR_OK;
+    }
+    if (workspaces_held(dev)) {
+      clpar_log(CLPAR_LOG_INFO, "%s: %zu bytes do not fit; releasing the backend's workspaces",
+                dev->bd.info.id, size);
+      if (trim_workspaces_locked(dev) != CLPAR_OK) clpar_clear_error(); /* the check tells */
+      if (fits_locked(dev, size)) return CLPAR_OK;
+    }
   }
   return clpar_set_error(
       CLPAR_ERROR_OUT_OF_MEMORY,
-      "%s: out of memory: a buffer of %zu bytes does not fit; %llu bytes are in use by tensors "
-      "and the device has %llu (%s)",
+      "%s: out of memory: a buffer of %zu bytes does not fit; %llu bytes are in use by tensors, "
+      "%llu by the backend's workspaces, and the device has %llu (%s)",
       dev->bd.info.id, bytes, (unsigned long long)dev->stats.bytes_in_use,
-      (unsigned long long)dev->mem_limit,
+      (unsigned long long)workspace_bytes_now(dev), (unsigned long long)dev->mem_limit,
       dev->mem_limit == env_limit ? "CLPAR_DEVICE_MEMORY_LIMIT" : "its global memory");
 }
 
