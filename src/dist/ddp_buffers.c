@@ -14,7 +14,7 @@
  * and opens the gate, with the broadcast's error when it failed (a peer that stopped
  * replaying: CLPAR_ERROR_TIMEOUT naming it), which the device's next call returns. A replay
  * allocates nothing: the block is the module's, the host call and the gate are ddp_graph.c's
- * records. */
+ * records (under ZeRO stage 3 a job of zero3_graph.c, queued with the gathers). */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>

@@ -108,7 +108,7 @@ void clpar_ddp_graph_reduce(ddp_state *st, void *handoff_) {
 }
 
 /* What a replay cannot hold, or NULL. */
-static const char *refusal(const ddp_state *st, char *text, size_t size) {
+static const char *refusal(const ddp_state *st) {
   if (st->nccl)
     return "its buckets' all-reduce over NCCL (clpar_ddp_backend \"nccl\"), which is not "
            "captured: capture over MPI (CLPAR_DIST_BACKEND=mpi)";
@@ -122,13 +122,6 @@ static const char *refusal(const ddp_state *st, char *text, size_t size) {
     if (st->buckets[k].dev != st->buckets[0].dev)
       return "a module over several devices (its buckets' hand-offs would reach the "
              "communication thread in an order the ranks need not share)";
-  if (st->zero_stage == 3 && st->n_buffers > 0) {
-    snprintf(text, size,
-             "a module with buffers under ZeRO stage %d (clpar_ddp_options.zero_stage): their "
-             "broadcast is captured without stage 3 only",
-             st->zero_stage);
-    return text;
-  }
   if (st->sync_buffers && st->n_buffers > 0) return clpar_ddp_buffers_refusal(st);
   return NULL;
 }
@@ -154,8 +147,7 @@ static clpar_status new_record(ddp_state *st, ddp_graph *g) {
 
 /* Inside a capture: the refusals, then this step's record. */
 static clpar_status capture_forward(ddp_state *st, clpar_device *dev) {
-  char text[200];
-  const char *what = refusal(st, text, sizeof text);
+  const char *what = refusal(st);
   if (what) return clpar_capture_refuse(dev, "DistributedDataParallel's forward", what);
   if (st->zero_stage == 3) return CLPAR_OK; /* its units hand their collectives over */
   ddp_graph *g = st->graph;
@@ -263,6 +255,7 @@ int clpar_ddp_graph_hook(ddp_state *st, ddp_param *p) {
 }
 
 clpar_status clpar_ddp_graph_buffers(ddp_state *st) {
+  if (st->zero_stage == 3) return clpar_zero3_graph_buffers(st); /* a job of its queue */
   ddp_graph *g = st->graph; /* the forward's capture_forward made this step's record */
   handoff *h = &g->current->h[st->n_buckets];
   return clpar_ddp_buffers_post(st, &h->call, h->gate);

@@ -209,6 +209,8 @@ void clpar_zero3_zero_grad(ddp_state *st);
 int clpar_zero3_capturing(ddp_state *st);
 void clpar_zero3_graph_eager(ddp_state *st);
 void clpar_zero3_graph_quiesce(ddp_state *st);
+/* Stage 3 inside a capture: the forward's broadcast of the buffers, a job of its queue. */
+clpar_status clpar_zero3_graph_buffers(ddp_state *st);
 /* Stage 3: parameters that clpar_zero_gather_parameters gave values give their memory back. */
 void clpar_zero3_release(ddp_state *st);
 /* Stage 3, for checkpoints (src/io/checkpoint_zero3.c): the unit holding parameter t (-1 for
@@ -271,7 +273,7 @@ void clpar_ddp_graph_reduce(ddp_state *st, void *handoff);
 void clpar_ddp_graph_quiesce(ddp_state *st);
 void clpar_ddp_graph_free(ddp_state *st);
 /* Inside a capture, the forward's broadcast of the buffers: posted with this step's record's
- * host call and gate (clpar_ddp_buffers_post). */
+ * host call and gate (clpar_ddp_buffers_post); stage 3: with a job of its queue. */
 clpar_status clpar_ddp_graph_buffers(ddp_state *st);
 
 /* ---- the buffers' broadcast (ddp_buffers.c) ---- */

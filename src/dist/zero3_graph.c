@@ -10,6 +10,9 @@
  *     memory, a host call, a gate (the thread added the rank's averaged shard into the unit's
  *     acc, replacing it after a zero_grad, as eagerly);
  *   - zero_grad: a host call and a gate (the thread marks every acc to be replaced);
+ *   - the broadcast of the module's buffers from rank 0 (broadcast_buffers, before the
+ *     forward's first gather): ddp_buffers.c's reads (rank 0), host call, gate and writes (the
+ *     other ranks), the thread broadcasting the module's block as eagerly;
  *   - the optimizer's step: the write of acc into the shard's gradient of each unit that a
  *     captured backward reduce-scattered, then the inner optimizer's step, captured as any.
  * The thread takes the hand-offs in the order the device ran them (one at a time: each waits
@@ -38,12 +41,12 @@
 
 #include "dist/zero3_internal.h"
 
-enum { JOB_GATHER, JOB_SCATTER, JOB_ZERO_GRAD };
+enum { JOB_GATHER, JOB_SCATTER, JOB_ZERO_GRAD, JOB_BUFFERS };
 
 typedef struct z3job { /* one hand-off of a captured step */
   zero3 *z;
   int kind;
-  z3_unit *u; /* NULL for zero_grad */
+  z3_unit *u; /* NULL for zero_grad and the buffers */
   const char *what;
   clpar_host_call call;
   clpar_gate *gate;
@@ -208,6 +211,17 @@ void clpar_z3_graph_zero_grad(zero3 *z) {
     clpar_capture_refuse(z->dev, fn, "its hand-off could not be posted");
 }
 
+/* The forward's broadcast of the buffers (ddp_buffers.c's posting), a job of the same queue
+ * as the gathers: posted before the first, so every rank runs them in the same order. */
+clpar_status clpar_zero3_graph_buffers(ddp_state *st) {
+  zero3 *z = st->zero3;
+  const char *what = "DistributedDataParallel's forward: the broadcast of the buffers";
+  z3job *j = new_job(z, JOB_BUFFERS, NULL, what);
+  if (!j)
+    return clpar_capture_refuse(z->dev, what, "ZeRO-3's records of the step (out of host memory)");
+  return clpar_ddp_buffers_post(st, &j->call, j->gate);
+}
+
 /* ---- the communication thread's side ---- */
 
 /* A host call of a captured step: the work before it ran; to the communication thread. The
@@ -241,6 +255,10 @@ static void mark_fresh(zero3 *z) {
 void clpar_z3_graph_run(zero3 *z, z3_slot *x) {
   z3job *j = x->job;
   z3_unit *u = j->u;
+  if (j->kind == JOB_BUFFERS) { /* opens the gate, with the broadcast's error */
+    clpar_ddp_buffers_broadcast(z->st, x->status, j->gate);
+    return;
+  }
   if (j->kind == JOB_ZERO_GRAD) {
     mark_fresh(z);
   } else {

@@ -1,0 +1,139 @@
+/* test_zero3_graph_bn.c — a ZeRO stage 3 (FSDP units) step of a module with buffers
+ * (BatchNorm2d's running statistics and its int64 num_batches_tracked) captured and replayed
+ * over MPI, run by ctest through mpirun on 2 and 3 ranks, one PoCL device each
+ * (tests/CMakeLists.txt). Each rank trains on batches of its own, so the ranks' running
+ * statistics differ until the forward broadcasts rank 0's (broadcast_buffers, a job of
+ * stage 3's queue before the first gather): the compiled steps (an eager warm-up, the
+ * capture, replays, the learning rate changed midway) must give the losses, the gathered
+ * parameters and the buffers of the same steps run eagerly on a second copy, bit for bit, and
+ * every rank the same values after an evaluation forward (which broadcasts once more). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_ddp_graph_util.h"
+
+enum { STEPS = 22, LR_CHANGE = 12, B = 6, C = 3, HW = 5, OUT = 4, FEAT = 4 };
+
+/* conv 3x3, BatchNorm2d, ReLU, a ResNet BasicBlock (two more BatchNorm2d), flatten, linear;
+ * stage 3, the Sequential's layers with parameters as units */
+static void make_train(tdg_zero_train *t, tdg_opt ok) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *c[6], *m;
+  memset(t, 0, sizeof *t);
+  t->stage = 3;
+  clpar_manual_seed(7);
+  clpar_conv2d_options pad = {.padding = {1, 1}};
+  tu_ok(clpar_conv2d_create(C, FEAT, 3, 3, &pad, 0, dev, &c[0]));
+  tu_ok(clpar_batchnorm2d_create(FEAT, NULL, dev, &c[1]));
+  tu_ok(clpar_relu_create(&c[2]));
+  tu_ok(clpar_resnet_block_create(CLPAR_RESNET_BASIC, FEAT, FEAT, 1, dev, &c[3]));
+  tu_ok(clpar_flatten_create(1, -1, &c[4]));
+  tu_ok(clpar_linear_create(FEAT * HW * HW, OUT, 1, dev, &c[5]));
+  tu_ok(clpar_sequential_create(c, 6, &m));
+  tu_ok(clpar_ddp_create(m, &(clpar_ddp_options){.zero_stage = 3}, &t->m));
+  if (ok == TDG_SGD)
+    tu_ok(
+        clpar_zero_sgd_create(t->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &t->opt));
+  else
+    tu_ok(clpar_zero_adam_create(t->m, &(clpar_adam_options){.lr = 0.01f}, &t->opt));
+  tu_ok(clpar_tensor_zeros(dev, 4, (int64_t[]){B, C, HW, HW}, &t->x));
+  tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){B, OUT}, &t->y));
+}
+
+/* STEPS steps on t, eagerly or compiled; the losses into losses. */
+static void train(tdg_zero_train *t, int compiled, float *losses) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_step *st = NULL;
+  if (compiled) tu_ok(clpar_step_compile(tdg_zero_step, t, &dev, 1, &st));
+  for (int i = 0; i < STEPS; i++) {
+    if (i == LR_CHANGE) {
+      clpar_optimizer *inner = clpar_zero_optimizer_inner(t->opt);
+      assert_non_null(inner);
+      tu_ok(clpar_optimizer_set_lr(inner, 0, 0.3f * clpar_optimizer_lr(inner, 0)));
+    }
+    tdg_write_inputs(t->x, t->y, i, 1);
+    tu_ok(compiled ? clpar_step_run(st) : tdg_zero_step(t));
+    tu_ok(clpar_tensor_read(t->loss, &losses[i], 1));
+  }
+  if (compiled) {
+    assert_non_null(clpar_step_graph(st)); /* the steps after the first two were replays */
+    clpar_step_free(st);
+  }
+}
+
+/* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n). */
+static void counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
+  *n = 0;
+  for (int i = 0; i < clpar_module_buffer_count(m); i++) {
+    clpar_tensor *t;
+    tu_ok(clpar_module_buffer_at(m, i, NULL, &t));
+    if (clpar_tensor_dtype(t) != CLPAR_INT64) continue;
+    assert_true(*n < cap);
+    tu_ok(clpar_tensor_read_raw(t, &out[(*n)++], sizeof *out));
+  }
+}
+
+/* The parameters (gathered, then released) and float buffers of t, *n floats, malloc'ed. */
+static float *values_of(tdg_zero_train *t, size_t *n) {
+  tu_ok(clpar_zero_gather_parameters(t->m));
+  float *v = tgu_floats_of(t->m, 1, n);
+  tu_ok(clpar_zero_release_parameters(t->m));
+  return v;
+}
+
+/* An evaluation forward without gradients: it broadcasts rank 0's buffers and changes none. */
+static void eval_forward(tdg_zero_train *t) {
+  clpar_tensor *out = NULL;
+  tu_ok(clpar_module_eval(t->m));
+  clpar_set_grad_enabled(0);
+  tu_ok(clpar_module_forward(t->m, t->x, &out));
+  clpar_set_grad_enabled(1);
+  clpar_tensor_free(out);
+}
+
+static void test_replay_equals_eager(void **state) {
+  const tdg_opt *ok = *state;
+  tdg_zero_train eager, replayed;
+  float le[STEPS], lr[STEPS];
+  make_train(&eager, *ok);
+  train(&eager, 0, le);
+  make_train(&replayed, *ok);
+  train(&replayed, 1, lr);
+  tgu_expect_bits("loss at step", le, lr, STEPS);
+  assert_true(le[STEPS - 1] != le[0]); /* it trained */
+  size_t ne, nr;
+  float *pe = values_of(&eager, &ne), *pr = values_of(&replayed, &nr);
+  assert_int_equal(ne, nr);
+  tgu_expect_bits("parameter or running-statistic element", pe, pr, ne);
+  free(pe);
+  free(pr);
+  int64_t ce[8], cr[8];
+  int nce, ncr;
+  counters_of(eager.m, ce, 8, &nce);
+  counters_of(replayed.m, cr, 8, &ncr);
+  assert_int_equal(nce, 3);
+  assert_int_equal(ncr, 3);
+  for (int k = 0; k < 3; k++) {
+    assert_true(ce[k] >= STEPS);
+    assert_int_equal(cr[k], ce[k]);
+  }
+  eval_forward(&eager);
+  eval_forward(&replayed);
+  pe = values_of(&eager, &ne);
+  pr = values_of(&replayed, &nr);
+  assert_int_equal(ne, nr);
+  tgu_expect_bits("element after an evaluation forward", pe, pr, ne);
+  tdg_expect_same_on_every_rank("element", pr, nr);
+  free(pe);
+  free(pr);
+  tdg_zero_free(&eager);
+  tdg_zero_free(&replayed);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      TGU_CASE(test_sgd_momentum, test_replay_equals_eager, tdg_opt, TDG_SGD),
+      TGU_CASE(test_adam, test_replay_equals_eager, tdg_opt, TDG_ADAM),
+  };
+  return cmocka_run_group_tests_name("zero3_graph_bn", tests, tu_dist_setup, tu_dist_teardown);
+}
