@@ -14,26 +14,15 @@
 
 #include "test_ddp_graph_util.h"
 
-enum { STEPS = 20, LR_CHANGE = 10, B = 6, C = 3, HW = 5, OUT = 4, FEAT = 4 };
+enum { STEPS = 20, LR_CHANGE = 10, B = 6, C = TDG_BN_C, HW = TDG_BN_HW, OUT = TDG_BN_OUT };
 
 /* each rank's inputs spread apart, so its batch statistics differ */
 static const tdg_ddp_run RUN = {.steps = STEPS, .lr_change = LR_CHANGE, .spread = 1};
 
-/* conv 3x3, BatchNorm2d, ReLU, a ResNet BasicBlock (two more BatchNorm2d), flatten, linear;
- * under DDP in several buckets. */
+/* tdg_bn_net under DDP in several buckets. */
 static clpar_module *make_ddp(void) {
-  clpar_device *dev = clpar_dist_device();
-  clpar_module *c[6], *m, *ddp;
-  clpar_manual_seed(7);
-  clpar_conv2d_options pad = {.padding = {1, 1}};
-  tu_ok(clpar_conv2d_create(C, FEAT, 3, 3, &pad, 0, dev, &c[0]));
-  tu_ok(clpar_batchnorm2d_create(FEAT, NULL, dev, &c[1]));
-  tu_ok(clpar_relu_create(&c[2]));
-  tu_ok(clpar_resnet_block_create(CLPAR_RESNET_BASIC, FEAT, FEAT, 1, dev, &c[3]));
-  tu_ok(clpar_flatten_create(1, -1, &c[4]));
-  tu_ok(clpar_linear_create(FEAT * HW * HW, OUT, 1, dev, &c[5]));
-  tu_ok(clpar_sequential_create(c, 6, &m));
-  tu_ok(clpar_ddp_create(m, &(clpar_ddp_options){.bucket_cap_mb = 0.0004}, &ddp));
+  clpar_module *ddp;
+  tu_ok(clpar_ddp_create(tdg_bn_net(), &(clpar_ddp_options){.bucket_cap_mb = 0.0004}, &ddp));
   return ddp;
 }
 
@@ -44,18 +33,6 @@ static void make_train(tgu_train *t) {
   clpar_device *dev = clpar_dist_device();
   tu_ok(clpar_tensor_zeros(dev, 4, (int64_t[]){B, C, HW, HW}, &t->x));
   tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){B, OUT}, &t->y));
-}
-
-/* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n). */
-static void counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
-  *n = 0;
-  for (int i = 0; i < clpar_module_buffer_count(m); i++) {
-    clpar_tensor *t;
-    tu_ok(clpar_module_buffer_at(m, i, NULL, &t));
-    if (clpar_tensor_dtype(t) != CLPAR_INT64) continue;
-    assert_true(*n < cap);
-    tu_ok(clpar_tensor_read_raw(t, &out[(*n)++], sizeof *out));
-  }
 }
 
 /* After the steps: an evaluation forward (broadcasting rank 0's buffers, changing none) on
@@ -103,8 +80,8 @@ static void test_replay_equals_eager(void **state) {
   tdg_expect_same_on_every_rank("element", params, np);
   int64_t ce[8], cr[8];
   int nce, ncr;
-  counters_of(eager.m, ce, 8, &nce);
-  counters_of(replayed.m, cr, 8, &ncr);
+  tdg_counters_of(eager.m, ce, 8, &nce);
+  tdg_counters_of(replayed.m, cr, 8, &ncr);
   assert_int_equal(nce, 3);
   assert_int_equal(ncr, 3);
   for (int k = 0; k < 3; k++) {

@@ -183,25 +183,55 @@ float *tdg_zero_params(tdg_zero_train *t, size_t *n) {
   return p;
 }
 
-/* md's steps on t, eagerly or compiled (eager warm-up, capture, replays); the losses into
- * losses. */
-static void zero_train(tdg_zero_train *t, const tdg_zero_model *md, int compiled, float *losses) {
+void tdg_zero_train_run(tdg_zero_train *t, int steps, int lr_change, int spread, int compiled,
+                        float *losses) {
   clpar_device *dev = clpar_dist_device();
   clpar_step *st = NULL;
   if (compiled) tu_ok(clpar_step_compile(tdg_zero_step, t, &dev, 1, &st));
-  for (int i = 0; i < md->steps; i++) {
-    if (i == md->lr_change) {
+  for (int i = 0; i < steps; i++) {
+    if (i == lr_change) {
       clpar_optimizer *inner = clpar_zero_optimizer_inner(t->opt);
       assert_non_null(inner);
       tu_ok(clpar_optimizer_set_lr(inner, 0, 0.3f * clpar_optimizer_lr(inner, 0)));
     }
-    tdg_write_inputs(t->x, t->y, i, 0);
+    tdg_write_inputs(t->x, t->y, i, spread);
     tu_ok(compiled ? clpar_step_run(st) : tdg_zero_step(t));
     tu_ok(clpar_tensor_read(t->loss, &losses[i], 1));
   }
   if (compiled) {
     assert_non_null(clpar_step_graph(st)); /* the steps after the first two were replays */
     clpar_step_free(st);
+  }
+}
+
+/* md's steps on t (tdg_zero_train_run, inputs not spread). */
+static void zero_train(tdg_zero_train *t, const tdg_zero_model *md, int compiled, float *losses) {
+  tdg_zero_train_run(t, md->steps, md->lr_change, 0, compiled, losses);
+}
+
+clpar_module *tdg_bn_net(void) {
+  clpar_device *dev = clpar_dist_device();
+  clpar_module *c[6], *m;
+  clpar_manual_seed(7);
+  clpar_conv2d_options pad = {.padding = {1, 1}};
+  tu_ok(clpar_conv2d_create(TDG_BN_C, TDG_BN_FEAT, 3, 3, &pad, 0, dev, &c[0]));
+  tu_ok(clpar_batchnorm2d_create(TDG_BN_FEAT, NULL, dev, &c[1]));
+  tu_ok(clpar_relu_create(&c[2]));
+  tu_ok(clpar_resnet_block_create(CLPAR_RESNET_BASIC, TDG_BN_FEAT, TDG_BN_FEAT, 1, dev, &c[3]));
+  tu_ok(clpar_flatten_create(1, -1, &c[4]));
+  tu_ok(clpar_linear_create(TDG_BN_FEAT * TDG_BN_HW * TDG_BN_HW, TDG_BN_OUT, 1, dev, &c[5]));
+  tu_ok(clpar_sequential_create(c, 6, &m));
+  return m;
+}
+
+void tdg_counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
+  *n = 0;
+  for (int i = 0; i < clpar_module_buffer_count(m); i++) {
+    clpar_tensor *t;
+    tu_ok(clpar_module_buffer_at(m, i, NULL, &t));
+    if (clpar_tensor_dtype(t) != CLPAR_INT64) continue;
+    assert_true(*n < cap);
+    tu_ok(clpar_tensor_read_raw(t, &out[(*n)++], sizeof *out));
   }
 }
 

@@ -72,6 +72,15 @@ typedef struct {
   int zero_grad_late; /* the step calls zero_grad between backward and the optimizer's step */
 } tdg_zero_train;
 
+/* The BatchNorm tests' model (seed 7), a Sequential not yet wrapped: conv 3x3 from TDG_BN_C to
+ * TDG_BN_FEAT channels, BatchNorm2d, ReLU, a ResNet BasicBlock (two more BatchNorm2d), flatten,
+ * linear to TDG_BN_OUT, on [rows, TDG_BN_C, TDG_BN_HW, TDG_BN_HW] inputs. */
+enum { TDG_BN_C = 3, TDG_BN_HW = 5, TDG_BN_OUT = 4, TDG_BN_FEAT = 4 };
+clpar_module *tdg_bn_net(void);
+
+/* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n), at most cap. */
+void tdg_counters_of(clpar_module *m, int64_t *out, int cap, int *n);
+
 /* A ZeRO test's model: made under DDP with a stage, its inputs' shape, its steps. */
 typedef struct {
   clpar_module *(*make_ddp)(int stage);
@@ -79,6 +88,12 @@ typedef struct {
   int steps, lr_change;
   size_t numel; /* its parameters */
 } tdg_zero_model;
+
+/* steps of tdg_zero_step on t, eagerly or compiled (eager warm-up, capture, replays), each
+ * after its inputs (tdg_write_inputs with spread), the learning rate times 0.3 at lr_change;
+ * the losses into losses. */
+void tdg_zero_train_run(tdg_zero_train *t, int steps, int lr_change, int spread, int compiled,
+                        float *losses);
 
 /* t: md's model at stage with a ZeRO SGD (lr 0.05, momentum 0.9) or Adam (lr 0.01) and zero
  * inputs. */

@@ -12,25 +12,14 @@
 
 #include "test_ddp_graph_util.h"
 
-enum { STEPS = 22, LR_CHANGE = 12, B = 6, C = 3, HW = 5, OUT = 4, FEAT = 4 };
+enum { STEPS = 22, LR_CHANGE = 12, B = 6, C = TDG_BN_C, HW = TDG_BN_HW, OUT = TDG_BN_OUT };
 
-/* conv 3x3, BatchNorm2d, ReLU, a ResNet BasicBlock (two more BatchNorm2d), flatten, linear;
- * stage 3, the Sequential's layers with parameters as units */
+/* tdg_bn_net under stage 3, the Sequential's layers with parameters as units */
 static void make_train(tdg_zero_train *t, tdg_opt ok) {
   clpar_device *dev = clpar_dist_device();
-  clpar_module *c[6], *m;
   memset(t, 0, sizeof *t);
   t->stage = 3;
-  clpar_manual_seed(7);
-  clpar_conv2d_options pad = {.padding = {1, 1}};
-  tu_ok(clpar_conv2d_create(C, FEAT, 3, 3, &pad, 0, dev, &c[0]));
-  tu_ok(clpar_batchnorm2d_create(FEAT, NULL, dev, &c[1]));
-  tu_ok(clpar_relu_create(&c[2]));
-  tu_ok(clpar_resnet_block_create(CLPAR_RESNET_BASIC, FEAT, FEAT, 1, dev, &c[3]));
-  tu_ok(clpar_flatten_create(1, -1, &c[4]));
-  tu_ok(clpar_linear_create(FEAT * HW * HW, OUT, 1, dev, &c[5]));
-  tu_ok(clpar_sequential_create(c, 6, &m));
-  tu_ok(clpar_ddp_create(m, &(clpar_ddp_options){.zero_stage = 3}, &t->m));
+  tu_ok(clpar_ddp_create(tdg_bn_net(), &(clpar_ddp_options){.zero_stage = 3}, &t->m));
   if (ok == TDG_SGD)
     tu_ok(
         clpar_zero_sgd_create(t->m, &(clpar_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &t->opt));
@@ -40,37 +29,9 @@ static void make_train(tdg_zero_train *t, tdg_opt ok) {
   tu_ok(clpar_tensor_zeros(dev, 2, (int64_t[]){B, OUT}, &t->y));
 }
 
-/* STEPS steps on t, eagerly or compiled; the losses into losses. */
+/* STEPS steps on t, eagerly or compiled; each rank's inputs spread apart. */
 static void train(tdg_zero_train *t, int compiled, float *losses) {
-  clpar_device *dev = clpar_dist_device();
-  clpar_step *st = NULL;
-  if (compiled) tu_ok(clpar_step_compile(tdg_zero_step, t, &dev, 1, &st));
-  for (int i = 0; i < STEPS; i++) {
-    if (i == LR_CHANGE) {
-      clpar_optimizer *inner = clpar_zero_optimizer_inner(t->opt);
-      assert_non_null(inner);
-      tu_ok(clpar_optimizer_set_lr(inner, 0, 0.3f * clpar_optimizer_lr(inner, 0)));
-    }
-    tdg_write_inputs(t->x, t->y, i, 1);
-    tu_ok(compiled ? clpar_step_run(st) : tdg_zero_step(t));
-    tu_ok(clpar_tensor_read(t->loss, &losses[i], 1));
-  }
-  if (compiled) {
-    assert_non_null(clpar_step_graph(st)); /* the steps after the first two were replays */
-    clpar_step_free(st);
-  }
-}
-
-/* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n). */
-static void counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
-  *n = 0;
-  for (int i = 0; i < clpar_module_buffer_count(m); i++) {
-    clpar_tensor *t;
-    tu_ok(clpar_module_buffer_at(m, i, NULL, &t));
-    if (clpar_tensor_dtype(t) != CLPAR_INT64) continue;
-    assert_true(*n < cap);
-    tu_ok(clpar_tensor_read_raw(t, &out[(*n)++], sizeof *out));
-  }
+  tdg_zero_train_run(t, STEPS, LR_CHANGE, 1, compiled, losses);
 }
 
 /* The parameters (gathered, then released) and float buffers of t, *n floats, malloc'ed. */
@@ -109,8 +70,8 @@ static void test_replay_equals_eager(void **state) {
   free(pr);
   int64_t ce[8], cr[8];
   int nce, ncr;
-  counters_of(eager.m, ce, 8, &nce);
-  counters_of(replayed.m, cr, 8, &ncr);
+  tdg_counters_of(eager.m, ce, 8, &nce);
+  tdg_counters_of(replayed.m, cr, 8, &ncr);
   assert_int_equal(nce, 3);
   assert_int_equal(ncr, 3);
   for (int k = 0; k < 3; k++) {
