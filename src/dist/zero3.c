@@ -275,7 +275,6 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
 static void unit_free(void *p) {
   z3_unit *u = p;
   if (!u) return;
-  if (u->z) clpar_z3_forget_unit(u->z, u);
   for (int i = 0; i < u->n_params; i++) clpar_tensor_release(u->params[i].param);
   free(u->params);
   free(u->acc);

@@ -149,22 +149,6 @@ static z3_slot *free_gather(zero3 *z, int drop) {
   return old;
 }
 
-void clpar_z3_forget_unit(zero3 *z, z3_unit *u) {
-  if (z->graph && clpar_is_initialized()) { /* a replay's host calls would run u's jobs */
-    clpar_graph_invalidate_all("the freeing of a ZeRO-3 unit");
-    clpar_worker_drain(z->dev);
-  }
-  pthread_mutex_lock(&z->st->lock);
-  for (size_t i = 0; i < sizeof z->slots / sizeof z->slots[0]; i++) {
-    z3_slot *x = &z->slots[i];
-    if (x->u != u) continue;
-    wait_done(z, x); /* the thread may be reading u right now */
-    if (!x->job) x->state = Z3_FREE;
-    x->u = NULL;
-  }
-  pthread_mutex_unlock(&z->st->lock);
-}
-
 void clpar_z3_prefetch(z3_unit *u, const char *what) {
   zero3 *z = u->z;
   if (clpar_capture_active(z->dev)) return; /* a captured gather is posted where it is used */

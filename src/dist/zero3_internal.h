@@ -96,9 +96,6 @@ clpar_status clpar_z3_gather_full(z3_unit *u, const char *what, clpar_tensor **f
 /* Starts the all-gather of u's parameters (named what) on the communication thread when a slot
  * is free and none holds them; nothing else (a later clpar_z3_gather_full takes them). */
 void clpar_z3_prefetch(z3_unit *u, const char *what);
-/* Before u is freed (the unit's module goes before the DDP module that owns zero3): the
- * replays in flight run out, and every slot that names u, once the thread ran it, is freed. */
-void clpar_z3_forget_unit(zero3 *z, z3_unit *u);
 /* Posts the read of grad ([numel], released here; NULL: zeros) into host memory and hands its
  * reduce-scatter to the communication thread, which adds this rank's averaged shard into the
  * unit's acc. Errors come back through the DDP state (clpar_zero3_flush). */
