@@ -15,7 +15,7 @@
  * (clpar/half.h); the others must match them bit for bit (a NaN's payload aside). */
 #define CLPAR_BE_ARGS_half_convert(F) \
   F(int, to_half) F(int, bf16) F(size_t, n) F(clpar_bref, x) F(clpar_bref, out)
-/* ---- GEMM on 16-bit operands (src/autocast_gemm.c: autocast's forward GEMMs) ----
+/* ---- GEMM on 16-bit operands (src/autocast_gemm.c: autocast's GEMMs) ----
  * gemm's C = alpha op(A) op(B) + beta C, row-major, with A and B in one 16-bit type (bf16)
  * and C float32: A's stored element (r, c) is 16-bit element 2 a.off + r lda + c, B's
  * likewise; C is float32 as in gemm. Every operand element is widened to float32 exactly and

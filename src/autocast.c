@@ -55,8 +55,11 @@ clpar_status clpar_check_float_autocast(const char *fn, const char *name, const 
  * through the device's gemm_half (float32 products and sums; src/autocast_gemm.c), or, on a
  * device without it, widens them to float32 temporaries for gemm; then the bias-and-activation
  * epilogue in float32, and the result rounded to the autocast dtype. The node keeps the 16-bit
- * input, weight and (for an activation) output: half the bytes of float32's. Backward widens
- * them again, computes in float32 and gives each input's gradient in its dtype. */
+ * input, weight and (for an activation) output: half the bytes of float32's. Backward computes
+ * in float32 and gives each input's gradient in its dtype: without an activation its GEMMs
+ * take the 16-bit incoming gradient and input or weight as they are, through gemm_half as the
+ * forward does; with one, they multiply the float32 gradient through the activation by the
+ * input or weight widened. */
 
 /* A float32 copy of t (no node, outside any scope), or t itself (one more reference) when it
  * is float32; either way dropped with clpar_tensor_release. */
@@ -130,25 +133,39 @@ static clpar_status ac_act_backward(clpar_node *n, const clpar_tensor *g32, clpa
   return s;
 }
 
+/* r = op(d) o in float32 ([m, k] by [k, n]): gemm_half on dh and o where dh is d's 16-bit
+ * source (d widened from it exactly) and the device has the entry, else d by o widened. */
+static clpar_status ac_backward_gemm(clpar_device *dev, int ta, int64_t m, int64_t n, int64_t k,
+                                     const clpar_tensor *d, const clpar_tensor *dh,
+                                     const clpar_tensor *o, clpar_tensor **r) {
+  clpar_tensor *o32 = NULL;
+  int done = 0;
+  clpar_status s = dh ? clpar_autocast_gemm_half(dev, ta, 0, m, n, k, dh, o, r, &done) : CLPAR_OK;
+  if (s == CLPAR_OK && !done) s = widen(o, &o32);
+  if (s == CLPAR_OK && !done) s = gemm_new(dev, ta, 0, m, n, k, d, o32, r);
+  clpar_tensor_release(o32);
+  return s;
+}
+
 static clpar_status ac_linear_backward(clpar_node *n, clpar_tensor *g, clpar_tensor **gin) {
   clpar_tensor *x = n->inputs[0], *w = n->inputs[1];
   clpar_device *dev = n->dev;
   int64_t rows = g->shape[0], cols = g->shape[1], in = w->shape[1];
-  clpar_tensor *g32 = NULL, *d = NULL, *o32 = NULL, *r32 = NULL;
+  clpar_tensor *g32 = NULL, *d = NULL, *r32 = NULL;
+  /* without an activation d is g32, g widened exactly: the GEMMs may take g itself */
+  const clpar_tensor *dh = n->iparam[0] == CLPAR_ACT_NONE ? g : NULL;
   clpar_status s = widen(g, &g32);
   if (s == CLPAR_OK) s = ac_act_backward(n, g32, &d, gin);
   if (s == CLPAR_OK && w->requires_grad) { /* dW = d^T x: [cols, in] */
-    s = widen(x, &o32);
-    if (s == CLPAR_OK) s = gemm_new(dev, 1, 0, cols, in, rows, d, o32, &r32);
+    s = ac_backward_gemm(dev, 1, cols, in, rows, d, dh, x, &r32);
     if (s == CLPAR_OK) s = narrow_grad(r32, w, &gin[1]);
-    clpar_tensor_release(o32), clpar_tensor_release(r32);
-    o32 = r32 = NULL;
+    clpar_tensor_release(r32);
+    r32 = NULL;
   }
   if (s == CLPAR_OK && x->requires_grad) { /* dx = d W: [rows, in] */
-    s = widen(w, &o32);
-    if (s == CLPAR_OK) s = gemm_new(dev, 0, 0, rows, in, cols, d, o32, &r32);
+    s = ac_backward_gemm(dev, 0, rows, in, cols, d, dh, w, &r32);
     if (s == CLPAR_OK) s = narrow_grad(r32, x, &gin[0]);
-    clpar_tensor_release(o32), clpar_tensor_release(r32);
+    clpar_tensor_release(r32);
   }
   clpar_tensor_release(g32), clpar_tensor_release(d);
   return s;
@@ -228,10 +245,12 @@ clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *we
   return s;
 }
 
-/* ---- matmul under autocast: the same scheme; forward through gemm_half where the device has
- * it, else (and backward) the float32 work done by clpar_matmul itself on float32 copies that
- * need no gradient (so it records no node), with autocast suspended on this thread while it
- * runs ---- */
+/* ---- matmul under autocast: the same scheme; each GEMM through gemm_half where both operands
+ * are of one 16-bit dtype (the forward's; backward's, whose incoming gradient is 16-bit unless
+ * clpar_backward seeds it in float32 or clpar_backward_grad hands it in another dtype) and the
+ * device has the entry, else the float32 work done by clpar_matmul itself on float32 copies
+ * that need no gradient (so it records no node), with autocast suspended on this thread while
+ * it runs ---- */
 
 static int suspend(void) {
   int d = depth;
@@ -253,10 +272,10 @@ static clpar_status matmul32(const clpar_tensor *a, const clpar_tensor *b, int t
   return s;
 }
 
-/* The forward's r = op(a) op(b) in float32, a and b of the autocast dtype: gemm_half for a
- * valid pair on one device, else matmul32 (which also reports what is wrong with them). */
-static clpar_status ac_matmul_forward(const clpar_tensor *a, const clpar_tensor *b, int ta, int tb,
-                                      clpar_tensor **r) {
+/* r = op(a) op(b) in float32, a and b of any float dtype: gemm_half for a valid pair of one
+ * 16-bit dtype on one device, else matmul32 (which also reports what is wrong with them). */
+static clpar_status ac_matmul_gemm(const clpar_tensor *a, const clpar_tensor *b, int ta, int tb,
+                                   clpar_tensor **r) {
   int done = 0;
   clpar_status s = CLPAR_OK;
   if (a->ndim == 2 && b->ndim == 2 && a->storage->dev == b->storage->dev &&
@@ -271,13 +290,13 @@ static clpar_status ac_matmul_backward(clpar_node *n, clpar_tensor *g, clpar_ten
   int ta = (int)n->iparam[0], tb = (int)n->iparam[1];
   clpar_status s = CLPAR_OK;
   if (a->requires_grad) {
-    s = ta ? matmul32(b, g, tb, 1, &r) : matmul32(g, b, 0, !tb, &r);
+    s = ta ? ac_matmul_gemm(b, g, tb, 1, &r) : ac_matmul_gemm(g, b, 0, !tb, &r);
     if (s == CLPAR_OK) s = narrow_grad(r, a, &gin[0]);
     clpar_tensor_free(r);
     r = NULL;
   }
   if (s == CLPAR_OK && b->requires_grad) {
-    s = tb ? matmul32(g, a, 1, ta, &r) : matmul32(a, g, !ta, 0, &r);
+    s = tb ? ac_matmul_gemm(g, a, 1, ta, &r) : ac_matmul_gemm(a, g, !ta, 0, &r);
     if (s == CLPAR_OK) s = narrow_grad(r, b, &gin[1]);
     clpar_tensor_free(r);
   }
@@ -294,7 +313,7 @@ clpar_status clpar_autocast_matmul(const clpar_tensor *a, const clpar_tensor *b,
   if (s == CLPAR_OK) s = clpar_check_float_autocast("clpar_matmul", "b", b);
   if (s == CLPAR_OK) s = clpar_to_dtype(a, dt, &ah);
   if (s == CLPAR_OK) s = clpar_to_dtype(b, dt, &bh);
-  if (s == CLPAR_OK) s = ac_matmul_forward(ah, bh, trans_a != 0, trans_b != 0, &r32);
+  if (s == CLPAR_OK) s = ac_matmul_gemm(ah, bh, trans_a != 0, trans_b != 0, &r32);
   if (s == CLPAR_OK) s = clpar_convert_dtype(r32, dt, &rh);
   clpar_tensor_free(r32);
   clpar_node *node = NULL;

@@ -1,11 +1,12 @@
-/* autocast_gemm.c — autocast's forward GEMMs (src/autocast.c: Linear, matmul) on the 16-bit
- * copies themselves, through the device's gemm_half entry (backends/backend_half.h: float32
- * products and sums, a float32 result), where the device has it. Elsewhere, and where a test
- * forced it off (clpar_compose_force), the caller widens the operands to float32 tensors and
- * calls gemm: gemm_half's composition, counted in the device's composed_calls. The host
- * backend's gemm_half is that composition run inside the backend, so on the host both ways
- * give the same bits. Backward GEMMs keep the widened path: their other operand is a float32
- * gradient. */
+/* autocast_gemm.c — autocast's GEMMs on two 16-bit operands (src/autocast.c: Linear's and
+ * matmul's forward on the 16-bit copies themselves; their backward's on the 16-bit incoming
+ * gradient, matmul's and, without an activation, Linear's), through the device's gemm_half
+ * entry (backends/backend_half.h: float32 products and sums, a float32 result), where the
+ * device has it. Elsewhere, and where a test forced it off (clpar_compose_force), the caller
+ * widens the operands to float32 tensors and calls gemm: gemm_half's composition, counted in
+ * the device's composed_calls. The host backend's gemm_half is that composition run inside the
+ * backend, so on the host both ways give the same bits. A float32 operand (a gradient through
+ * an activation, clpar_backward's seed) takes the caller's widened path, uncounted. */
 #include "internal.h"
 
 /* Whether dev runs gemm_half itself (its bit clear in dev->composed). */

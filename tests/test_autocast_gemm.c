@@ -1,12 +1,17 @@
-/* test_autocast_gemm.c — autocast's forward GEMMs on 16-bit operands through the devices'
- * gemm_half entry (backends/backend_half.h, src/autocast_gemm.c):
+/* test_autocast_gemm.c — autocast's GEMMs on 16-bit operands through the devices' gemm_half
+ * entry (backends/backend_half.h, src/autocast_gemm.c):
  * - on the host backend (the reference: the core's conversions, then its SGEMM) a Linear
  *   (bias and ReLU, or neither) and a matmul (every transpose pair) under bfloat16 and float16
  *   autocast, forward and backward, give the same bits with the entry and with it forced off
  *   (clpar_compose_force: the operands widened to float32 tensors, then gemm), and the entry
- *   ran once per forward GEMM (and not at all when forced off); odd sizes, m = 1, 16-bit
- *   inputs that are views at an odd word offset with rows starting at odd elements, NaN and
- *   Inf in the inputs;
+ *   ran once per GEMM on two 16-bit operands (and not at all when forced off): the forward's,
+ *   and backward's on the 16-bit incoming gradient (matmul's, and Linear's without an
+ *   activation); odd sizes, m = 1, 16-bit inputs that are views at an odd word offset with
+ *   rows starting at odd elements (with and without gradients), NaN and Inf in the inputs;
+ * - matmul's and Linear's backward from a float32 gradient (clpar_backward's seed of a
+ *   one-element result, clpar_backward_grad's) or one of the other 16-bit type keep the
+ *   widened path; from a 16-bit one that is a view at an odd word offset they take the entry:
+ *   the same bits either way on the host;
  * - on every selected device: the same, bit for bit where the device lacks the entry (OpenCL:
  *   both ways widen) or is the host; a CUDA device with CLPAR_CUDA_HALF_GEMM=1 runs cublasGemmEx
  *   (float32 sums in another order): within a tolerance of the widened path and the host;
@@ -48,7 +53,8 @@ typedef struct {
   int linear; /* 1: clpar_linear_act (x [m, k], w [n, k]); 0: clpar_matmul(a, b, ta, tb) */
   int64_t m, n, k;
   int ta, tb, bias, relu;
-  int view;     /* a and b 16-bit views: a at row 2 of a taller tensor (odd word offset) */
+  int view;     /* a and b 16-bit views, a at row 2 of a taller tensor (odd word offset):
+                 * 1 without gradients, 2 with */
   int specials; /* NaN, Inf and -Inf among a's elements */
 } gcase;
 
@@ -64,7 +70,8 @@ static void result_free(gresult *r) {
 /* An operand of rows x cols on dev from seed (with NaN, Inf, -Inf at 1, 2, 3 when specials):
  * a float32 leaf that requires a gradient (*leaf), or with view rows 2 .. of a dt tensor
  * taller by 2 rows: a 16-bit view at word offset cols (odd for odd cols), its rows starting at
- * odd elements, without a gradient (*leaf NULL: autograd's slice gradients are float32's). */
+ * odd elements: view 1 of a dt tensor without a gradient (*leaf NULL), view 2 of the dt copy
+ * (clpar_to_dtype) of a float32 leaf that requires one (*leaf). */
 static clpar_tensor *operand(clpar_device *dev, clpar_dtype dt, int64_t rows, int64_t cols,
                              uint64_t seed, int view, int specials, clpar_tensor **leaf) {
   int64_t extra = view ? 2 : 0, shape[2] = {rows + extra, cols};
@@ -72,15 +79,15 @@ static clpar_tensor *operand(clpar_device *dev, clpar_dtype dt, int64_t rows, in
   float *v = tu_rand(n, seed);
   if (specials) v[extra * cols + 1] = NAN, v[extra * cols + 2] = INFINITY;
   if (specials && n > (size_t)(extra * cols + 3)) v[extra * cols + 3] = -INFINITY;
-  clpar_tensor *t, *r;
-  tu_ok(clpar_tensor_from_floats(dev, view ? dt : CLPAR_FLOAT32, 2, shape, v, &t));
+  clpar_tensor *t, *h, *r;
+  tu_ok(clpar_tensor_from_floats(dev, view == 1 ? dt : CLPAR_FLOAT32, 2, shape, v, &t));
   free(v);
-  *leaf = view ? NULL : t;
-  if (!view) {
-    tu_ok(clpar_tensor_set_requires_grad(t, 1));
-    return t;
-  }
-  tu_ok(clpar_tensor_rows(t, extra, rows, &r));
+  *leaf = view == 1 ? NULL : t;
+  if (view != 1) tu_ok(clpar_tensor_set_requires_grad(t, 1));
+  if (!view) return t;
+  h = t;
+  if (view == 2) tu_ok(clpar_to_dtype(t, dt, &h));
+  tu_ok(clpar_tensor_rows(h, extra, rows, &r));
   assert_int_equal((int64_t)r->offset, cols);
   return r;
 }
@@ -147,17 +154,26 @@ static void expect_same(const char *what, const gresult *x, const gresult *y) {
 
 /* Finite values within a tolerance (float32 sums of k products in another order), the
  * non-finite ones the same class. */
-static void expect_close(const char *what, const float *x, const float *y, size_t n, int64_t k) {
+static void expect_close(const char *what, const char *part, const float *x, const float *y,
+                         size_t n, int64_t k) {
   float atol = 2e-6f * (float)k + 1e-5f;
   for (size_t i = 0; i < n; i++) {
     if (isnan(x[i]) || isnan(y[i]) || isinf(x[i]) || isinf(y[i])) {
       if (!(isnan(x[i]) && isnan(y[i])) && x[i] != y[i])
-        fail_msg("%s: out[%zu] %g, widened %g", what, i, (double)x[i], (double)y[i]);
+        fail_msg("%s: %s[%zu] %g, widened %g", what, part, i, (double)x[i], (double)y[i]);
       continue;
     }
     if (fabsf(x[i] - y[i]) > atol + 1e-2f * fabsf(y[i]))
-      fail_msg("%s: out[%zu] %.9g, widened %.9g", what, i, (double)x[i], (double)y[i]);
+      fail_msg("%s: %s[%zu] %.9g, widened %.9g", what, part, i, (double)x[i], (double)y[i]);
   }
+}
+
+/* The GEMMs on two 16-bit operands in a case: the forward's, and where a and b want
+ * gradients, backward's two on the 16-bit incoming gradient (the loss widens the result with
+ * clpar_to_dtype, whose backward narrows): matmul's, and Linear's without an activation (with
+ * one, backward multiplies the float32 gradient through it). */
+static uint64_t half_gemms(const gcase *c) {
+  return 1 + (c->view != 1 && (!c->linear || !c->relu) ? 2 : 0);
 }
 
 static const gcase cases[] = {
@@ -168,6 +184,9 @@ static const gcase cases[] = {
     {0, 3, 4, 5, 0, 1, 0, 0, 0, 0},  {0, 3, 4, 5, 1, 1, 0, 0, 0, 0},
     {0, 1, 7, 9, 0, 1, 0, 0, 0, 0},  {0, 5, 1, 3, 1, 0, 0, 0, 1, 0},
     {0, 6, 5, 7, 0, 0, 0, 0, 1, 1},  {0, 17, 19, 23, 1, 1, 0, 0, 1, 0},
+    {0, 5, 7, 3, 0, 0, 0, 0, 2, 0},  {0, 9, 3, 5, 1, 0, 0, 0, 2, 0},
+    {0, 3, 5, 7, 0, 1, 0, 0, 2, 1},  {0, 7, 9, 11, 1, 1, 0, 0, 2, 0},
+    {1, 5, 3, 7, 0, 0, 1, 0, 2, 0},  {1, 3, 7, 5, 0, 0, 0, 1, 2, 1},
 };
 enum { N_CASES = sizeof cases / sizeof cases[0] };
 
@@ -176,7 +195,10 @@ static void describe(char *buf, size_t size, const clpar_device *dev, clpar_dtyp
   snprintf(buf, size, "%s %s %s [%lld x %lld x %lld] ta %d tb %d%s%s%s%s", clpar_device_id(dev),
            clpar_dtype_name(dt), c->linear ? "linear" : "matmul", (long long)c->m, (long long)c->n,
            (long long)c->k, c->ta, c->tb, c->bias ? " bias" : "", c->relu ? " relu" : "",
-           c->view ? " views" : "", c->specials ? " NaN/Inf" : "");
+           c->view == 2 ? " views with gradients"
+           : c->view    ? " views"
+                        : "",
+           c->specials ? " NaN/Inf" : "");
 }
 
 /* Every case and dtype on dev with the entry and forced off; exact: bit for bit. */
@@ -198,23 +220,27 @@ static void check_device(clpar_device *dev, int exact) {
         runs[forced] = clpar_host_gemm_half_runs() - r0;
       }
       tu_ok(clpar_compose_force(dev, 0));
-      /* one forward GEMM per case, composed when forced off or without the entry (other
-       * fused entries a backend lacks count the same both ways) */
-      if (calls[1] - calls[0] != (uint64_t)has_entry(dev) ||
-          (is_backend(dev, "host") && (calls[0] != 0 || runs[0] != 1 || runs[1] != 0)))
-        fail_msg("%s: composed %llu, %llu forced off; the host's entry ran %llu, %llu forced off",
-                 what, (unsigned long long)calls[0], (unsigned long long)calls[1],
-                 (unsigned long long)runs[0], (unsigned long long)runs[1]);
+      /* half_gemms(c) per case, composed when forced off or without the entry (other fused
+       * entries a backend lacks count the same both ways) */
+      uint64_t want = half_gemms(c);
+      if (calls[1] - calls[0] != want * (uint64_t)has_entry(dev) ||
+          (is_backend(dev, "host") && (calls[0] != 0 || runs[0] != want || runs[1] != 0)))
+        fail_msg(
+            "%s: composed %llu, %llu forced off; the host's entry ran %llu (%llu wanted), "
+            "%llu forced off",
+            what, (unsigned long long)calls[0], (unsigned long long)calls[1],
+            (unsigned long long)runs[0], (unsigned long long)want, (unsigned long long)runs[1]);
       if (exact) {
         expect_same(what, &r[0], &r[1]);
-      } else { /* float32 sums in the backend's order; backward is the widened path's */
+      } else { /* float32 sums in the backend's order, backward's GEMMs' too */
         gresult h;
+        int64_t most = c->m > c->n ? (c->m > c->k ? c->m : c->k) : (c->n > c->k ? c->n : c->k);
         run_case(tu_host(), dt, c, &h);
-        expect_close(what, r[0].out, r[1].out, r[0].n_out, c->k);
-        expect_close(what, r[0].out, h.out, r[0].n_out, c->k);
+        expect_close(what, "out", r[0].out, r[1].out, r[0].n_out, c->k);
+        expect_close(what, "out", r[0].out, h.out, r[0].n_out, c->k);
         if (!c->relu) { /* ReLU's mask reads the forward's output */
-          expect_bits(what, "grad a", r[0].ga, r[1].ga, r[0].n_a);
-          expect_bits(what, "grad b", r[0].gb, r[1].gb, r[0].n_b);
+          expect_close(what, "grad a", r[0].ga, r[1].ga, r[0].n_a, most);
+          expect_close(what, "grad b", r[0].gb, r[1].gb, r[0].n_b, most);
           expect_bits(what, "grad bias", r[0].gbias, r[1].gbias, r[0].n_bias);
         }
         result_free(&h);
@@ -241,6 +267,74 @@ static void test_every_device(void **state) {
            has_entry(dev) ? "run by the backend" : "composed (operands widened)");
     check_device(dev, exact);
   }
+}
+
+/* ---- backward from gradients of other dtypes, and at an odd offset ---- */
+
+/* The incoming gradient in test_backward_grads: clpar_backward's float32 seed of a [1, 1]
+ * result, or clpar_backward_grad's of a float32 tensor, of a bfloat16 view at an odd word
+ * offset, of a float16 view. */
+enum { G_SEED, G_FLOAT32, G_HALF_VIEW, G_OTHER_HALF, G_KINDS };
+
+/* Under bfloat16 autocast on the host, y = a b^T (a [m, 7], b [n, 7] float32 leaves) by
+ * clpar_matmul or (linear) clpar_linear, then backward from a gradient of the kind; the
+ * gradients of a and b into r. */
+static void run_grad_kind(int linear, int kind, gresult *r) {
+  clpar_device *dev = tu_host();
+  clpar_scope *sc = clpar_scope_begin();
+  int64_t m = kind == G_SEED ? 1 : 5, n = kind == G_SEED ? 1 : 3, gs[2] = {m, n};
+  clpar_tensor *la, *lb, *lg, *y;
+  operand(dev, CLPAR_BFLOAT16, m, 7, 41, 0, 0, &la);
+  operand(dev, CLPAR_BFLOAT16, n, 7, 42, 0, 0, &lb);
+  tu_ok(clpar_autocast_begin(CLPAR_BFLOAT16));
+  tu_ok(linear ? clpar_linear(la, lb, NULL, &y) : clpar_matmul(la, lb, 0, 1, &y));
+  clpar_autocast_end();
+  if (kind == G_SEED) {
+    tu_ok(clpar_backward(y));
+  } else if (kind == G_FLOAT32) {
+    tu_ok(clpar_backward_grad(y, tu_make(dev, 2, gs, 43)));
+  } else {
+    clpar_dtype gdt = kind == G_HALF_VIEW ? CLPAR_BFLOAT16 : CLPAR_FLOAT16;
+    clpar_tensor *g = operand(dev, gdt, m, n, 43, 1, 0, &lg);
+    assert_true(g->offset % 2 == 1);
+    tu_ok(clpar_backward_grad(y, g));
+  }
+  memset(r, 0, sizeof *r);
+  r->ga = grad_of(la, &r->n_a);
+  r->gb = grad_of(lb, &r->n_b);
+  clpar_scope_end(sc);
+}
+
+/* Backward's GEMMs take the entry from a bfloat16 gradient only, and on the host give the
+ * widened path's bits either way. */
+static void test_backward_grads(void **state) {
+  (void)state;
+  static const char *name[G_KINDS] = {"float32 seed", "float32 gradient", "bfloat16 gradient view",
+                                      "float16 gradient"};
+  static const uint64_t want[G_KINDS] = {1, 1, 3, 1}; /* forward, and backward's two */
+  clpar_device *host = tu_host();
+  char what[100];
+  for (int linear = 0; linear < 2; linear++)
+    for (int kind = 0; kind < G_KINDS; kind++) {
+      gresult r[2];
+      uint64_t runs[2];
+      snprintf(what, sizeof what, "%s backward from a %s", linear ? "linear" : "matmul",
+               name[kind]);
+      for (int forced = 0; forced < 2; forced++) {
+        tu_ok(clpar_compose_force(host, forced ? GEMM_HALF_BIT : 0));
+        uint64_t r0 = clpar_host_gemm_half_runs();
+        run_grad_kind(linear, kind, &r[forced]);
+        runs[forced] = clpar_host_gemm_half_runs() - r0;
+      }
+      tu_ok(clpar_compose_force(host, 0));
+      if (runs[0] != want[kind] || runs[1] != 0)
+        fail_msg("%s: the host's entry ran %llu (%llu wanted), %llu forced off", what,
+                 (unsigned long long)runs[0], (unsigned long long)want[kind],
+                 (unsigned long long)runs[1]);
+      expect_bits(what, "grad a", r[0].ga, r[1].ga, r[0].n_a);
+      expect_bits(what, "grad b", r[0].gb, r[1].gb, r[0].n_b);
+      result_free(&r[0]), result_free(&r[1]);
+    }
 }
 
 /* ---- a captured step ---- */
@@ -353,6 +447,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_reference),
       cmocka_unit_test(test_every_device),
+      cmocka_unit_test(test_backward_grads),
       cmocka_unit_test(test_captured_step_bits),
       cmocka_unit_test(test_env),
   };

@@ -15,10 +15,6 @@
 
 #include "cuda/cuda_internal.h"
 
-uint64_t clpar_cuda_half_gemm_runs(const void *dev) {
-  return __atomic_load_n(&((const cuda_dev *)dev)->half_gemm_runs, __ATOMIC_RELAXED);
-}
-
 /* As cuda_gemm (cuda_gemm.c): the row-major C = op(A) op(B) is the column-major
  * C^T = op(B)^T op(A)^T, so the operands and m, n swap places and the transpose flags and
  * leading dimensions stay with their matrices. A 16-bit operand's bref counts words: it
@@ -52,6 +48,5 @@ clpar_status cuda_gemm_half(void *dev, int bf16, int trans_a, int trans_b, size_
   }
   pthread_mutex_unlock(&d->blas_lock);
   s = clpar_cuda_blas_check(st, bf16 ? "cublasGemmEx(bfloat16)" : "cublasGemmEx(float16)");
-  if (s == CLPAR_OK) __atomic_add_fetch(&d->half_gemm_runs, 1, __ATOMIC_RELAXED);
   return clpar_cuda_op_end(d, &prof, s);
 }

@@ -58,10 +58,8 @@ typedef struct cuda_dev {
    * the probe read it; lt, the handle, workspace and cached algorithms, made at first use. */
   int lt_use;
   void *lt;
-  /* gemm_half through cublasGemmEx (cuda_half_gemm.c): CLPAR_CUDA_HALF_GEMM as the probe read
-   * it, and the calls that ran (__atomic, for tests) */
+  /* gemm_half through cublasGemmEx (cuda_half_gemm.c): CLPAR_CUDA_HALF_GEMM at the probe */
   int half_gemm;
-  uint64_t half_gemm_runs;
   /* the fused softmax cross-entropy entries (kernels/cuda/softmax.cu): CLPAR_CUDA_XENT */
   int xent;
 } cuda_dev;
@@ -114,11 +112,6 @@ void clpar_cuda_lt_release(cuda_dev *d);
 clpar_status clpar_cuda_lt_trim(cuda_dev *d);
 /* The matmuls the device ran through cuBLASLt (for tests). */
 uint64_t clpar_cuda_lt_runs(const void *dev);
-
-/* ---- cuda_half_gemm.c ---- */
-
-/* The gemm_half calls the device ran (for tests). */
-uint64_t clpar_cuda_half_gemm_runs(const void *dev);
 
 /* A buffer reference as a pointer to its first float. */
 static inline float *at(clpar_bref r) {
