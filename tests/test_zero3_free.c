@@ -3,7 +3,8 @@
  * device each (tests/CMakeLists.txt). The units' wrappers are children of the module's tree,
  * freed before the DDP module itself stops the thread, which runs every collective posted
  * before it stops (the same on every rank): a slot the thread has not run yet must not read a
- * freed unit (the sanitizer build reports a heap-use-after-free in zero3_comm.c otherwise), and
+ * freed unit (else the sanitizer build reports a heap-use-after-free in zero3_comm.c, and a
+ * reduce-scatter's sum written into the freed unit corrupts the heap of a plain build), and
  * no rank may wait for a collective that its peers do not run (the next test's
  * clpar_ddp_create would wait for that rank).
  *
@@ -106,8 +107,8 @@ static void test_free_with_a_reduce_scatter_queued(void **state) {
   }
 }
 
-/* After the frees above, the ranks' collectives still match: a module made and trained now
- * gives every rank the same parameters. */
+/* After the frees above, a module made, trained and gathered now gives every rank the same
+ * parameters (a rank held back in those frees would keep the others waiting here). */
 static void test_ranks_still_matched(void **state) {
   (void)state;
   clpar_gate *gate = clpar_gate_new();
