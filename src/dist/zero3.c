@@ -272,15 +272,31 @@ static clpar_status unit_forward(clpar_module *self, clpar_tensor *x, clpar_tens
 
 /* ---- making the units ---- */
 
+/* The unit's struct and acc go with the last of its two holders, the wrapper and zero3. A
+ * module's children are freed before it, so the wrappers go before the DDP module stops the
+ * communication thread, which runs every collective posted before the stop, on every rank
+ * alike (so their sequences stay matched); those read the unit (its shard, acc) and must find
+ * it there. zero3 lets go once the thread has ended; a wrapper can also outlive zero3 (a failed
+ * clpar_ddp_create frees zero3 first), so neither holder waits for or touches the other. */
+static void unit_put(z3_unit *u) {
+  if (__atomic_sub_fetch(&u->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+  free(u->acc);
+  free(u);
+}
+
+/* The wrapper's free: what the module's tree holds goes now (the thread uses none of it). */
 static void unit_free(void *p) {
   z3_unit *u = p;
   if (!u) return;
   for (int i = 0; i < u->n_params; i++) clpar_tensor_release(u->params[i].param);
   free(u->params);
-  free(u->acc);
+  u->params = NULL;
+  u->n_params = 0;
   clpar_tensor_release(u->pshard);
+  u->pshard = NULL;
   if (u->inner) clpar_module_release(u->inner);
-  free(u);
+  u->inner = NULL;
+  unit_put(u);
 }
 
 /* 1 when t is a parameter of one of the units made so far. */
@@ -332,6 +348,7 @@ static clpar_status wrap(zero3 *z, clpar_module *m, const char *fn, z3_unit **ou
   }
   u->z = z;
   u->inner = m;
+  u->refs = 1; /* the wrapper's; zero3's when it takes the unit */
   clpar_status s = unit_params(u, m, fn);
   if (s != CLPAR_OK) {
     unit_free(u);
@@ -458,6 +475,7 @@ static clpar_status child_units(zero3 *z, clpar_module *c, z3_unit **made) {
     made[i]->wrapper->adopted = 1; /* c's reference to the child is now one to the wrapper */
     c->children[i].item = made[i]->wrapper;
     clpar_module_release(made[i]->inner);
+    __atomic_add_fetch(&made[i]->refs, 1, __ATOMIC_RELAXED); /* zero3's */
     z->units[z->n_units++] = made[i];
   }
   return s;
@@ -514,6 +532,7 @@ static clpar_status root_unit(zero3 *z, ddp_state *st, clpar_module **module) {
   s = wrap(z, root, "clpar_ddp_create", &u);
   if (s != CLPAR_OK) return s;
   z->root = z->n_units;
+  __atomic_add_fetch(&u->refs, 1, __ATOMIC_RELAXED);
   z->units[z->n_units++] = u;
   root->adopted = 1;
   clpar_module_release(root);
@@ -524,7 +543,8 @@ static clpar_status root_unit(zero3 *z, ddp_state *st, clpar_module **module) {
 static void zero3_free(zero3 *z) {
   if (!z) return;
   clpar_tensor_release(z->placeholder);
-  clpar_z3_comm_free(z);
+  clpar_z3_comm_free(z); /* after the communication thread ended */
+  for (int k = 0; k < z->n_units; k++) unit_put(z->units[k]);
   free(z->units);
   free(z);
 }

@@ -57,6 +57,9 @@ typedef struct {
   float *acc;           /* [shard]: the averaged gradient backward reduced (the comm thread's) */
   int fresh;            /* the next reduction replaces acc (zero_grad since); under st->lock */
   int unflushed;        /* acc holds what pshard's grad does not yet; under st->lock */
+  /* held by the wrapper and by zero3 (zero3.c's unit_put): the wrapper goes with the module's
+   * tree before the DDP module stops the communication thread, whose slots may still name u */
+  int refs;
 } z3_unit;
 
 struct zero3 {
