@@ -246,8 +246,8 @@ clpar_status clpar_autocast_linear(const clpar_tensor *x, const clpar_tensor *we
 }
 
 /* ---- matmul under autocast: the same scheme; each GEMM through gemm_half where both operands
- * are of one 16-bit dtype (the forward's; backward's, whose incoming gradient is 16-bit unless
- * clpar_backward seeds it in float32 or clpar_backward_grad hands it in another dtype) and the
+ * are of one 16-bit dtype (the forward's; backward's, whose incoming gradient is of the
+ * result's dtype: clpar_backward seeds ones of it, clpar_backward_grad converts to it) and the
  * device has the entry, else the float32 work done by clpar_matmul itself on float32 copies
  * that need no gradient (so it records no node), with autocast suspended on this thread while
  * it runs ---- */

@@ -6,7 +6,7 @@
  * widens the operands to float32 tensors and calls gemm: gemm_half's composition, counted in
  * the device's composed_calls. The host backend's gemm_half is that composition run inside the
  * backend, so on the host both ways give the same bits. A float32 operand (a gradient through
- * an activation, clpar_backward's seed) takes the caller's widened path, uncounted. */
+ * an activation) takes the caller's widened path, uncounted. */
 #include "internal.h"
 
 /* Whether dev runs gemm_half itself (its bit clear in dev->composed). */

@@ -535,15 +535,42 @@ static clpar_status backward_from(clpar_tensor *root, clpar_tensor *seed) {
   return s;
 }
 
+/* Whether root can start a backward: alive, requiring a gradient (as PyTorch's "element 0 of
+ * tensors does not require grad"). */
+static clpar_status check_root(const char *fn, const clpar_tensor *root) {
+  clpar_status s = clpar_check_alive(fn, root);
+  if (s == CLPAR_OK && !root->requires_grad)
+    s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
+                        "%s: the tensor does not require a gradient (no input of the ops that "
+                        "made it requires one)",
+                        fn);
+  return s;
+}
+
+/* A new tensor of ones of t's dtype, shape and device, outside any scope: torch's
+ * ones_like(loss), the seed of loss.backward(). A 16-bit one is filled in float32 and
+ * converted (clpar_fill writes 16-bit zeros only). */
+static clpar_status ones_like(const clpar_tensor *t, clpar_tensor **out) {
+  clpar_tensor *ones = NULL;
+  *out = NULL;
+  clpar_status s = clpar_tensor_empty(t->storage->dev, t->ndim, t->shape, &ones);
+  if (s == CLPAR_OK) s = clpar_fill(ones, 1.0f);
+  if (s == CLPAR_OK && t->dtype != CLPAR_FLOAT32) {
+    s = clpar_convert_dtype(ones, t->dtype, out);
+    clpar_tensor_free(ones);
+  } else if (s == CLPAR_OK) {
+    *out = ones;
+  } else {
+    clpar_tensor_free(ones);
+  }
+  if (*out) clpar_tensor_unscope(*out);
+  return s;
+}
+
 clpar_status clpar_backward(clpar_tensor *loss) {
   if (!loss) return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "clpar_backward: loss is NULL");
-  clpar_status alive = clpar_check_alive("clpar_backward", loss);
-  if (alive != CLPAR_OK) return alive;
-  if (!loss->requires_grad)
-    return clpar_set_error(
-        CLPAR_ERROR_NO_GRADIENT,
-        "clpar_backward: the tensor does not require a gradient (no input of the ops "
-        "that made it requires one)");
+  clpar_status s = check_root("clpar_backward", loss);
+  if (s != CLPAR_OK) return s;
   if (loss->numel != 1) {
     char b[128];
     return clpar_set_error(
@@ -552,21 +579,62 @@ clpar_status clpar_backward(clpar_tensor *loss) {
         clpar_tensor_shape_str(loss, b, sizeof b));
   }
   clpar_tensor *seed = NULL;
-  clpar_status s = clpar_tensor_empty(loss->storage->dev, loss->ndim, loss->shape, &seed);
-  if (s == CLPAR_OK) {
-    clpar_tensor_unscope(seed);
-    s = clpar_fill(seed, 1.0f);
-  }
-  if (s != CLPAR_OK) {
-    clpar_tensor_free(seed);
-    return s;
-  }
-  return backward_from(loss, seed);
+  s = ones_like(loss, &seed);
+  return s == CLPAR_OK ? backward_from(loss, seed) : s;
 }
 
+/* grad's elements (int32 or int64, on root's device) as a new tensor of root's float dtype:
+ * through float32 on the host, as torch's int-to-float cast rounds (to nearest). */
+static clpar_status int_grad(const clpar_tensor *root, const clpar_tensor *grad,
+                             clpar_tensor **seed) {
+  size_t n = (size_t)grad->numel, bytes = n * clpar_dtype_size(grad->dtype);
+  void *raw = malloc(bytes ? bytes : 1);
+  float *f = malloc((n ? n : 1) * sizeof *f);
+  clpar_status s = raw && f ? clpar_tensor_read_raw(grad, raw, bytes)
+                            : clpar_set_error(CLPAR_ERROR_OUT_OF_MEMORY,
+                                              "clpar_backward_grad: out of host memory");
+  for (size_t i = 0; s == CLPAR_OK && i < n; i++)
+    f[i] = grad->dtype == CLPAR_INT64 ? (float)((const int64_t *)raw)[i]
+                                      : (float)((const int32_t *)raw)[i];
+  if (s == CLPAR_OK)
+    s = clpar_tensor_from_floats(root->storage->dev, root->dtype, root->ndim, root->shape, f, seed);
+  free(raw);
+  free(f);
+  return s;
+}
+
+/* Backward from root with grad as root's gradient, as torch.autograd.backward(root, grad):
+ * grad must have root's shape and device, and is taken in root's dtype (converted when it has
+ * another, an int one included). */
 clpar_status clpar_backward_grad(clpar_tensor *root, const clpar_tensor *grad) {
+  const char *fn = "clpar_backward_grad";
+  if (!root || !grad)
+    return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT, "%s: root or grad is NULL", fn);
+  clpar_status s = check_root(fn, root);
+  if (s == CLPAR_OK) s = clpar_check_alive(fn, grad);
+  if (s != CLPAR_OK) return s;
+  int same = grad->ndim == root->ndim;
+  for (int d = 0; same && d < root->ndim; d++) same = grad->shape[d] == root->shape[d];
+  char a[128], b[128];
+  if (!same)
+    return clpar_set_error(CLPAR_ERROR_SHAPE_MISMATCH,
+                           "%s: mismatch in shape: grad has a shape of %s and root has a shape "
+                           "of %s",
+                           fn, clpar_tensor_shape_str(grad, a, sizeof a),
+                           clpar_tensor_shape_str(root, b, sizeof b));
+  if (grad->storage->dev != root->storage->dev)
+    return clpar_set_error(CLPAR_ERROR_DEVICE_MISMATCH,
+                           "%s: grad is on %s and root on %s; the gradient must be on root's "
+                           "device",
+                           fn, clpar_device_id(grad->storage->dev),
+                           clpar_device_id(root->storage->dev));
   clpar_tensor *seed = NULL;
-  clpar_status s = clpar_tensor_alias(grad, &seed);
+  if (grad->dtype == root->dtype)
+    s = clpar_tensor_alias(grad, &seed);
+  else if (grad->dtype == CLPAR_INT32 || grad->dtype == CLPAR_INT64)
+    s = int_grad(root, grad, &seed);
+  else
+    s = clpar_convert_dtype(grad, root->dtype, &seed);
   if (s != CLPAR_OK) return s;
   clpar_tensor_unscope(seed);
   return backward_from(root, seed);

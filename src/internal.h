@@ -223,8 +223,10 @@ typedef struct clpar_grad_hook {
 int clpar_tensor_has_grad(const clpar_tensor *t);
 
 void clpar_node_release(clpar_node *node);
-/* Backpropagates from root (any shape), whose gradient is grad (root's shape; not taken over),
- * as torch.autograd.backward(root, grad): the recompute of activation checkpointing. */
+/* Backpropagates from root (any shape), whose gradient is grad (not taken over), as
+ * torch.autograd.backward(root, grad): the recompute of activation checkpointing. grad must
+ * have root's shape and device (else CLPAR_ERROR_SHAPE_MISMATCH, CLPAR_ERROR_DEVICE_MISMATCH)
+ * and is taken in root's dtype: converted from another float or int dtype. */
 clpar_status clpar_backward_grad(clpar_tensor *root, const clpar_tensor *grad);
 /* True when a result of an op with these inputs must record a node. */
 int clpar_needs_grad(clpar_tensor *const *inputs, int n);

@@ -8,10 +8,10 @@
  *   and backward's on the 16-bit incoming gradient (matmul's, and Linear's without an
  *   activation); odd sizes, m = 1, 16-bit inputs that are views at an odd word offset with
  *   rows starting at odd elements (with and without gradients), NaN and Inf in the inputs;
- * - matmul's and Linear's backward from a float32 gradient (clpar_backward's seed of a
- *   one-element result, clpar_backward_grad's) or one of the other 16-bit type keep the
- *   widened path; from a 16-bit one that is a view at an odd word offset they take the entry:
- *   the same bits either way on the host;
+ * - matmul's and Linear's backward from clpar_backward's seed of a one-element bfloat16 result
+ *   (ones of its dtype), and from clpar_backward_grad's gradient of float32, of float16 (both
+ *   converted to the root's bfloat16, as PyTorch's engine does) or of bfloat16 (a view at an
+ *   odd word offset), take the entry: the same bits either way on the host;
  * - on every selected device: the same, bit for bit where the device lacks the entry (OpenCL:
  *   both ways widen) or is the host; a CUDA device with CLPAR_CUDA_HALF_GEMM=1 runs cublasGemmEx
  *   (float32 sums in another order): within a tolerance of the widened path and the host;
@@ -271,9 +271,9 @@ static void test_every_device(void **state) {
 
 /* ---- backward from gradients of other dtypes, and at an odd offset ---- */
 
-/* The incoming gradient in test_backward_grads: clpar_backward's float32 seed of a [1, 1]
- * result, or clpar_backward_grad's of a float32 tensor, of a bfloat16 view at an odd word
- * offset, of a float16 view. */
+/* The incoming gradient in test_backward_grads: clpar_backward's seed of a [1, 1] result, or
+ * clpar_backward_grad's of a float32 tensor, of a bfloat16 view at an odd word offset, of a
+ * float16 view. */
 enum { G_SEED, G_FLOAT32, G_HALF_VIEW, G_OTHER_HALF, G_KINDS };
 
 /* Under bfloat16 autocast on the host, y = a b^T (a [m, 7], b [n, 7] float32 leaves) by
@@ -305,13 +305,14 @@ static void run_grad_kind(int linear, int kind, gresult *r) {
   clpar_scope_end(sc);
 }
 
-/* Backward's GEMMs take the entry from a bfloat16 gradient only, and on the host give the
- * widened path's bits either way. */
+/* Backward's GEMMs take the entry from every kind: the seed is of the result's dtype and a
+ * gradient of another dtype is converted to it; on the host the widened path's bits either
+ * way. */
 static void test_backward_grads(void **state) {
   (void)state;
-  static const char *name[G_KINDS] = {"float32 seed", "float32 gradient", "bfloat16 gradient view",
+  static const char *name[G_KINDS] = {"seed", "float32 gradient", "bfloat16 gradient view",
                                       "float16 gradient"};
-  static const uint64_t want[G_KINDS] = {1, 1, 3, 1}; /* forward, and backward's two */
+  static const uint64_t want[G_KINDS] = {3, 3, 3, 3}; /* forward, and backward's two */
   clpar_device *host = tu_host();
   char what[100];
   for (int linear = 0; linear < 2; linear++)
