@@ -65,17 +65,22 @@ static inline int check(clpar_status s, const char *what) {
 /* One line on stderr: the most device memory each category (include/clpar/memory.h) held at
  * once on dev since clpar_init (or the last clpar_memory_mark), in MiB, the backend's
  * workspaces among them, and all of them at once (total), prefixed by the rank in a
- * distributed job. */
+ * distributed job. The line is put together first and written in one call: mpirun forwards
+ * each rank's stderr as it arrives, and a line written in pieces while another rank writes
+ * its own would come out with the other's spliced into it. */
 static inline void print_memory_peaks(clpar_device *dev) {
   static const clpar_mem_category order[] = {
       CLPAR_MEM_PARAMETERS,    CLPAR_MEM_GRADIENTS, CLPAR_MEM_OPTIMIZER, CLPAR_MEM_ACTIVATIONS,
       CLPAR_MEM_COMMUNICATION, CLPAR_MEM_WORKSPACE, CLPAR_MEM_TOTAL};
-  if (clpar_dist_rank() >= 0) fprintf(stderr, "rank %d: ", clpar_dist_rank());
-  fprintf(stderr, "peak memory on %s:", clpar_device_id(dev));
+  char line[512]; /* at most 377 bytes: the id cut at 64, names at 16, values under 18 */
+  int n = 0;
+  if (clpar_dist_rank() >= 0) n = snprintf(line, sizeof line, "rank %d: ", clpar_dist_rank());
+  n += snprintf(line + n, sizeof line - (size_t)n, "peak memory on %.64s:", clpar_device_id(dev));
   for (size_t i = 0; i < sizeof order / sizeof *order; i++)
-    fprintf(stderr, "%s %s %.2f MiB", i ? "," : "", clpar_memory_category_name(order[i]),
-            (double)clpar_memory_peak(dev, order[i]) / 1048576.0);
-  fprintf(stderr, "\n");
+    n += snprintf(line + n, sizeof line - (size_t)n, "%s %.16s %.2f MiB", i ? "," : "",
+                  clpar_memory_category_name(order[i]),
+                  (double)clpar_memory_peak(dev, order[i]) / 1048576.0);
+  fprintf(stderr, "%s\n", line);
 }
 
 /* ---- the MLP classifier of train_mlp.c and ddp.c ---- */

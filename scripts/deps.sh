@@ -5,11 +5,12 @@
 # backend's own loops use, where the pthread build would add a second pool of spinning threads.
 # libdnnl-dev: oneDNN, the host backend's convolutions (its Debian build threads with OpenMP too).
 # iproute2: `ip`, with which tests/ddp_netns.sh makes two network namespaces into two hosts.
+# strace: tests/sample_line_writes.sh traces how each rank writes its lines.
 # jq and gnuplot-nox (gnuplot without X11): scripts/plot_pipeline.sh and the training samples'
 # --loss-plot draw their PNGs with them.
 clpar_deps=(build-essential cmake pkg-config binutils ocl-icd-opencl-dev opencl-headers
   pocl-opencl-icd libclblast-dev libcmocka-dev libjansson-dev zlib1g-dev clinfo clang libclang-rt-14-dev
-  libopenblas-dev libopenblas-openmp-dev libdnnl-dev openmpi-bin libopenmpi-dev iproute2 jq gnuplot-nox)
+  libopenblas-dev libopenblas-openmp-dev libdnnl-dev openmpi-bin libopenmpi-dev iproute2 strace jq gnuplot-nox)
 
 clpar_install_deps() {
   local missing=()

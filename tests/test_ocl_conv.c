@@ -18,43 +18,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "opencl/ocl_conv_algo.h"
-#include "ocl_conv_shapes.h"
-#include "ocl_test_util.h"
+#include "test_ocl_conv_util.h"
 #include "test_util.h"
 
-static char cache_dir[256];
-
-static clpar_ocl_device *ocl_of(clpar_device *dev) {
-  return dev->bd.ctx;
-}
-
-/* The first OpenCL device, or the test skipped; its backend context into *d. */
-static clpar_device *need_ocl(clpar_ocl_device **d) {
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  *d = ocl_of(dev);
-  return dev;
-}
-
-/* The path of d's convolution entry file into path, the file removed. */
-static void entry_removed(clpar_ocl_device *d, char *path, size_t size) {
-  assert_int_equal(clpar_ocl_conv_path(d, path, size), 0);
-  unlink(path);
-}
-
 static int setup(void **state) {
-  if (tu_ocl_cache_dir_make(cache_dir, sizeof cache_dir, "ocl-conv") != 0) return -1;
-  unsetenv("CLPAR_TUNE");
-  unsetenv("CLPAR_OCL_CONV");
-  return tu_setup(state);
-}
-
-static int teardown(void **state) {
-  int r = tu_teardown(state);
-  tu_remove_dir(cache_dir);
-  return r;
+  return tcu_setup(state, "ocl-conv");
 }
 
 /* ---- one convolution against the float64 loop ---- */
@@ -83,10 +51,10 @@ static void conv_ref(const cshape *s, const float *x, const float *w, const floa
 
 static void check_shape(clpar_device *dev, const cshape *s, const char *what) {
   clpar_scope *sc = clpar_scope_begin();
-  int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
-  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *b = NULL, *y;
+  clpar_tensor *x, *w, *b = NULL, *y;
+  tcu_inputs(dev, s, 11, &x, &w);
   if (s->bias) b = tu_make(dev, 1, &s->o, 13);
-  clpar_conv2d_options opt = {{s->sh, s->sw}, {s->ph, s->pw}, {s->dh, s->dw}, s->groups};
+  clpar_conv2d_options opt = tcu_opt_of(s);
   tu_ok(clpar_conv2d(x, w, b, &opt, &y));
   float *xv = tu_read(x), *wv = tu_read(w), *bv = b ? tu_read(b) : NULL, *yv = tu_read(y);
   int64_t numel = clpar_tensor_numel(y);
@@ -115,7 +83,7 @@ static int algo_fits(int algo, const cshape *s) {
 }
 
 static void check_forced(clpar_device *dev, int algo) {
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d = tcu_ocl_of(dev);
   clpar_ocl_conv_stats before, after;
   setenv("CLPAR_OCL_CONV", clpar_ocl_conv_algo_name(algo), 1);
   clpar_ocl_conv_stats_get(d, &before);
@@ -137,30 +105,26 @@ static void check_forced(clpar_device *dev, int algo) {
 
 static void test_im2col_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_IM2COL);
 }
 
 static void test_winograd_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
 }
 
 /* CLBlast's Xconvgemm (bias added after it), grouped shapes by im2col. */
 static void test_convgemm_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_CONVGEMM);
 }
 
 static void test_implicit_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_IMPLICIT);
 }
 
@@ -168,8 +132,7 @@ static void test_implicit_path(void **state) {
  * last chunk). */
 static void test_chunks(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   const size_t floats[] = {1, 7000};
   for (size_t f = 0; f < 2; f++) {
     clpar_ocl_conv_chunk_floats = floats[f];
@@ -191,7 +154,7 @@ static void test_chunks(void **state) {
 static void test_implicit_tiles(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  clpar_device *dev = need_ocl(&d);
+  clpar_device *dev = tcu_need_ocl(&d);
   const clpar_ocl_conv_tiles tiles[] = {{16, 32, 4, 2, 4}, {8, 8, 1, 1, 1}, {32, 16, 32, 8, 2}};
   for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
     tu_ok(clpar_ocl_conv_set_tiles(d, &tiles[t], 0));
@@ -215,9 +178,9 @@ static void test_implicit_tiles(void **state) {
 static void test_tile_tuning(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  clpar_device *dev = need_ocl(&d);
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_tiles was = clpar_ocl_conv_tiles_of(d);
   clpar_ocl_conv_tune_result r;
@@ -243,50 +206,32 @@ static void test_tile_tuning(void **state) {
 
 static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
 
-static void write_entry(clpar_ocl_device *d, const char *body, size_t len) {
-  char path[4096];
-  entry_removed(d, path, sizeof path);
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(body, 1, len, f), len);
-  fclose(f);
-  chmod(path, 0600);
-}
-
-/* The header an entry for d starts with (as ocl_conv_cache.c writes it). */
-static void header(clpar_ocl_device *d, char *out, size_t size) {
-  snprintf(out, size, "clpar-conv 1\ndevice %s\ndriver %s\nplatform %s %s\n", d->dev_name,
-           d->driver_version, d->platform_name, d->platform_version);
-}
-
 static const char probe_line[] = "shape 1 4 6 6 5 1 3 3 1 1 1 1 1 1";
 
 /* Runs the probe with d's state forgotten; returns the stats' change. */
 static clpar_ocl_conv_stats run_probe(clpar_device *dev) {
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d = tcu_ocl_of(dev);
   clpar_ocl_conv_stats a, b;
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_stats_get(d, &a);
   check_shape(dev, &probe, "probe");
-  clpar_ocl_conv_stats_get(d, &b);
-  b.measured -= a.measured, b.disk_loads -= a.disk_loads, b.disk_rejects -= a.disk_rejects;
-  for (int i = 0; i < CLPAR_OCL_CONV_ALGOS; i++) b.runs[i] -= a.runs[i], b.timed[i] -= a.timed[i];
+  tcu_stats_since(d, &a, &b);
   return b;
 }
 
 static void test_saved_choice_is_taken(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  clpar_device *dev = need_ocl(&d);
+  clpar_device *dev = tcu_need_ocl(&d);
   char text[4096], h[2048];
-  header(d, h, sizeof h);
+  tcu_header(d, h, sizeof h);
   /* the shape's own tiles (for the implicit GEMM) differ from the device's */
   const clpar_ocl_conv_tiles mine = {16, 32, 4, 2, 4};
   for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_ALGOS; algo++) {
     int n = snprintf(text, sizeof text, "%stiles 32 32 8 4 4\n%s %s%s\nend\n", h, probe_line,
                      clpar_ocl_conv_algo_name(algo),
                      algo == CLPAR_OCL_CONV_IMPLICIT ? " 16 32 4 2 4" : "");
-    write_entry(d, text, (size_t)n);
+    tcu_write_entry(d, text, (size_t)n);
     clpar_ocl_conv_stats c = run_probe(dev);
     assert_int_equal(c.disk_loads, 1);
     assert_int_equal(c.disk_rejects, 0);
@@ -308,9 +253,9 @@ static void test_saved_choice_is_taken(void **state) {
 static void test_unknown_shape_is_measured_and_saved(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  clpar_device *dev = need_ocl(&d);
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.measured, 1);
   assert_int_equal(c.runs[CLPAR_OCL_CONV_IM2COL] + c.runs[CLPAR_OCL_CONV_IMPLICIT] +
@@ -337,10 +282,9 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
    * worker: it comes back by the next command that waits); the device works on after */
   tu_ok(clpar_device_synchronize(dev));
   clpar_scope *sc = clpar_scope_begin();
-  int64_t xs[4] = {probe.n, probe.c, probe.h, probe.w},
-          ws[4] = {probe.o, probe.c, probe.kh, probe.kw};
-  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *y;
-  clpar_conv2d_options opt = {{probe.sh, probe.sw}, {probe.ph, probe.pw}, {probe.dh, probe.dw}, 1};
+  clpar_tensor *x, *w, *y;
+  tcu_inputs(dev, &probe, 11, &x, &w);
+  clpar_conv2d_options opt = tcu_opt_of(&probe);
   setenv("CLPAR_OCL_CONV", "winograd-please", 1);
   clpar_status s = clpar_conv2d(x, w, NULL, &opt, &y);
   if (s == CLPAR_OK) s = clpar_device_synchronize(dev);
@@ -355,10 +299,10 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
 /* The device ops one forward of s records in a profile (forced as CLPAR_OCL_CONV says). */
 static uint64_t profiled_ops(clpar_device *dev, const cshape *s) {
   clpar_scope *sc = clpar_scope_begin();
-  int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
-  clpar_tensor *x = tu_make(dev, 4, xs, 11), *w = tu_make(dev, 4, ws, 12), *y;
+  clpar_tensor *x, *w, *y;
+  tcu_inputs(dev, s, 11, &x, &w);
   clpar_tensor *b = s->bias ? tu_make(dev, 1, &s->o, 13) : NULL;
-  clpar_conv2d_options opt = {{s->sh, s->sw}, {s->ph, s->pw}, {s->dh, s->dw}, s->groups};
+  clpar_conv2d_options opt = tcu_opt_of(s);
   clpar_profile p0, p1;
   tu_ok(clpar_device_synchronize(dev));
   tu_ok(clpar_device_profile_start(dev));
@@ -373,8 +317,7 @@ static uint64_t profiled_ops(clpar_device *dev, const cshape *s) {
 /* CLBlast's convgemm is recorded in a device profile as one op, its bias as a second. */
 static void test_convgemm_profiled(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   cshape s = shapes[1].s; /* stride 2, no bias */
   setenv("CLPAR_OCL_CONV", "convgemm", 1);
   assert_int_equal(profiled_ops(dev, &s), 1);
@@ -388,9 +331,9 @@ static void test_convgemm_profiled(void **state) {
 static void test_convgemm_measured_where_it_fits(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  clpar_device *dev = need_ocl(&d);
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_stats a, b;
   clpar_ocl_conv_stats_get(d, &a);
@@ -416,7 +359,7 @@ static void test_convgemm_measured_where_it_fits(void **state) {
 }
 
 static void expect_refused(clpar_device *dev, const char *body, size_t len, const char *what) {
-  write_entry(ocl_of(dev), body, len);
+  tcu_write_entry(tcu_ocl_of(dev), body, len);
   clpar_ocl_conv_stats c = run_probe(dev);
   if (c.disk_rejects != 1 || c.measured != 1)
     fail_msg("%s: rejects %llu, measured %llu", what, (unsigned long long)c.disk_rejects,
@@ -426,9 +369,9 @@ static void expect_refused(clpar_device *dev, const char *body, size_t len, cons
 static void test_hostile_entries_are_refused(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  clpar_device *dev = need_ocl(&d);
+  clpar_device *dev = tcu_need_ocl(&d);
   char h[2048], text[8192];
-  header(d, h, sizeof h);
+  tcu_header(d, h, sizeof h);
   const char *bodies[][2] = {
       {"other format", "clpar-conv 9\n"},
       {"an unknown algorithm", "%sshape 1 4 6 6 5 1 3 3 1 1 1 1 1 1 fft\nend\n"},
@@ -464,14 +407,14 @@ static void test_hostile_entries_are_refused(void **state) {
   expect_refused(dev, text, (size_t)n, "a NUL byte");
   /* a sound entry made group-writable, then reached through a symbolic link */
   n = snprintf(text, sizeof text, "%s%s implicit 8 8 8 1 1\nend\n", h, probe_line);
-  write_entry(d, text, (size_t)n);
+  tcu_write_entry(d, text, (size_t)n);
   char path[4096], real[4200];
   assert_int_equal(clpar_ocl_conv_path(d, path, sizeof path), 0);
   chmod(path, 0660);
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.disk_rejects, 1);
   snprintf(real, sizeof real, "%s.real", path);
-  write_entry(d, text, (size_t)n);
+  tcu_write_entry(d, text, (size_t)n);
   assert_int_equal(rename(path, real), 0);
   assert_int_equal(symlink(real, path), 0);
   c = run_probe(dev);
@@ -496,5 +439,5 @@ int main(void) {
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
       cmocka_unit_test(test_hostile_entries_are_refused),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, tcu_teardown);
 }

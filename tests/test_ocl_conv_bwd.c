@@ -11,33 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "ocl_conv_shapes.h"
-#include "ocl_test_util.h"
-#include "opencl/ocl_conv_algo.h"
+#include "test_ocl_conv_util.h"
 #include "test_util.h"
 
-static char cache_dir[256];
-
-static clpar_ocl_device *ocl_of(clpar_device *dev) {
-  return dev->bd.ctx;
-}
-
 static int setup(void **state) {
-  if (tu_ocl_cache_dir_make(cache_dir, sizeof cache_dir, "ocl-conv-bwd") != 0) return -1;
-  unsetenv("CLPAR_TUNE");
-  unsetenv("CLPAR_OCL_CONV");
-  unsetenv("CLPAR_OCL_CONV_BWD");
-  return tu_setup(state);
-}
-
-static int teardown(void **state) {
-  int r = tu_teardown(state);
-  tu_remove_dir(cache_dir);
-  return r;
+  return tcu_setup(state, "ocl-conv-bwd");
 }
 
 /* ---- the float64 reference ---- */
@@ -82,10 +62,10 @@ typedef struct {
 } bcase;
 
 static void case_make(clpar_device *dev, const cshape *s, bcase *c) {
-  int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / s->groups, s->kh, s->kw};
   int64_t ys[4] = {s->n, s->o, cs_out_size(s->h, s->kh, s->sh, s->ph, s->dh),
                    cs_out_size(s->w, s->kw, s->sw, s->pw, s->dw)};
-  c->x = tu_make(dev, 4, xs, 21), c->w = tu_make(dev, 4, ws, 22), c->gy = tu_make(dev, 4, ys, 23);
+  tcu_inputs(dev, s, 21, &c->x, &c->w);
+  c->gy = tu_make(dev, 4, ys, 23);
   c->n[0] = (size_t)clpar_tensor_numel(c->x), c->n[1] = (size_t)clpar_tensor_numel(c->w);
   c->n[2] = (size_t)s->o;
   for (int i = 0; i < 3; i++) c->ref[i] = malloc(c->n[i] * sizeof(float));
@@ -112,17 +92,12 @@ static void expect_grad(const bcase *c, int i, const float *got, float scale, co
   free(want);
 }
 
-static clpar_conv2d_options opt_of(const cshape *s) {
-  clpar_conv2d_options opt = {{s->sh, s->sw}, {s->ph, s->pw}, {s->dh, s->dw}, s->groups};
-  return opt;
-}
-
 /* The gradients want[] asks for through the core (one backward entry call), checked. */
 static void check_grads(clpar_device *dev, const cshape *s, const int want[3], const char *what) {
   clpar_scope *sc = clpar_scope_begin();
   bcase c;
   case_make(dev, s, &c);
-  clpar_conv2d_options opt = opt_of(s);
+  clpar_conv2d_options opt = tcu_opt_of(s);
   clpar_tensor *g[3] = {NULL, NULL, NULL};
   tu_ok(clpar_conv2d_grads(c.x, c.w, &opt, c.gy, want, g));
   for (int i = 0; i < 3; i++) {
@@ -140,18 +115,9 @@ static int winograd_fits(const cshape *s) {
          s->groups == 1 && s->ph <= 2 && s->pw <= 2;
 }
 
-static void stats_diff(clpar_ocl_device *d, const clpar_ocl_conv_stats *a,
-                       clpar_ocl_conv_stats *b) {
-  clpar_ocl_conv_stats_get(d, b);
-  b->measured -= a->measured, b->disk_loads -= a->disk_loads, b->disk_rejects -= a->disk_rejects;
-  b->bwd_measured -= a->bwd_measured;
-  for (int p = 0; p < 2; p++)
-    for (int i = 0; i < CLPAR_OCL_CONV_ALGOS; i++) b->bwd_runs[p][i] -= a->bwd_runs[p][i];
-}
-
 /* Every shape with algo forced: dx, dw and db checked, each pass run by algo where it can. */
 static void check_forced(clpar_device *dev, int algo) {
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d = tcu_ocl_of(dev);
   clpar_ocl_conv_stats before, c;
   setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
   clpar_ocl_conv_stats_get(d, &before);
@@ -161,7 +127,7 @@ static void check_forced(clpar_device *dev, int algo) {
     check_grads(dev, &shapes[i].s, all, shapes[i].name);
     fit += algo != CLPAR_OCL_CONV_WINOGRAD || winograd_fits(&shapes[i].s);
   }
-  stats_diff(d, &before, &c);
+  tcu_stats_since(d, &before, &c);
   unsetenv("CLPAR_OCL_CONV_BWD");
   assert_int_equal(c.bwd_runs[0][algo], fit);
   assert_int_equal(c.bwd_runs[0][CLPAR_OCL_CONV_IM2COL] + c.bwd_runs[0][CLPAR_OCL_CONV_IMPLICIT] +
@@ -175,30 +141,26 @@ static void check_forced(clpar_device *dev, int algo) {
 
 static void test_im2col_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_IM2COL);
 }
 
 static void test_implicit_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_IMPLICIT);
 }
 
 static void test_winograd_path(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   check_forced(dev, CLPAR_OCL_CONV_WINOGRAD);
 }
 
 /* One output at a time (db alone: the core asks for dw into scratch), each algorithm. */
 static void test_each_output_alone(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   const int wants[4][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {0, 1, 1}};
   const size_t pick[] = {0, 1, 5, 8, 16};
   for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo++) {
@@ -213,8 +175,8 @@ static void test_each_output_alone(void **state) {
 /* The entry writes dx, dw and db whole: what the buffers held before does not show. */
 static void test_outputs_written_whole(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   const size_t pick[] = {0, 1, 4, 8, 16};
   for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo++) {
     setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
@@ -230,10 +192,10 @@ static void test_outputs_written_whole(void **state) {
                                s->kh, s->kw, s->sh,          s->sw,         s->ph, s->pw,
                                s->dh, s->dw, c.gy->shape[2], c.gy->shape[3]};
       tu_ok(clpar_device_synchronize(dev));
-      tu_ok(clpar_ocl_conv2d_backward(
-          ocl_of(dev), sh, clpar_tensor_bref(c.x), clpar_tensor_bref(c.w), clpar_tensor_bref(c.gy),
-          clpar_tensor_bref(g[0]), clpar_tensor_bref(g[1]), clpar_tensor_bref(g[2])));
-      tu_ok(clpar_ocl_finish(ocl_of(dev)));
+      tu_ok(clpar_ocl_conv2d_backward(d, sh, clpar_tensor_bref(c.x), clpar_tensor_bref(c.w),
+                                      clpar_tensor_bref(c.gy), clpar_tensor_bref(g[0]),
+                                      clpar_tensor_bref(g[1]), clpar_tensor_bref(g[2])));
+      tu_ok(clpar_ocl_finish(d));
       for (int k = 0; k < 3; k++) {
         float *v = tu_read(g[k]);
         expect_grad(&c, k, v, 1.0f, shapes[pick[i]].name);
@@ -249,8 +211,7 @@ static void test_outputs_written_whole(void **state) {
 /* Through autograd, two backward passes add: each gradient is twice the reference. */
 static void test_gradients_accumulate(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   const size_t pick[] = {0, 2, 5, 16, 18};
   for (int algo = CLPAR_OCL_CONV_IM2COL; algo < CLPAR_OCL_CONV_BWD_ALGOS; algo++) {
     setenv("CLPAR_OCL_CONV_BWD", clpar_ocl_conv_algo_name(algo), 1);
@@ -263,7 +224,7 @@ static void test_gradients_accumulate(void **state) {
       tu_ok(clpar_tensor_set_requires_grad(c.x, 1));
       tu_ok(clpar_tensor_set_requires_grad(c.w, 1));
       tu_ok(clpar_tensor_set_requires_grad(b, 1));
-      clpar_conv2d_options opt = opt_of(s);
+      clpar_conv2d_options opt = tcu_opt_of(s);
       for (int pass = 0; pass < 2; pass++) {
         tu_ok(clpar_conv2d(c.x, c.w, b, &opt, &y));
         tu_ok(clpar_mul(y, c.gy, &prod));
@@ -286,8 +247,7 @@ static void test_gradients_accumulate(void **state) {
 /* im2col's and Winograd's chunks of images: one image per chunk, and a few. */
 static void test_chunks(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   const size_t floats[] = {1, 7000};
   const int all[3] = {1, 1, 1};
   for (size_t f = 0; f < 2; f++) {
@@ -305,8 +265,7 @@ static void test_chunks(void **state) {
  * sums added in order), several spans and two (partial sums bounded by the chunk size). */
 static void test_weight_spans(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   const cshape wide[] = {{4, 3, 24, 24, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},
                          {3, 4, 20, 21, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2, 1},
                          {5, 2, 17, 19, 70, 2, 3, 2, 1, 0, 1, 1, 2, 1, 1}};
@@ -325,12 +284,11 @@ static void test_weight_spans(void **state) {
  * comes back by the next command that waits), nothing run; the device works on after. */
 static void test_unknown_forced_value(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
+  clpar_device *dev = tcu_need_ocl(NULL);
   clpar_scope *sc = clpar_scope_begin();
   bcase c;
   case_make(dev, &shapes[0].s, &c);
-  clpar_conv2d_options opt = opt_of(&shapes[0].s);
+  clpar_conv2d_options opt = tcu_opt_of(&shapes[0].s);
   const int all[3] = {1, 1, 1};
   clpar_tensor *g[3] = {NULL, NULL, NULL};
   tu_ok(clpar_device_synchronize(dev));
@@ -350,46 +308,25 @@ static void test_unknown_forced_value(void **state) {
 static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
 static const char probe_geom[] = "1 4 6 6 5 1 3 3 1 1 1 1 1 1";
 
-static void entry_removed(clpar_ocl_device *d, char *path, size_t size) {
-  assert_int_equal(clpar_ocl_conv_path(d, path, size), 0);
-  unlink(path);
-}
-
-static void write_entry(clpar_ocl_device *d, const char *body) {
-  char path[4096];
-  entry_removed(d, path, sizeof path);
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(body, 1, strlen(body), f), strlen(body));
-  fclose(f);
-  chmod(path, 0600);
-}
-
-static void header(clpar_ocl_device *d, char *out, size_t size) {
-  snprintf(out, size, "clpar-conv 1\ndevice %s\ndriver %s\nplatform %s %s\n", d->dev_name,
-           d->driver_version, d->platform_name, d->platform_version);
-}
-
 /* The probe's gradients with d's state forgotten (as a new process); the stats' change. */
 static clpar_ocl_conv_stats run_probe(clpar_device *dev) {
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d = tcu_ocl_of(dev);
   clpar_ocl_conv_stats a, b;
   const int all[3] = {1, 1, 1};
   tu_ok(clpar_device_synchronize(dev));
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_stats_get(d, &a);
   check_grads(dev, &probe, all, "probe");
-  stats_diff(d, &a, &b);
+  tcu_stats_since(d, &a, &b);
   return b;
 }
 
 static void test_unknown_shape_is_measured_and_saved(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096], line[128];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.bwd_measured, 1);
   size_t len;
@@ -409,11 +346,10 @@ static void test_unknown_shape_is_measured_and_saved(void **state) {
  * algorithm won, each shape timed once. */
 static void test_auto_choice_is_right(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_stats a, c;
   clpar_ocl_conv_stats_get(d, &a);
@@ -424,7 +360,7 @@ static void test_auto_choice_is_right(void **state) {
     for (size_t i = 0; i < N_SHAPES; i++) check_grads(dev, &shapes[i].s, all, shapes[i].name);
     check_grads(dev, &wide, all, "wide");
   }
-  stats_diff(d, &a, &c);
+  tcu_stats_since(d, &a, &c);
   assert_int_equal(c.bwd_measured, N_SHAPES + 1);
   clpar_ocl_conv_forget(d);
   unlink(path);
@@ -432,18 +368,17 @@ static void test_auto_choice_is_right(void **state) {
 
 static void test_saved_choice_is_taken(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char h[2048], text[4096];
-  header(d, h, sizeof h);
+  tcu_header(d, h, sizeof h);
   const int pairs[][2] = {{CLPAR_OCL_CONV_IMPLICIT, CLPAR_OCL_CONV_IMPLICIT},
                           {CLPAR_OCL_CONV_WINOGRAD, CLPAR_OCL_CONV_IM2COL},
                           {CLPAR_OCL_CONV_IM2COL, CLPAR_OCL_CONV_IMPLICIT}};
   for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
     snprintf(text, sizeof text, "%sbwd %s %s %s\nend\n", h, probe_geom,
              clpar_ocl_conv_algo_name(pairs[i][0]), clpar_ocl_conv_algo_name(pairs[i][1]));
-    write_entry(d, text);
+    tcu_write_entry(d, text, strlen(text));
     clpar_ocl_conv_stats c = run_probe(dev);
     assert_int_equal(c.disk_loads, 1);
     assert_int_equal(c.disk_rejects, 0);
@@ -453,7 +388,7 @@ static void test_saved_choice_is_taken(void **state) {
   }
   /* one pass saved, the other not yet measured: only that one is timed */
   snprintf(text, sizeof text, "%sbwd %s auto implicit\nend\n", h, probe_geom);
-  write_entry(d, text);
+  tcu_write_entry(d, text, strlen(text));
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.disk_rejects, 0);
   assert_int_equal(c.bwd_measured, 1);
@@ -465,13 +400,12 @@ static void test_saved_choice_is_taken(void **state) {
  * and its line added. */
 static void test_entry_without_bwd_lines_loads(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char h[2048], text[4096], path[4096];
-  header(d, h, sizeof h);
+  tcu_header(d, h, sizeof h);
   snprintf(text, sizeof text, "%stiles 32 32 8 4 4\nshape %s winograd\nend\n", h, probe_geom);
-  write_entry(d, text);
+  tcu_write_entry(d, text, strlen(text));
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.disk_loads, 1);
   assert_int_equal(c.disk_rejects, 0);
@@ -497,11 +431,10 @@ static void test_entry_without_bwd_lines_loads(void **state) {
 
 static void test_hostile_bwd_lines_are_refused(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char h[2048], text[4096];
-  header(d, h, sizeof h);
+  tcu_header(d, h, sizeof h);
   const char *bodies[][2] = {
       {"an unknown algorithm", "bwd 1 4 6 6 5 1 3 3 1 1 1 1 1 1 fft im2col"},
       {"winograd for weights", "bwd 1 4 6 6 5 1 3 3 1 1 1 1 1 1 im2col winograd"},
@@ -533,14 +466,14 @@ static void test_hostile_bwd_lines_are_refused(void **state) {
   };
   for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
     snprintf(text, sizeof text, "%s%s\nend\n", h, bodies[i][1]);
-    write_entry(d, text);
+    tcu_write_entry(d, text, strlen(text));
     clpar_ocl_conv_stats c = run_probe(dev);
     if (c.disk_rejects != 1 || c.bwd_measured != 1)
       fail_msg("%s: rejects %llu, measured %llu", bodies[i][0], (unsigned long long)c.disk_rejects,
                (unsigned long long)c.bwd_measured);
   }
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
 }
 
@@ -551,16 +484,15 @@ static const clpar_ocl_conv_tiles data_tiles = {32, 16, 8, 4, 2}, weight_tiles =
 /* An entry with bwd-tiles lines loads: each pass takes its own tiles, the forward its own. */
 static void test_entry_with_bwd_tiles_loads(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char h[2048], text[4096], path[4096];
-  header(d, h, sizeof h);
+  tcu_header(d, h, sizeof h);
   snprintf(text, sizeof text,
            "%stiles 32 32 8 4 4\nbwd-tiles data 32 16 8 4 2\nbwd-tiles weights 16 32 4 2 4\n"
            "bwd %s implicit implicit\nend\n",
            h, probe_geom);
-  write_entry(d, text);
+  tcu_write_entry(d, text, strlen(text));
   clpar_ocl_conv_stats c = run_probe(dev);
   assert_int_equal(c.disk_rejects, 0);
   assert_int_equal(c.disk_loads, 1);
@@ -578,7 +510,7 @@ static void test_entry_with_bwd_tiles_loads(void **state) {
   assert_non_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_WEIGHT, &weight_tiles));
   assert_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_WEIGHT, &data_tiles));
   assert_null(clpar_ocl_conv_kernel_find_kind(d, CLPAR_OCL_TILES_DATA, &weight_tiles));
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
 }
 
@@ -586,11 +518,10 @@ static void test_entry_with_bwd_tiles_loads(void **state) {
  * implicit GEMMs with them are right on ResNet-50's shapes. */
 static void test_pass_tiles_saved_and_run(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_tiles fwd = clpar_ocl_conv_tiles_of(d);
   tu_ok(clpar_ocl_conv_set_kind_tiles(d, CLPAR_OCL_TILES_DATA, &data_tiles, 1));
@@ -627,11 +558,10 @@ static void test_pass_tiles_saved_and_run(void **state) {
  * by a new "process", and the backward with them is right on ResNet-50's shapes. */
 static void test_bwd_tile_tuning(void **state) {
   (void)state;
-  clpar_device *dev = tu_ocl_device();
-  if (!dev) skip();
-  clpar_ocl_device *d = ocl_of(dev);
+  clpar_ocl_device *d;
+  clpar_device *dev = tcu_need_ocl(&d);
   char path[4096];
-  entry_removed(d, path, sizeof path);
+  tcu_entry_removed(d, path, sizeof path);
   clpar_ocl_conv_forget(d);
   clpar_ocl_conv_tiles fwd = clpar_ocl_conv_tiles_of(d), kept[2];
   for (int p = 0; p < 2; p++) {
@@ -682,5 +612,5 @@ int main(void) {
       cmocka_unit_test(test_pass_tiles_saved_and_run),
       cmocka_unit_test(test_bwd_tile_tuning),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, tcu_teardown);
 }
