@@ -239,6 +239,19 @@ static void test_tile_tuning(void **state) {
   unlink(path);
 }
 
+/* The tuner's shapes include one like ResNet-50's conv1 (7x7, stride 2, 3 channels): a GEMM
+ * with K = 147 and many positions (N), unlike the 3x3 and 1x1 layers. */
+static void test_tune_shapes_include_conv1(void **state) {
+  (void)state;
+  int n = 0, found = 0;
+  const clpar_conv2d_shape *s = clpar_ocl_conv_tune_shapes(&n);
+  for (int i = 0; i < n; i++)
+    found |= s[i].c / s[i].groups * s[i].kh * s[i].kw == 147 && s[i].sh == 2 && s[i].sw == 2 &&
+             s[i].n * s[i].oh * s[i].ow >= 4096 &&
+             s[i].oh == (s[i].h + 2 * s[i].ph - s[i].kh) / s[i].sh + 1;
+  assert_true(found);
+}
+
 /* ---- the choice ---- */
 
 static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -492,6 +505,7 @@ int main(void) {
       cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_implicit_tiles),
       cmocka_unit_test(test_tile_tuning),
+      cmocka_unit_test(test_tune_shapes_include_conv1),
       cmocka_unit_test(test_saved_choice_is_taken),
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
       cmocka_unit_test(test_hostile_entries_are_refused),

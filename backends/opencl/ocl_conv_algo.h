@@ -173,8 +173,10 @@ typedef struct {
                                  than a work-group of their size has (a GPU's limit) */
   clpar_ocl_conv_tiles tiles; /* the device's tiles now */
 } clpar_ocl_conv_tune_result;
+/* The shapes the tile tuner times (*n of them; ResNet-50 layers, conv1's included). */
+const clpar_conv2d_shape *clpar_ocl_conv_tune_shapes(int *n);
 /* Times up to tries tile candidates for tiled kernel kind (CLPAR_OCL_TILES_*: the forward, or
- * a backward pass) on three ResNet-50 layer shapes, checking each against im2col's result of
+ * a backward pass) on the tune shapes, checking each against im2col's result of
  * the same pass, and keeps (and saves) the fastest as d's tiles for kind if it beats those in
  * force. Takes d->lock for each command: call without holding it. */
 clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int kind, int tries,
