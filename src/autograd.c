@@ -303,6 +303,23 @@ static clpar_status collect(clpar_node *root, graph *g) {
   return s;
 }
 
+/* 1 when t's grad memory held no gradient (clpar_grad_set_stale): the caller's write replaces
+ * it. The mark is taken, so that only the first write of a backward replaces. */
+static int take_stale(clpar_tensor *t) {
+  return __atomic_exchange_n(&t->grad_stale, 0, __ATOMIC_ACQ_REL);
+}
+
+/* t's grad zeroed if it was stale, for a write that adds into it (or into part of it). */
+static clpar_status unstale(clpar_tensor *t) {
+  return take_stale(t) && t->grad ? clpar_fill(t->grad, 0.0f) : CLPAR_OK;
+}
+
+void clpar_grad_set_stale(clpar_tensor *t) {
+  if (!t->grad) return;
+  t->grad_defined = 0;
+  __atomic_store_n(&t->grad_stale, 1, __ATOMIC_RELEASE);
+}
+
 /* Adds g into [offset, offset + g->numel) of acc in place (acc and g on one device). */
 static clpar_status add_into(clpar_tensor *acc, int64_t offset, clpar_tensor *g) {
   clpar_device *dev = acc->storage->dev;
@@ -357,7 +374,8 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
   clpar_tensor **acc = n ? &n->grad : &t->grad;
   clpar_status s = CLPAR_OK;
   if (offset >= 0) {
-    if (!*acc) {
+    if (!n) s = unstale(t);
+    if (s == CLPAR_OK && !*acc) {
       int was = clpar_memory_category_set(n ? CLPAR_MEM_ACTIVATIONS : CLPAR_MEM_GRADIENTS);
       s = zeros_like(t, acc);
       clpar_memory_category_set(was);
@@ -399,7 +417,11 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
         clpar_tensor_free(own);
     }
   } else if (clpar_dtype_is_half(t->dtype)) {
-    s = clpar_half_add_into(t->grad, g); /* a 16-bit parameter's (clpar_master_weights) */
+    s = unstale(t);
+    if (s == CLPAR_OK) /* a 16-bit parameter's (clpar_master_weights) */
+      s = clpar_half_add_into(t->grad, g);
+  } else if (take_stale(t)) {
+    s = clpar_copy_elements(t->grad, g);
   } else {
     /* Memory set aside by clpar_module_flatten holds zeros until a backward fills it. */
     s = add_into(t->grad, 0, g);
@@ -410,7 +432,19 @@ static clpar_status deliver(clpar_tensor *t, clpar_tensor *g, int64_t offset) {
 }
 
 clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot) {
+  int replace = 0;
+  clpar_status s = clpar_grad_slot_replace(n, i, slot, &replace);
+  if (s == CLPAR_OK && replace && (s = clpar_fill(*slot, 0.0f)) != CLPAR_OK) {
+    clpar_tensor_free(*slot);
+    *slot = NULL;
+    n->slotted &= ~(1u << i);
+  }
+  return s;
+}
+
+clpar_status clpar_grad_slot_replace(clpar_node *n, int i, clpar_tensor **slot, int *replace) {
   *slot = NULL;
+  *replace = 0;
   clpar_tensor *t = i >= 0 && i < n->n_inputs && i < 32 ? n->inputs[i] : NULL;
   if (!t || !t->requires_grad || clpar_dtype_is_half(t->dtype))
     return CLPAR_OK; /* no 16-bit GEMMs */
@@ -419,10 +453,12 @@ clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot) {
   clpar_status s = CLPAR_OK;
   if (!t->node) {
     acc = t->grad; /* a leaf's first gradient comes through deliver: no slot yet */
+    *replace = acc && take_stale(t);
   } else if (t->node->partial_offset >= 0 && t->node->n_inputs == 1 && t->node->inputs[0]) {
     clpar_tensor *base = t->node->inputs[0];
     clpar_tensor **bacc = base->node ? &base->node->grad : base->requires_grad ? &base->grad : NULL;
-    if (bacc && !*bacc) s = zeros_like(base, bacc); /* as deliver does for a slice */
+    if (!base->node) s = unstale(base); /* the slice adds into part of it */
+    if (s == CLPAR_OK && bacc && !*bacc) s = zeros_like(base, bacc); /* as deliver does */
     acc = bacc ? *bacc : NULL;
     offset = (size_t)t->node->partial_offset;
   }

@@ -152,6 +152,8 @@ struct clpar_tensor {
   int requires_grad;
   clpar_tensor *grad;      /* leaves only: the accumulated gradient, owned */
   int grad_defined;        /* 0 while grad is memory set aside (zeros) that no backward filled */
+  int grad_stale; /* atomic, 1: a zero_grad left grad's memory as it was (clpar_grads_set_stale):
+                   * the next gradient written there replaces it instead of adding */
   clpar_tensor *flat;      /* a flattened parameter: the group's flat leaf (clpar_module_flatten),
                             * retained; its storage is the parameter's, its grad the grad's */
   int flat_members;        /* a flat leaf: the parameters that are views of it (atomic) */
@@ -205,6 +207,16 @@ struct clpar_node {
  * input's shape, outside any scope, and grad_in[i] must stay NULL; otherwise *slot is NULL
  * and the gradient goes through grad_in[i] as usual. (src/autograd.c) */
 clpar_status clpar_grad_slot(clpar_node *n, int i, clpar_tensor **slot);
+/* clpar_grad_slot for a backward that can also write its share without adding (a GEMM with
+ * beta 0): *replace is 1 when the slot's memory holds no gradient (a leaf's stale grad), which
+ * the backward must then overwrite; else 0 and it adds as clpar_grad_slot's caller does. */
+clpar_status clpar_grad_slot_replace(clpar_node *n, int i, clpar_tensor **slot, int *replace);
+/* zero_grad of leaf t without the fill (PyTorch's set_to_none, the memory kept): t's grad
+ * memory stays as it is, marked stale, so that the next gradient written there replaces it
+ * (a copy, a GEMM with beta 0; a write into part of it zeroes it first), and t has no
+ * gradient until then (clpar_tensor_grad gives NULL). Not where a graph is alive: a replay's
+ * recorded adds would find the old values (clpar_graph_any_live). (src/autograd.c) */
+void clpar_grad_set_stale(clpar_tensor *t);
 
 /* clpar_linear followed by an activation (none, relu, sigmoid, tanh) as one node: a GEMM and
  * a fused bias-and-activation kernel forward, gradients straight into their slots backward;

@@ -202,6 +202,48 @@ static void test_tile_tuning(void **state) {
   unlink(path);
 }
 
+/* The tuner's shapes include one like ResNet-50's conv1 (7x7, stride 2, 3 channels): a GEMM
+ * with K = 147 and many positions (N), unlike the 3x3 and 1x1 layers. */
+static void test_tune_shapes_include_conv1(void **state) {
+  (void)state;
+  int n = 0, found = 0;
+  const clpar_conv2d_shape *s = clpar_ocl_conv_tune_shapes(&n);
+  for (int i = 0; i < n; i++)
+    found |= s[i].c / s[i].groups * s[i].kh * s[i].kw == 147 && s[i].sh == 2 && s[i].sw == 2 &&
+             s[i].n * s[i].oh * s[i].ow >= 4096 &&
+             s[i].oh == (s[i].h + 2 * s[i].ph - s[i].kh) / s[i].sh + 1;
+  assert_true(found);
+}
+
+/* The tiled files define no tiles of their own: built without the CI_* options they fail
+ * naming them; their helper kernels, launched by name, come with the default tiles'
+ * options (CLPAR_OCL_CONV_DEFAULT_TILES, the one definition). */
+static void test_tiled_files_take_tiles_from_options(void **state) {
+  (void)state;
+  clpar_ocl_device *d;
+  need_ocl(&d);
+  const char *files[2] = {"conv_implicit.cl", "conv_bwd.cl"};
+  const char *helpers[2] = {"conv_bias_add_f32", "conv_bwd_sum_f32"};
+  char options[256];
+  clpar_ocl_conv_tile_options(NULL, options, sizeof options);
+  assert_non_null(strstr(options, "-DCI_TM=64 -DCI_TN=64 -DCI_TK=16 -DCI_WM=4 -DCI_WN=4"));
+  for (int f = 0; f < 2; f++) {
+    const clpar_embedded_source *e = clpar_opencl_sources;
+    while (e->name && strcmp(e->name, files[f]) != 0) e++;
+    assert_non_null(e->name);
+    assert_true(clpar_ocl_conv_tiled_file(files[f]));
+    cl_program prog;
+    assert_int_equal(
+        clpar_ocl_program_get(d, files[f], e->source, e->size, CLPAR_OCL_BUILD_OPTIONS, &prog),
+        CLPAR_ERROR_BUILD);
+    assert_non_null(strstr(clpar_last_error(), "CI_TM"));
+    tu_ok(clpar_ocl_program_get(d, files[f], e->source, e->size, options, &prog));
+    cl_kernel k;
+    tu_ok(clpar_ocl_kernel_get(d, files[f], helpers[f], &k));
+  }
+  assert_false(clpar_ocl_conv_tiled_file("conv.cl"));
+}
+
 /* ---- the choice ---- */
 
 static const cshape probe = {1, 4, 6, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -435,6 +477,8 @@ int main(void) {
       cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_implicit_tiles),
       cmocka_unit_test(test_tile_tuning),
+      cmocka_unit_test(test_tune_shapes_include_conv1),
+      cmocka_unit_test(test_tiled_files_take_tiles_from_options),
       cmocka_unit_test(test_saved_choice_is_taken),
       cmocka_unit_test(test_unknown_shape_is_measured_and_saved),
       cmocka_unit_test(test_hostile_entries_are_refused),

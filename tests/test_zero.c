@@ -96,11 +96,26 @@ static float *train_ddp(int micro) {
   return p;
 }
 
+static int poison; /* after each stage 1 zero_grad: the flat gradient's memory set to NaN */
+
+/* Stage 1's zero_grad leaves the parameters without a gradient (PyTorch's set_to_none) and
+ * fills nothing: NaN written into the flat gradient's memory must never reach the step. */
+static void poison_flat_grad(clpar_module *ddp) {
+  clpar_tensor *p = NULL;
+  for (int i = 0; i < clpar_module_parameter_count(ddp); i++) {
+    const char *name;
+    tu_ok(clpar_module_parameter_at(ddp, i, &name, &p));
+    assert_null(clpar_tensor_grad(p));
+  }
+  tu_ok(clpar_fill(p->flat->grad, NAN));
+}
+
 static float *train_zero(int stage, int micro) {
   clpar_module *ddp = make_ddp(stage);
   clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
   for (int k = 0; k < STEPS; k++) {
     tu_ok(clpar_zero_optimizer_zero_grad(opt));
+    if (poison && k > 0) poison_flat_grad(ddp);
     for (int m = 0; m < micro; m++) forward_backward(ddp, k + 7 * m);
     tu_ok(clpar_zero_optimizer_step(opt));
   }
@@ -144,6 +159,23 @@ static void test_accumulated_micro_steps_match_ddp(void **state) {
   (void)state;
   check_stage(1, 2);
   check_stage(2, 2);
+}
+
+/* Stage 1's zero_grad fills nothing: each backward's first gradient of a parameter replaces
+ * what its memory held (NaN here), the second of a step adds, an unused parameter's part is
+ * never read, with one bucket and with several. */
+static void test_stage1_zero_grad_fills_nothing(void **state) {
+  (void)state;
+  poison = 1;
+  check_stage(1, 1);
+  check_stage(1, 2);
+  cap_mb = 1.0 / 1024;
+  check_stage(1, 1);
+  unused = 1;
+  check_stage(1, 2);
+  unused = 0;
+  cap_mb = 0;
+  poison = 0;
 }
 
 /* Linear(2, 1) (3 parameters) trained 5 steps with Adam, ZeRO at stage (0: plain DDP); its
@@ -380,6 +412,7 @@ int main(void) {
       cmocka_unit_test(test_optimizer_state_is_sharded),
       cmocka_unit_test(test_adamw_and_sgd_momentum_match_ddp),
       cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
+      cmocka_unit_test(test_stage1_zero_grad_fills_nothing),
       cmocka_unit_test(test_tiny_model_with_empty_shards),
       cmocka_unit_test(test_small_buckets_match_ddp),
       cmocka_unit_test(test_backward_waits_for_no_device),

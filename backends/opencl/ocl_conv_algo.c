@@ -86,6 +86,17 @@ int clpar_ocl_conv_convgemm_fits(const clpar_conv2d_shape *s) {
 
 /* ---- the implicit GEMM ---- */
 
+void clpar_ocl_conv_tile_options(const clpar_ocl_conv_tiles *t, char *buf, size_t size) {
+  static const clpar_ocl_conv_tiles def = CLPAR_OCL_CONV_DEFAULT_TILES;
+  if (!t) t = &def;
+  snprintf(buf, size, "%s -DCI_TM=%u -DCI_TN=%u -DCI_TK=%u -DCI_WM=%u -DCI_WN=%u",
+           CLPAR_OCL_BUILD_OPTIONS, t->tm, t->tn, t->tk, t->wm, t->wn);
+}
+
+int clpar_ocl_conv_tiled_file(const char *file) {
+  return strcmp(file, "conv_implicit.cl") == 0 || strcmp(file, "conv_bwd.cl") == 0;
+}
+
 /* d's kernel name of the embedded file for tiles t, kept under kind (0: the forward's), built
  * now if new ("-D" tile options); refused when the driver allows fewer work-items for it than
  * the tiles need (registers). */
@@ -97,8 +108,7 @@ clpar_status clpar_ocl_conv_tiled_kernel(clpar_ocl_device *d, int kind, const ch
   while (e->name && strcmp(e->name, file) != 0) e++;
   if (!e->name) return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: no %s", file);
   char options[256];
-  snprintf(options, sizeof options, "%s -DCI_TM=%u -DCI_TN=%u -DCI_TK=%u -DCI_WM=%u -DCI_WN=%u",
-           CLPAR_OCL_BUILD_OPTIONS, t->tm, t->tn, t->tk, t->wm, t->wn);
+  clpar_ocl_conv_tile_options(t, options, sizeof options);
   cl_program prog;
   clpar_status s = clpar_ocl_program_get(d, file, e->source, e->size, options, &prog);
   if (s != CLPAR_OK) return s;

@@ -34,6 +34,18 @@ typedef struct {
   unsigned tm, tn, tk, wm, wn;
 } clpar_ocl_conv_tiles;
 
+/* The default tiles: 64 x 64 tiles, 16 deep, 4 x 4 per work-item. The one definition: the
+ * tiled files (conv_implicit.cl, conv_bwd.cl) have none and take theirs from the build options
+ * (clpar_ocl_conv_tile_options). */
+#define CLPAR_OCL_CONV_DEFAULT_TILES \
+  { 64, 64, 16, 4, 4 }
+
+/* Build options for a tiled file: CLPAR_OCL_BUILD_OPTIONS and t's CI_* defines (t NULL: the
+ * default tiles), into buf (256 bytes hold them). */
+void clpar_ocl_conv_tile_options(const clpar_ocl_conv_tiles *t, char *buf, size_t size);
+/* 1 for a file whose kernels need the CI_* tile options (conv_implicit.cl, conv_bwd.cl). */
+int clpar_ocl_conv_tiled_file(const char *file);
+
 /* The tiled kernels, each with tiles of its own (the backward passes' default to the
  * forward's): the forward's conv_implicit_f32, conv_bwd.cl's data and weights kernels. */
 enum { CLPAR_OCL_TILES_FWD = 0, CLPAR_OCL_TILES_DATA = 1, CLPAR_OCL_TILES_WEIGHT = 2 };
@@ -173,8 +185,10 @@ typedef struct {
                                  than a work-group of their size has (a GPU's limit) */
   clpar_ocl_conv_tiles tiles; /* the device's tiles now */
 } clpar_ocl_conv_tune_result;
+/* The shapes the tile tuner times (*n of them; ResNet-50 layers, conv1's included). */
+const clpar_conv2d_shape *clpar_ocl_conv_tune_shapes(int *n);
 /* Times up to tries tile candidates for tiled kernel kind (CLPAR_OCL_TILES_*: the forward, or
- * a backward pass) on three ResNet-50 layer shapes, checking each against im2col's result of
+ * a backward pass) on the tune shapes, checking each against im2col's result of
  * the same pass, and keeps (and saves) the fastest as d's tiles for kind if it beats those in
  * force. Takes d->lock for each command: call without holding it. */
 clpar_status clpar_ocl_conv_tune(clpar_ocl_device *d, int kind, int tries,

@@ -443,7 +443,7 @@ clpar_ocl_conv_tiles clpar_ocl_conv_tiles_of(clpar_ocl_device *d) {
  * 4 x 4 per work-item (256 work-items, 8 KiB of local memory) where the device allows, else
  * 32 x 32 (64 work-items). */
 clpar_ocl_conv_tiles clpar_ocl_conv_kind_tiles_of(clpar_ocl_device *d, int kind) {
-  clpar_ocl_conv_tiles t = {64, 64, 16, 4, 4}, small = {32, 32, 8, 4, 4};
+  clpar_ocl_conv_tiles t = CLPAR_OCL_CONV_DEFAULT_TILES, small = {32, 32, 8, 4, 4};
   const char *bad;
   pthread_mutex_lock(&conv_lock);
   struct clpar_ocl_conv_state *st = state_of(d);

@@ -3,24 +3,32 @@
  * GEMM (conv_implicit.cl), and backward data's and backward weights' (conv_bwd.cl: two kernels
  * of different shapes, M x N x K = cg x positions x og kh kw for data and og x cg kh kw x
  * positions for weights, so each takes tiles of its own). Each candidate tile set is timed on
- * three ResNet-50 layer shapes (a 3x3 layer at 16x16, a 3x3 layer at 4x4 with many channels, a
- * 1x1 layer) and its outputs checked against im2col's for the same pass; the fastest is kept as
- * the device's tiles for that kind (ocl_conv_cache.c: saved in its entry) when it beats the
- * tiles in force. Shapes measured later run with them (ocl_conv_algo.c, ocl_conv_bwd.c). */
+ * four ResNet-50 layer shapes (a 3x3 layer at 16x16, a 3x3 layer at 4x4 with many channels, a
+ * 1x1 layer, and the first layer's 7x7 stride-2 convolution of 3 channels: a GEMM with K = 147
+ * and N = 8192 positions, at 64x64 input instead of 224x224) and its outputs checked against
+ * im2col's for the same pass; the fastest is kept as the device's tiles for that kind
+ * (ocl_conv_cache.c: saved in its entry) when it beats the tiles in force. Shapes measured later
+ * run with them (ocl_conv_algo.c, ocl_conv_bwd.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ocl_conv_algo.h"
 
-#define N_SHAPES 3
+#define N_SHAPES 4
 #define MAX_TRIES 24
 
 static const clpar_conv2d_shape tune_shapes[N_SHAPES] = {
     {8, 64, 16, 16, 64, 1, 3, 3, 1, 1, 1, 1, 1, 1, 16, 16},
     {8, 256, 4, 4, 256, 1, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4},
     {8, 256, 8, 8, 64, 1, 1, 1, 1, 1, 0, 0, 1, 1, 8, 8},
+    {8, 3, 64, 64, 64, 1, 7, 7, 2, 2, 3, 3, 1, 1, 32, 32},
 };
+
+const clpar_conv2d_shape *clpar_ocl_conv_tune_shapes(int *n) {
+  *n = N_SHAPES;
+  return tune_shapes;
+}
 
 /* The floats the largest of the tune shapes' tensors takes. */
 static size_t most_floats(void) {

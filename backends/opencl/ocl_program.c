@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ocl_conv_algo.h"
 #include "ocl_internal.h"
 
 #define MAX_KERNELS 16
@@ -506,7 +507,10 @@ static clpar_status kernel_locked(clpar_ocl_device *dev, const char *file, const
   clpar_ocl_program *p = NULL;
   const clpar_embedded_source *e = embedded_source(file);
   if (!e) return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl: no kernel file %s", file);
-  clpar_status s = get_locked(dev, file, 1, e->source, e->size, CLPAR_OCL_BUILD_OPTIONS, &p);
+  char tiled[256]; /* a tiled file's helpers (its tiled kernel with the default tiles) */
+  if (clpar_ocl_conv_tiled_file(file)) clpar_ocl_conv_tile_options(NULL, tiled, sizeof tiled);
+  const char *options = clpar_ocl_conv_tiled_file(file) ? tiled : CLPAR_OCL_BUILD_OPTIONS;
+  clpar_status s = get_locked(dev, file, 1, e->source, e->size, options, &p);
   if (s != CLPAR_OK) return s;
   for (int i = 0; i < p->nkernels; i++) {
     if (strcmp(p->kernels[i].name, kernel_name) == 0) {

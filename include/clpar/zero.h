@@ -89,7 +89,10 @@ CLPAR_API clpar_status clpar_zero_adamw_create(clpar_module *ddp, const clpar_ad
  * all-gather (above). Waits for the device. CLPAR_ERROR_NO_GRADIENT when no backward gave a
  * gradient (stage 2: since the last step) or the last one left a parameter without one. */
 CLPAR_API clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *opt);
-/* Stage 1: zeroes the module's flat gradient and the averaged shard; stage 2: forgets the
+/* Stage 1: forgets the averaged shard and leaves the parameters without a gradient (PyTorch's
+ * set_to_none: clpar_tensor_grad gives NULL) without filling the flat gradient: the next
+ * backward's first gradient of each parameter replaces its part (while a graph is alive, the
+ * flat gradient is zeroed instead, as its replays add into it); stage 2: forgets the
  * averaged shard backward made since the last step (and frees any gradient a backward left on
  * the device). */
 CLPAR_API clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *opt);

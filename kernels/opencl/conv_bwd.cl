@@ -15,20 +15,10 @@
  * forward gathers it, kc = (ci kh + i) kw + j); with several splits each writes its partial sums
  * [split, O, cg kh kw] and conv_bwd_sum_f32 adds them in split order (no atomics: repeatable).
  * Sizes fit 32 bits (the host checks), offsets into the tensors are 64-bit. NCHW, OIHW. */
-#ifndef CI_TM
-#define CI_TM 64
-#endif
-#ifndef CI_TN
-#define CI_TN 64
-#endif
-#ifndef CI_TK
-#define CI_TK 16
-#endif
-#ifndef CI_WM
-#define CI_WM 4
-#endif
-#ifndef CI_WN
-#define CI_WN 4
+/* The tiles come from the build options only (ocl_conv_algo.c: the device's tuned tiles, else
+ * CLPAR_OCL_CONV_DEFAULT_TILES). */
+#if !defined(CI_TM) || !defined(CI_TN) || !defined(CI_TK) || !defined(CI_WM) || !defined(CI_WN)
+#error "the CI_TM, CI_TN, CI_TK, CI_WM and CI_WN build options are needed"
 #endif
 #define CI_LM (CI_TM / CI_WM)
 #define CI_LN (CI_TN / CI_WN)

@@ -10,20 +10,10 @@
  * width (neighbouring work-items write neighbouring pixels). The tile sizes are build options
  * so that they can be tuned per device. Global ids: (column tile, row tile, group). Sizes fit
  * 32 bits (the host checks), offsets into the tensors are 64-bit. NCHW x and y, OIHW W. */
-#ifndef CI_TM
-#define CI_TM 64
-#endif
-#ifndef CI_TN
-#define CI_TN 64
-#endif
-#ifndef CI_TK
-#define CI_TK 16
-#endif
-#ifndef CI_WM
-#define CI_WM 4
-#endif
-#ifndef CI_WN
-#define CI_WN 4
+/* The tiles come from the build options only (ocl_conv_algo.c: the device's tuned tiles, else
+ * CLPAR_OCL_CONV_DEFAULT_TILES). */
+#if !defined(CI_TM) || !defined(CI_TN) || !defined(CI_TK) || !defined(CI_WM) || !defined(CI_WN)
+#error "the CI_TM, CI_TN, CI_TK, CI_WM and CI_WN build options are needed"
 #endif
 #define CI_LM (CI_TM / CI_WM) /* work-items along the rows (o) */
 #define CI_LN (CI_TN / CI_WN) /* work-items along the columns (q) */

@@ -332,6 +332,18 @@ clpar_status clpar_zero_optimizer_step(clpar_zero_optimizer *z) {
   return s;
 }
 
+/* Stage 1: the flat gradient's memory left as it is (the parameters' gradients stale): the next
+ * backward's first gradient for each parameter replaces its part instead of adding, as
+ * PyTorch's zero_grad (set_to_none) lets it, which saves filling the whole flat gradient. Where
+ * a graph is alive, its replays add into the memory they captured: filled then. */
+static clpar_status zero_grad_stage1(clpar_zero_optimizer *z) {
+  if (!z->flat->grad) return CLPAR_OK;
+  if (clpar_graph_any_live()) return clpar_fill(z->flat->grad, 0.0f);
+  for (int i = 0; i < z->st->n_params; i++) clpar_grad_set_stale(z->st->params[i].param);
+  z->flat->grad_defined = 0;
+  return CLPAR_OK;
+}
+
 clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
   if (!z)
     return clpar_set_error(CLPAR_ERROR_INVALID_ARGUMENT,
@@ -343,7 +355,7 @@ clpar_status clpar_zero_optimizer_zero_grad(clpar_zero_optimizer *z) {
   if (clpar_zero_graph_capturing(z)) return clpar_zero_graph_zero_grad(z);
   clpar_zero_graph_eager(z);
   clpar_zero_comm_reset(z->st); /* the step's read waited for its write from there */
-  if (z->stage == 1) return z->flat->grad ? clpar_fill(z->flat->grad, 0.0f) : CLPAR_OK;
+  if (z->stage == 1) return zero_grad_stage1(z);
   clpar_zero_release_grads(z->st); /* any a no_sync backward left on the device */
   return CLPAR_OK;
 }

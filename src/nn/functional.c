@@ -46,11 +46,15 @@ clpar_status clpar_mean(const clpar_tensor *x, clpar_tensor **out) {
  * kernels forward and 1 or 3 backward, where a matmul, an add and a relu node cost 3 and 6
  * (the bias sum, the relu gradient, two GEMMs, and an add into each parameter's slice). */
 
-/* The gradient of input i: its slot (*acc set) or a new tensor of t's shape, into *out. */
-static clpar_status grad_target(clpar_node *n, int i, const clpar_tensor *t, int *acc,
+/* The gradient of input i: its slot (*acc set, unless the slot's memory holds no gradient
+ * yet: then the entry overwrites it) or a new tensor of t's shape, into *out; *slotted: the
+ * gradient is in its place once written. */
+static clpar_status grad_target(clpar_node *n, int i, const clpar_tensor *t, int *acc, int *slotted,
                                 clpar_tensor **out) {
-  clpar_status s = clpar_grad_slot(n, i, out);
-  *acc = s == CLPAR_OK && *out != NULL;
+  int replace = 0;
+  clpar_status s = clpar_grad_slot_replace(n, i, out, &replace);
+  *slotted = s == CLPAR_OK && *out != NULL;
+  *acc = *slotted && !replace;
   if (s == CLPAR_OK && !*out) s = clpar_tensor_empty(n->dev, t->ndim, t->shape, out);
   return s;
 }
@@ -61,9 +65,10 @@ static clpar_status linear_backward(clpar_node *n, clpar_tensor *g, clpar_tensor
   clpar_tensor *t[3] = {NULL, NULL, NULL}, *d = NULL; /* dx, dw, db */
   const clpar_tensor *in[3] = {x, w, b};
   int acc[3] = {0, 0, 0}, want[3] = {x->requires_grad, w->requires_grad, b && b->requires_grad};
+  int slotted[3] = {0, 0, 0};
   clpar_status s = CLPAR_OK;
   for (int i = 0; s == CLPAR_OK && i < 3; i++)
-    if (want[i]) s = grad_target(n, i, in[i], &acc[i], &t[i]);
+    if (want[i]) s = grad_target(n, i, in[i], &acc[i], &slotted[i], &t[i]);
   if (s == CLPAR_OK && act != CLPAR_ACT_NONE) s = clpar_tensor_empty(n->dev, 2, g->shape, &d);
   if (s == CLPAR_OK) {
     clpar_bref none = {NULL, 0}, br[4];
@@ -77,7 +82,7 @@ static clpar_status linear_backward(clpar_node *n, clpar_tensor *g, clpar_tensor
     if (s != CLPAR_OK) clpar_device_fail(n->dev, s);
   }
   for (int i = 0; i < 3; i++) {
-    if (s == CLPAR_OK && t[i] && !acc[i]) gin[i] = t[i], t[i] = NULL;
+    if (s == CLPAR_OK && t[i] && !slotted[i]) gin[i] = t[i], t[i] = NULL;
     clpar_tensor_free(t[i]);
   }
   clpar_tensor_free(d);

@@ -128,6 +128,10 @@ int clpar_capture_active(const clpar_device *dev) {
   return dev && __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE) != NULL;
 }
 
+int clpar_graph_any_live(void) {
+  return __atomic_load_n(&n_live, __ATOMIC_ACQUIRE) != 0;
+}
+
 clpar_status clpar_capture_refuse(clpar_device *dev, const char *fn, const char *what) {
   clpar_capture *c = dev ? __atomic_load_n(&dev->capture, __ATOMIC_ACQUIRE) : NULL;
   if (!c || allowed) return CLPAR_OK;

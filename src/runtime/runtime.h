@@ -483,6 +483,8 @@ void clpar_capture_patch_set(clpar_command *c, const clpar_patch_args *a);
 typedef clpar_status (*clpar_patch_fn)(void *user, clpar_patch_args *a);
 /* 1 while dev captures (for the layers above, which then register patches). */
 int clpar_capture_active(const clpar_device *dev);
+/* 1 while any graph is alive (capturing or captured, not yet destroyed). */
+int clpar_graph_any_live(void);
 /* Binds fn to the last command of entry (CLPAR_ENTRY_sgd_step, adam_step or dropout_mask)
  * recorded on dev: each replay calls fn(user, args) before posting, and fn rewrites the
  * scalars as the eager step would compute them (advancing its own counters). free_user (may
