@@ -221,7 +221,7 @@ static void test_tune_shapes_include_conv1(void **state) {
 static void test_tiled_files_take_tiles_from_options(void **state) {
   (void)state;
   clpar_ocl_device *d;
-  need_ocl(&d);
+  tcu_need_ocl(&d);
   const char *files[2] = {"conv_implicit.cl", "conv_bwd.cl"};
   const char *helpers[2] = {"conv_bias_add_f32", "conv_bwd_sum_f32"};
   char options[256];
