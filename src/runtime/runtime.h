@@ -527,8 +527,8 @@ clpar_status clpar_gate_pass(clpar_device *dev, clpar_gate *g);
  * call, *end, which clpar_replay_end_add records into c at capture end; each replay of the
  * list counts in dev->replays from its post until *end ran (the device completed the replay,
  * every gate of it passed, so the host threads did its work). */
-void clpar_replay_end_add(clpar_capture *c, clpar_device *dev, const clpar_command *cmds,
-                          size_t n, clpar_host_call *end);
+void clpar_replay_end_add(clpar_capture *c, clpar_device *dev, const clpar_command *cmds, size_t n,
+                          clpar_host_call *end);
 /* Waits for the replays in flight on dev, if any (clpar_worker_drain, counted in
  * dev->replay_drains); CLPAR_OK at once, waiting for nothing, when none is. */
 clpar_status clpar_replays_wait(clpar_device *dev);
