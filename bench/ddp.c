@@ -17,6 +17,9 @@
  * --model bn: a module with buffers, broadcast from rank 0 before each forward: Conv2d(3, 16,
  * 3x3), BatchNorm2d, ReLU, a ResNet BasicBlock(16) (two more BatchNorm2d), then Linear to 16
  * classes, on [32, 3, 8, 8] inputs.
+ * --eager-on-captured (with --graph): the eager rounds run on the captured module too, what an
+ * eager step after a capture costs (it waits for the replays still in flight: none here, the
+ * rounds end synchronized).
  * --zero 1|2|3: ZeRO at that stage (clpar/zero.h; its SGD with the same options) instead of
  * plain DDP, with --graph: its step eager against replayed. Stage 3 (each Linear a unit) also
  * prints the device memory a step takes beyond what the module holds at rest: the eager
@@ -24,7 +27,7 @@
  * step's (the memory its capture kept in the graph's pool: a replay allocates nothing).
  *
  *   POCL_DEVICES=basic POCL_MAX_PTHREAD_COUNT=1 mpirun -np 2 ./bench_ddp [steps] [bucket_cap_mb]
- *       [--graph] [--model compute|latency|bn] [--zero 1|2|3]
+ *       [--graph] [--model compute|latency|bn] [--zero 1|2|3] [--eager-on-captured]
  */
 #include <clpar/clpar.h>
 
@@ -69,6 +72,7 @@ static clpar_module *make_bn_net(const model_spec *s, clpar_device *dev) {
 
 /* --zero: the stage, and each run's ZeRO optimizer (bench_step_run's opt is then NULL) */
 static int zero_stage;
+static int eager_on_captured; /* --eager-on-captured */
 static clpar_zero_optimizer *zero_opt[2];
 static bench_step_run *zero_run[2];
 
@@ -151,9 +155,9 @@ static int zero3_memory(bench_step_run *e, clpar_device *dev, const clpar_memory
 /* --graph: eager against replayed, ROUNDS rounds of each, alternated, free-running (the
  * device waited for at the round's end) and synced (after each step too); best and worst
  * ms per step of each, and the all-reduce seconds per step of the free-running rounds. The
- * replays run on a second module made alike (p): an eager step of a module that was captured
- * first waits for the replays posted before it (ddp_graph.c), which would sync every eager
- * step. */
+ * replays run on a second module made alike (p), the eager rounds on e (on p with
+ * --eager-on-captured: an eager step of a captured module first waits for its replays still in
+ * flight, capture_host.c). */
 static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p, clpar_device *dev,
                        const float *x, const int32_t *y, int steps) {
   enum { ROUNDS = 5 };
@@ -172,7 +176,7 @@ static int graph_bench(const model_spec *s, bench_step_run *e, bench_step_run *p
   double best[4] = {1e30, 1e30, 1e30, 1e30}, worst[4] = {0}, ar[2] = {0};
   for (int k = 0; good && k < 4 * ROUNDS; k++) {
     int kind = k % 4;
-    bench_step_run *r = kind % 2 ? p : e;
+    bench_step_run *r = kind % 2 || eager_on_captured ? p : e;
     clpar_ddp_stats a = {0}, b = {0};
     clpar_ddp_stats_get(r->m, &a);
     double ms = round_ms(r, r->m, dev, kind % 2, kind / 2, steps);
@@ -256,6 +260,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--graph"))
       graph = 1;
+    else if (!strcmp(argv[i], "--eager-on-captured"))
+      eager_on_captured = 1;
     else if (!strcmp(argv[i], "--zero") && i + 1 < argc)
       zero = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--model") && i + 1 < argc)

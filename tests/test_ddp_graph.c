@@ -80,7 +80,8 @@ static void test_replay_equals_eager(void **state) {
 
 /* An eager step of a module right after its replays were posted (nothing waited for): its
  * forward first lets the replays run, so its buckets do not meet the communication thread
- * behind theirs; the result equals five eager steps. */
+ * behind theirs; one more eager step, with no replay in flight, waits for none; the result
+ * equals six eager steps. */
 static void test_eager_step_after_replays(void **state) {
   (void)state;
   tgu_train eager, mixed;
@@ -89,11 +90,12 @@ static void test_eager_step_after_replays(void **state) {
   make_train(&mixed, TDG_SGD);
   tdg_write_inputs(eager.x, eager.y, 0, 0);
   tdg_write_inputs(mixed.x, mixed.y, 0, 0);
-  for (int i = 0; i < 5; i++) tu_ok(tdg_step(&eager));
+  for (int i = 0; i < 6; i++) tu_ok(tdg_step(&eager));
   clpar_step *st;
   tu_ok(clpar_step_compile(tdg_step, &mixed, &dev, 1, &st));
   for (int i = 0; i < 4; i++) tu_ok(clpar_step_run(st)); /* warm-up, capture, 2 replays */
   tu_ok(tdg_step(&mixed));
+  tdg_expect_eager_without_drain(tdg_step, &mixed);
   size_t ne, nm;
   float *pe = tgu_floats_of(eager.m, 0, &ne), *pm = tgu_floats_of(mixed.m, 0, &nm);
   assert_int_equal(ne, nm);

@@ -2,13 +2,14 @@
 #include "test_ddp_graph_util.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h" /* clpar_tensor_unscope */
+#include "internal.h" /* clpar_tensor_unscope, the device's replay counts */
 
 void tdg_write_inputs(clpar_tensor *x, clpar_tensor *y, int i, int spread) {
   int rank = clpar_dist_rank();
@@ -264,6 +265,14 @@ void tdg_zero_test_replay_equals_eager(void **state) {
   tdg_zero_check_replay_equals_eager(c->md, c->stage, c->opt);
 }
 
+void tdg_expect_eager_without_drain(clpar_step_fn fn, void *ctx) {
+  clpar_device *dev = clpar_dist_device();
+  while (__atomic_load_n(&dev->replays, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  uint64_t drains = __atomic_load_n(&dev->replay_drains, __ATOMIC_ACQUIRE);
+  tu_ok(fn(ctx));
+  assert_int_equal(__atomic_load_n(&dev->replay_drains, __ATOMIC_ACQUIRE), drains);
+}
+
 void tdg_zero_eager_after_replays_then_stale(const tdg_zero_model *md, int stage,
                                              const char *stale_want, float *le, float *lm) {
   tdg_zero_train eager, mixed;
@@ -283,6 +292,8 @@ void tdg_zero_eager_after_replays_then_stale(const tdg_zero_model *md, int stage
   for (int i = 0; i < 3; i++) tu_ok(clpar_graph_replay(g));
   tu_ok(tdg_zero_step(&mixed));
   tu_ok(clpar_tensor_read(mixed.loss, lm, 1));
+  tdg_expect_eager_without_drain(tdg_zero_step, &mixed);
+  tu_ok(tdg_zero_step(&eager));
   size_t ne, nm;
   float *pe = tdg_zero_params(&eager, &ne), *pm = tdg_zero_params(&mixed, &nm);
   assert_int_equal(ne, nm);

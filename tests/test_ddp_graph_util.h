@@ -45,6 +45,10 @@ typedef struct {
 void tdg_ddp_train(tgu_train *t, clpar_step_fn fn, const tdg_ddp_run *run, int compiled,
                    float *losses, tdg_replays *r);
 
+/* Once no replay is in flight on the rank's device (each one's end call ran), an eager fn(ctx)
+ * waits for none: the device's count of replay drains does not move (capture_host.c). */
+void tdg_expect_eager_without_drain(clpar_step_fn fn, void *ctx);
+
 /* Ends the capture begun before a call that returned s: the call and the capture's end
  * refused with CLPAR_ERROR_INVALID_ARGUMENT, no graph, the message holding want and (unless
  * NULL) want2. */
@@ -124,8 +128,10 @@ void tdg_zero_test_replay_equals_eager(void **state);
 void tdg_zero_check_replay_equals_eager(const tdg_zero_model *md, int stage, tdg_opt ok);
 
 /* An eager step right after replays were posted (nothing waited for) equals an eager step
- * there (parameters), and freeing the ZeRO optimizer makes the graph stale with a message
- * holding stale_want. The two runs' last losses into *le (eager) and *lm (mixed). */
+ * there (parameters), one more with no replay in flight waits for none
+ * (tdg_expect_eager_without_drain) and equals it too, and freeing the ZeRO optimizer makes the
+ * graph stale with a message holding stale_want. The two runs' losses of the step right after
+ * the replays into *le (eager) and *lm (mixed). */
 void tdg_zero_eager_after_replays_then_stale(const tdg_zero_model *md, int stage,
                                              const char *stale_want, float *le, float *lm);
 

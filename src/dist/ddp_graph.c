@@ -172,7 +172,7 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st) {
   clpar_device *dev = st->n_buckets ? st->buckets[0].dev : NULL;
   if (!dev) return CLPAR_OK;
   if (clpar_capture_active(dev)) return capture_forward(st, dev);
-  /* an eager step after a capture: the replays posted before it run first, so that its
+  /* an eager step after a capture: the replays still in flight run first, so that its
    * buckets and its broadcast of the buffers do not meet the thread's (a forward that
    * broadcasts nothing and whose backward hands no bucket over, without gradients or without
    * sync, need not wait); ZeRO-3: its units' gathers (zero3_graph.c) */
@@ -180,7 +180,7 @@ clpar_status clpar_ddp_graph_forward(ddp_state *st) {
   if (!st->graph) return CLPAR_OK;
   int broadcasts = st->sync_buffers && st->n_buffers > 0;
   if (!broadcasts && (!clpar_is_grad_enabled() || st->no_sync)) return CLPAR_OK;
-  return clpar_worker_drain(dev);
+  return clpar_replays_wait(dev);
 }
 
 /* The bucket's reads into its host memory and the host call that hands it over. */

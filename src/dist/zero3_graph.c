@@ -280,7 +280,7 @@ void clpar_z3_graph_run(zero3 *z, z3_slot *x) {
 
 void clpar_z3_graph_eager(zero3 *z) {
   if (!z || !z->graph) return;
-  clpar_worker_drain(z->dev); /* the last gate of a replay opens after its thread work */
+  clpar_replays_wait(z->dev); /* they end after their thread work (their last gate opens) */
   z->epoch++;
 }
 

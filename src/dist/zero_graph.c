@@ -190,8 +190,8 @@ void clpar_zero_graph_eager(clpar_zero_optimizer *z) {
   zero_graph *g = st->zgraph;
   if (g) g->pending = 0;
   pthread_mutex_unlock(&st->lock);
-  /* the last gate of a replay opens after its thread work: the device is past it */
-  if (g && device_of(z)) clpar_worker_drain(device_of(z));
+  /* the replays in flight end after their thread work (their last gate opens after it) */
+  if (g && device_of(z)) clpar_replays_wait(device_of(z));
 }
 
 /* ---- the communication thread's side ---- */

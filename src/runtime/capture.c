@@ -39,6 +39,7 @@ struct clpar_capture { /* one device's recording */
   size_t n_patches, cap_patches;
   clpar_fused *fused;       /* the chains its ew_chain commands run (capture_fuse.c) */
   clpar_prepared_list prep; /* the backend's prepared launches for cmds (capture_prepared.c) */
+  clpar_host_call end;      /* counts its replays in flight; fn NULL: not counted */
 };
 
 typedef struct {
@@ -609,6 +610,9 @@ clpar_status clpar_graph_capture_end(clpar_graph **out) {
     if (s != CLPAR_OK) fail_locked(g, s, clpar_last_error());
     pthread_mutex_unlock(&graphs_lock);
   }
+  for (int d = 0; d < g->n_recs; d++) /* the replays in flight (capture_host.c) */
+    clpar_replay_end_add(&g->recs[d], g->recs[d].dev, g->recs[d].cmds, g->recs[d].n,
+                         &g->recs[d].end);
   pthread_mutex_lock(&graphs_lock);
   if (g->error == CLPAR_OK) finish_locked(g);
   clpar_status s = g->error;
@@ -684,9 +688,10 @@ static clpar_status fresh_events(clpar_graph *g) {
   return CLPAR_OK;
 }
 
-/* A batch not posted: its commands' references go, and its signals complete with s (so that
- * the other devices' waits end). */
+/* A batch not posted: its commands' references and its count in flight go, and its signals
+ * complete with s (so that the other devices' waits end). */
 static void unposted(clpar_graph *g, int d, clpar_status s) {
+  if (g->recs[d].end.fn) __atomic_sub_fetch(&g->recs[d].dev->replays, 1, __ATOMIC_ACQ_REL);
   for (size_t i = 0; i < g->n_uses; i++)
     if (g->uses[i].dev == d) clpar_event_release(g->recs[d].cmds[g->uses[i].index].u.event);
   for (int k = 0; k < g->n_events; k++)
@@ -702,6 +707,7 @@ static clpar_status post_all(clpar_graph *g) {
     clpar_capture *c = &g->recs[d];
     const clpar_command *cmds;
     size_t n = clpar_prepared_pack(&c->prep, c->cmds, c->n, &cmds);
+    if (c->end.fn) __atomic_add_fetch(&c->dev->replays, 1, __ATOMIC_ACQ_REL); /* until it ran */
     clpar_status e = s == CLPAR_OK ? clpar_worker_post_batch(c->dev, cmds, n) : s;
     if (e != CLPAR_OK) unposted(g, d, e);
     s = e;

@@ -94,3 +94,28 @@ void clpar_gate_free(clpar_gate *g) {
   pthread_mutex_destroy(&g->lock);
   free(g);
 }
+
+/* ---- replays in flight ---- */
+
+static void replay_ended(void *user, clpar_status status) {
+  (void)status; /* a failed replay ended too: its error is the queue's */
+  clpar_device *dev = user;
+  __atomic_sub_fetch(&dev->replays, 1, __ATOMIC_ACQ_REL);
+}
+
+void clpar_replay_end_add(clpar_capture *c, clpar_device *dev, const clpar_command *cmds, size_t n,
+                          clpar_host_call *end) {
+  size_t i = 0;
+  while (i < n && cmds[i].op != CLPAR_OP_HOST_CALL && cmds[i].op != CLPAR_OP_GATE) i++;
+  if (i == n) return; /* its replays hand nothing to a host thread: not counted */
+  *end = (clpar_host_call){replay_ended, dev};
+  clpar_command m = {.op = CLPAR_OP_HOST_CALL};
+  m.u.host_call = end;
+  clpar_capture_record(c, &m); /* out of host memory: the capture fails */
+}
+
+clpar_status clpar_replays_wait(clpar_device *dev) {
+  if (!dev || __atomic_load_n(&dev->replays, __ATOMIC_ACQUIRE) == 0) return CLPAR_OK;
+  __atomic_add_fetch(&dev->replay_drains, 1, __ATOMIC_RELAXED);
+  return clpar_worker_drain(dev);
+}

@@ -74,6 +74,9 @@ struct clpar_device {
   uint64_t transfers_in, transfers_out, bytes_in, bytes_out;
   uint64_t backend_waits; /* of host_waits, those inside a backend entry */
   uint64_t peer_copies;   /* transfers in or out by the backend's copy_peer */
+  /* replays posted whose list hands work to a host thread and has not ended yet, and the
+   * clpar_replays_wait calls that waited for some (src/runtime/capture_host.c) */
+  uint64_t replays, replay_drains;
   /* The fused entries the core composes from primitives (src/runtime/compose.c) instead of calling
    * the backend, and gemm_half where the core widens its operands instead (src/autocast_gemm.c):
    * bit CLPAR_ENTRY_<name>. `natural`: what the backend lacks or refuses
@@ -521,6 +524,16 @@ void clpar_gate_free(clpar_gate *g);
 /* The worker's run of the two commands. */
 clpar_status clpar_host_call_run(clpar_device *dev, clpar_host_call *call);
 clpar_status clpar_gate_pass(clpar_device *dev, clpar_gate *g);
+/* Replays in flight. A graph's list for a device that holds a host call or a gate (work handed
+ * to a host thread: DistributedDataParallel's communication thread) ends with one more host
+ * call, *end, which clpar_replay_end_add records into c at capture end; each replay of the
+ * list counts in dev->replays from its post until *end ran (the device completed the replay,
+ * every gate of it passed, so the host threads did its work). */
+void clpar_replay_end_add(clpar_capture *c, clpar_device *dev, const clpar_command *cmds, size_t n,
+                          clpar_host_call *end);
+/* Waits for the replays in flight on dev, if any (clpar_worker_drain, counted in
+ * dev->replay_drains); CLPAR_OK at once, waiting for nothing, when none is. */
+clpar_status clpar_replays_wait(clpar_device *dev);
 
 /* A graph's small writes from host memory (src/runtime/capture_writes.c, for capture.c): each
  * replay's values in memory of its own, so that a replay never waits for the previous one. */
