@@ -150,8 +150,8 @@ struct clpar_tensor {
   size_t scope_slot;  /* where in that scope */
   /* autograd (src/autograd.c) */
   int requires_grad;
-  clpar_tensor *grad;      /* leaves only: the accumulated gradient, owned */
-  int grad_defined;        /* 0 while grad is memory set aside (zeros) that no backward filled */
+  clpar_tensor *grad; /* leaves only: the accumulated gradient, owned */
+  int grad_defined;   /* 0 while grad is memory set aside (zeros) that no backward filled */
   int grad_stale; /* atomic, 1: a zero_grad left grad's memory as it was (clpar_grads_set_stale):
                    * the next gradient written there replaces it instead of adding */
   clpar_tensor *flat;      /* a flattened parameter: the group's flat leaf (clpar_module_flatten),

@@ -23,7 +23,8 @@ CLPAR_API clpar_status clpar_tensor_zero_grad(clpar_tensor *t);
 
 /* Backpropagates from a tensor of one element, from a 1 of its dtype (torch's
  * ones_like(loss): a bfloat16 or float16 loss starts from a 16-bit 1); any other numel is
- * CLPAR_ERROR_SHAPE_MISMATCH. CLPAR_ERROR_NO_GRADIENT when it does not require a gradient. Enqueues work and returns; the graph can be backpropagated again. */
+ * CLPAR_ERROR_SHAPE_MISMATCH. CLPAR_ERROR_NO_GRADIENT when it does not require a gradient. Enqueues
+ * work and returns; the graph can be backpropagated again. */
 CLPAR_API clpar_status clpar_backward(clpar_tensor *loss);
 
 /* Gradient hooks: fn(t, user) runs on the thread that called clpar_backward as soon as t's
