@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test.sh — the README's test command: on a fresh Debian 12 machine, installs what is missing,
 # builds clpar, and runs the whole ctest suite on PoCL with 1 device, on PoCL with 4 devices,
-# on the host backend, and in an AddressSanitizer + UndefinedBehaviorSanitizer build; between
-# them it fuzzes the safetensors reader for 60 s and the .npy reader for 30 s (scripts/fuzz.sh).
+# on the host backend, and in an AddressSanitizer + UndefinedBehaviorSanitizer build (there
+# the DistributedDataParallel tests too, without leak checks); between them it fuzzes the safetensors reader for 60 s and the .npy reader for 30 s (scripts/fuzz.sh).
 # Stops at the first configuration that fails; the last lines are ctest's own summary, or
 # the skip check's.
 #
@@ -44,9 +44,8 @@ run_ctest() { # skips=CONFIG run_ctest DIR TITLE [ctest args...]
 }
 
 # The DistributedDataParallel tests (label mpi) run through mpirun with one PoCL "basic"
-# device per rank whatever the configuration (tests/CMakeLists.txt), so they run here only:
-# the other runs would repeat them unchanged, and Open MPI's own allocations at exit are not
-# ours for LeakSanitizer to report.
+# device per rank whatever the configuration (tests/CMakeLists.txt), so they run here and in
+# the sanitizer build's last run only: the other runs would repeat them unchanged.
 skips=pocl1 POCL_DEVICES=pthread run_ctest build "PoCL, 1 device (POCL_DEVICES=pthread)"
 if [ -x build/tests/test_cuda ]; then
   echo
@@ -85,3 +84,15 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 skips=sanitize-host CLPAR_DEVICES=host,opencl:0 POCL_DEVICES=pthread \
   run_ctest build-sanitize "sanitizers, host backend first, one PoCL device second" -LE mpi
 skips=sanitize-pocl2 POCL_DEVICES="pthread pthread" run_ctest build-sanitize "sanitizers, PoCL, 2 devices" -LE mpi
+
+# The DistributedDataParallel and ZeRO tests (label mpi) under ASan + UBSan, leak checks off:
+# Open MPI keeps allocations at exit that are not ours, made in components it has unloaded by
+# then, so LeakSanitizer's stacks of them end in "<unknown module>" after a frame or two and
+# no suppression can name them (whole stacks need fast_unwind_on_malloc=0, many times slower);
+# reads and writes of freed or unowned memory and undefined behaviour are still reported. Left
+# out: test_ddp_netns (its second "host" starts the rank with a fresh environment, as ssh
+# would, so without these options), test_ddp_np2_tcp (test_ddp_np2 over another transport),
+# test_ddp_nccl_* (CUDA devices only).
+skips=sanitize-mpi ASAN_OPTIONS=${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0} \
+  run_ctest build-sanitize "sanitizers, DistributedDataParallel and ZeRO (label mpi; no leak checks)" \
+  -L mpi -E '^(test_ddp_netns|test_ddp_np2_tcp|test_ddp_nccl_np[0-9]+)$'
