@@ -37,6 +37,11 @@ typedef struct clpar_ocl_dnnl {
   dnnl_engine_t engine;
   dnnl_stream_t stream;
   hd_cache cache;
+  /* The work buffers of the reorders and scratch outputs, one per operand slot, kept between
+   * calls (backward weights reads gy's reorder that backward data left in slot 0), counted in
+   * d->own_bytes. */
+  cl_mem work[HD_MAX_ARGS];
+  size_t work_bytes[HD_MAX_ARGS];
 #endif
 } clpar_ocl_dnnl;
 
@@ -56,6 +61,11 @@ void clpar_ocl_dnnl_free(clpar_ocl_device *d) {
   if (!s) return;
 #ifdef CLPAR_HAVE_DNNL_OCL
   hd_cache_clear(&s->cache);
+  for (int i = 0; i < HD_MAX_ARGS; i++)
+    if (s->work[i]) {
+      clReleaseMemObject(s->work[i]);
+      atomic_fetch_sub_explicit(&d->own_bytes, s->work_bytes[i], memory_order_relaxed);
+    }
   if (s->stream) dnnl_stream_destroy(s->stream);
   if (s->engine) dnnl_engine_destroy(s->engine);
 #endif
@@ -98,25 +108,35 @@ static void make_engine(clpar_ocl_device *d, clpar_ocl_dnnl *s) {
 #endif
   s->ready = !why;
   if (why) snprintf(s->why, sizeof s->why, "%s", why);
-  if (why)
+}
+
+/* d's state, made at the first call; NULL when out of memory. *fresh: made by this call, to
+ * be logged (log_state) once the lock is let go. Lock held. */
+static clpar_ocl_dnnl *state(clpar_ocl_device *d, int *fresh) {
+  *fresh = 0;
+  if (!d->dnnl && (d->dnnl = calloc(1, sizeof *d->dnnl)) != NULL) {
+    make_engine(d, d->dnnl);
+    *fresh = 1;
+  }
+  return d->dnnl;
+}
+
+/* Once per device, outside the lock (the log callback may call clpar). */
+static void log_state(clpar_ocl_device *d, const clpar_ocl_dnnl *s) {
+  if (!s->ready)
     clpar_log(CLPAR_LOG_INFO, "opencl: %s: CLPAR_OCL_DNNL=1 refused, clpar's kernels kept: %s",
               d->dev_name, s->why);
   else
     clpar_log(CLPAR_LOG_INFO, "opencl: %s: convolutions through oneDNN", d->dev_name);
 }
 
-/* d's state, made at the first call; NULL when out of memory. Lock held. */
-static clpar_ocl_dnnl *state(clpar_ocl_device *d) {
-  if (!d->dnnl && (d->dnnl = calloc(1, sizeof *d->dnnl)) != NULL) make_engine(d, d->dnnl);
-  return d->dnnl;
-}
-
 const char *clpar_ocl_dnnl_why(clpar_ocl_device *d) {
+  int fresh;
   pthread_mutex_lock(&d->lock);
-  clpar_ocl_dnnl *s = state(d);
-  const char *why = !s ? "out of host memory" : s->ready ? NULL : s->why;
+  clpar_ocl_dnnl *s = state(d, &fresh);
   pthread_mutex_unlock(&d->lock);
-  return why;
+  if (s && fresh) log_state(d, s);
+  return !s ? "out of host memory" : s->ready ? NULL : s->why;
 }
 
 uint64_t clpar_ocl_dnnl_runs(clpar_ocl_device *d) {
@@ -174,10 +194,13 @@ static clpar_status user_memory(hd_io *io, const dnnl_memory_desc_t *md, void *h
 }
 
 static clpar_status work_memory(hd_io *io, int i, const dnnl_memory_desc_t *md, dnnl_memory_t *m) {
-  (void)i;
+  call_io *c = io->ctx;
+  clpar_ocl_dnnl *s = c->d->dnnl;
+  clpar_status st =
+      clpar_ocl_grow(c->d, &s->work[i], &s->work_bytes[i], dnnl_memory_desc_get_size(md));
+  if (st != CLPAR_OK) return st;
   HD_TRY("ocl_interop_memory_create (work)",
-         dnnl_ocl_interop_memory_create(m, md, io->engine, dnnl_ocl_interop_buffer,
-                                        DNNL_MEMORY_ALLOCATE));
+         dnnl_ocl_interop_memory_create(m, md, io->engine, dnnl_ocl_interop_buffer, s->work[i]));
   return CLPAR_OK;
 }
 
@@ -213,19 +236,26 @@ static void call_end(call_io *c) {
  * refused, or a profile or a graph being recorded (oneDNN's commands would be missing from
  * either). A bad switch value in *st. */
 static clpar_ocl_dnnl *take(clpar_ocl_device *d, clpar_status *st) {
-  int on;
+  int on, fresh;
   *st = clpar_ocl_dnnl_setting(&on);
   if (*st != CLPAR_OK || !on) return NULL;
   pthread_mutex_lock(&d->lock);
-  clpar_ocl_dnnl *s = state(d);
+  clpar_ocl_dnnl *s = state(d, &fresh);
+  if (s && fresh) { /* logged outside the lock; the state stays until the device's destroy */
+    pthread_mutex_unlock(&d->lock);
+    log_state(d, s);
+    pthread_mutex_lock(&d->lock);
+  }
   if (s && s->ready && !d->recording && !__atomic_load_n(&d->profiling, __ATOMIC_RELAXED)) return s;
   pthread_mutex_unlock(&d->lock);
   return NULL;
 }
 
-/* After a call to oneDNN: counted, or the reason logged and clpar's kernels take it. */
-static void give_up(clpar_ocl_device *d, clpar_status st, int *done) {
+/* After a call to oneDNN (lock held, let go here): counted, or the reason logged and clpar's
+ * kernels take it. */
+static void finish(clpar_ocl_device *d, clpar_status st, int *done) {
   d->dnnl->runs += st == CLPAR_OK;
+  pthread_mutex_unlock(&d->lock);
   if (st != CLPAR_OK)
     clpar_log(CLPAR_LOG_WARN, "opencl: %s: oneDNN: %s; this convolution takes clpar's kernels",
               d->dev_name, clpar_last_error());
@@ -245,9 +275,11 @@ clpar_status clpar_ocl_dnnl_conv2d(clpar_ocl_device *d, const clpar_conv2d_shape
        vy = {AS_MEM(y.buf), y.off};
   clpar_status ran = hd_conv_forward(&c.io, s, &vx, &vw, b.buf ? &vb : NULL, &vy);
   call_end(&c);
-  give_up(d, ran, done);
+  finish(d, ran, done);
+#else
+  (void)s, (void)x, (void)w, (void)b, (void)y;
+  pthread_mutex_unlock(&d->lock); /* not reached: no device is ready without oneDNN */
 #endif
-  pthread_mutex_unlock(&d->lock);
   return CLPAR_OK;
 }
 
@@ -268,8 +300,10 @@ clpar_status clpar_ocl_dnnl_conv2d_backward(clpar_ocl_device *d, const clpar_con
   clpar_status ran = hd_conv_backward(&c.io, s, &vx, &vw, &vg, dx.buf ? &vdx : NULL,
                                       dw.buf ? &vdw : NULL, db.buf ? &vdb : NULL);
   call_end(&c);
-  give_up(d, ran, done);
+  finish(d, ran, done);
+#else
+  (void)s, (void)x, (void)w, (void)gy, (void)dx, (void)dw, (void)db;
+  pthread_mutex_unlock(&d->lock); /* not reached: no device is ready without oneDNN */
 #endif
-  pthread_mutex_unlock(&d->lock);
   return CLPAR_OK;
 }
