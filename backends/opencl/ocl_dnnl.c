@@ -7,10 +7,12 @@
  * in-order queue, so oneDNN's kernels run in order with clpar's and nothing is waited for.
  * The descriptors, the primitives and their cache are dnnl_conv.c's and dnnl_prim.c's, the
  * ones the host backend runs on its CPU engine; only the memory is this file's: oneDNN memory
- * objects over clpar's buffers (a sub-buffer where the tensor starts at an offset), and work
- * buffers oneDNN allocates for each call. A call oneDNN cannot run (an offset the device
- * cannot start a sub-buffer at, a primitive oneDNN does not make) falls back to clpar's
- * kernels, which write every output again.
+ * objects over clpar's buffers (a sub-buffer where the tensor starts at an offset), and the
+ * device's work buffers for the reorders. The whole call holds the device's lock, as every
+ * command on its queue does. Calls made while a profile or a graph is recorded keep clpar's
+ * kernels (oneDNN's commands would be missing from either). A call oneDNN cannot run (an
+ * offset the device cannot start a sub-buffer at, a primitive oneDNN does not make) falls back
+ * to clpar's kernels, which write every output again.
  *
  * Built only where oneDNN has its OpenCL GPU runtime (CLPAR_HAVE_DNNL_OCL); without it, every
  * device refuses. This path has been built but never run on an Intel GPU. */
