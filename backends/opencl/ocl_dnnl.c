@@ -253,6 +253,7 @@ static clpar_ocl_dnnl *take(clpar_ocl_device *d, clpar_status *st) {
   return NULL;
 }
 
+#ifdef CLPAR_HAVE_DNNL_OCL
 /* After a call to oneDNN (lock held, let go here): counted, or the reason logged and clpar's
  * kernels take it. */
 static void finish(clpar_ocl_device *d, clpar_status st, int *done) {
@@ -263,6 +264,7 @@ static void finish(clpar_ocl_device *d, clpar_status st, int *done) {
               d->dev_name, clpar_last_error());
   *done = st == CLPAR_OK;
 }
+#endif
 
 clpar_status clpar_ocl_dnnl_conv2d(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
                                    clpar_bref w, clpar_bref b, clpar_bref y, int *done) {
