@@ -31,6 +31,7 @@ static clpar_status ocl_destroy(void *dev) {
     clpar_backend_waited();
   }
   clpar_ocl_conv_state_free(d);
+  clpar_ocl_dnnl_free(d); /* before the queue and the context it was made from */
   clpar_ocl_program_cache_clear(d);
   ocl_profile(d, 0);
   free(d->spans);

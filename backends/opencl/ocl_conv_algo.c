@@ -409,8 +409,10 @@ static int measure(clpar_ocl_device *d, clpar_ocl_conv_tiles *t, clpar_conv2d_sh
 clpar_status clpar_ocl_conv2d(void *dev, clpar_conv2d_shape s, clpar_bref x, clpar_bref weight,
                               clpar_bref bias, clpar_bref y) {
   clpar_ocl_device *d = dev;
-  int algo;
-  clpar_status forced = clpar_ocl_conv_forced("CLPAR_OCL_CONV", CLPAR_OCL_CONV_ALGOS, &algo);
+  int algo, done;
+  clpar_status forced = clpar_ocl_dnnl_conv2d(d, &s, x, weight, bias, y, &done);
+  if (forced != CLPAR_OK || done) return forced;
+  forced = clpar_ocl_conv_forced("CLPAR_OCL_CONV", CLPAR_OCL_CONV_ALGOS, &algo);
   if (forced != CLPAR_OK) return forced;
   clpar_ocl_conv_tiles t = clpar_ocl_conv_tiles_of(d);
   if (algo == CLPAR_OCL_CONV_AUTO) algo = clpar_ocl_conv_cached(d, &s, &t);

@@ -457,8 +457,10 @@ clpar_status clpar_ocl_conv2d_backward(void *dev, clpar_conv2d_shape s, clpar_br
   clpar_ocl_device *d = dev;
   if (db.buf && !dw.buf)
     return clpar_set_error(CLPAR_ERROR_INTERNAL, "opencl conv2d_backward: db without dw");
-  int forced;
-  clpar_status st = clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", CLPAR_OCL_CONV_BWD_ALGOS, &forced);
+  int forced, done;
+  clpar_status st = clpar_ocl_dnnl_conv2d_backward(d, &s, x, weight, gy, dx, dw, db, &done);
+  if (st != CLPAR_OK || done) return st;
+  st = clpar_ocl_conv_forced("CLPAR_OCL_CONV_BWD", CLPAR_OCL_CONV_BWD_ALGOS, &forced);
   if (st != CLPAR_OK) return st;
   clpar_ocl_conv_tiles t[2] = {clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_DATA),
                                clpar_ocl_conv_kind_tiles_of(d, CLPAR_OCL_TILES_WEIGHT)};

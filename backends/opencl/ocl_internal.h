@@ -103,6 +103,8 @@ typedef struct clpar_ocl_device {
   size_t scratch_bytes;
   /* The convolution's choices per shape and the implicit GEMM's kernels (ocl_conv_cache.c). */
   struct clpar_ocl_conv_state *conv;
+  /* oneDNN's engine, stream and primitives, or why not (ocl_dnnl.c); guarded by lock. */
+  struct clpar_ocl_dnnl *dnnl;
   /* The launches of the entry being prepared for a graph (ocl_prepared.c), NULL otherwise;
    * used on the worker's thread only, as the entries are. */
   struct clpar_ocl_recording *recording;
@@ -419,5 +421,24 @@ typedef struct clpar_ocl_program_stats {
   uint64_t disk_rejects;  /* disk entries found but corrupt, truncated or stale */
 } clpar_ocl_program_stats;
 void clpar_ocl_program_stats_get(clpar_ocl_program_stats *out);
+
+/* Convolutions through oneDNN on Intel GPUs (ocl_dnnl.c). The switch CLPAR_OCL_DNNL: *on 1
+ * for "1", 0 unset or "0", anything else refused naming it. Each entry hands its call to
+ * oneDNN where the switch is on and d takes it (*done 1); otherwise, or where oneDNN could not
+ * run this call, *done is 0 and clpar's kernels take it. Not OK only for a bad switch. */
+clpar_status clpar_ocl_dnnl_setting(int *on);
+clpar_status clpar_ocl_dnnl_conv2d(clpar_ocl_device *d, const clpar_conv2d_shape *s, clpar_bref x,
+                                   clpar_bref w, clpar_bref b, clpar_bref y, int *done);
+clpar_status clpar_ocl_dnnl_conv2d_backward(clpar_ocl_device *d, const clpar_conv2d_shape *s,
+                                            clpar_bref x, clpar_bref w, clpar_bref gy,
+                                            clpar_bref dx, clpar_bref dw, clpar_bref db, int *done);
+/* Why d refuses oneDNN (its state made now if not yet), or NULL where it takes it. */
+const char *clpar_ocl_dnnl_why(clpar_ocl_device *d);
+/* The calls oneDNN ran on d (the forward and the backward count one each). */
+uint64_t clpar_ocl_dnnl_runs(clpar_ocl_device *d);
+/* Frees d's oneDNN state (the device's destroy); the next call makes it again. */
+void clpar_ocl_dnnl_free(clpar_ocl_device *d);
+/* Tests: nonzero skips the vendor check, so that any device tries to make oneDNN's engine. */
+extern int clpar_ocl_dnnl_any_vendor;
 
 #endif
