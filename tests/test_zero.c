@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/ddp_internal.h"
 #include "internal.h"
 #include "test_util.h"
 
@@ -98,9 +99,20 @@ static float *train_ddp(int micro) {
 
 static int poison; /* after each stage 1 zero_grad: the flat gradient's memory set to NaN */
 
+/* The rank's averaged shard on the host (zero_comm.c) set to NaN. */
+static void poison_shard(clpar_module *ddp, const clpar_zero_optimizer *opt) {
+  int64_t lo, len;
+  int have;
+  clpar_zero_optimizer_shard(opt, &lo, &len);
+  float *acc = clpar_zero_comm_shard(clpar_ddp_state_of(ddp), &have);
+  assert_false(have);
+  for (int64_t i = 0; i < len; i++) acc[i] = NAN;
+}
+
 /* Stage 1's zero_grad leaves the parameters without a gradient (PyTorch's set_to_none) and
- * fills nothing: NaN written into the flat gradient's memory must never reach the step. */
-static void poison_flat_grad(clpar_module *ddp) {
+ * fills nothing: NaN written into the flat gradient's memory, or into the averaged shard on
+ * the host, must never reach the step. */
+static void poison_flat_grad(clpar_module *ddp, const clpar_zero_optimizer *opt) {
   clpar_tensor *p = NULL;
   for (int i = 0; i < clpar_module_parameter_count(ddp); i++) {
     const char *name;
@@ -108,6 +120,7 @@ static void poison_flat_grad(clpar_module *ddp) {
     assert_null(clpar_tensor_grad(p));
   }
   tu_ok(clpar_fill(p->flat->grad, NAN));
+  poison_shard(ddp, opt);
 }
 
 static float *train_zero(int stage, int micro) {
@@ -115,7 +128,7 @@ static float *train_zero(int stage, int micro) {
   clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
   for (int k = 0; k < STEPS; k++) {
     tu_ok(clpar_zero_optimizer_zero_grad(opt));
-    if (poison && k > 0) poison_flat_grad(ddp);
+    if (poison && k > 0) poison_flat_grad(ddp, opt);
     for (int m = 0; m < micro; m++) forward_backward(ddp, k + 7 * m);
     tu_ok(clpar_zero_optimizer_step(opt));
   }
@@ -176,6 +189,26 @@ static void test_stage1_zero_grad_fills_nothing(void **state) {
   unused = 0;
   cap_mb = 0;
   poison = 0;
+}
+
+/* Stage 1, a step with no backward since zero_grad: the averaged shard it steps is zeros, not
+ * what the host memory held (NaN here). */
+static void test_stage1_step_without_backward(void **state) {
+  (void)state;
+  clpar_module *ddp = make_ddp(1);
+  clpar_zero_optimizer *opt = make_zero_optimizer(ddp);
+  tu_ok(clpar_zero_optimizer_zero_grad(opt));
+  forward_backward(ddp, 0);
+  tu_ok(clpar_zero_optimizer_step(opt));
+  tu_ok(clpar_zero_optimizer_zero_grad(opt));
+  poison_shard(ddp, opt);
+  tu_ok(clpar_zero_optimizer_step(opt));
+  float *p = read_params(ddp);
+  for (int i = 0; i < NUMEL; i++)
+    if (!isfinite(p[i])) fail_msg("parameter %d is %g after a step without backward", i, p[i]);
+  free(p);
+  clpar_zero_optimizer_free(opt);
+  clpar_module_free(ddp);
 }
 
 /* Linear(2, 1) (3 parameters) trained 5 steps with Adam, ZeRO at stage (0: plain DDP); its
@@ -413,6 +446,7 @@ int main(void) {
       cmocka_unit_test(test_adamw_and_sgd_momentum_match_ddp),
       cmocka_unit_test(test_accumulated_micro_steps_match_ddp),
       cmocka_unit_test(test_stage1_zero_grad_fills_nothing),
+      cmocka_unit_test(test_stage1_step_without_backward),
       cmocka_unit_test(test_tiny_model_with_empty_shards),
       cmocka_unit_test(test_small_buckets_match_ddp),
       cmocka_unit_test(test_backward_waits_for_no_device),

@@ -13,20 +13,57 @@ static float *at(clpar_bref r) {
   return (float *)r.buf + r.off;
 }
 
+/* SGD over [0, n) with fmaf wherever PyTorch's CPU kernels add a multiple (add_(x, alpha)
+ * rounds once) and the OpenCL kernel (optim.cl) fuses: the same bits on either backend, and
+ * for an element wherever it sits in the buffer. */
+static inline __attribute__((always_inline)) void sgd_body(size_t n, float *p, float *b,
+                                                           const float *gr,
+                                                           const clpar_sgd_args *o) {
+  const float lr = o->lr, wd = o->weight_decay, mom = o->momentum, damp = 1.0f - o->dampening;
+  const int first = o->first, nesterov = o->nesterov;
+  if (!b) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) p[i] = fmaf(-lr, fmaf(wd, p[i], gr[i]), p[i]);
+    return;
+  }
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) {
+    float g = fmaf(wd, p[i], gr[i]);
+    float bi = first ? g : fmaf(mom, b[i], damp * g);
+    b[i] = bi;
+    g = nesterov ? fmaf(mom, bi, g) : bi;
+    p[i] = fmaf(-lr, g, p[i]);
+  }
+}
+
+static void sgd_plain(size_t n, float *p, float *b, const float *gr, const clpar_sgd_args *o) {
+  sgd_body(n, p, b, gr, o);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* With FMA instructions, fmaf vectorizes; the bits are sgd_plain's (fmaf is exact). */
+__attribute__((target("avx2,fma"))) static void sgd_fma(size_t n, float *p, float *b,
+                                                        const float *gr, const clpar_sgd_args *o) {
+  sgd_body(n, p, b, gr, o);
+}
+#define FMA_OK (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#else
+#define sgd_fma sgd_plain
+#define FMA_OK 0
+#endif
+
+enum { CHUNK = 16384 }; /* the elements one call steps: OpenMP's threads share the chunks */
+
 clpar_status clpar_host_sgd_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
                                  clpar_bref buf, clpar_sgd_args args) {
-  const clpar_sgd_args *o = &args;
   (void)dev;
-  float *p = at(param), *b = o->momentum != 0.0f ? at(buf) : NULL;
+  float *p = at(param), *b = args.momentum != 0.0f ? at(buf) : NULL;
   const float *gr = at(grad);
-#pragma omp parallel for simd if (n > CLPAR_HOST_PAR) schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    float g = gr[i] + o->weight_decay * p[i];
-    if (b) {
-      b[i] = o->first ? g : o->momentum * b[i] + (1.0f - o->dampening) * g;
-      g = o->nesterov ? g + o->momentum * b[i] : b[i];
-    }
-    p[i] -= o->lr * g;
+  int fma = FMA_OK;
+#pragma omp parallel for if (n > CLPAR_HOST_PAR) schedule(static)
+  for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+    size_t w = n - c0 < CHUNK ? n - c0 : CHUNK;
+    (fma ? sgd_fma : sgd_plain)(w, p + c0, b ? b + c0 : NULL, gr + c0, &args);
   }
   return CLPAR_OK;
 }
@@ -71,10 +108,8 @@ __attribute__((target("avx2,fma"))) static void adam_fma(size_t n, float *p, flo
                                                          const clpar_adam_args *o) {
   adam_body(n, p, pm, pv, gr, o);
 }
-#define ADAM_FMA_OK (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
 #else
 #define adam_fma adam_plain
-#define ADAM_FMA_OK 0
 #endif
 
 clpar_status clpar_host_adam_step(void *dev, size_t n, clpar_bref param, clpar_bref grad,
@@ -82,8 +117,7 @@ clpar_status clpar_host_adam_step(void *dev, size_t n, clpar_bref param, clpar_b
   (void)dev;
   float *p = at(param), *pm = at(m), *pv = at(v);
   const float *gr = at(grad);
-  int fma = ADAM_FMA_OK;
-  enum { CHUNK = 16384 };
+  int fma = FMA_OK;
 #pragma omp parallel for if (n > CLPAR_HOST_PAR) schedule(static)
   for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
     size_t w = n - c0 < CHUNK ? n - c0 : CHUNK;

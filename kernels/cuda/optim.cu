@@ -18,20 +18,22 @@ constexpr size_t max_blocks = 65535; /* grid-stride loop: any cap is correct */
 
 /* g = grad + weight_decay * p; with momentum:
  *   buf = first ? g : momentum * buf + (1 - dampening) * g;  g = nesterov ? g + momentum * buf :
- * buf p -= lr * g. Without momentum buf is never touched (the core may pass any pointer). */
+ * buf p -= lr * g. Without momentum buf is never touched (the core may pass any pointer).
+ * Rounded as the host backend and the OpenCL kernel round (host_optim.c): fmaf for each added
+ * multiple, momentum * buf + (1 - dampening) * g as fmaf(momentum, buf, (1 - dampening) * g). */
 template <bool Momentum>
 __global__ void sgd_kernel(size_t n, float *param, const float *grad, float *buf,
                            clpar_sgd_args o) {
   size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float p = param[i];
-    float g = grad[i] + o.weight_decay * p;
+    float g = fmaf(o.weight_decay, p, grad[i]);
     if (Momentum) {
-      float b = o.first ? g : o.momentum * buf[i] + (1.0f - o.dampening) * g;
+      float b = o.first ? g : fmaf(o.momentum, buf[i], (1.0f - o.dampening) * g);
       buf[i] = b;
-      g = o.nesterov ? g + o.momentum * b : b;
+      g = o.nesterov ? fmaf(o.momentum, b, g) : b;
     }
-    param[i] = p - o.lr * g;
+    param[i] = fmaf(-o.lr, g, p);
   }
 }
 

@@ -3,13 +3,17 @@
  * kernel arguments: they change between steps (learning-rate schedules, bias corrections),
  * so baking them into the source would mean a rebuild per step. */
 
-/* p -= lr * (grad + weight_decay * p) */
+/* SGD rounds where the host backend's does (host_optim.c): fma for each added multiple,
+ * momentum * buf + (1 - dampening) * g as fma(momentum, buf, (1 - dampening) * g), and no
+ * other contraction, so that either backend gives an element the same bits.
+ * p -= lr * (grad + weight_decay * p) */
 __kernel void sgd_f32(__global float *p, ulong p_off, __global const float *grad, ulong g_off,
                       ulong n, float lr, float weight_decay) {
+#pragma OPENCL FP_CONTRACT OFF
   ulong i = get_global_id(0);
   if (i >= n) return;
   float w = p[p_off + i];
-  p[p_off + i] = w - lr * (grad[g_off + i] + weight_decay * w);
+  p[p_off + i] = fma(-lr, fma(weight_decay, w, grad[g_off + i]), w);
 }
 
 /* With a momentum buffer: buf = first ? g : momentum * buf + (1 - dampening) * g, then
@@ -18,14 +22,15 @@ __kernel void sgd_momentum_f32(__global float *p, ulong p_off, __global const fl
                                ulong g_off, __global float *buf, ulong b_off, ulong n, float lr,
                                float momentum, float dampening, float weight_decay, int nesterov,
                                int first) {
+#pragma OPENCL FP_CONTRACT OFF
   ulong i = get_global_id(0);
   if (i >= n) return;
   float w = p[p_off + i];
-  float g = grad[g_off + i] + weight_decay * w;
-  float b = first ? g : momentum * buf[b_off + i] + (1.0f - dampening) * g;
+  float g = fma(weight_decay, w, grad[g_off + i]);
+  float b = first ? g : fma(momentum, buf[b_off + i], (1.0f - dampening) * g);
   buf[b_off + i] = b;
-  g = nesterov ? g + momentum * b : b;
-  p[p_off + i] = w - lr * g;
+  g = nesterov ? fma(momentum, b, g) : b;
+  p[p_off + i] = fma(-lr, g, w);
 }
 
 /* Adam (decoupled == 0) or AdamW in the order of PyTorch's CPU kernels (clpar_adam_args in

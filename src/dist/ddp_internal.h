@@ -182,6 +182,8 @@ clpar_status clpar_zero_reduce_scatter(MPI_Comm comm, const float *buf, const in
 /* The rank's averaged shard (shard floats) and whether a backward reduced into it since
  * clpar_zero_comm_reset; the communication thread idle. */
 float *clpar_zero_comm_shard(ddp_state *st, int *have);
+/* The same for an eager step: stage 1 with no backward since the reset gets zeros. */
+float *clpar_zero_comm_step_shard(ddp_state *st, int *have);
 void clpar_zero_comm_reset(ddp_state *st);
 
 /* Stage 3, once the parameters are broadcast: wraps the units of *module (the children of the

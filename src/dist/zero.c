@@ -273,7 +273,7 @@ void clpar_zero_release_grads(ddp_state *st) {
 
 /* What backward's reduction left: the communication thread's error, a backward that left a
  * parameter without its gradient, or no gradient at all. */
-static clpar_status reduction_status(clpar_zero_optimizer *z, int have, const char *fn) {
+static clpar_status reduction_status(clpar_zero_optimizer *z, const char *fn) {
   ddp_state *st = z->st;
   clpar_status s = CLPAR_OK;
   pthread_mutex_lock(&st->lock);
@@ -295,18 +295,18 @@ static clpar_status reduction_status(clpar_zero_optimizer *z, int have, const ch
   pthread_mutex_unlock(&st->lock);
   if (s == CLPAR_OK && z->stage == 1 && !z->flat->grad)
     s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT, "%s: the module has no gradient", fn);
-  if (s == CLPAR_OK && z->stage == 2 && !have)
-    s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
-                        "%s: no backward gave the module a gradient since the last step", fn);
   return s;
 }
 
 /* The rank's averaged shard, which backward reduce-scattered (zero_comm.c), into gshard. */
 static clpar_status reduce_gradient(clpar_zero_optimizer *z) {
   const char *fn = "clpar_zero_optimizer_step";
+  clpar_status s = reduction_status(z, fn); /* the communication thread idle after it */
   int have = 0;
-  float *acc = clpar_zero_comm_shard(z->st, &have);
-  clpar_status s = reduction_status(z, have, fn);
+  float *acc = clpar_zero_comm_step_shard(z->st, &have);
+  if (s == CLPAR_OK && z->stage == 2 && !have)
+    s = clpar_set_error(CLPAR_ERROR_NO_GRADIENT,
+                        "%s: no backward gave the module a gradient since the last step", fn);
   if (s == CLPAR_OK && z->len > 0 && z->stage == 1) s = clpar_zero_bind_grad_shard(z);
   if (s == CLPAR_OK && z->len > 0) s = clpar_tensor_write(z->gshard, acc, (size_t)z->len);
   return s;

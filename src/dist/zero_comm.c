@@ -35,6 +35,7 @@ typedef struct {
   MPI_Request *reqs; /* world + 1: the reduce-scatter's messages */
   int *counts;       /* world: each rank's part of the bucket being reduced */
   int have;          /* a backward reduced into acc since the last reset */
+  int written;       /* a bucket wrote into acc since it was last filled with zeros */
 } zero_red;
 
 /* Each bucket's range of the flat buffer; each parameter's place in its bucket's memory. */
@@ -188,11 +189,10 @@ clpar_status clpar_zero_scatter_bucket(ddp_state *st, ddp_bucket *b, double t[4]
       for (int k = 0; k < n; k++) dst[k] = z->part[k] * inv;
     else
       for (int k = 0; k < n; k++) dst[k] += z->part[k] * inv;
-    if (b == &st->buckets[st->n_buckets - 1]) {
-      pthread_mutex_lock(&st->lock);
-      z->have = 1;
-      pthread_mutex_unlock(&st->lock);
-    }
+    pthread_mutex_lock(&st->lock);
+    z->written = 1;
+    if (b == &st->buckets[st->n_buckets - 1]) z->have = 1;
+    pthread_mutex_unlock(&st->lock);
   }
   t[3] = clpar_clock_seconds();
   clpar_ddp_add_times(st, b, t);
@@ -207,10 +207,28 @@ float *clpar_zero_comm_shard(ddp_state *st, int *have) {
   return z->acc;
 }
 
+/* acc filled with zeros, unless nothing wrote into it since it last was; st->lock held. */
+static void fill(zero_red *z) {
+  if (z->written) memset(z->acc, 0, (size_t)z->shard * sizeof(float));
+  z->written = 0;
+}
+
+float *clpar_zero_comm_step_shard(ddp_state *st, int *have) {
+  zero_red *z = st->zred;
+  pthread_mutex_lock(&st->lock);
+  *have = z->have;
+  if (!z->have && st->zero_stage == 1) fill(z);
+  pthread_mutex_unlock(&st->lock);
+  return z->acc;
+}
+
+/* Stage 1 fills nothing here: a backward's buckets write every element of acc that any
+ * backward writes (their ranges are fixed; the elements no bucket covers stay the zeros acc
+ * was made with), and a step with no backward since fills it (clpar_zero_comm_step_shard). */
 void clpar_zero_comm_reset(ddp_state *st) {
   zero_red *z = st->zred;
   pthread_mutex_lock(&st->lock);
-  memset(z->acc, 0, (size_t)z->shard * sizeof(float));
+  if (st->zero_stage != 1) fill(z);
   z->have = 0;
   pthread_mutex_unlock(&st->lock);
 }
