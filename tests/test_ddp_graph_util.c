@@ -225,7 +225,8 @@ clpar_module *tdg_bn_net(void) {
   return m;
 }
 
-void tdg_counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
+/* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n), at most cap. */
+static void counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
   *n = 0;
   for (int i = 0; i < clpar_module_buffer_count(m); i++) {
     clpar_tensor *t;
@@ -234,6 +235,20 @@ void tdg_counters_of(clpar_module *m, int64_t *out, int cap, int *n) {
     assert_true(*n < cap);
     tu_ok(clpar_tensor_read_raw(t, &out[(*n)++], sizeof *out));
   }
+}
+
+int64_t tdg_bn_counters_alike(clpar_module *eager, clpar_module *replayed) {
+  int64_t ce[8], cr[8];
+  int nce, ncr;
+  counters_of(eager, ce, 8, &nce);
+  counters_of(replayed, cr, 8, &ncr);
+  assert_int_equal(nce, 3);
+  assert_int_equal(ncr, 3);
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(ce[k], ce[0]);
+    assert_int_equal(cr[k], ce[k]);
+  }
+  return ce[0];
 }
 
 void tdg_zero_check_replay_equals_eager(const tdg_zero_model *md, int stage, tdg_opt ok) {

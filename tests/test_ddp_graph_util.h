@@ -82,8 +82,10 @@ typedef struct {
 enum { TDG_BN_C = 3, TDG_BN_HW = 5, TDG_BN_OUT = 4, TDG_BN_FEAT = 4 };
 clpar_module *tdg_bn_net(void);
 
-/* m's int64 buffers (num_batches_tracked), concatenated into out[0 .. *n), at most cap. */
-void tdg_counters_of(clpar_module *m, int64_t *out, int cap, int *n);
+/* The num_batches_tracked of tdg_bn_net's three BatchNorm2d in eager and in replayed: each
+ * module has three, all equal (every one runs in each forward) and equal to the other
+ * module's; returns that count. */
+int64_t tdg_bn_counters_alike(clpar_module *eager, clpar_module *replayed);
 
 /* A ZeRO test's model: made under DDP with a stage, its inputs' shape, its steps. */
 typedef struct {

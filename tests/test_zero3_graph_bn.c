@@ -68,16 +68,7 @@ static void test_replay_equals_eager(void **state) {
   tgu_expect_bits("parameter or running-statistic element", pe, pr, ne);
   free(pe);
   free(pr);
-  int64_t ce[8], cr[8];
-  int nce, ncr;
-  tdg_counters_of(eager.m, ce, 8, &nce);
-  tdg_counters_of(replayed.m, cr, 8, &ncr);
-  assert_int_equal(nce, 3);
-  assert_int_equal(ncr, 3);
-  for (int k = 0; k < 3; k++) {
-    assert_true(ce[k] >= STEPS);
-    assert_int_equal(cr[k], ce[k]);
-  }
+  assert_true(tdg_bn_counters_alike(eager.m, replayed.m) >= STEPS);
   eval_forward(&eager);
   eval_forward(&replayed);
   pe = values_of(&eager, &ne);
